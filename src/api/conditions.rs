@@ -1,0 +1,31 @@
+//! Condition types and reasons of QueueConsumer status, as constants in one place.
+//! Types are PascalCase, reasons CamelCase (Kubernetes API conventions).
+
+pub const READY: &str = "Ready";
+pub const QUEUE_REACHABLE: &str = "QueueReachable";
+pub const CONFIG_VALID: &str = "ConfigValid";
+pub const DEAD_LETTER_QUEUE_HEALTHY: &str = "DeadLetterQueueHealthy";
+pub const SCALING_ACTIVE: &str = "ScalingActive";
+
+pub mod reason {
+    // Ready
+    pub const AVAILABLE: &str = "Available";
+    pub const DEPLOYMENT_UNAVAILABLE: &str = "DeploymentUnavailable";
+    pub const QUEUE_UNREACHABLE: &str = "QueueUnreachable";
+    pub const CONFIG_INVALID: &str = "ConfigInvalid";
+    // QueueReachable
+    pub const QUEUE_ATTRIBUTES_READ: &str = "QueueAttributesRead";
+    // ConfigValid
+    pub const NO_ERRORS: &str = "NoErrorFindings";
+    // DeadLetterQueueHealthy
+    pub const DEAD_LETTER_QUEUE_EMPTY: &str = "DeadLetterQueueEmpty";
+    pub const MESSAGES_IN_DEAD_LETTER_QUEUE: &str = "MessagesInDeadLetterQueue";
+    pub const NO_DEAD_LETTER_QUEUE: &str = "NoDeadLetterQueue";
+    pub const DEAD_LETTER_QUEUE_UNREACHABLE: &str = "DeadLetterQueueUnreachable";
+    // ScalingActive
+    pub const SCALING: &str = "Scaling";
+    pub const SCALED_TO_ZERO: &str = "ScaledToZero";
+    pub const AT_MAX_REPLICAS: &str = "AtMaxReplicas";
+    pub const METRICS_UNAVAILABLE: &str = "MetricsUnavailable";
+    pub const HELD_BY_VALIDATION: &str = "HeldByValidation";
+}

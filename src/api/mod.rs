@@ -1,0 +1,661 @@
+//! The `QueueConsumer` API (`sqs.consumers.dev/v1alpha1`): spec, status and condition names.
+//! The CRD is generated from these types (`qc-operator crd`); CEL rules mirror what `validate` can check without AWS.
+
+pub mod conditions;
+mod duration;
+
+pub use duration::{DURATION_PATTERN, Duration, DurationError};
+
+use std::fmt;
+use std::str::FromStr;
+
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+pub const GROUP: &str = "sqs.consumers.dev";
+pub const VERSION: &str = "v1alpha1";
+pub const KIND: &str = "QueueConsumer";
+pub const API_VERSION: &str = "sqs.consumers.dev/v1alpha1";
+
+/// Desired state of a QueueConsumer: which queue, how messages are processed, by what, at what scale.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "sqs.consumers.dev",
+    version = "v1alpha1",
+    kind = "QueueConsumer",
+    plural = "queueconsumers",
+    singular = "queueconsumer",
+    shortname = "qc",
+    doc = "QueueConsumer runs an Amazon SQS consumer: a worker Deployment scaled from the queue, checked against the queue's settings, with dead-letter health in status.",
+    category = "sqs",
+    namespaced,
+    status = "QueueConsumerStatus",
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".status.replicas"}"#,
+    printcolumn = r#"{"name":"Visible","type":"integer","jsonPath":".status.queue.visible"}"#,
+    printcolumn = r#"{"name":"InFlight","type":"integer","jsonPath":".status.queue.inFlight"}"#,
+    printcolumn = r#"{"name":"DLQ","type":"integer","jsonPath":".status.deadLetter.visible"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QueueConsumerSpec {
+    /// The SQS queue to consume.
+    pub queue: QueueSpec,
+    /// How each message is processed: declared latency, concurrency, retries.
+    pub processing: ProcessingSpec,
+    /// What handles a message: exactly one of `http` or `exec`.
+    pub handler: HandlerSpec,
+    /// De-duplication of redelivered messages.
+    #[serde(default)]
+    pub idempotency: IdempotencySpec,
+    /// Pod template of the user's containers (the handler). The worker container is added by the controller.
+    #[serde(default)]
+    #[schemars(schema_with = "pod_template_schema")]
+    pub template: PodTemplateSpec,
+    /// Autoscaling from queue depth and in-flight counts.
+    #[serde(default)]
+    pub scaling: ScalingSpec,
+    /// Dead-letter queue monitoring.
+    #[serde(default)]
+    pub dead_letter: DeadLetterSpec,
+    /// How rule findings affect rollout.
+    #[serde(default)]
+    pub validation: ValidationSpec,
+}
+
+/// The pod template is kept open in the CRD schema: the full PodTemplateSpec schema would push the CRD
+/// past the 256 KiB annotation limit of client-side `kubectl apply`. The rendered Deployment is validated
+/// by the API server when the controller applies it, and `check`/`plan` parse it as a PodTemplateSpec.
+fn pod_template_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+        "description": "PodTemplateSpec of the user's containers (the handler)."
+    })
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QueueSpec {
+    /// Queue URL, e.g. https://sqs.us-east-1.amazonaws.com/123456789012/orders.
+    #[schemars(length(min = 1))]
+    pub url: String,
+    /// AWS region; default: read from the URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// Endpoint override for local emulators; never needed on AWS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("duration(self.p99) <= duration(self.timeout)").message("processing.p99 must not exceed processing.timeout: raise timeout or lower p99").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("duration(self.waitTime) <= duration('20s')").message("processing.waitTime must be at most 20s (the SQS long-poll maximum)").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("self.batchSize >= 1 && self.batchSize <= 10").message("processing.batchSize must be between 1 and 10 (SQS MaxNumberOfMessages)").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("self.concurrency >= 1").message("processing.concurrency must be at least 1").reason(Reason::FieldValueInvalid))]
+pub struct ProcessingSpec {
+    /// Declared P99 time to handle ONE message. Required.
+    pub p99: Duration,
+    /// Declared mean time to handle one message; enables the 6x-mean rule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean: Option<Duration>,
+    /// Hard per-message handler timeout.
+    #[serde(default = "defaults::timeout")]
+    pub timeout: Duration,
+    /// Messages handled at once per replica.
+    #[serde(default = "defaults::concurrency")]
+    #[schemars(range(min = 1))]
+    pub concurrency: u32,
+    /// MaxNumberOfMessages per receive (1..10).
+    #[serde(default = "defaults::batch_size")]
+    #[schemars(range(min = 1, max = 10))]
+    pub batch_size: u32,
+    /// Long-poll wait (0..20s).
+    #[serde(default = "defaults::wait_time")]
+    pub wait_time: Duration,
+    /// Per-message visibility extension while a handler runs.
+    #[serde(default)]
+    pub heartbeat: HeartbeatSpec,
+    /// Backoff of transient failures, applied with ChangeMessageVisibility.
+    #[serde(default)]
+    pub retry_backoff: RetryBackoffSpec,
+    /// What happens to a message the handler reports as poison.
+    #[serde(default)]
+    pub on_poison: OnPoison,
+    /// How long a dependency may be down before messages go to the DLQ.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outage_tolerance: Option<Duration>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HeartbeatSpec {
+    #[serde(default = "defaults::yes")]
+    pub enabled: bool,
+    /// `auto` (a third of the queue's visibility timeout) or a duration.
+    #[serde(default)]
+    pub interval: HeartbeatInterval,
+}
+
+impl Default for HeartbeatSpec {
+    fn default() -> Self {
+        HeartbeatSpec {
+            enabled: true,
+            interval: HeartbeatInterval::Auto,
+        }
+    }
+}
+
+/// Heartbeat interval: `auto` = VT/3, or a fixed duration.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HeartbeatInterval {
+    #[default]
+    Auto,
+    Fixed(Duration),
+}
+
+impl HeartbeatInterval {
+    /// The interval for a queue with visibility timeout `vt`.
+    pub fn resolve(&self, vt: Duration) -> Duration {
+        match self {
+            HeartbeatInterval::Auto => Duration::from_millis((vt.as_millis() / 3) as u64),
+            HeartbeatInterval::Fixed(d) => *d,
+        }
+    }
+}
+
+impl fmt::Display for HeartbeatInterval {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HeartbeatInterval::Auto => f.write_str("auto"),
+            HeartbeatInterval::Fixed(d) => d.fmt(f),
+        }
+    }
+}
+
+impl FromStr for HeartbeatInterval {
+    type Err = DurationError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.trim() == "auto" {
+            Ok(HeartbeatInterval::Auto)
+        } else {
+            s.parse().map(HeartbeatInterval::Fixed)
+        }
+    }
+}
+
+impl Serialize for HeartbeatInterval {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for HeartbeatInterval {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(deserializer)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl JsonSchema for HeartbeatInterval {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "HeartbeatInterval".into()
+    }
+    fn inline_schema() -> bool {
+        true
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "string",
+            "pattern": r"^(auto|([0-9]+(ms|s|m|h))+)$",
+            "maxLength": 32,
+            "description": "auto (a third of the visibility timeout) or a duration such as 10s."
+        })
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RetryBackoffSpec {
+    #[serde(default = "defaults::retry_base")]
+    pub base: Duration,
+    #[serde(default = "defaults::retry_max")]
+    pub max: Duration,
+}
+
+impl Default for RetryBackoffSpec {
+    fn default() -> Self {
+        RetryBackoffSpec {
+            base: defaults::retry_base(),
+            max: defaults::retry_max(),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum OnPoison {
+    /// Delete poison messages (they can never succeed).
+    #[default]
+    Delete,
+    /// Leave them so the redrive policy moves them to the DLQ for inspection.
+    Leave,
+}
+
+impl OnPoison {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            OnPoison::Delete => "delete",
+            OnPoison::Leave => "leave",
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("has(self.http) != has(self.exec)").message("handler must set exactly one of http or exec").reason(Reason::FieldValueInvalid))]
+pub struct HandlerSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpHandler>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<ExecHandler>,
+}
+
+/// The handler, once exactly one was chosen.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Handler<'a> {
+    Http(&'a HttpHandler),
+    Exec(&'a ExecHandler),
+}
+
+impl HandlerSpec {
+    /// The one handler, or None when zero or both are set (rejected by the CRD's CEL rule).
+    pub fn one(&self) -> Option<Handler<'_>> {
+        match (&self.http, &self.exec) {
+            (Some(h), None) => Some(Handler::Http(h)),
+            (None, Some(e)) => Some(Handler::Exec(e)),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HttpHandler {
+    #[serde(default = "defaults::http_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: u16,
+    #[serde(default = "defaults::http_path")]
+    #[schemars(regex(pattern = r"^/"))]
+    pub path: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExecHandler {
+    /// Command run per message, body on stdin.
+    #[schemars(length(min = 1))]
+    pub command: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("self.store != 'redis' || has(self.redis)").message("idempotency.store redis needs idempotency.redis.urlSecretRef").reason(Reason::FieldValueRequired))]
+pub struct IdempotencySpec {
+    #[serde(default)]
+    pub store: IdempotencyStore,
+    #[serde(default)]
+    pub key: IdempotencyKey,
+    #[serde(default = "defaults::idempotency_ttl")]
+    pub ttl: Duration,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis: Option<RedisSpec>,
+}
+
+impl Default for IdempotencySpec {
+    fn default() -> Self {
+        IdempotencySpec {
+            store: IdempotencyStore::None,
+            key: IdempotencyKey::MessageId,
+            ttl: defaults::idempotency_ttl(),
+            redis: None,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum IdempotencyStore {
+    #[default]
+    None,
+    Memory,
+    Redis,
+}
+
+impl IdempotencyStore {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            IdempotencyStore::None => "none",
+            IdempotencyStore::Memory => "memory",
+            IdempotencyStore::Redis => "redis",
+        }
+    }
+}
+
+/// Where a message's idempotency key comes from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum IdempotencyKey {
+    #[default]
+    MessageId,
+    /// RFC 6901 pointer into the JSON body, e.g. `/orderId`.
+    JsonPointer(String),
+    /// A message attribute's string value.
+    Attribute(String),
+}
+
+/// Why an idempotency key string was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "invalid idempotency key {0:?}: use messageId, jsonPointer:/path/to/field or attribute:Name"
+)]
+pub struct IdempotencyKeyError(pub String);
+
+impl FromStr for IdempotencyKey {
+    type Err = IdempotencyKeyError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "messageId" {
+            Ok(IdempotencyKey::MessageId)
+        } else if let Some(p) = s.strip_prefix("jsonPointer:") {
+            if p.starts_with('/') {
+                Ok(IdempotencyKey::JsonPointer(p.to_string()))
+            } else {
+                Err(IdempotencyKeyError(s.to_string()))
+            }
+        } else if let Some(a) = s.strip_prefix("attribute:") {
+            if !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+            {
+                Ok(IdempotencyKey::Attribute(a.to_string()))
+            } else {
+                Err(IdempotencyKeyError(s.to_string()))
+            }
+        } else {
+            Err(IdempotencyKeyError(s.to_string()))
+        }
+    }
+}
+
+impl fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IdempotencyKey::MessageId => f.write_str("messageId"),
+            IdempotencyKey::JsonPointer(p) => write!(f, "jsonPointer:{p}"),
+            IdempotencyKey::Attribute(a) => write!(f, "attribute:{a}"),
+        }
+    }
+}
+
+impl Serialize for IdempotencyKey {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for IdempotencyKey {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(deserializer)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl JsonSchema for IdempotencyKey {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "IdempotencyKey".into()
+    }
+    fn inline_schema() -> bool {
+        true
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "string",
+            "pattern": r"^(messageId|jsonPointer:/.*|attribute:[A-Za-z0-9_.-]+)$",
+            "description": "messageId, jsonPointer:/path/in/body or attribute:Name."
+        })
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RedisSpec {
+    /// Secret key holding the redis URL (redis://...).
+    pub url_secret_ref: SecretKeyRef,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SecretKeyRef {
+    #[schemars(length(min = 1))]
+    pub name: String,
+    #[schemars(length(min = 1))]
+    pub key: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("self.minReplicas <= self.maxReplicas").message("scaling.minReplicas must not exceed scaling.maxReplicas").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("self.maxReplicas >= 1").message("scaling.maxReplicas must be at least 1").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("duration(self.maxBacklogAge) > duration('0s')").message("scaling.maxBacklogAge must be greater than 0s").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("duration(self.pollInterval) >= duration('1s')").message("scaling.pollInterval must be at least 1s").reason(Reason::FieldValueInvalid))]
+pub struct ScalingSpec {
+    #[serde(default)]
+    pub min_replicas: u32,
+    #[serde(default = "defaults::max_replicas")]
+    pub max_replicas: u32,
+    /// Drain the visible backlog within this, at declared P99.
+    #[serde(default = "defaults::max_backlog_age")]
+    pub max_backlog_age: Duration,
+    #[serde(default = "defaults::yes")]
+    pub scale_on_in_flight: bool,
+    /// From zero: scale up when visible > this.
+    #[serde(default)]
+    pub activation_backlog: u32,
+    #[serde(default = "defaults::poll_interval")]
+    pub poll_interval: Duration,
+    #[serde(default = "defaults::scale_down_stabilization")]
+    pub scale_down_stabilization: Duration,
+}
+
+impl Default for ScalingSpec {
+    fn default() -> Self {
+        ScalingSpec {
+            min_replicas: 0,
+            max_replicas: defaults::max_replicas(),
+            max_backlog_age: defaults::max_backlog_age(),
+            scale_on_in_flight: true,
+            activation_backlog: 0,
+            poll_interval: defaults::poll_interval(),
+            scale_down_stabilization: defaults::scale_down_stabilization(),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeadLetterSpec {
+    /// Manage a CloudWatch alarm on the DLQ (visible > 0).
+    #[serde(default = "defaults::yes")]
+    pub alarm: bool,
+}
+
+impl Default for DeadLetterSpec {
+    fn default() -> Self {
+        DeadLetterSpec { alarm: true }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ValidationSpec {
+    /// true: an Error finding blocks rollout (replicas held).
+    #[serde(default)]
+    pub enforce: bool,
+}
+
+/// Observed state, written by the controller.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueConsumerStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub findings: Vec<Finding>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<DeadLetterStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_replicas: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale_time: Option<Time>,
+}
+
+/// Conditions are a list map keyed by `type`, so server-side apply merges them per condition.
+fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
+    let item = generator.subschema_for::<Condition>();
+    json_schema!({
+        "type": "array",
+        "items": item,
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["type"]
+    })
+}
+
+/// One rule result.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Finding {
+    pub code: String,
+    pub severity: Severity,
+    pub message: String,
+    pub recommendation: String,
+}
+
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema,
+)]
+pub enum Severity {
+    Warning,
+    Error,
+}
+
+impl fmt::Display for Severity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Severity::Warning => "Warning",
+            Severity::Error => "Error",
+        })
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub visible: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_flight: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delayed: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub visibility_timeout: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_receive_count: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampled_at: Option<Time>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadLetterStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub visible: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_age_seconds: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alarm_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alarm_state: Option<String>,
+}
+
+/// Defaults of DESIGN "The API", one function per field so serde and schemars share them.
+pub mod defaults {
+    use super::Duration;
+    pub fn yes() -> bool {
+        true
+    }
+    pub fn timeout() -> Duration {
+        Duration::from_secs(30)
+    }
+    pub fn concurrency() -> u32 {
+        10
+    }
+    pub fn batch_size() -> u32 {
+        10
+    }
+    pub fn wait_time() -> Duration {
+        Duration::from_secs(20)
+    }
+    pub fn retry_base() -> Duration {
+        Duration::from_secs(5)
+    }
+    pub fn retry_max() -> Duration {
+        Duration::from_secs(15 * 60)
+    }
+    pub fn http_port() -> u16 {
+        8080
+    }
+    pub fn http_path() -> String {
+        "/messages".to_string()
+    }
+    pub fn idempotency_ttl() -> Duration {
+        Duration::from_secs(24 * 3600)
+    }
+    pub fn max_replicas() -> u32 {
+        20
+    }
+    pub fn max_backlog_age() -> Duration {
+        Duration::from_secs(60)
+    }
+    pub fn poll_interval() -> Duration {
+        Duration::from_secs(15)
+    }
+    pub fn scale_down_stabilization() -> Duration {
+        Duration::from_secs(300)
+    }
+}
+
+/// The CRD as YAML, exactly as committed under `crds/`.
+pub fn crd_yaml() -> Result<String, serde_saphyr::ser::Error> {
+    use kube::CustomResourceExt;
+    serde_saphyr::to_string(&QueueConsumer::crd())
+}

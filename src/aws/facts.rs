@@ -1,0 +1,291 @@
+//! What the rules and the controller know about a queue, parsed from SQS attributes.
+//! Pure: the same parser serves `check --attributes FILE` and the live adapter.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::Duration;
+
+/// Facts about one SQS queue, from GetQueueAttributes(All).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueFacts {
+    pub url: String,
+    pub arn: Option<String>,
+    pub visibility_timeout: Duration,
+    pub retention: Duration,
+    pub fifo: bool,
+    pub redrive: Option<RedrivePolicy>,
+    pub visible: Option<i64>,
+    pub in_flight: Option<i64>,
+    pub delayed: Option<i64>,
+}
+
+/// The queue's RedrivePolicy attribute.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RedrivePolicy {
+    pub dead_letter_target_arn: String,
+    pub max_receive_count: u32,
+}
+
+/// What was found at the redrive target.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "state")]
+pub enum DeadLetterFacts {
+    /// The source queue has no redrive policy.
+    None,
+    /// The policy names a queue that does not exist.
+    Missing { arn: String },
+    /// The DLQ could not be read (permissions, network); its health is unknown.
+    Unreachable { arn: String, error: String },
+    /// The DLQ exists; `oldest_age` comes from CloudWatch when available.
+    Found {
+        queue: QueueFacts,
+        oldest_age_seconds: Option<i64>,
+    },
+    /// Offline: nothing is known about the DLQ (e.g. `--attributes` without one for it).
+    NotRead { arn: String },
+}
+
+/// Everything observed for one QueueConsumer: the source queue and its DLQ.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Facts {
+    pub queue: QueueFacts,
+    pub dead_letter: DeadLetterFacts,
+}
+
+/// Why queue attributes could not be understood.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FactsError {
+    #[error("attribute {name} is missing")]
+    Missing { name: &'static str },
+    #[error("attribute {name} has value {value:?}, expected {expected}")]
+    Invalid {
+        name: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+}
+
+pub const ATTR_VISIBILITY_TIMEOUT: &str = "VisibilityTimeout";
+pub const ATTR_RETENTION: &str = "MessageRetentionPeriod";
+pub const ATTR_REDRIVE_POLICY: &str = "RedrivePolicy";
+pub const ATTR_FIFO: &str = "FifoQueue";
+pub const ATTR_ARN: &str = "QueueArn";
+pub const ATTR_VISIBLE: &str = "ApproximateNumberOfMessages";
+pub const ATTR_IN_FLIGHT: &str = "ApproximateNumberOfMessagesNotVisible";
+pub const ATTR_DELAYED: &str = "ApproximateNumberOfMessagesDelayed";
+
+/// SQS's documented defaults, used when an attribute is absent (some emulators omit them).
+const DEFAULT_VISIBILITY_TIMEOUT_SECS: u64 = 30;
+const DEFAULT_RETENTION_SECS: u64 = 4 * 24 * 3600;
+
+impl QueueFacts {
+    /// Parse the attribute map of GetQueueAttributes(All).
+    pub fn from_attributes(url: &str, attrs: &HashMap<String, String>) -> Result<Self, FactsError> {
+        let secs = |name: &'static str, default: u64| -> Result<Duration, FactsError> {
+            match attrs.get(name) {
+                None => Ok(Duration::from_secs(default)),
+                Some(v) => v
+                    .trim()
+                    .parse::<u64>()
+                    .map(Duration::from_secs)
+                    .map_err(|_| FactsError::Invalid {
+                        name,
+                        value: v.clone(),
+                        expected: "whole seconds",
+                    }),
+            }
+        };
+        let count = |name: &'static str| -> Result<Option<i64>, FactsError> {
+            attrs
+                .get(name)
+                .map(|v| {
+                    v.trim().parse::<i64>().map_err(|_| FactsError::Invalid {
+                        name,
+                        value: v.clone(),
+                        expected: "a whole number",
+                    })
+                })
+                .transpose()
+        };
+        let fifo = match attrs.get(ATTR_FIFO).map(|v| v.trim().to_ascii_lowercase()) {
+            None => url.ends_with(".fifo"),
+            Some(v) if v == "true" => true,
+            Some(v) if v == "false" => false,
+            Some(v) => {
+                return Err(FactsError::Invalid {
+                    name: ATTR_FIFO,
+                    value: v,
+                    expected: "true or false",
+                });
+            }
+        };
+        let redrive = attrs
+            .get(ATTR_REDRIVE_POLICY)
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| parse_redrive_policy(v))
+            .transpose()?;
+        Ok(QueueFacts {
+            url: url.to_string(),
+            arn: attrs.get(ATTR_ARN).cloned(),
+            visibility_timeout: secs(ATTR_VISIBILITY_TIMEOUT, DEFAULT_VISIBILITY_TIMEOUT_SECS)?,
+            retention: secs(ATTR_RETENTION, DEFAULT_RETENTION_SECS)?,
+            fifo,
+            redrive,
+            visible: count(ATTR_VISIBLE)?,
+            in_flight: count(ATTR_IN_FLIGHT)?,
+            delayed: count(ATTR_DELAYED)?,
+        })
+    }
+}
+
+/// Parse a RedrivePolicy JSON string. maxReceiveCount arrives as a number from some servers and a
+/// string from others: both are accepted.
+pub fn parse_redrive_policy(raw: &str) -> Result<RedrivePolicy, FactsError> {
+    let invalid = |expected| FactsError::Invalid {
+        name: ATTR_REDRIVE_POLICY,
+        value: raw.to_string(),
+        expected,
+    };
+    let v: serde_json::Value = serde_json::from_str(raw).map_err(|_| invalid("a JSON object"))?;
+    let arn = v
+        .get("deadLetterTargetArn")
+        .and_then(|a| a.as_str())
+        .filter(|a| !a.is_empty())
+        .ok_or_else(|| invalid("a JSON object with deadLetterTargetArn"))?;
+    let count = match v.get("maxReceiveCount") {
+        Some(serde_json::Value::Number(n)) => n.as_u64(),
+        Some(serde_json::Value::String(s)) => s.trim().parse::<u64>().ok(),
+        _ => None,
+    }
+    .and_then(|n| u32::try_from(n).ok())
+    .filter(|n| *n >= 1)
+    .ok_or_else(|| invalid("maxReceiveCount as a positive whole number"))?;
+    Ok(RedrivePolicy {
+        dead_letter_target_arn: arn.to_string(),
+        max_receive_count: count,
+    })
+}
+
+/// The parts of an SQS queue ARN (`arn:aws:sqs:REGION:ACCOUNT:NAME`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueArn {
+    pub partition: String,
+    pub region: String,
+    pub account: String,
+    pub name: String,
+}
+
+impl QueueArn {
+    pub fn parse(arn: &str) -> Option<QueueArn> {
+        let parts: Vec<&str> = arn.split(':').collect();
+        match parts.as_slice() {
+            ["arn", partition, "sqs", region, account, name] if !name.is_empty() => {
+                Some(QueueArn {
+                    partition: partition.to_string(),
+                    region: region.to_string(),
+                    account: account.to_string(),
+                    name: name.to_string(),
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The region in a queue URL (`https://sqs.REGION.amazonaws.com/ACCOUNT/NAME`), if it has one.
+pub fn region_from_url(url: &str) -> Option<String> {
+    let host = url.split("://").nth(1)?.split('/').next()?;
+    let mut labels = host.split('.');
+    match (labels.next(), labels.next()) {
+        (Some("sqs"), Some(region)) if region.contains('-') => Some(region.to_string()),
+        (Some(region), Some("queue")) if region.contains('-') => Some(region.to_string()),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attrs(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn redrive_count_as_string_or_number() {
+        let s = parse_redrive_policy(
+            r#"{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:1:dlq","maxReceiveCount":"5"}"#,
+        )
+        .unwrap();
+        let n = parse_redrive_policy(
+            r#"{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:1:dlq","maxReceiveCount":5}"#,
+        )
+        .unwrap();
+        assert_eq!(s, n);
+        assert_eq!(s.max_receive_count, 5);
+        for bad in [
+            r#"{"maxReceiveCount":5}"#,
+            r#"{"deadLetterTargetArn":"x","maxReceiveCount":"five"}"#,
+            "nope",
+            r#"{"deadLetterTargetArn":"x","maxReceiveCount":0}"#,
+        ] {
+            assert!(parse_redrive_policy(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn facts_from_attributes() {
+        let f = QueueFacts::from_attributes(
+            "https://sqs.us-east-1.amazonaws.com/1/q.fifo",
+            &attrs(&[
+                ("VisibilityTimeout", "45"),
+                ("MessageRetentionPeriod", "345600"),
+                ("FifoQueue", "true"),
+                ("ApproximateNumberOfMessages", "7"),
+                ("ApproximateNumberOfMessagesNotVisible", "2"),
+                ("RedrivePolicy", r#"{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:1:d.fifo","maxReceiveCount":3}"#),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(f.visibility_timeout, Duration::from_secs(45));
+        assert!(f.fifo);
+        assert_eq!(f.visible, Some(7));
+        assert_eq!(f.in_flight, Some(2));
+        assert_eq!(f.delayed, None);
+        assert_eq!(f.redrive.unwrap().max_receive_count, 3);
+    }
+
+    #[test]
+    fn bad_attribute_names_the_attribute() {
+        let err =
+            QueueFacts::from_attributes("u", &attrs(&[("VisibilityTimeout", "soon")])).unwrap_err();
+        assert!(err.to_string().contains("VisibilityTimeout"), "{err}");
+    }
+
+    #[test]
+    fn arn_and_region_parsing() {
+        let a = QueueArn::parse("arn:aws:sqs:eu-west-1:123456789012:orders-dlq").unwrap();
+        assert_eq!(
+            (a.region.as_str(), a.account.as_str(), a.name.as_str()),
+            ("eu-west-1", "123456789012", "orders-dlq")
+        );
+        assert!(QueueArn::parse("arn:aws:sns:eu-west-1:1:x").is_none());
+        assert_eq!(
+            region_from_url("https://sqs.us-east-1.amazonaws.com/1/q").as_deref(),
+            Some("us-east-1")
+        );
+        assert_eq!(
+            region_from_url("https://us-west-2.queue.amazonaws.com/1/q").as_deref(),
+            Some("us-west-2")
+        );
+        assert_eq!(region_from_url("http://127.0.0.1:4566/1/q"), None);
+    }
+}
