@@ -4,3 +4,16 @@
 pub mod facts;
 
 pub use facts::{DeadLetterFacts, Facts, FactsError, QueueArn, QueueFacts, RedrivePolicy};
+
+/// Shared SDK configuration: region (explicit, else from the queue URL, else the environment) and an
+/// optional endpoint override for local emulators. Credentials come from the default chain.
+pub async fn sdk_config(region: Option<&str>, endpoint: Option<&str>) -> aws_config::SdkConfig {
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+    if let Some(region) = region {
+        loader = loader.region(aws_config::Region::new(region.to_string()));
+    }
+    if let Some(endpoint) = endpoint {
+        loader = loader.endpoint_url(endpoint);
+    }
+    loader.load().await
+}

@@ -1,0 +1,38 @@
+//! Shared helpers of the integration tests: the real servers started by `scripts/test`.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The moto server's URL, exported by `scripts/test` as QC_TEST_SQS_ENDPOINT.
+pub fn sqs_endpoint() -> String {
+    std::env::var("QC_TEST_SQS_ENDPOINT").expect(
+        "QC_TEST_SQS_ENDPOINT is not set: run `bash scripts/test`, or start `moto_server -H 127.0.0.1 -p PORT` \
+         and export QC_TEST_SQS_ENDPOINT=http://127.0.0.1:PORT AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1",
+    )
+}
+
+/// The redis server's URL, exported by `scripts/test` as QC_TEST_REDIS_URL.
+pub fn redis_url() -> String {
+    std::env::var("QC_TEST_REDIS_URL")
+        .expect("QC_TEST_REDIS_URL is not set: run `bash scripts/test`, or start redis-server and export QC_TEST_REDIS_URL=redis://127.0.0.1:PORT")
+}
+
+/// An SDK client for the test server, with dummy credentials.
+pub async fn sqs_client() -> aws_sdk_sqs::Client {
+    if std::env::var("AWS_ACCESS_KEY_ID").is_err() {
+        panic!("AWS_ACCESS_KEY_ID is not set: run `bash scripts/test` (it exports dummy keys for moto)");
+    }
+    let conf = qc::aws::sdk_config(Some("us-east-1"), Some(&sqs_endpoint())).await;
+    aws_sdk_sqs::Client::new(&conf)
+}
+
+/// A queue name no other test (or earlier run against the same server) uses.
+pub fn unique_name(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{prefix}-{}-{n}-{nanos}", std::process::id())
+}
