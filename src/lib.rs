@@ -3,3 +3,6 @@
 
 pub mod api;
 pub mod aws;
+pub mod check;
+pub mod manifest;
+pub mod validate;

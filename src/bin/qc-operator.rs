@@ -1,8 +1,9 @@
 //! `qc-operator`: the QueueConsumer controller and its offline tools (argument parsing and wiring only).
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Parser)]
 #[command(
@@ -19,6 +20,29 @@ struct Cli {
 enum Command {
     /// Print the QueueConsumer CustomResourceDefinition as YAML.
     Crd,
+    /// Lint QueueConsumer manifests against the rules, offline or with the queue's real settings.
+    Check(CheckArgs),
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Output {
+    Text,
+    Json,
+}
+
+#[derive(Args)]
+struct CheckArgs {
+    /// Manifest files (multi-document YAML; other kinds are skipped).
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// JSON printed by `aws sqs get-queue-attributes --attribute-names All` for the source queue.
+    #[arg(long, value_name = "FILE")]
+    attributes: Option<PathBuf>,
+    /// The same JSON for the dead-letter queue (with --attributes).
+    #[arg(long, value_name = "FILE", requires = "attributes")]
+    dlq_attributes: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "text")]
+    output: Output,
 }
 
 fn main() -> ExitCode {
@@ -34,5 +58,54 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Check(args) => check(args),
     }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("error: cannot start the async runtime: {e}");
+            ExitCode::from(2)
+        })
+}
+
+fn check(args: CheckArgs) -> ExitCode {
+    use qc::check::{self, FactsSource};
+    let source = match &args.attributes {
+        Some(a) => FactsSource::Files {
+            source: a.clone(),
+            dead_letter: args.dlq_attributes.clone(),
+        },
+        None => FactsSource::Offline,
+    };
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let run = rt.block_on(check::run(&args.files, &source, None));
+    match args.output {
+        Output::Text => {
+            // invalid documents are shown inline; only unreadable files go to stderr
+            for line in &run.file_errors {
+                eprintln!("error: {line}");
+            }
+            print!("{}", check::render_text(&run, &source));
+        }
+        Output::Json => match serde_json::to_string_pretty(&check::json_findings(&run)) {
+            Ok(json) => {
+                for line in check::input_errors(&run) {
+                    eprintln!("error: {line}");
+                }
+                println!("{json}");
+            }
+            Err(e) => {
+                eprintln!("error: cannot encode findings: {e}");
+                return ExitCode::from(2);
+            }
+        },
+    }
+    ExitCode::from(run.exit_code())
 }

@@ -1,0 +1,64 @@
+//! Rule codes (user-visible: they appear in findings, conditions and `check` output).
+//! Each is documented in docs/rules.md.
+
+pub const VISIBILITY_TIMEOUT_BELOW_BUDGET: &str = "VisibilityTimeoutBelowBudget";
+pub const VISIBILITY_TIMEOUT_BELOW_SIX_TIMES_MEAN: &str = "VisibilityTimeoutBelowSixTimesMean";
+pub const VISIBILITY_TIMEOUT_EXCESSIVE: &str = "VisibilityTimeoutExcessive";
+pub const PROCESSING_BEYOND_VISIBILITY_MAXIMUM: &str = "ProcessingBeyondVisibilityMaximum";
+pub const HEARTBEAT_INTERVAL_TOO_LONG: &str = "HeartbeatIntervalTooLong";
+pub const HANDLER_TIMEOUT_BEYOND_VISIBILITY: &str = "HandlerTimeoutBeyondVisibility";
+pub const NO_REDRIVE_POLICY: &str = "NoRedrivePolicy";
+pub const MAX_RECEIVE_COUNT_TOO_LOW: &str = "MaxReceiveCountTooLow";
+pub const RETRY_WINDOW_BEYOND_RETENTION: &str = "RetryWindowBeyondRetention";
+pub const RETRY_WINDOW_BELOW_OUTAGE_TOLERANCE: &str = "RetryWindowBelowOutageTolerance";
+pub const DEAD_LETTER_RETENTION_TOO_SHORT: &str = "DeadLetterRetentionTooShort";
+pub const DEAD_LETTER_QUEUE_TYPE_MISMATCH: &str = "DeadLetterQueueTypeMismatch";
+pub const DEAD_LETTER_QUEUE_MISSING: &str = "DeadLetterQueueMissing";
+pub const IN_FLIGHT_CEILING_REACHABLE: &str = "InFlightCeilingReachable";
+pub const SHORT_POLLING: &str = "ShortPolling";
+
+/// Rules that need only the spec.
+pub const OFFLINE_RULES: &[&str] = &[
+    PROCESSING_BEYOND_VISIBILITY_MAXIMUM,
+    IN_FLIGHT_CEILING_REACHABLE,
+    SHORT_POLLING,
+];
+
+/// Rules that need the source queue's attributes.
+pub const QUEUE_RULES: &[&str] = &[
+    VISIBILITY_TIMEOUT_BELOW_BUDGET,
+    VISIBILITY_TIMEOUT_BELOW_SIX_TIMES_MEAN,
+    VISIBILITY_TIMEOUT_EXCESSIVE,
+    HEARTBEAT_INTERVAL_TOO_LONG,
+    HANDLER_TIMEOUT_BEYOND_VISIBILITY,
+    NO_REDRIVE_POLICY,
+    MAX_RECEIVE_COUNT_TOO_LOW,
+    RETRY_WINDOW_BEYOND_RETENTION,
+    RETRY_WINDOW_BELOW_OUTAGE_TOLERANCE,
+];
+
+/// Rules that need the dead-letter queue's attributes.
+pub const DEAD_LETTER_RULES: &[&str] = &[
+    DEAD_LETTER_RETENTION_TOO_SHORT,
+    DEAD_LETTER_QUEUE_TYPE_MISMATCH,
+    DEAD_LETTER_QUEUE_MISSING,
+];
+
+/// Every rule code, in the order of DESIGN's table.
+pub const ALL: &[&str] = &[
+    VISIBILITY_TIMEOUT_BELOW_BUDGET,
+    VISIBILITY_TIMEOUT_BELOW_SIX_TIMES_MEAN,
+    VISIBILITY_TIMEOUT_EXCESSIVE,
+    PROCESSING_BEYOND_VISIBILITY_MAXIMUM,
+    HEARTBEAT_INTERVAL_TOO_LONG,
+    HANDLER_TIMEOUT_BEYOND_VISIBILITY,
+    NO_REDRIVE_POLICY,
+    MAX_RECEIVE_COUNT_TOO_LOW,
+    RETRY_WINDOW_BEYOND_RETENTION,
+    RETRY_WINDOW_BELOW_OUTAGE_TOLERANCE,
+    DEAD_LETTER_RETENTION_TOO_SHORT,
+    DEAD_LETTER_QUEUE_TYPE_MISMATCH,
+    DEAD_LETTER_QUEUE_MISSING,
+    IN_FLIGHT_CEILING_REACHABLE,
+    SHORT_POLLING,
+];

@@ -1,0 +1,405 @@
+//! The rules: pure functions over (spec, queue facts) that return findings with numeric recommendations.
+//! Shared by `qc-operator check`, `plan` and the controller; no I/O here.
+
+pub mod codes;
+
+use crate::api::{Duration, Finding, QueueConsumerSpec, Severity};
+use crate::aws::{DeadLetterFacts, Facts, QueueFacts};
+
+/// SQS's hard maximum for a visibility timeout (and so for one lease of a message).
+pub const VISIBILITY_MAXIMUM: Duration = Duration::from_secs(12 * 3600);
+/// SQS quota of in-flight messages per queue (standard and, today, FIFO).
+pub const IN_FLIGHT_QUOTA: u64 = 120_000;
+/// The longest retention SQS allows, and the least a DLQ should keep.
+pub const DEAD_LETTER_RETENTION_MINIMUM: Duration = Duration::from_secs(14 * 24 * 3600);
+const MIN_RECEIVE_COUNT: u32 = 3;
+const MARGIN_FLOOR: Duration = Duration::from_secs(5);
+const EXCESSIVE_FLOOR: Duration = Duration::from_secs(15 * 60);
+
+/// A rule that was not run, and what it needed.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Skipped {
+    pub code: &'static str,
+    pub needs: &'static str,
+}
+
+/// Findings of one evaluation, and the rules left out for lack of facts.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Report {
+    pub findings: Vec<Finding>,
+    pub skipped: Vec<Skipped>,
+}
+
+impl Report {
+    pub fn has_errors(&self) -> bool {
+        has_errors(&self.findings)
+    }
+}
+
+pub fn has_errors(findings: &[Finding]) -> bool {
+    findings.iter().any(|f| f.severity == Severity::Error)
+}
+
+/// Messages one replica holds at once. The worker receives only into free slots
+/// (`min(free, batchSize)`), so a batch never exceeds the free concurrency: no batch excess.
+pub fn in_flight_per_replica(spec: &QueueConsumerSpec) -> u32 {
+    spec.processing.concurrency.max(1)
+}
+
+/// Time to work through what one replica holds: P × ceil(in-flight / C).
+fn work_time(spec: &QueueConsumerSpec) -> Duration {
+    let c = spec.processing.concurrency.max(1);
+    let rounds = in_flight_per_replica(spec).div_ceil(c);
+    spec.processing.p99.saturating_mul(rounds)
+}
+
+/// M = max(5s, 10% of the work time).
+pub fn margin(spec: &QueueConsumerSpec) -> Duration {
+    let tenth = Duration::from_millis((work_time(spec).as_millis() / 10) as u64);
+    tenth.max(MARGIN_FLOOR)
+}
+
+/// Budget = P × ceil(in-flight per replica / C) + M: the least visibility timeout that covers a lease.
+pub fn budget(spec: &QueueConsumerSpec) -> Duration {
+    work_time(spec).saturating_add(margin(spec))
+}
+
+/// Visibility the worker sets after the k-th failed receive: base × 2^(k-1), capped at max and 12h.
+pub fn backoff(spec: &QueueConsumerSpec, receive_count: u32) -> Duration {
+    let b = &spec.processing.retry_backoff;
+    let shift = receive_count.saturating_sub(1).min(40);
+    let raw = b.base.as_millis().saturating_mul(1u128 << shift);
+    let capped = raw
+        .min(b.max.as_millis())
+        .min(VISIBILITY_MAXIMUM.as_millis());
+    Duration::from_millis(capped as u64)
+}
+
+/// How long a failing message stays on the source queue before redrive moves it: each of the R
+/// receives hides it for the longer of the visibility timeout (crash, timeout) and the backoff.
+pub fn retry_window(spec: &QueueConsumerSpec, vt: Duration, max_receive_count: u32) -> Duration {
+    (1..=max_receive_count).fold(Duration::ZERO, |acc, k| {
+        acc.saturating_add(vt.max(backoff(spec, k)))
+    })
+}
+
+fn secs(d: Duration) -> String {
+    d.to_string()
+}
+
+/// Round up to whole seconds, as SQS attributes are set.
+fn ceil_secs(d: Duration) -> Duration {
+    Duration::from_secs(d.as_secs_ceil())
+}
+
+fn finding(code: &str, severity: Severity, message: String, recommendation: String) -> Finding {
+    Finding {
+        code: code.to_string(),
+        severity,
+        message,
+        recommendation,
+    }
+}
+
+/// Run every rule that the available facts allow.
+pub fn evaluate(spec: &QueueConsumerSpec, facts: Option<&Facts>) -> Report {
+    let mut report = Report::default();
+    offline_rules(spec, &mut report.findings);
+    match facts {
+        None => {
+            report
+                .skipped
+                .extend(codes::QUEUE_RULES.iter().map(|&code| Skipped {
+                    code,
+                    needs: "queue attributes",
+                }));
+            report
+                .skipped
+                .extend(codes::DEAD_LETTER_RULES.iter().map(|&code| Skipped {
+                    code,
+                    needs: "dead-letter queue attributes",
+                }));
+        }
+        Some(facts) => {
+            queue_rules(spec, &facts.queue, &mut report.findings);
+            dead_letter_rules(
+                &facts.queue,
+                &facts.dead_letter,
+                &mut report.findings,
+                &mut report.skipped,
+            );
+        }
+    }
+    report
+}
+
+fn offline_rules(spec: &QueueConsumerSpec, out: &mut Vec<Finding>) {
+    let p = &spec.processing;
+    let longest = p.p99.max(p.timeout);
+    if longest > VISIBILITY_MAXIMUM {
+        let which = if p.p99 >= p.timeout {
+            "processing.p99"
+        } else {
+            "processing.timeout"
+        };
+        out.push(finding(
+            codes::PROCESSING_BEYOND_VISIBILITY_MAXIMUM,
+            Severity::Error,
+            format!("{which} is {}, beyond the 12h SQS visibility maximum", secs(longest)),
+            "split the work into steps under 12h (e.g. a workflow engine such as Step Functions) and keep processing.timeout at most 12h".to_string(),
+        ));
+    }
+    let per_replica = u64::from(in_flight_per_replica(spec));
+    let ceiling = u64::from(spec.scaling.max_replicas) * per_replica;
+    if ceiling > IN_FLIGHT_QUOTA {
+        let max_replicas = IN_FLIGHT_QUOTA / per_replica.max(1);
+        out.push(finding(
+            codes::IN_FLIGHT_CEILING_REACHABLE,
+            Severity::Warning,
+            format!(
+                "scaling.maxReplicas {} × {} in flight per replica = {ceiling} can exceed the SQS quota of {IN_FLIGHT_QUOTA} in-flight messages; receives then return empty while the queue backs up",
+                spec.scaling.max_replicas, per_replica
+            ),
+            format!("set scaling.maxReplicas to at most {max_replicas}, or lower processing.concurrency"),
+        ));
+    }
+    if p.wait_time.is_zero() {
+        out.push(finding(
+            codes::SHORT_POLLING,
+            Severity::Warning,
+            "processing.waitTime is 0s: short polling samples a subset of servers, returns empty often and costs more requests".to_string(),
+            "set processing.waitTime to 20s (long polling)".to_string(),
+        ));
+    }
+}
+
+fn queue_rules(spec: &QueueConsumerSpec, q: &QueueFacts, out: &mut Vec<Finding>) {
+    let p = &spec.processing;
+    let vt = q.visibility_timeout;
+    let budget = budget(spec);
+    let m = margin(spec);
+    let heartbeat = p.heartbeat.enabled;
+
+    if vt < budget {
+        let (severity, tail) = if heartbeat {
+            (
+                Severity::Warning,
+                "; the heartbeat extends each lease, so this holds only while heartbeats get through",
+            )
+        } else {
+            (
+                Severity::Error,
+                "; without a heartbeat a message still in work reappears and is handled twice",
+            )
+        };
+        out.push(finding(
+            codes::VISIBILITY_TIMEOUT_BELOW_BUDGET,
+            severity,
+            format!(
+                "queue VisibilityTimeout {} is below the budget {} (p99 {} × ceil({} in flight / concurrency {}) + margin {}){tail}",
+                secs(vt),
+                secs(budget),
+                secs(p.p99),
+                in_flight_per_replica(spec),
+                p.concurrency,
+                secs(m)
+            ),
+            format!("set VisibilityTimeout to at least {}", secs(ceil_secs(budget))),
+        ));
+    }
+    if let Some(mean) = p.mean {
+        let six = mean.saturating_mul(6);
+        if vt < six {
+            out.push(finding(
+                codes::VISIBILITY_TIMEOUT_BELOW_SIX_TIMES_MEAN,
+                Severity::Warning,
+                format!(
+                    "queue VisibilityTimeout {} is below 6 × the declared mean {} = {}",
+                    secs(vt),
+                    secs(mean),
+                    secs(six)
+                ),
+                format!("set VisibilityTimeout to at least {}", secs(ceil_secs(six))),
+            ));
+        }
+    }
+    let ten_budgets = budget.saturating_mul(10);
+    if vt > ten_budgets && vt > EXCESSIVE_FLOOR {
+        out.push(finding(
+            codes::VISIBILITY_TIMEOUT_EXCESSIVE,
+            Severity::Warning,
+            format!(
+                "queue VisibilityTimeout {} is more than 10 × the budget {} and over 15m: after a crash its messages stay hidden that long before a retry",
+                secs(vt),
+                secs(budget)
+            ),
+            format!(
+                "set VisibilityTimeout to about {} and keep processing.heartbeat.enabled for long messages",
+                secs(ceil_secs(budget.saturating_mul(2)))
+            ),
+        ));
+    }
+    if heartbeat {
+        let interval = p.heartbeat.interval.resolve(vt);
+        let limit = vt.saturating_sub(m);
+        if interval >= limit {
+            let suggested = Duration::from_millis((limit.as_millis() / 2) as u64);
+            let recommendation = if suggested.is_zero() {
+                format!(
+                    "set VisibilityTimeout to at least {}",
+                    secs(ceil_secs(budget))
+                )
+            } else {
+                format!(
+                    "set processing.heartbeat.interval to at most {} or raise VisibilityTimeout to at least {}",
+                    secs(suggested),
+                    secs(ceil_secs(
+                        interval
+                            .saturating_add(m)
+                            .saturating_add(Duration::from_secs(1))
+                    ))
+                )
+            };
+            out.push(finding(
+                codes::HEARTBEAT_INTERVAL_TOO_LONG,
+                Severity::Error,
+                format!(
+                    "heartbeat interval {} is not below VisibilityTimeout {} minus margin {}: a lease can expire before it is extended",
+                    secs(interval),
+                    secs(vt),
+                    secs(m)
+                ),
+                recommendation,
+            ));
+        }
+    } else if p.timeout > vt {
+        out.push(finding(
+            codes::HANDLER_TIMEOUT_BEYOND_VISIBILITY,
+            Severity::Warning,
+            format!(
+                "processing.timeout {} exceeds VisibilityTimeout {} and the heartbeat is off: a slow message reappears while still running",
+                secs(p.timeout),
+                secs(vt)
+            ),
+            format!(
+                "enable processing.heartbeat, or set VisibilityTimeout to at least {}",
+                secs(ceil_secs(p.timeout.saturating_add(m)))
+            ),
+        ));
+    }
+
+    let Some(redrive) = &q.redrive else {
+        out.push(finding(
+            codes::NO_REDRIVE_POLICY,
+            Severity::Error,
+            "the queue has no RedrivePolicy: a message that always fails is retried until it expires".to_string(),
+            "create a dead-letter queue and set RedrivePolicy with maxReceiveCount 5".to_string(),
+        ));
+        return;
+    };
+    let r = redrive.max_receive_count;
+    if r < MIN_RECEIVE_COUNT {
+        out.push(finding(
+            codes::MAX_RECEIVE_COUNT_TOO_LOW,
+            Severity::Warning,
+            format!("maxReceiveCount is {r}: one visibility lapse or crash can dead-letter a good message"),
+            format!("set maxReceiveCount to at least {MIN_RECEIVE_COUNT} (5 is common)"),
+        ));
+    }
+    let window = retry_window(spec, vt, r);
+    if window > q.retention {
+        // the largest R whose window still fits the retention
+        let fits = (1..r)
+            .rev()
+            .find(|&k| retry_window(spec, vt, k) <= q.retention)
+            .unwrap_or(0);
+        let fix_count = if fits >= 1 {
+            format!("lower maxReceiveCount to {fits} or ")
+        } else {
+            String::new()
+        };
+        let retention_needed = ceil_secs(window.saturating_add(Duration::from_secs(3600)))
+            .min(DEAD_LETTER_RETENTION_MINIMUM);
+        out.push(finding(
+            codes::RETRY_WINDOW_BEYOND_RETENTION,
+            Severity::Error,
+            format!(
+                "{r} receives × VisibilityTimeout {} (with backoff) = {} exceeds MessageRetentionPeriod {}: failing messages expire before reaching the DLQ (silent loss)",
+                secs(vt),
+                secs(window),
+                secs(q.retention)
+            ),
+            format!("{fix_count}set MessageRetentionPeriod to at least {}", secs(retention_needed)),
+        ));
+    }
+    if let Some(tolerance) = p.outage_tolerance
+        && window < tolerance
+    {
+        let per_receive = vt.max(Duration::from_secs(1));
+        let needed_r = (tolerance.as_millis().div_ceil(per_receive.as_millis())) as u64;
+        out.push(finding(
+                codes::RETRY_WINDOW_BELOW_OUTAGE_TOLERANCE,
+                Severity::Warning,
+                format!(
+                    "retry window {} ({r} receives × VisibilityTimeout {}, with backoff) is shorter than processing.outageTolerance {}: an outage that long sends good messages to the DLQ",
+                    secs(window),
+                    secs(vt),
+                    secs(tolerance)
+                ),
+                format!(
+                    "set maxReceiveCount to at least {needed_r}, or raise processing.retryBackoff.max so the backoff spans {}",
+                    secs(tolerance)
+                ),
+            ));
+    }
+}
+
+fn dead_letter_rules(
+    q: &QueueFacts,
+    dlq: &DeadLetterFacts,
+    out: &mut Vec<Finding>,
+    skipped: &mut Vec<Skipped>,
+) {
+    match dlq {
+        DeadLetterFacts::None => {}
+        DeadLetterFacts::Missing { arn } => out.push(finding(
+            codes::DEAD_LETTER_QUEUE_MISSING,
+            Severity::Error,
+            format!("the RedrivePolicy targets {arn}, which does not exist: redrive fails and messages stay on the source queue"),
+            format!("create the queue {arn} (retention 14 days) or point RedrivePolicy at an existing dead-letter queue"),
+        )),
+        DeadLetterFacts::Unreachable { .. } | DeadLetterFacts::NotRead { .. } => {
+            skipped.extend(codes::DEAD_LETTER_RULES.iter().map(|&code| Skipped { code, needs: "dead-letter queue attributes" }));
+        }
+        DeadLetterFacts::Found { queue: d, .. } => {
+            if d.retention < DEAD_LETTER_RETENTION_MINIMUM || d.retention < q.retention {
+                let why = if d.retention < q.retention {
+                    format!("shorter than the source queue's {}", secs(q.retention))
+                } else {
+                    "below 14 days".to_string()
+                };
+                out.push(finding(
+                    codes::DEAD_LETTER_RETENTION_TOO_SHORT,
+                    Severity::Warning,
+                    format!(
+                        "dead-letter queue MessageRetentionPeriod {} is {why}: a message keeps its original enqueue time, so evidence can expire before anyone looks",
+                        secs(d.retention)
+                    ),
+                    format!("set the DLQ's MessageRetentionPeriod to {} (1209600 seconds)", secs(DEAD_LETTER_RETENTION_MINIMUM)),
+                ));
+            }
+            if d.fifo != q.fifo {
+                let (src, dst) = if q.fifo { ("FIFO", "standard") } else { ("standard", "FIFO") };
+                out.push(finding(
+                    codes::DEAD_LETTER_QUEUE_TYPE_MISMATCH,
+                    Severity::Error,
+                    format!("a {src} queue redrives to a {dst} dead-letter queue: SQS requires both to be of the same type"),
+                    format!("point RedrivePolicy at a {src} dead-letter queue{}", if q.fifo { " (name ending in .fifo)" } else { "" }),
+                ));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,444 @@
+//! Table tests: for each rule a case that fires, one that does not, and the boundary.
+
+use super::*;
+use crate::api::{HeartbeatInterval, QueueConsumerSpec};
+use crate::aws::{DeadLetterFacts, Facts, QueueFacts, RedrivePolicy};
+
+const DAY: u64 = 24 * 3600;
+
+fn spec(yaml: &str) -> QueueConsumerSpec {
+    let base = "queue: {url: https://sqs.us-east-1.amazonaws.com/1/q}\nhandler: {http: {}}\n";
+    serde_saphyr::from_str(&format!("{base}{yaml}")).expect("test spec parses")
+}
+
+/// p99 2s, concurrency 10: budget = 2s + 5s = 7s.
+fn default_spec() -> QueueConsumerSpec {
+    spec("processing: {p99: 2s}")
+}
+
+fn queue(vt: u64) -> QueueFacts {
+    QueueFacts {
+        url: "https://sqs.us-east-1.amazonaws.com/1/q".into(),
+        arn: Some("arn:aws:sqs:us-east-1:1:q".into()),
+        visibility_timeout: Duration::from_secs(vt),
+        retention: Duration::from_secs(4 * DAY),
+        fifo: false,
+        redrive: Some(RedrivePolicy {
+            dead_letter_target_arn: "arn:aws:sqs:us-east-1:1:dlq".into(),
+            max_receive_count: 5,
+        }),
+        visible: Some(0),
+        in_flight: Some(0),
+        delayed: Some(0),
+    }
+}
+
+fn dlq(retention_days: u64, fifo: bool) -> DeadLetterFacts {
+    let mut q = queue(30);
+    q.url = "https://sqs.us-east-1.amazonaws.com/1/dlq".into();
+    q.redrive = None;
+    q.retention = Duration::from_secs(retention_days * DAY);
+    q.fifo = fifo;
+    DeadLetterFacts::Found {
+        queue: q,
+        oldest_age_seconds: None,
+    }
+}
+
+fn facts(q: QueueFacts) -> Facts {
+    Facts {
+        queue: q,
+        dead_letter: dlq(14, false),
+    }
+}
+
+fn codes_of(spec: &QueueConsumerSpec, facts: Option<&Facts>) -> Vec<String> {
+    evaluate(spec, facts)
+        .findings
+        .into_iter()
+        .map(|f| f.code)
+        .collect()
+}
+
+fn find(spec: &QueueConsumerSpec, facts: Option<&Facts>, code: &str) -> Option<Finding> {
+    evaluate(spec, facts)
+        .findings
+        .into_iter()
+        .find(|f| f.code == code)
+}
+
+#[test]
+fn healthy_setup_has_no_findings() {
+    assert_eq!(
+        codes_of(&default_spec(), Some(&facts(queue(30)))),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn budget_arithmetic() {
+    let s = default_spec();
+    assert_eq!(budget(&s), Duration::from_secs(7));
+    let long = spec("processing: {p99: 2m, timeout: 5m}");
+    assert_eq!(margin(&long), Duration::from_secs(12));
+    assert_eq!(budget(&long), Duration::from_secs(132));
+}
+
+#[test]
+fn visibility_timeout_below_budget() {
+    let c = codes::VISIBILITY_TIMEOUT_BELOW_BUDGET;
+    let no_hb = spec("processing: {p99: 2s, heartbeat: {enabled: false}}");
+    // fires: VT 6s < budget 7s, Error without heartbeat
+    let f = find(&no_hb, Some(&facts(queue(6))), c).expect("fires");
+    assert_eq!(f.severity, Severity::Error);
+    assert_eq!(f.recommendation, "set VisibilityTimeout to at least 7s");
+    // Warning with heartbeat
+    let hb = spec("processing: {p99: 2s, heartbeat: {interval: 1s}}");
+    assert_eq!(
+        find(&hb, Some(&facts(queue(6))), c)
+            .expect("fires")
+            .severity,
+        Severity::Warning
+    );
+    // boundary: VT == budget does not fire
+    assert!(find(&no_hb, Some(&facts(queue(7))), c).is_none());
+    assert!(find(&no_hb, Some(&facts(queue(30))), c).is_none());
+}
+
+#[test]
+fn visibility_timeout_below_six_times_mean() {
+    let c = codes::VISIBILITY_TIMEOUT_BELOW_SIX_TIMES_MEAN;
+    let s = spec("processing: {p99: 2s, mean: 10s, timeout: 30s}");
+    let f = find(&s, Some(&facts(queue(59))), c).expect("fires");
+    assert_eq!(f.severity, Severity::Warning);
+    assert_eq!(f.recommendation, "set VisibilityTimeout to at least 1m");
+    assert!(
+        find(&s, Some(&facts(queue(60))), c).is_none(),
+        "boundary 6 × mean"
+    );
+    // no mean declared: never fires
+    assert!(find(&default_spec(), Some(&facts(queue(8))), c).is_none());
+}
+
+#[test]
+fn visibility_timeout_excessive() {
+    let c = codes::VISIBILITY_TIMEOUT_EXCESSIVE;
+    let s = default_spec(); // budget 7s: 10× is 70s, so the 15m floor decides
+    assert!(
+        find(&s, Some(&facts(queue(900))), c).is_none(),
+        "boundary: exactly 15m"
+    );
+    let f = find(&s, Some(&facts(queue(901))), c).expect("fires");
+    assert_eq!(f.severity, Severity::Warning);
+    assert!(f.recommendation.contains("14s"), "{}", f.recommendation);
+    // long work: budget 132s, 10× = 22m; 20m is over 15m but under 10 × budget
+    let long = spec("processing: {p99: 2m, timeout: 5m}");
+    assert!(find(&long, Some(&facts(queue(1200))), c).is_none());
+    assert!(find(&long, Some(&facts(queue(1321))), c).is_some());
+}
+
+#[test]
+fn processing_beyond_visibility_maximum() {
+    let c = codes::PROCESSING_BEYOND_VISIBILITY_MAXIMUM;
+    let at = spec("processing: {p99: 1h, timeout: 12h}");
+    assert!(find(&at, None, c).is_none(), "boundary: 12h is allowed");
+    let over = spec("processing: {p99: 1h, timeout: 12h1s}");
+    let f = find(&over, None, c).expect("fires offline");
+    assert_eq!(f.severity, Severity::Error);
+    assert!(f.message.contains("processing.timeout"), "{}", f.message);
+    assert!(find(&default_spec(), None, c).is_none());
+}
+
+#[test]
+fn heartbeat_interval_too_long() {
+    let c = codes::HEARTBEAT_INTERVAL_TOO_LONG;
+    // VT 30s, margin 5s: interval must be < 25s
+    let at = spec("processing: {p99: 2s, heartbeat: {interval: 25s}}");
+    let f = find(&at, Some(&facts(queue(30))), c).expect("boundary fires: interval == VT - M");
+    assert_eq!(f.severity, Severity::Error);
+    assert!(
+        f.recommendation.contains("at most 12s500ms"),
+        "{}",
+        f.recommendation
+    );
+    let under = spec("processing: {p99: 2s, heartbeat: {interval: 24s}}");
+    assert!(find(&under, Some(&facts(queue(30))), c).is_none());
+    // auto = VT/3: fires for a tiny VT where VT/3 >= VT - 5s (VT 7s: 2.33s >= 2s)
+    assert_eq!(
+        default_spec().processing.heartbeat.interval,
+        HeartbeatInterval::Auto
+    );
+    assert!(find(&default_spec(), Some(&facts(queue(7))), c).is_some());
+    assert!(
+        find(&default_spec(), Some(&facts(queue(8))), c).is_none(),
+        "VT 8s: 2.67s < 3s"
+    );
+    // heartbeat disabled: rule does not apply
+    let off = spec("processing: {p99: 2s, heartbeat: {enabled: false, interval: 1h}}");
+    assert!(find(&off, Some(&facts(queue(30))), c).is_none());
+}
+
+#[test]
+fn handler_timeout_beyond_visibility() {
+    let c = codes::HANDLER_TIMEOUT_BEYOND_VISIBILITY;
+    let s = spec("processing: {p99: 2s, timeout: 31s, heartbeat: {enabled: false}}");
+    let f = find(&s, Some(&facts(queue(30))), c).expect("fires");
+    assert_eq!(f.severity, Severity::Warning);
+    assert!(
+        f.recommendation.contains("at least 36s"),
+        "{}",
+        f.recommendation
+    );
+    let at = spec("processing: {p99: 2s, timeout: 30s, heartbeat: {enabled: false}}");
+    assert!(
+        find(&at, Some(&facts(queue(30))), c).is_none(),
+        "boundary: timeout == VT"
+    );
+    let hb = spec("processing: {p99: 2s, timeout: 31s}");
+    assert!(
+        find(&hb, Some(&facts(queue(30))), c).is_none(),
+        "heartbeat on"
+    );
+}
+
+#[test]
+fn no_redrive_policy() {
+    let c = codes::NO_REDRIVE_POLICY;
+    let mut q = queue(30);
+    q.redrive = None;
+    let f = Facts {
+        queue: q,
+        dead_letter: DeadLetterFacts::None,
+    };
+    let got = find(&default_spec(), Some(&f), c).expect("fires");
+    assert_eq!(got.severity, Severity::Error);
+    assert!(got.recommendation.contains("maxReceiveCount 5"));
+    assert!(find(&default_spec(), Some(&facts(queue(30))), c).is_none());
+}
+
+fn with_receive_count(vt: u64, r: u32) -> QueueFacts {
+    let mut q = queue(vt);
+    if let Some(p) = q.redrive.as_mut() {
+        p.max_receive_count = r;
+    }
+    q
+}
+
+#[test]
+fn max_receive_count_too_low() {
+    let c = codes::MAX_RECEIVE_COUNT_TOO_LOW;
+    let s = default_spec();
+    assert_eq!(
+        find(&s, Some(&facts(with_receive_count(30, 2))), c)
+            .expect("fires")
+            .severity,
+        Severity::Warning
+    );
+    assert!(
+        find(&s, Some(&facts(with_receive_count(30, 3))), c).is_none(),
+        "boundary 3"
+    );
+}
+
+#[test]
+fn retry_window_beyond_retention() {
+    let c = codes::RETRY_WINDOW_BEYOND_RETENTION;
+    let s = default_spec(); // backoff 5s, 10s, 20s, 40s, 80s... below VT 1h: window = R × VT
+    let mut q = with_receive_count(3600, 5);
+    q.retention = Duration::from_secs(5 * 3600);
+    assert!(
+        find(&s, Some(&facts(q.clone())), c).is_none(),
+        "boundary: window == retention"
+    );
+    q.retention = Duration::from_secs(5 * 3600 - 1);
+    let f = find(&s, Some(&facts(q.clone())), c).expect("fires");
+    assert_eq!(f.severity, Severity::Error);
+    assert!(
+        f.recommendation
+            .starts_with("lower maxReceiveCount to 4 or set MessageRetentionPeriod to at least 6h"),
+        "{}",
+        f.recommendation
+    );
+    // backoff counts: VT 30s but backoff max 2h with base 1h → window 1h + 2h + 2h
+    let slow = spec("processing: {p99: 2s, retryBackoff: {base: 1h, max: 2h}}");
+    let mut q2 = with_receive_count(30, 3);
+    q2.retention = Duration::from_secs(5 * 3600 - 1);
+    assert!(find(&slow, Some(&facts(q2.clone())), c).is_some());
+    q2.retention = Duration::from_secs(5 * 3600);
+    assert!(find(&slow, Some(&facts(q2)), c).is_none());
+}
+
+#[test]
+fn retry_window_below_outage_tolerance() {
+    let c = codes::RETRY_WINDOW_BELOW_OUTAGE_TOLERANCE;
+    // VT 60s, R 5, backoff 5s..80s: window 4 × 60s + 80s = 5m20s
+    let q = with_receive_count(60, 5);
+    assert_eq!(
+        retry_window(&default_spec(), q.visibility_timeout, 5),
+        Duration::from_secs(320)
+    );
+    let at = spec("processing: {p99: 2s, outageTolerance: 5m20s}");
+    assert!(
+        find(&at, Some(&facts(q.clone())), c).is_none(),
+        "boundary: window == tolerance"
+    );
+    let just_over = spec("processing: {p99: 2s, outageTolerance: 5m21s}");
+    assert!(find(&just_over, Some(&facts(q)), c).is_some());
+    let over = spec("processing: {p99: 2s, outageTolerance: 1h}");
+    let f = find(&over, Some(&facts(with_receive_count(60, 5))), c).expect("fires");
+    assert_eq!(f.severity, Severity::Warning);
+    assert!(
+        f.recommendation.contains("maxReceiveCount to at least 60"),
+        "{}",
+        f.recommendation
+    );
+    assert!(
+        find(&default_spec(), Some(&facts(with_receive_count(60, 5))), c).is_none(),
+        "not declared"
+    );
+}
+
+#[test]
+fn dead_letter_retention_too_short() {
+    let c = codes::DEAD_LETTER_RETENTION_TOO_SHORT;
+    let s = default_spec();
+    let mut f = facts(queue(30));
+    f.dead_letter = dlq(13, false);
+    assert_eq!(
+        find(&s, Some(&f), c).expect("fires below 14 days").severity,
+        Severity::Warning
+    );
+    f.dead_letter = dlq(14, false);
+    assert!(find(&s, Some(&f), c).is_none(), "boundary: 14 days");
+    // shorter than the source's retention (which can only be at most 14 days on SQS; facts may say more)
+    let mut long_src = queue(30);
+    long_src.retention = Duration::from_secs(15 * DAY);
+    let f2 = Facts {
+        queue: long_src,
+        dead_letter: dlq(14, false),
+    };
+    assert!(
+        find(&s, Some(&f2), c)
+            .expect("fires")
+            .message
+            .contains("shorter than the source")
+    );
+}
+
+#[test]
+fn dead_letter_queue_type_mismatch() {
+    let c = codes::DEAD_LETTER_QUEUE_TYPE_MISMATCH;
+    let s = default_spec();
+    let mut fifo_src = queue(30);
+    fifo_src.fifo = true;
+    let f = Facts {
+        queue: fifo_src.clone(),
+        dead_letter: dlq(14, false),
+    };
+    assert_eq!(
+        find(&s, Some(&f), c).expect("FIFO -> standard").severity,
+        Severity::Error
+    );
+    let f = Facts {
+        queue: queue(30),
+        dead_letter: dlq(14, true),
+    };
+    assert!(
+        find(&s, Some(&f), c)
+            .expect("standard -> FIFO")
+            .message
+            .contains("standard queue redrives to a FIFO")
+    );
+    let f = Facts {
+        queue: fifo_src,
+        dead_letter: dlq(14, true),
+    };
+    assert!(find(&s, Some(&f), c).is_none());
+}
+
+#[test]
+fn dead_letter_queue_missing() {
+    let c = codes::DEAD_LETTER_QUEUE_MISSING;
+    let s = default_spec();
+    let f = Facts {
+        queue: queue(30),
+        dead_letter: DeadLetterFacts::Missing {
+            arn: "arn:aws:sqs:us-east-1:1:dlq".into(),
+        },
+    };
+    let got = find(&s, Some(&f), c).expect("fires");
+    assert_eq!(got.severity, Severity::Error);
+    assert!(got.recommendation.contains("arn:aws:sqs:us-east-1:1:dlq"));
+    assert!(find(&s, Some(&facts(queue(30))), c).is_none());
+}
+
+#[test]
+fn in_flight_ceiling_reachable() {
+    let c = codes::IN_FLIGHT_CEILING_REACHABLE;
+    let at = spec("processing: {p99: 2s, concurrency: 100}\nscaling: {maxReplicas: 1200}");
+    assert!(find(&at, None, c).is_none(), "boundary: exactly 120,000");
+    let over = spec("processing: {p99: 2s, concurrency: 100}\nscaling: {maxReplicas: 1201}");
+    let f = find(&over, None, c).expect("fires offline");
+    assert_eq!(f.severity, Severity::Warning);
+    assert_eq!(
+        f.recommendation,
+        "set scaling.maxReplicas to at most 1200, or lower processing.concurrency"
+    );
+}
+
+#[test]
+fn short_polling() {
+    let c = codes::SHORT_POLLING;
+    let f = find(&spec("processing: {p99: 2s, waitTime: 0s}"), None, c).expect("fires");
+    assert_eq!(f.severity, Severity::Warning);
+    assert!(
+        find(&spec("processing: {p99: 2s, waitTime: 1s}"), None, c).is_none(),
+        "boundary: 1s is long polling"
+    );
+}
+
+#[test]
+fn offline_skips_exactly_the_rules_that_need_facts() {
+    let r = evaluate(&default_spec(), None);
+    let skipped: Vec<_> = r.skipped.iter().map(|s| s.code).collect();
+    let mut expected: Vec<&str> = codes::QUEUE_RULES
+        .iter()
+        .chain(codes::DEAD_LETTER_RULES)
+        .copied()
+        .collect();
+    assert_eq!(skipped, expected);
+    // every code is offline or skipped, none twice
+    expected.extend(codes::OFFLINE_RULES);
+    expected.sort();
+    let mut all = codes::ALL.to_vec();
+    all.sort();
+    assert_eq!(expected, all);
+}
+
+#[test]
+fn unread_dead_letter_queue_skips_its_rules() {
+    let f = Facts {
+        queue: queue(30),
+        dead_letter: DeadLetterFacts::NotRead {
+            arn: "arn:aws:sqs:us-east-1:1:dlq".into(),
+        },
+    };
+    let r = evaluate(&default_spec(), Some(&f));
+    assert_eq!(
+        r.skipped.iter().map(|s| s.code).collect::<Vec<_>>(),
+        codes::DEAD_LETTER_RULES
+    );
+    assert!(r.findings.is_empty());
+}
+
+#[test]
+fn backoff_doubles_and_caps() {
+    let s = spec("processing: {p99: 2s, retryBackoff: {base: 5s, max: 15m}}");
+    assert_eq!(backoff(&s, 1), Duration::from_secs(5));
+    assert_eq!(backoff(&s, 2), Duration::from_secs(10));
+    assert_eq!(backoff(&s, 8), Duration::from_secs(640));
+    assert_eq!(backoff(&s, 9), Duration::from_secs(900));
+    assert_eq!(backoff(&s, 500), Duration::from_secs(900));
+    let huge = spec("processing: {p99: 2s, retryBackoff: {base: 1h, max: 100h}}");
+    assert_eq!(backoff(&huge, 10), VISIBILITY_MAXIMUM);
+}

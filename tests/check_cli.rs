@@ -1,0 +1,181 @@
+//! `qc-operator check` as a user runs it: real binary, real files, exit codes and output.
+
+use std::path::Path;
+use std::process::Command;
+
+fn qc_operator(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_qc-operator"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("qc-operator runs");
+    (
+        out.status.code().expect("exit code"),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn samples() -> Vec<String> {
+    let mut v: Vec<String> =
+        std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("config/samples"))
+            .expect("samples dir")
+            .map(|e| e.expect("entry").path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("sqs_"))
+            })
+            .map(|p| p.display().to_string())
+            .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn samples_pass_offline_with_no_error() {
+    let files = samples();
+    assert!(files.len() >= 3, "http, exec and fifo samples: {files:?}");
+    let args: Vec<&str> = std::iter::once("check")
+        .chain(files.iter().map(String::as_str))
+        .collect();
+    let (code, out, err) = qc_operator(&args);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        out.contains(&format!(
+            "{} QueueConsumer(s) checked: 0 error(s)",
+            files.len()
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains("skipped  12 rules that need queue facts"),
+        "offline names the skipped rules: {out}"
+    );
+}
+
+#[test]
+fn attributes_file_runs_queue_rules_and_exits_1_on_errors() {
+    let sample = "config/samples/sqs_v1alpha1_queueconsumer_http.yaml";
+    let (code, out, err) = qc_operator(&[
+        "check",
+        sample,
+        "--attributes",
+        "tests/data/attributes_risky.json",
+    ]);
+    assert_eq!(code, 1, "stdout:\n{out}\nstderr:\n{err}");
+    // p99 2s, concurrency 20, heartbeat on: budget 7s > VT 5s (Warning); auto heartbeat 1s66 >= 5s - 5s (Error)
+    for code in [
+        "VisibilityTimeoutBelowBudget",
+        "HeartbeatIntervalTooLong",
+        "MaxReceiveCountTooLow",
+    ] {
+        assert!(out.contains(code), "{code} missing from:\n{out}");
+    }
+    assert!(
+        out.contains("set VisibilityTimeout to at least 7s"),
+        "{out}"
+    );
+    // mean 400ms × 6 = 2.4s is below VT 5s: that rule stays quiet
+    assert!(!out.contains("VisibilityTimeoutBelowSixTimesMean"), "{out}");
+    assert!(out.contains("1 error(s), 2 warning(s)"), "{out}");
+    assert!(
+        out.contains("rules that need the dead-letter queue's attributes; add --dlq-attributes"),
+        "{out}"
+    );
+}
+
+#[test]
+fn json_output_is_stable_and_complete() {
+    let sample = "config/samples/sqs_v1alpha1_queueconsumer_http.yaml";
+    let (code, out, _) = qc_operator(&[
+        "check",
+        sample,
+        "--attributes",
+        "tests/data/attributes_healthy.json",
+        "--dlq-attributes",
+        "tests/data/attributes_dlq_short.json",
+        "--output",
+        "json",
+    ]);
+    assert_eq!(code, 1, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("stdout is JSON");
+    let items = v.as_array().expect("a JSON array");
+    let codes: Vec<&str> = items
+        .iter()
+        .map(|f| f["code"].as_str().expect("code"))
+        .collect();
+    assert_eq!(
+        codes,
+        ["DeadLetterRetentionTooShort", "DeadLetterQueueTypeMismatch"],
+        "{out}"
+    );
+    for item in items {
+        let keys: Vec<&String> = item.as_object().expect("object").keys().collect();
+        assert_eq!(
+            keys,
+            [
+                "code",
+                "file",
+                "message",
+                "name",
+                "recommendation",
+                "severity"
+            ]
+        );
+        assert_eq!(item["file"], sample);
+        assert_eq!(item["name"], "shop/orders");
+    }
+    assert_eq!(items[1]["severity"], "Error");
+}
+
+#[test]
+fn healthy_queue_with_dlq_passes() {
+    let sample = "config/samples/sqs_v1alpha1_queueconsumer_http.yaml";
+    let (code, out, err) = qc_operator(&[
+        "check",
+        sample,
+        "--attributes",
+        "tests/data/attributes_healthy.json",
+        "--output",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(out.trim(), "[]");
+}
+
+#[test]
+fn invalid_manifest_names_the_field_and_exits_2() {
+    let (code, out, err) = qc_operator(&["check", "tests/data/invalid.yaml"]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(out.contains("skipped ConfigMap unrelated"), "{out}");
+    assert!(
+        out.contains("spec.processing.p99: invalid duration \"2 seconds\""),
+        "{out}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    // the JSON mode sends the same error to stderr and keeps stdout parseable
+    let (code, out, err) = qc_operator(&["check", "tests/data/invalid.yaml", "--output", "json"]);
+    assert_eq!(code, 2);
+    assert_eq!(out.trim(), "[]");
+    assert!(err.contains("spec.processing.p99"), "{err}");
+}
+
+#[test]
+fn unreadable_inputs_exit_2() {
+    let (code, _, err) = qc_operator(&["check", "tests/data/does-not-exist.yaml"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("cannot read tests/data/does-not-exist.yaml"),
+        "{err}"
+    );
+    let sample = "config/samples/sqs_v1alpha1_queueconsumer_http.yaml";
+    let (code, out, _) = qc_operator(&["check", sample, "--attributes", "tests/data/invalid.yaml"]);
+    assert_eq!(code, 2);
+    assert!(
+        out.contains("cannot read queue facts") && out.contains("not valid JSON"),
+        "{out}"
+    );
+    let (code, _, err) = qc_operator(&["check", "Cargo.toml"]);
+    assert_eq!(code, 2, "{err}");
+}

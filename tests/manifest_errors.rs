@@ -1,0 +1,175 @@
+//! Bad QueueConsumer documents are rejected with the field named, never a panic.
+
+use qc::manifest::{Document, load_str};
+
+const BASE: &str = "apiVersion: sqs.consumers.dev/v1alpha1\nkind: QueueConsumer\nmetadata: {name: x}\nspec:\n  queue: {url: https://sqs.us-east-1.amazonaws.com/1/q}\n";
+
+fn errors(extra: &str) -> Vec<String> {
+    let docs = load_str(&format!("{BASE}{extra}")).expect("yaml parses");
+    assert_eq!(docs.len(), 1);
+    match &docs[0] {
+        Document::Invalid { errors, .. } => errors.iter().map(|e| e.to_string()).collect(),
+        other => panic!("expected invalid, got {other:?}"),
+    }
+}
+
+#[test]
+fn each_bad_field_is_named() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "  handler: {http: {}}\n  processing: {p99: 2x}\n",
+            "spec.processing.p99: invalid duration",
+        ),
+        (
+            "  handler: {http: {}}\n  processing: {p99: 2s, bogus: 1}\n",
+            "spec.processing.bogus: unknown field `bogus`",
+        ),
+        (
+            "  handler: {http: {}}\n  processing: {p99: 40s}\n",
+            "spec.processing: processing.p99 must not exceed processing.timeout",
+        ),
+        (
+            "  handler: {http: {}}\n  processing: {p99: 1s, batchSize: 11}\n",
+            "processing.batchSize must be between 1 and 10",
+        ),
+        (
+            "  handler: {http: {}}\n  processing: {p99: 1s, batchSize: 0}\n",
+            "processing.batchSize must be between 1 and 10",
+        ),
+        (
+            "  handler: {http: {}}\n  processing: {p99: 1s, waitTime: 21s}\n",
+            "processing.waitTime must be at most 20s",
+        ),
+        (
+            "  handler: {http: {}}\n  processing: {p99: 1s, concurrency: 0}\n",
+            "processing.concurrency must be at least 1",
+        ),
+        (
+            "  handler: {}\n  processing: {p99: 1s}\n",
+            "spec.handler: handler must set exactly one of http or exec",
+        ),
+        (
+            "  handler: {http: {}, exec: {command: [a]}}\n  processing: {p99: 1s}\n",
+            "exactly one of http or exec",
+        ),
+        (
+            "  handler: {exec: {command: []}}\n  processing: {p99: 1s}\n",
+            "spec.handler.exec.command: must name a program",
+        ),
+        (
+            "  handler: {http: {path: messages}}\n  processing: {p99: 1s}\n",
+            "spec.handler.http.path: must start with /",
+        ),
+        (
+            "  handler: {http: {port: 70000}}\n  processing: {p99: 1s}\n",
+            "spec.handler.http.port",
+        ),
+        (
+            "  handler: {http: {}}\n  processing: {p99: 1s}\n  scaling: {minReplicas: 3, maxReplicas: 2}\n",
+            "scaling.minReplicas must not exceed scaling.maxReplicas",
+        ),
+        (
+            "  handler: {http: {}}\n  processing: {p99: 1s}\n  idempotency: {store: redis}\n",
+            "idempotency.store redis needs idempotency.redis.urlSecretRef",
+        ),
+        (
+            "  handler: {http: {}}\n  processing: {p99: 1s}\n  idempotency: {key: jsonPointer:orderId}\n",
+            "spec.idempotency.key: invalid idempotency key",
+        ),
+        (
+            "  handler: {http: {}}\n  processing: {p99: 1s, heartbeat: {interval: sometimes}}\n",
+            "spec.processing.heartbeat.interval: invalid duration",
+        ),
+        (
+            "  handler: {http: {}}\n  processing: {p99: 1s, onPoison: drop}\n",
+            "spec.processing.onPoison: unknown variant `drop`",
+        ),
+        (
+            "  handler: {http: {}}\n",
+            "spec: missing field `processing`",
+        ),
+    ];
+    for (extra, expected) in cases {
+        let got = errors(extra);
+        assert!(
+            got.iter().any(|e| e.contains(expected)),
+            "for {extra:?} expected {expected:?}, got {got:?}"
+        );
+    }
+}
+
+#[test]
+fn wrong_version_and_missing_name() {
+    let docs = load_str(
+        "apiVersion: sqs.consumers.dev/v1\nkind: QueueConsumer\nmetadata: {name: x}\nspec: {}\n",
+    )
+    .expect("yaml");
+    match &docs[0] {
+        Document::Invalid { errors, .. } => assert!(errors[0].to_string().contains("apiVersion: unsupported version \"sqs.consumers.dev/v1\": use sqs.consumers.dev/v1alpha1")),
+        other => panic!("{other:?}"),
+    }
+    let docs = load_str(
+        &BASE
+            .replace("metadata: {name: x}", "metadata: {}")
+            .to_string()
+            .replace(
+                "spec:\n",
+                "spec:\n  handler: {http: {}}\n  processing: {p99: 1s}\n",
+            ),
+    )
+    .expect("yaml");
+    match &docs[0] {
+        Document::Invalid { errors, .. } => assert!(
+            errors.iter().any(|e| e.path == "metadata.name"),
+            "{errors:?}"
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn defaults_are_applied() {
+    let docs = load_str(&format!(
+        "{BASE}  handler: {{http: {{}}}}\n  processing: {{p99: 1s}}\n"
+    ))
+    .expect("yaml");
+    let Document::Valid(qc) = &docs[0] else {
+        panic!("{:?}", docs[0])
+    };
+    let p = &qc.spec.processing;
+    assert_eq!(
+        (
+            p.concurrency,
+            p.batch_size,
+            p.wait_time.to_string(),
+            p.timeout.to_string()
+        ),
+        (10, 10, "20s".into(), "30s".into())
+    );
+    assert_eq!(qc.spec.scaling.max_replicas, 20);
+    assert_eq!(
+        qc.spec
+            .handler
+            .http
+            .as_ref()
+            .map(|h| (h.port, h.path.as_str())),
+        Some((8080, "/messages"))
+    );
+    assert!(qc.spec.dead_letter.alarm);
+    assert_eq!(qc.spec.idempotency.ttl.to_string(), "24h");
+}
+
+#[test]
+fn garbage_never_panics() {
+    for text in [
+        "",
+        "---\n---\n",
+        "42",
+        "[1, 2]",
+        "kind: QueueConsumer\n",
+        "apiVersion: sqs.consumers.dev/v1alpha1\nkind: QueueConsumer\nspec: 3\n",
+        "\u{0}\u{1}",
+    ] {
+        let _ = load_str(text);
+    }
+}
