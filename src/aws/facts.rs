@@ -197,6 +197,17 @@ impl QueueArn {
     }
 }
 
+impl std::fmt::Display for QueueArn {
+    /// The ARN text again, so a parsed ARN can be reported and looked up as the user wrote it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "arn:{}:sqs:{}:{}:{}",
+            self.partition, self.region, self.account, self.name
+        )
+    }
+}
+
 /// The region in a queue URL (`https://sqs.REGION.amazonaws.com/ACCOUNT/NAME`), if it has one.
 pub fn region_from_url(url: &str) -> Option<String> {
     let host = url.split("://").nth(1)?.split('/').next()?;
@@ -276,6 +287,10 @@ mod tests {
         assert_eq!(
             (a.region.as_str(), a.account.as_str(), a.name.as_str()),
             ("eu-west-1", "123456789012", "orders-dlq")
+        );
+        assert_eq!(
+            a.to_string(),
+            "arn:aws:sqs:eu-west-1:123456789012:orders-dlq"
         );
         assert!(QueueArn::parse("arn:aws:sns:eu-west-1:1:x").is_none());
         assert_eq!(

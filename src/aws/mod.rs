@@ -2,8 +2,10 @@
 //! `facts` is pure parsing; the SDK-backed adapter lives in `sqs`.
 
 pub mod facts;
+pub mod sqs;
 
 pub use facts::{DeadLetterFacts, Facts, FactsError, QueueArn, QueueFacts, RedrivePolicy};
+pub use sqs::{ObserveError, QueueReader, SqsError, SqsReader, StaticReader, observe};
 
 /// Shared SDK configuration: region (explicit, else from the queue URL, else the environment) and an
 /// optional endpoint override for local emulators. Credentials come from the default chain.

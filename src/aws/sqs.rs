@@ -1,0 +1,652 @@
+//! The SQS adapter: reads a queue's attributes and its dead-letter queue's behind `QueueReader`, and
+//! turns SDK failures into `SqsError`s that carry a condition reason and a fix.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_sqs::types::QueueAttributeName;
+
+use crate::aws::facts::{DeadLetterFacts, Facts, FactsError, QueueArn, QueueFacts};
+
+/// Reads what the rules need from SQS. The controller uses `SqsReader`; tests use `StaticReader`.
+#[async_trait::async_trait]
+pub trait QueueReader: Send + Sync {
+    /// GetQueueAttributes(All) for `url`.
+    async fn attributes(&self, url: &str) -> Result<HashMap<String, String>, SqsError>;
+    /// GetQueueUrl for the queue an ARN names; Ok(None) when that queue does not exist.
+    async fn url_for_arn(&self, arn: &QueueArn) -> Result<Option<String>, SqsError>;
+}
+
+/// Why an SQS call failed. Values, not SDK errors, so a test double can return them and the
+/// controller can keep them in status. `target` is the queue URL or ARN the call was about.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SqsError {
+    #[error("queue {target} does not exist: check spec.queue.url and the region")]
+    QueueDoesNotExist { target: String },
+    #[error(
+        "access to queue {target} was denied ({code}: {message}): allow sqs:GetQueueAttributes and \
+         sqs:GetQueueUrl on it for the operator's role, and kms:Decrypt if the queue uses a KMS key"
+    )]
+    AccessDenied {
+        target: String,
+        code: String,
+        message: String,
+    },
+    #[error(
+        "the AWS credentials were rejected or missing reading queue {target} ({detail}): check the \
+         operator's IAM role (IRSA or pod identity) or its AWS_* variables"
+    )]
+    InvalidCredentials { target: String, detail: String },
+    #[error(
+        "SQS throttled the read of queue {target} ({code}): it is retried on the next reconcile"
+    )]
+    Throttled { target: String, code: String },
+    #[error(
+        "could not reach the SQS endpoint reading queue {target} ({detail}): check the region, any \
+         endpoint override and the pod's network egress to SQS"
+    )]
+    EndpointUnreachable { target: String, detail: String },
+    #[error(
+        "timed out reading queue {target} ({detail}): check the pod's network egress to SQS; the read \
+         is retried on the next reconcile"
+    )]
+    Timeout { target: String, detail: String },
+    #[error(
+        "queue URL {target} is not valid ({message}): spec.queue.url must look like \
+         https://sqs.REGION.amazonaws.com/ACCOUNT/NAME"
+    )]
+    InvalidQueueUrl { target: String, message: String },
+    #[error(
+        "could not build the SQS request for queue {target} ({detail}): check the region and the \
+         operator's AWS configuration"
+    )]
+    InvalidConfiguration { target: String, detail: String },
+    #[error(
+        "SQS answered the read of queue {target} with a response that could not be understood \
+         ({detail}): check that the endpoint is SQS"
+    )]
+    BadResponse { target: String, detail: String },
+    #[error(
+        "SQS refused the read of queue {target} ({code}: {message}): look the code up in the SQS \
+         API reference"
+    )]
+    AwsError {
+        target: String,
+        code: String,
+        message: String,
+    },
+}
+
+impl SqsError {
+    /// The CamelCase condition reason for this failure.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            SqsError::QueueDoesNotExist { .. } => "QueueDoesNotExist",
+            SqsError::AccessDenied { .. } => "AccessDenied",
+            SqsError::InvalidCredentials { .. } => "InvalidCredentials",
+            SqsError::Throttled { .. } => "Throttled",
+            SqsError::EndpointUnreachable { .. } => "EndpointUnreachable",
+            SqsError::Timeout { .. } => "Timeout",
+            SqsError::InvalidQueueUrl { .. } => "InvalidQueueUrl",
+            SqsError::InvalidConfiguration { .. } => "InvalidConfiguration",
+            SqsError::BadResponse { .. } => "BadResponse",
+            SqsError::AwsError { .. } => "AwsError",
+        }
+    }
+
+    /// Classify a service error by its code. Both the JSON-protocol codes and the legacy awsQuery
+    /// codes appear in the wild (emulators, older endpoints), so each family lists both.
+    pub fn from_code(target: &str, code: &str, message: &str) -> SqsError {
+        let target = target.to_string();
+        let (code_s, message_s) = (code.to_string(), message.to_string());
+        match code {
+            "QueueDoesNotExist"
+            | "AWS.SimpleQueueService.NonExistentQueue"
+            | "QueueDoesNotExistException" => SqsError::QueueDoesNotExist { target },
+            "AccessDenied"
+            | "AccessDeniedException"
+            | "KMS.AccessDeniedException"
+            | "KmsAccessDenied" => SqsError::AccessDenied {
+                target,
+                code: code_s,
+                message: message_s,
+            },
+            "InvalidClientTokenId"
+            | "UnrecognizedClientException"
+            | "SignatureDoesNotMatch"
+            | "IncompleteSignature"
+            | "MissingAuthenticationToken"
+            | "InvalidSecurity"
+            | "ExpiredToken"
+            | "ExpiredTokenException"
+            | "RequestExpired" => SqsError::InvalidCredentials {
+                target,
+                detail: format!("{code}: {message}"),
+            },
+            "RequestThrottled" | "ThrottlingException" | "Throttling" | "ThrottledException" => {
+                SqsError::Throttled {
+                    target,
+                    code: code_s,
+                }
+            }
+            "InvalidAddress" => SqsError::InvalidQueueUrl {
+                target,
+                message: message_s,
+            },
+            _ => SqsError::AwsError {
+                target,
+                code: code_s,
+                message: message_s,
+            },
+        }
+    }
+
+    /// Classify any SDK failure. `missing` is the operation's typed "queue does not exist" check, so
+    /// a code the SDK already mapped is not missed if its text differs.
+    fn from_sdk<E, R>(target: &str, err: &SdkError<E, R>, missing: bool) -> SqsError
+    where
+        E: ProvideErrorMetadata + std::error::Error + 'static,
+        R: std::fmt::Debug + 'static,
+    {
+        let target_s = target.to_string();
+        let detail = DisplayErrorContext(err).to_string();
+        match err {
+            _ if missing => SqsError::QueueDoesNotExist { target: target_s },
+            SdkError::ServiceError(service) => {
+                let e = service.err();
+                match e.code() {
+                    Some(code) => SqsError::from_code(target, code, e.message().unwrap_or("")),
+                    None => SqsError::BadResponse {
+                        target: target_s,
+                        detail,
+                    },
+                }
+            }
+            SdkError::TimeoutError(_) => SqsError::Timeout {
+                target: target_s,
+                detail,
+            },
+            SdkError::DispatchFailure(d) if d.is_timeout() => SqsError::Timeout {
+                target: target_s,
+                detail,
+            },
+            // Credentials are resolved while the request is dispatched, so their failure arrives
+            // here rather than as a service error.
+            SdkError::DispatchFailure(_) if has_credentials_error(err) => {
+                SqsError::InvalidCredentials {
+                    target: target_s,
+                    detail,
+                }
+            }
+            SdkError::DispatchFailure(_) => SqsError::EndpointUnreachable {
+                target: target_s,
+                detail,
+            },
+            SdkError::ConstructionFailure(_) => SqsError::InvalidConfiguration {
+                target: target_s,
+                detail,
+            },
+            SdkError::ResponseError(_) => SqsError::BadResponse {
+                target: target_s,
+                detail,
+            },
+            _ => SqsError::AwsError {
+                target: target_s,
+                code: "Unknown".to_string(),
+                message: detail,
+            },
+        }
+    }
+}
+
+fn has_credentials_error(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = cur {
+        if e.downcast_ref::<aws_credential_types::provider::error::CredentialsError>()
+            .is_some()
+        {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
+}
+
+/// `QueueReader` over the AWS SDK. Builds no client itself: the caller decides region, endpoint,
+/// retries and timeouts (see `crate::aws::sdk_config`).
+#[derive(Clone, Debug)]
+pub struct SqsReader {
+    client: aws_sdk_sqs::Client,
+}
+
+impl SqsReader {
+    pub fn new(client: aws_sdk_sqs::Client) -> Self {
+        SqsReader { client }
+    }
+
+    pub fn client(&self) -> &aws_sdk_sqs::Client {
+        &self.client
+    }
+}
+
+#[async_trait::async_trait]
+impl QueueReader for SqsReader {
+    async fn attributes(&self, url: &str) -> Result<HashMap<String, String>, SqsError> {
+        let out = self
+            .client
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::All)
+            .send()
+            .await
+            .map_err(|e| {
+                let missing = e
+                    .as_service_error()
+                    .is_some_and(|s| s.is_queue_does_not_exist());
+                SqsError::from_sdk(url, &e, missing)
+            })?;
+        Ok(out
+            .attributes
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k.as_str().to_string(), v))
+            .collect())
+    }
+
+    async fn url_for_arn(&self, arn: &QueueArn) -> Result<Option<String>, SqsError> {
+        let target = arn.to_string();
+        let res = self
+            .client
+            .get_queue_url()
+            .queue_name(&arn.name)
+            .queue_owner_aws_account_id(&arn.account)
+            .send()
+            .await;
+        match res {
+            Ok(out) => Ok(out.queue_url),
+            Err(e) => {
+                let missing = e
+                    .as_service_error()
+                    .is_some_and(|s| s.is_queue_does_not_exist());
+                match SqsError::from_sdk(&target, &e, missing) {
+                    SqsError::QueueDoesNotExist { .. } => Ok(None),
+                    other => Err(other),
+                }
+            }
+        }
+    }
+}
+
+/// Why `observe` could not produce facts about the source queue.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ObserveError {
+    #[error("{source}")]
+    ReadQueueAttributes { url: String, source: SqsError },
+    #[error(
+        "queue {url} returned attributes the operator cannot read: {source}: check that the endpoint \
+         is SQS"
+    )]
+    ParseAttributes { url: String, source: FactsError },
+}
+
+impl ObserveError {
+    /// The CamelCase condition reason: the SQS failure's own reason, or `InvalidQueueAttributes`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ObserveError::ReadQueueAttributes { source, .. } => source.reason(),
+            ObserveError::ParseAttributes { .. } => "InvalidQueueAttributes",
+        }
+    }
+}
+
+/// Read the facts of the queue at `url` and of its dead-letter queue. At most three calls: the
+/// source's attributes, then (only with a redrive policy) the DLQ's URL and attributes. A DLQ
+/// problem never fails the observation: it is reported in `DeadLetterFacts` for the rules.
+pub async fn observe(reader: &dyn QueueReader, url: &str) -> Result<Facts, ObserveError> {
+    let attrs =
+        reader
+            .attributes(url)
+            .await
+            .map_err(|source| ObserveError::ReadQueueAttributes {
+                url: url.to_string(),
+                source,
+            })?;
+    let queue = QueueFacts::from_attributes(url, &attrs).map_err(|source| {
+        ObserveError::ParseAttributes {
+            url: url.to_string(),
+            source,
+        }
+    })?;
+    let dead_letter = match &queue.redrive {
+        None => DeadLetterFacts::None,
+        Some(policy) => observe_dead_letter(reader, &policy.dead_letter_target_arn).await,
+    };
+    Ok(Facts { queue, dead_letter })
+}
+
+async fn observe_dead_letter(reader: &dyn QueueReader, arn: &str) -> DeadLetterFacts {
+    let missing = || DeadLetterFacts::Missing {
+        arn: arn.to_string(),
+    };
+    let unreachable = |error: String| DeadLetterFacts::Unreachable {
+        arn: arn.to_string(),
+        error,
+    };
+    // SQS rejects a redrive policy whose target is not a queue ARN, so no queue can be behind it.
+    let Some(parsed) = QueueArn::parse(arn) else {
+        return missing();
+    };
+    let dlq_url = match reader.url_for_arn(&parsed).await {
+        Ok(Some(u)) => u,
+        Ok(None) => return missing(),
+        Err(e) => return unreachable(e.to_string()),
+    };
+    let attrs = match reader.attributes(&dlq_url).await {
+        Ok(a) => a,
+        // Deleted between the two calls, or a stale URL cache in the server.
+        Err(SqsError::QueueDoesNotExist { .. }) => return missing(),
+        Err(e) => return unreachable(e.to_string()),
+    };
+    match QueueFacts::from_attributes(&dlq_url, &attrs) {
+        Ok(queue) => DeadLetterFacts::Found {
+            queue,
+            oldest_age_seconds: None,
+        },
+        Err(e) => unreachable(format!(
+            "dead-letter queue {dlq_url} returned attributes the operator cannot read: {e}"
+        )),
+    }
+}
+
+/// An in-memory `QueueReader` for tests (here and in the controller): queues by URL, ARNs to URLs,
+/// and per-URL or per-ARN failures. Unknown URLs answer QueueDoesNotExist, unknown ARNs `None`,
+/// as SQS does. It records every call so tests can count them.
+#[derive(Debug, Default)]
+pub struct StaticReader {
+    queues: HashMap<String, HashMap<String, String>>,
+    arns: HashMap<String, String>,
+    failures: HashMap<String, SqsError>,
+    calls: Mutex<Vec<String>>,
+}
+
+impl StaticReader {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Add a queue; its `QueueArn` attribute, if present, also resolves to `url`.
+    pub fn with_queue<K, V>(mut self, url: &str, attrs: impl IntoIterator<Item = (K, V)>) -> Self
+    where
+        K: Into<String>,
+        V: Into<String>,
+    {
+        let attrs: HashMap<String, String> = attrs
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        if let Some(arn) = attrs.get(crate::aws::facts::ATTR_ARN) {
+            self.arns.insert(arn.clone(), url.to_string());
+        }
+        self.queues.insert(url.to_string(), attrs);
+        self
+    }
+
+    /// Make `arn` resolve to `url` (which need not be a known queue: a stale mapping).
+    pub fn with_arn(mut self, arn: &str, url: &str) -> Self {
+        self.arns.insert(arn.to_string(), url.to_string());
+        self
+    }
+
+    /// Make every call about `url_or_arn` fail with `err`.
+    pub fn failing(mut self, url_or_arn: &str, err: SqsError) -> Self {
+        self.failures.insert(url_or_arn.to_string(), err);
+        self
+    }
+
+    /// Calls made so far, as `GetQueueAttributes URL` / `GetQueueUrl ARN`.
+    pub fn calls(&self) -> Vec<String> {
+        self.calls
+            .lock()
+            .map(|c| c.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    fn record(&self, call: String) {
+        match self.calls.lock() {
+            Ok(mut c) => c.push(call),
+            Err(p) => p.into_inner().push(call),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl QueueReader for StaticReader {
+    async fn attributes(&self, url: &str) -> Result<HashMap<String, String>, SqsError> {
+        self.record(format!("GetQueueAttributes {url}"));
+        if let Some(e) = self.failures.get(url) {
+            return Err(e.clone());
+        }
+        self.queues
+            .get(url)
+            .cloned()
+            .ok_or_else(|| SqsError::QueueDoesNotExist {
+                target: url.to_string(),
+            })
+    }
+
+    async fn url_for_arn(&self, arn: &QueueArn) -> Result<Option<String>, SqsError> {
+        let arn = arn.to_string();
+        self.record(format!("GetQueueUrl {arn}"));
+        if let Some(e) = self.failures.get(&arn) {
+            return Err(e.clone());
+        }
+        Ok(self.arns.get(&arn).cloned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::Duration;
+
+    const SRC: &str = "https://sqs.us-east-1.amazonaws.com/123456789012/orders";
+    const DLQ: &str = "https://sqs.us-east-1.amazonaws.com/123456789012/orders-dlq";
+    const DLQ_ARN: &str = "arn:aws:sqs:us-east-1:123456789012:orders-dlq";
+
+    fn source(redrive_arn: Option<&str>) -> Vec<(String, String)> {
+        let mut a = vec![
+            (
+                "QueueArn".into(),
+                "arn:aws:sqs:us-east-1:123456789012:orders".into(),
+            ),
+            ("VisibilityTimeout".into(), "60".into()),
+            ("MessageRetentionPeriod".into(), "86400".into()),
+            ("ApproximateNumberOfMessages".into(), "4".into()),
+            ("ApproximateNumberOfMessagesNotVisible".into(), "1".into()),
+            ("ApproximateNumberOfMessagesDelayed".into(), "0".into()),
+        ];
+        if let Some(arn) = redrive_arn {
+            a.push((
+                "RedrivePolicy".into(),
+                format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"5"}}"#),
+            ));
+        }
+        a
+    }
+
+    fn dlq() -> Vec<(&'static str, &'static str)> {
+        vec![
+            ("QueueArn", DLQ_ARN),
+            ("VisibilityTimeout", "30"),
+            ("MessageRetentionPeriod", "1209600"),
+            ("ApproximateNumberOfMessages", "2"),
+        ]
+    }
+
+    #[tokio::test]
+    async fn no_redrive_reads_only_the_source() {
+        let r = StaticReader::new().with_queue(SRC, source(None));
+        let f = observe(&r, SRC).await.unwrap();
+        assert_eq!(f.dead_letter, DeadLetterFacts::None);
+        assert_eq!(f.queue.visibility_timeout, Duration::from_secs(60));
+        assert_eq!(f.queue.retention, Duration::from_secs(86400));
+        assert_eq!(
+            (f.queue.visible, f.queue.in_flight, f.queue.delayed),
+            (Some(4), Some(1), Some(0))
+        );
+        assert_eq!(r.calls(), vec![format!("GetQueueAttributes {SRC}")]);
+    }
+
+    #[tokio::test]
+    async fn found_dlq_takes_three_calls() {
+        let r = StaticReader::new()
+            .with_queue(SRC, source(Some(DLQ_ARN)))
+            .with_queue(DLQ, dlq());
+        let f = observe(&r, SRC).await.unwrap();
+        assert_eq!(f.queue.redrive.as_ref().unwrap().max_receive_count, 5);
+        match f.dead_letter {
+            DeadLetterFacts::Found {
+                queue,
+                oldest_age_seconds,
+            } => {
+                assert_eq!(queue.url, DLQ);
+                assert_eq!(queue.retention, Duration::from_secs(1_209_600));
+                assert_eq!(queue.visible, Some(2));
+                assert_eq!(oldest_age_seconds, None);
+            }
+            other => panic!("expected Found, got {other:?}"),
+        }
+        assert_eq!(
+            r.calls(),
+            vec![
+                format!("GetQueueAttributes {SRC}"),
+                format!("GetQueueUrl {DLQ_ARN}"),
+                format!("GetQueueAttributes {DLQ}"),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn unknown_arn_is_missing() {
+        let r = StaticReader::new().with_queue(SRC, source(Some(DLQ_ARN)));
+        let f = observe(&r, SRC).await.unwrap();
+        assert_eq!(
+            f.dead_letter,
+            DeadLetterFacts::Missing {
+                arn: DLQ_ARN.into()
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn unparseable_arn_is_missing_without_a_call() {
+        let r = StaticReader::new().with_queue(SRC, source(Some("not-an-arn")));
+        let f = observe(&r, SRC).await.unwrap();
+        assert_eq!(
+            f.dead_letter,
+            DeadLetterFacts::Missing {
+                arn: "not-an-arn".into()
+            }
+        );
+        assert_eq!(r.calls().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn stale_url_for_a_deleted_dlq_is_missing() {
+        let r = StaticReader::new()
+            .with_queue(SRC, source(Some(DLQ_ARN)))
+            .with_arn(DLQ_ARN, DLQ);
+        let f = observe(&r, SRC).await.unwrap();
+        assert_eq!(
+            f.dead_letter,
+            DeadLetterFacts::Missing {
+                arn: DLQ_ARN.into()
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn dlq_errors_are_unreachable_with_the_message() {
+        let denied = SqsError::AccessDenied {
+            target: DLQ.into(),
+            code: "AccessDenied".into(),
+            message: "not authorized".into(),
+        };
+        let timeout = SqsError::Timeout {
+            target: DLQ_ARN.into(),
+            detail: "connect timeout".into(),
+        };
+        for (key, err) in [(DLQ, denied), (DLQ_ARN, timeout)] {
+            let r = StaticReader::new()
+                .with_queue(SRC, source(Some(DLQ_ARN)))
+                .with_queue(DLQ, dlq())
+                .failing(key, err.clone());
+            let f = observe(&r, SRC).await.unwrap();
+            assert_eq!(
+                f.dead_letter,
+                DeadLetterFacts::Unreachable {
+                    arn: DLQ_ARN.into(),
+                    error: err.to_string()
+                }
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn unreadable_dlq_attributes_are_unreachable() {
+        let r = StaticReader::new()
+            .with_queue(SRC, source(Some(DLQ_ARN)))
+            .with_queue(DLQ, [("QueueArn", DLQ_ARN), ("VisibilityTimeout", "soon")]);
+        match observe(&r, SRC).await.unwrap().dead_letter {
+            DeadLetterFacts::Unreachable { arn, error } => {
+                assert_eq!(arn, DLQ_ARN);
+                assert!(error.contains("VisibilityTimeout"), "{error}");
+            }
+            other => panic!("expected Unreachable, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn source_errors_fail_the_observation() {
+        let r = StaticReader::new();
+        let e = observe(&r, SRC).await.unwrap_err();
+        assert_eq!(e.reason(), "QueueDoesNotExist");
+        assert!(e.to_string().contains(SRC), "{e}");
+        assert!(e.to_string().contains("spec.queue.url"), "{e}");
+
+        let r = StaticReader::new().with_queue(SRC, [("VisibilityTimeout", "-1")]);
+        let e = observe(&r, SRC).await.unwrap_err();
+        assert_eq!(e.reason(), "InvalidQueueAttributes");
+        assert!(matches!(e, ObserveError::ParseAttributes { .. }));
+        assert!(e.to_string().contains("VisibilityTimeout"), "{e}");
+    }
+
+    #[test]
+    fn codes_map_to_reasons() {
+        for (code, reason) in [
+            ("QueueDoesNotExist", "QueueDoesNotExist"),
+            (
+                "AWS.SimpleQueueService.NonExistentQueue",
+                "QueueDoesNotExist",
+            ),
+            ("AccessDenied", "AccessDenied"),
+            ("AccessDeniedException", "AccessDenied"),
+            ("KMS.AccessDeniedException", "AccessDenied"),
+            ("InvalidClientTokenId", "InvalidCredentials"),
+            ("UnrecognizedClientException", "InvalidCredentials"),
+            ("SignatureDoesNotMatch", "InvalidCredentials"),
+            ("ExpiredToken", "InvalidCredentials"),
+            ("RequestThrottled", "Throttled"),
+            ("ThrottlingException", "Throttled"),
+            ("InvalidAddress", "InvalidQueueUrl"),
+            ("SomethingNew", "AwsError"),
+        ] {
+            let e = SqsError::from_code(SRC, code, "msg");
+            assert_eq!(e.reason(), reason, "{code}");
+            assert!(e.to_string().contains(SRC), "{e}");
+        }
+        let e = SqsError::from_code(SRC, "SomethingNew", "the message");
+        assert!(e.to_string().contains("SomethingNew: the message"), "{e}");
+    }
+}
