@@ -26,7 +26,7 @@ pub enum SqsError {
     QueueDoesNotExist { target: String },
     #[error(
         "access to queue {target} was denied ({code}: {message}): allow sqs:GetQueueAttributes and \
-         sqs:GetQueueUrl on it for the operator's role, and kms:Decrypt if the queue uses a KMS key"
+         sqs:GetQueueUrl on it for the operator's role"
     )]
     AccessDenied {
         target: String,
