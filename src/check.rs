@@ -301,3 +301,24 @@ pub fn render_text(run: &CheckRun, source: &FactsSource) -> String {
     s.push('\n');
     s
 }
+
+/// `--live`: reads the queue and its DLQ through the SQS adapter. Region: `spec.queue.region`, else the
+/// one in the queue URL, else the environment; endpoint: `spec.queue.endpoint`, else the SDK's own
+/// settings (`AWS_ENDPOINT_URL`).
+pub struct LiveFacts;
+
+#[async_trait::async_trait]
+impl FactsReader for LiveFacts {
+    async fn facts(&self, qc: &QueueConsumer) -> Result<Facts, String> {
+        let q = &qc.spec.queue;
+        let region = q
+            .region
+            .clone()
+            .or_else(|| crate::aws::facts::region_from_url(&q.url));
+        let conf = crate::aws::sdk_config(region.as_deref(), q.endpoint.as_deref()).await;
+        let reader = crate::aws::sqs::SqsReader::new(aws_sdk_sqs::Client::new(&conf));
+        crate::aws::sqs::observe(&reader, &q.url)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}

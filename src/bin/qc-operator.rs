@@ -35,6 +35,10 @@ struct CheckArgs {
     /// Manifest files (multi-document YAML; other kinds are skipped).
     #[arg(required = true)]
     files: Vec<PathBuf>,
+    /// Read the queue and its dead-letter queue (region from the URL or spec.queue.region; endpoint from
+    /// spec.queue.endpoint or AWS_ENDPOINT_URL; credentials from the default chain).
+    #[arg(long, conflicts_with = "attributes")]
+    live: bool,
     /// JSON printed by `aws sqs get-queue-attributes --attribute-names All` for the source queue.
     #[arg(long, value_name = "FILE")]
     attributes: Option<PathBuf>,
@@ -74,18 +78,19 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 
 fn check(args: CheckArgs) -> ExitCode {
     use qc::check::{self, FactsSource};
-    let source = match &args.attributes {
-        Some(a) => FactsSource::Files {
+    let source = match (&args.attributes, args.live) {
+        (Some(a), _) => FactsSource::Files {
             source: a.clone(),
             dead_letter: args.dlq_attributes.clone(),
         },
-        None => FactsSource::Offline,
+        (None, true) => FactsSource::Live,
+        (None, false) => FactsSource::Offline,
     };
     let rt = match runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
     };
-    let run = rt.block_on(check::run(&args.files, &source, None));
+    let run = rt.block_on(check::run(&args.files, &source, Some(&check::LiveFacts)));
     match args.output {
         Output::Text => {
             // invalid documents are shown inline; only unreadable files go to stderr

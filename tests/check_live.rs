@@ -1,0 +1,141 @@
+//! `qc-operator check --live` against real queues on moto: the rules see the real settings.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::process::Command;
+
+use aws_sdk_sqs::types::QueueAttributeName as A;
+
+fn manifest(dir: &std::path::Path, url: &str, endpoint: Option<&str>) -> std::path::PathBuf {
+    let endpoint = endpoint
+        .map(|e| format!("\n    endpoint: {e}"))
+        .unwrap_or_default();
+    let text = format!(
+        "apiVersion: sqs.consumers.dev/v1alpha1\nkind: QueueConsumer\nmetadata: {{name: live, namespace: t}}\nspec:\n  queue:\n    url: {url}{endpoint}\n  processing: {{p99: 2s, heartbeat: {{enabled: false}}}}\n  handler: {{http: {{}}}}\n"
+    );
+    let path = dir.join("qc.yaml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn check(args: &[&str], endpoint_env: Option<&str>) -> (i32, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_qc-operator"));
+    cmd.arg("check").args(args).env_remove("AWS_ENDPOINT_URL");
+    if let Some(e) = endpoint_env {
+        cmd.env("AWS_ENDPOINT_URL", e);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code().unwrap(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+async fn create(client: &aws_sdk_sqs::Client, name: &str, attrs: &[(A, &str)]) -> (String, String) {
+    let mut req = client.create_queue().queue_name(name);
+    for (k, v) in attrs {
+        req = req.attributes(k.clone(), *v);
+    }
+    let url = req.send().await.unwrap().queue_url.unwrap();
+    let arn = client
+        .get_queue_attributes()
+        .queue_url(&url)
+        .attribute_names(A::QueueArn)
+        .send()
+        .await
+        .unwrap();
+    let arn = arn.attributes.unwrap()[&A::QueueArn].clone();
+    (url, arn)
+}
+
+#[tokio::test]
+async fn live_check_reads_queue_and_dlq() {
+    let client = common::sqs_client().await;
+    let (_, dlq_arn) = create(
+        &client,
+        &common::unique_name("live-dlq"),
+        &[(A::MessageRetentionPeriod, "86400")],
+    )
+    .await;
+    let redrive = format!(r#"{{"deadLetterTargetArn":"{dlq_arn}","maxReceiveCount":"2"}}"#);
+    let (url, _) = create(
+        &client,
+        &common::unique_name("live-src"),
+        &[(A::VisibilityTimeout, "5"), (A::RedrivePolicy, &redrive)],
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = manifest(dir.path(), &url, Some(&common::sqs_endpoint()));
+    let (code, out, err) = check(&["--live", file.to_str().unwrap()], None);
+    assert_eq!(code, 1, "stdout:\n{out}\nstderr:\n{err}");
+    // VT 5s < budget 7s, heartbeat off: Error; R = 2; DLQ keeps 1 day
+    for expected in [
+        "Error    VisibilityTimeoutBelowBudget",
+        "MaxReceiveCountTooLow",
+        "DeadLetterRetentionTooShort",
+    ] {
+        assert!(out.contains(expected), "{expected} missing:\n{out}");
+    }
+    assert!(!out.contains("skipped"), "live runs every rule:\n{out}");
+
+    // JSON, with the endpoint from the SDK's environment instead of the spec
+    let file = manifest(dir.path(), &url, None);
+    let (code, out, _) = check(
+        &["--live", "--output", "json", file.to_str().unwrap()],
+        Some(&common::sqs_endpoint()),
+    );
+    assert_eq!(code, 1);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let codes: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["code"].as_str().unwrap())
+        .collect();
+    // timeout 30s > VT 5s with the heartbeat off also fires
+    assert_eq!(
+        codes,
+        [
+            "VisibilityTimeoutBelowBudget",
+            "HandlerTimeoutBeyondVisibility",
+            "MaxReceiveCountTooLow",
+            "DeadLetterRetentionTooShort"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn live_check_reports_missing_dlq_and_missing_queue() {
+    let client = common::sqs_client().await;
+    let (dlq_url, dlq_arn) = create(&client, &common::unique_name("gone-dlq"), &[]).await;
+    let redrive = format!(r#"{{"deadLetterTargetArn":"{dlq_arn}","maxReceiveCount":5}}"#);
+    let (url, _) = create(
+        &client,
+        &common::unique_name("orphan"),
+        &[(A::RedrivePolicy, &redrive)],
+    )
+    .await;
+    client
+        .delete_queue()
+        .queue_url(&dlq_url)
+        .send()
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = manifest(dir.path(), &url, Some(&common::sqs_endpoint()));
+    let (code, out, err) = check(&["--live", file.to_str().unwrap()], None);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("Error    DeadLetterQueueMissing"), "{out}");
+    assert!(out.contains(&dlq_arn), "{out}");
+
+    // the source queue itself is gone: unreadable input, exit 2, with the reason
+    client.delete_queue().queue_url(&url).send().await.unwrap();
+    let (code, out, err) = check(&["--live", file.to_str().unwrap()], None);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        out.contains("cannot read queue facts") && out.contains("does not exist"),
+        "{out}"
+    );
+}
