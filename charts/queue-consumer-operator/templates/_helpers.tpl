@@ -1,0 +1,81 @@
+{{/* Names, labels and the controller's RBAC rules, shared by every template. */}}
+
+{{- define "qc.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The release's full name: fullnameOverride, else the release name alone when it already contains the chart name. */}}
+{{- define "qc.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else if contains .Chart.Name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{- define "qc.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "qc.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: controller
+{{- end }}
+
+{{- define "qc.labels" -}}
+{{ include "qc.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "qc.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "qc.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "qc.leaseName" -}}
+{{- default (include "qc.fullname" .) .Values.leaderElection.leaseName }}
+{{- end }}
+
+{{/* The controller image; a digest wins over a tag. */}}
+{{- define "qc.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The worker pods' image: the same image unless worker.image overrides it. */}}
+{{- define "qc.workerImage" -}}
+{{- default (include "qc.image" .) .Values.worker.image }}
+{{- end }}
+
+{{/*
+What the controller does in a namespace it watches: reconcile QueueConsumers (status, finalizer for the
+CloudWatch alarm), own worker Deployments (server-side apply), and record Events. Nothing else: the worker
+reads its redis URL Secret through the pod's env (valueFrom), so the controller never reads Secrets.
+*/}}
+{{- define "qc.controllerRules" -}}
+- apiGroups: ["sqs.consumers.dev"]
+  resources: ["queueconsumers"]
+  verbs: ["get", "list", "watch", "patch", "update"]
+- apiGroups: ["sqs.consumers.dev"]
+  resources: ["queueconsumers/status"]
+  verbs: ["get", "patch", "update"]
+- apiGroups: ["sqs.consumers.dev"]
+  resources: ["queueconsumers/finalizers"]
+  verbs: ["update"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}

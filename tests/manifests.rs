@@ -1,0 +1,597 @@
+//! The packaging stays in step with the code: every copy of the CRD equals what the types generate, the
+//! chart and config/ render the RBAC, image wiring and pod security that docs/security.md promises.
+//!
+//! Tests that render need real `helm` and `kubectl` (`scripts/test` installs them and sets QC_REQUIRE_HELM=1,
+//! so there they cannot skip); a bare `cargo test` without them skips those tests with a note.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{Value, json};
+
+const CHART: &str = "charts/queue-consumer-operator";
+const NS: &str = "qc-system";
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(repo(path)).unwrap_or_else(|e| panic!("read {path}: {e}"))
+}
+
+fn yaml_docs(text: &str) -> Vec<Value> {
+    serde_saphyr::from_multiple::<Value>(text)
+        .unwrap()
+        .into_iter()
+        .filter(|d| !d.is_null())
+        .collect()
+}
+
+fn generated_crd() -> Value {
+    serde_saphyr::from_str(&qc::api::crd_yaml().unwrap()).unwrap()
+}
+
+/// Integral floats as integers: a re-serialising tool (kustomize) writes the CRD's `maximum: 10.0` as `10`.
+fn normalized(v: &Value) -> Value {
+    match v {
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 9e15 => json!(f as i64),
+            _ => v.clone(),
+        },
+        Value::Array(a) => Value::Array(a.iter().map(normalized).collect()),
+        Value::Object(o) => {
+            Value::Object(o.iter().map(|(k, v)| (k.clone(), normalized(v))).collect())
+        }
+        _ => v.clone(),
+    }
+}
+
+const SYNC: &str = "run `bash scripts/sync-crds` to regenerate every CRD copy";
+
+#[test]
+fn config_crd_copy_matches_types() {
+    let copy = read("config/crd/queueconsumers.sqs.consumers.dev.yaml");
+    assert!(
+        copy == qc::api::crd_yaml().unwrap(),
+        "config/crd/queueconsumers.sqs.consumers.dev.yaml is stale: {SYNC}"
+    );
+}
+
+/// The chart's CRD is the generated one plus a Helm wrapper: the toggle, labels and the keep annotation.
+#[test]
+fn chart_crd_body_matches_types() {
+    let template = read(&format!("{CHART}/templates/crd.yaml"));
+    let body: String = template
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("{{"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let mut chart: Value = serde_saphyr::from_str(&body).unwrap();
+    let meta = chart["metadata"].as_object_mut().unwrap();
+    meta.remove("labels");
+    meta.remove("annotations");
+    assert!(
+        chart == generated_crd(),
+        "{CHART}/templates/crd.yaml is stale: {SYNC}"
+    );
+}
+
+/// Real helm on PATH (or in the cache scripts/lib.sh installs it to); None lets a bare `cargo test` skip.
+fn tool(name: &str) -> Option<PathBuf> {
+    let cache = std::env::var_os("HOME")
+        .map(|h| PathBuf::from(h).join(".cache/queue-consumer-operator/bin"));
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let found = cache
+        .into_iter()
+        .chain(std::env::split_paths(&path))
+        .map(|d| d.join(name))
+        .find(|p| p.is_file());
+    if found.is_none() {
+        assert!(
+            std::env::var("QC_REQUIRE_HELM").as_deref() != Ok("1"),
+            "{name} is required (QC_REQUIRE_HELM=1) but not found: source scripts/lib.sh and run ensure_helm"
+        );
+        eprintln!("skipped: {name} not found (scripts/test installs it)");
+    }
+    found
+}
+
+/// `helm template` of the chart in namespace qc-system; Err carries helm's message.
+fn render(args: &[&str]) -> Option<Result<Vec<Value>, String>> {
+    let helm = tool("helm")?;
+    let out = Command::new(helm)
+        .args(["template", "qc", CHART, "--namespace", NS])
+        .args(args)
+        .current_dir(repo(""))
+        .output()
+        .unwrap();
+    Some(if out.status.success() {
+        Ok(yaml_docs(&String::from_utf8(out.stdout).unwrap()))
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    })
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
+}
+
+fn kinds(docs: &[Value], kind: &str) -> Vec<Value> {
+    docs.iter().filter(|d| d["kind"] == kind).cloned().collect()
+}
+
+/// RBAC rules flattened to (group, resource, verb) triples, names ignored.
+fn grants(rules: &Value) -> BTreeSet<(String, String, String)> {
+    let mut out = BTreeSet::new();
+    for rule in rules.as_array().unwrap() {
+        for g in rule["apiGroups"].as_array().unwrap() {
+            for r in rule["resources"].as_array().unwrap() {
+                for v in rule["verbs"].as_array().unwrap() {
+                    out.insert((
+                        g.as_str().unwrap().to_string(),
+                        r.as_str().unwrap().to_string(),
+                        v.as_str().unwrap().to_string(),
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What docs/security.md says the controller may do in a namespace it watches, and nothing more.
+fn expected_controller_grants() -> BTreeSet<(String, String, String)> {
+    let spec: &[(&str, &str, &[&str])] = &[
+        (
+            "sqs.consumers.dev",
+            "queueconsumers",
+            &["get", "list", "watch", "patch", "update"],
+        ),
+        (
+            "sqs.consumers.dev",
+            "queueconsumers/status",
+            &["get", "patch", "update"],
+        ),
+        (
+            "sqs.consumers.dev",
+            "queueconsumers/finalizers",
+            &["update"],
+        ),
+        (
+            "apps",
+            "deployments",
+            &[
+                "get", "list", "watch", "create", "patch", "update", "delete",
+            ],
+        ),
+        ("", "events", &["create", "patch"]),
+        ("events.k8s.io", "events", &["create", "patch"]),
+    ];
+    spec.iter()
+        .flat_map(|(g, r, verbs)| {
+            verbs
+                .iter()
+                .map(move |v| (g.to_string(), r.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+fn container(deployment: &Value) -> &Value {
+    &deployment["spec"]["template"]["spec"]["containers"][0]
+}
+
+fn args(deployment: &Value) -> Vec<String> {
+    container(deployment)["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn assert_lease_role(docs: &[Value]) {
+    let role = find(docs, "Role", "qc-queue-consumer-operator-leader-election");
+    assert_eq!(role["metadata"]["namespace"], NS);
+    let rules = role["rules"].as_array().unwrap();
+    assert_eq!(rules.len(), 2);
+    assert_eq!(rules[0]["resources"], json!(["leases"]));
+    assert_eq!(rules[0]["verbs"], json!(["create"]));
+    assert_eq!(
+        rules[1]["resourceNames"],
+        json!(["qc-queue-consumer-operator"])
+    );
+    assert_eq!(rules[1]["verbs"], json!(["get", "update", "patch"]));
+    let binding = find(
+        docs,
+        "RoleBinding",
+        "qc-queue-consumer-operator-leader-election",
+    );
+    assert_eq!(binding["metadata"]["namespace"], NS);
+    assert_eq!(binding["subjects"][0]["namespace"], NS);
+}
+
+#[test]
+fn chart_default_rbac_is_the_documented_least_privilege() {
+    let Some(docs) = render(&[]) else { return };
+    let docs = docs.unwrap();
+    let role = find(&docs, "ClusterRole", "qc-queue-consumer-operator");
+    assert_eq!(grants(&role["rules"]), expected_controller_grants());
+    let binding = find(&docs, "ClusterRoleBinding", "qc-queue-consumer-operator");
+    assert_eq!(binding["roleRef"]["name"], "qc-queue-consumer-operator");
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "qc-queue-consumer-operator", "namespace": NS}])
+    );
+    // The only cluster-wide binding is the controller's; the aggregated roles reach users through theirs.
+    assert_eq!(kinds(&docs, "ClusterRoleBinding").len(), 1);
+    assert_lease_role(&docs);
+    // config/rbac is a second copy of the same rules for `kubectl apply -k`.
+    let kustomize_role: Value = serde_saphyr::from_str(&read("config/rbac/role.yaml")).unwrap();
+    assert_eq!(
+        grants(&kustomize_role["rules"]),
+        expected_controller_grants()
+    );
+}
+
+#[test]
+fn chart_namespaced_mode_writes_nothing_cluster_wide() {
+    let Some(docs) = render(&["--set-json", r#"watchNamespaces=["team-a","team-b"]"#]) else {
+        return;
+    };
+    let docs = docs.unwrap();
+    assert!(kinds(&docs, "ClusterRoleBinding").is_empty());
+    let cluster_roles = kinds(&docs, "ClusterRole");
+    // Only the view/edit aggregation roles remain, and nothing binds them to the controller.
+    assert_eq!(cluster_roles.len(), 2);
+    for role in &cluster_roles {
+        let labels = role["metadata"]["labels"].as_object().unwrap();
+        assert!(
+            labels
+                .keys()
+                .any(|k| k.starts_with("rbac.authorization.k8s.io/aggregate-to-")),
+            "{role}"
+        );
+    }
+    for ns in ["team-a", "team-b"] {
+        let role = docs
+            .iter()
+            .find(|d| d["kind"] == "Role" && d["metadata"]["namespace"] == ns)
+            .unwrap_or_else(|| panic!("no Role in {ns}"));
+        assert_eq!(grants(&role["rules"]), expected_controller_grants());
+        let binding = docs
+            .iter()
+            .find(|d| d["kind"] == "RoleBinding" && d["metadata"]["namespace"] == ns)
+            .unwrap_or_else(|| panic!("no RoleBinding in {ns}"));
+        assert_eq!(binding["roleRef"]["kind"], "Role");
+        assert_eq!(binding["subjects"][0]["namespace"], NS);
+    }
+    assert_lease_role(&docs);
+    let deployment = find(&docs, "Deployment", "qc-queue-consumer-operator");
+    let a = args(deployment);
+    assert!(a.contains(&"--namespace=team-a".to_string()), "{a:?}");
+    assert!(a.contains(&"--namespace=team-b".to_string()), "{a:?}");
+
+    // With the CRD and aggregation off, the release creates no cluster-scoped object at all.
+    let docs = render(&[
+        "--set-json",
+        r#"watchNamespaces=["team-a"]"#,
+        "--set",
+        "crds.install=false",
+        "--set",
+        "rbac.aggregateToDefaultRoles=false",
+    ])
+    .unwrap()
+    .unwrap();
+    let cluster_scoped: Vec<_> = docs
+        .iter()
+        .filter(|d| d["metadata"]["namespace"].is_null())
+        .map(|d| format!("{} {}", d["kind"], d["metadata"]["name"]))
+        .collect();
+    assert!(cluster_scoped.is_empty(), "{cluster_scoped:?}");
+}
+
+#[test]
+fn chart_controller_pod_meets_restricted_pod_security() {
+    let Some(docs) = render(&[]) else { return };
+    let docs = docs.unwrap();
+    let d = find(&docs, "Deployment", "qc-queue-consumer-operator");
+    let pod = &d["spec"]["template"]["spec"];
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(pod["securityContext"]["runAsUser"], 65532);
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    let sc = &container(d)["securityContext"];
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+    assert!(sc["capabilities"]["add"].is_null());
+    assert!(pod["hostNetwork"].is_null() && pod["hostPID"].is_null());
+    assert_eq!(
+        container(d)["command"],
+        json!(["/usr/local/bin/qc-operator"])
+    );
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(container(d)[probe]["httpGet"]["port"], "metrics");
+    }
+}
+
+#[test]
+fn chart_wires_one_image_into_controller_and_workers() {
+    let Some(docs) = render(&[]) else { return };
+    let docs = docs.unwrap();
+    let d = find(&docs, "Deployment", "qc-queue-consumer-operator");
+    assert_eq!(container(d)["image"], "queue-consumer-operator:0.1.0");
+    let a = args(d);
+    assert_eq!(a[0], "run");
+    assert!(a.contains(&"--worker-image=queue-consumer-operator:0.1.0".to_string()));
+    assert!(a.contains(&"--leader-election".to_string()));
+    assert!(a.contains(&format!("--lease-namespace={NS}")));
+    assert!(a.contains(&"--lease-name=qc-queue-consumer-operator".to_string()));
+    assert!(!a.iter().any(|x| x.starts_with("--namespace")), "{a:?}");
+
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    let docs = render(&[
+        "--set",
+        "image.repository=registry.example/qc",
+        "--set",
+        &format!("image.digest={digest}"),
+        "--set",
+        "replicaCount=2",
+    ])
+    .unwrap()
+    .unwrap();
+    let d = find(&docs, "Deployment", "qc-queue-consumer-operator");
+    let reference = format!("registry.example/qc@{digest}");
+    assert_eq!(container(d)["image"], reference.as_str());
+    assert!(args(d).contains(&format!("--worker-image={reference}")));
+    assert_eq!(d["spec"]["replicas"], 2);
+
+    let docs = render(&["--set", "worker.image=registry.example/worker:1"])
+        .unwrap()
+        .unwrap();
+    let d = find(&docs, "Deployment", "qc-queue-consumer-operator");
+    assert!(args(d).contains(&"--worker-image=registry.example/worker:1".to_string()));
+    assert_eq!(container(d)["image"], "queue-consumer-operator:0.1.0");
+}
+
+#[test]
+fn chart_crd_is_toggled_and_kept_on_uninstall() {
+    let Some(docs) = render(&[]) else { return };
+    let crd = find(
+        &docs.unwrap(),
+        "CustomResourceDefinition",
+        "queueconsumers.sqs.consumers.dev",
+    )
+    .clone();
+    assert_eq!(
+        crd["metadata"]["annotations"]["helm.sh/resource-policy"],
+        "keep"
+    );
+    assert!(
+        crd["spec"] == generated_crd()["spec"],
+        "the chart renders a CRD that differs from the types: {SYNC}"
+    );
+    let off = render(&["--set", "crds.install=false"]).unwrap().unwrap();
+    assert!(kinds(&off, "CustomResourceDefinition").is_empty());
+    let unkept = render(&["--set", "crds.keep=false"]).unwrap().unwrap();
+    let crd = &kinds(&unkept, "CustomResourceDefinition")[0];
+    assert!(crd["metadata"]["annotations"].is_null(), "{crd}");
+}
+
+#[test]
+fn chart_rejects_bad_values_naming_the_field() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--set", "replicaCount=-1"], "replicaCount"),
+        (&["--set", "replicas=2"], "replicas"),
+        (&["--set", "logFormat=xml"], "logFormat"),
+        (&["--set", "image.digest=latest"], "digest"),
+        (
+            &["--set-json", r#"watchNamespaces=["Team_A"]"#],
+            "watchNamespaces",
+        ),
+        (&["--set", "metrics.port=80"], "port"),
+        (
+            &[
+                "--set",
+                "replicaCount=2",
+                "--set",
+                "leaderElection.enabled=false",
+            ],
+            "leaderElection.enabled",
+        ),
+        (
+            &[
+                "--set",
+                "metrics.serviceMonitor.enabled=true",
+                "--set",
+                "metrics.service.enabled=false",
+            ],
+            "metrics.service.enabled",
+        ),
+    ];
+    for (args, field) in cases {
+        let Some(result) = render(args) else { return };
+        match result {
+            Ok(_) => panic!("helm template {args:?} rendered; it must fail"),
+            Err(msg) => assert!(msg.contains(field), "{args:?}: {msg}"),
+        }
+    }
+}
+
+#[test]
+fn chart_service_monitor_scrapes_the_metrics_service() {
+    let Some(docs) = render(&[
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "metrics.serviceMonitor.labels.release=prometheus",
+    ]) else {
+        return;
+    };
+    let docs = docs.unwrap();
+    let sm = find(&docs, "ServiceMonitor", "qc-queue-consumer-operator");
+    let svc = find(&docs, "Service", "qc-queue-consumer-operator-metrics");
+    let deployment = find(&docs, "Deployment", "qc-queue-consumer-operator");
+    assert_eq!(sm["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(sm["metadata"]["labels"]["release"], "prometheus");
+    assert_eq!(sm["spec"]["namespaceSelector"]["matchNames"], json!([NS]));
+    // The ServiceMonitor's selector picks the Service, whose selector picks the controller pods.
+    let subset = |small: &Value, big: &Value| {
+        small
+            .as_object()
+            .unwrap()
+            .iter()
+            .all(|(k, v)| big.get(k) == Some(v))
+    };
+    assert!(subset(
+        &sm["spec"]["selector"]["matchLabels"],
+        &svc["metadata"]["labels"]
+    ));
+    assert!(subset(
+        &svc["spec"]["selector"],
+        &deployment["spec"]["template"]["metadata"]["labels"]
+    ));
+    let endpoints = sm["spec"]["endpoints"].as_array().unwrap();
+    assert_eq!(endpoints.len(), 1);
+    let ep = endpoints[0].as_object().unwrap();
+    // Only fields of the monitoring.coreos.com/v1 Endpoint type (the kind has no schema in kubernetes-validate).
+    let known: BTreeSet<&str> = [
+        "port",
+        "path",
+        "interval",
+        "scrapeTimeout",
+        "relabelings",
+        "metricRelabelings",
+    ]
+    .into();
+    assert!(ep.keys().all(|k| known.contains(k.as_str())), "{ep:?}");
+    assert_eq!(ep["port"], svc["spec"]["ports"][0]["name"]);
+    assert_eq!(ep["path"], "/metrics");
+    assert_eq!(
+        svc["spec"]["ports"][0]["targetPort"],
+        container(deployment)["ports"][0]["name"]
+    );
+    let spec_keys: BTreeSet<&str> = sm["spec"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        spec_keys,
+        ["endpoints", "namespaceSelector", "selector"].into()
+    );
+}
+
+#[test]
+fn chart_notes_name_the_next_commands() {
+    let Some(helm) = tool("helm") else { return };
+    let out = Command::new(helm)
+        .args([
+            "install",
+            "qc",
+            CHART,
+            "--namespace",
+            NS,
+            "--dry-run=client",
+        ])
+        .current_dir(repo(""))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let notes = text.split("NOTES:").nth(1).expect("helm prints NOTES");
+    assert!(notes.contains(&format!(
+        "kubectl -n {NS} rollout status deployment/qc-queue-consumer-operator"
+    )));
+    assert!(notes.contains("kubectl wait --for=condition=Ready queueconsumer/"));
+}
+
+/// `kubectl kustomize` of an overlay over a copy of config/: its `images:` entry must reach the worker
+/// image too, and its namespace every binding subject.
+#[test]
+fn kustomize_overlay_moves_image_and_namespace_together() {
+    let Some(kubectl) = tool("kubectl") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(&repo("config"), &dir.path().join("config"));
+    let overlay = dir.path().join("overlay");
+    std::fs::create_dir(&overlay).unwrap();
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: queues\n\
+         resources: [../config/default]\nimages:\n  - name: queue-consumer-operator\n    \
+         newName: registry.example/qc\n    newTag: \"9.9.9\"\n",
+    )
+    .unwrap();
+    let out = Command::new(kubectl)
+        .args(["kustomize"])
+        .arg(&overlay)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let docs = yaml_docs(&String::from_utf8(out.stdout).unwrap());
+    let d = find(&docs, "Deployment", "qc-operator");
+    assert_eq!(d["metadata"]["namespace"], "queues");
+    assert_eq!(container(d)["image"], "registry.example/qc:9.9.9");
+    let worker_image = container(d)["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "QC_WORKER_IMAGE")
+        .unwrap();
+    assert_eq!(worker_image["value"], "registry.example/qc:9.9.9");
+    assert!(args(d).contains(&"--lease-namespace=$(POD_NAMESPACE)".to_string()));
+    for (kind, name) in [
+        ("ClusterRoleBinding", "qc-operator"),
+        ("RoleBinding", "qc-operator-leader-election"),
+    ] {
+        assert_eq!(
+            find(&docs, kind, name)["subjects"][0]["namespace"],
+            "queues"
+        );
+    }
+    let ns = find(&docs, "Namespace", "queues");
+    assert_eq!(
+        ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        "restricted"
+    );
+    let crd = find(
+        &docs,
+        "CustomResourceDefinition",
+        "queueconsumers.sqs.consumers.dev",
+    );
+    assert!(
+        normalized(&crd["spec"]) == normalized(&generated_crd()["spec"]),
+        "config/default renders a CRD that differs from the types: {SYNC}"
+    );
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
