@@ -595,3 +595,58 @@ fn copy_dir(from: &Path, to: &Path) {
         }
     }
 }
+
+/// The Dockerfile cannot be built here (no container engine): check statically that it builds and installs
+/// exactly the binaries the chart and the controller's pod layout expect, and runs as uid 65532.
+#[test]
+fn dockerfile_image_holds_the_bins_and_runs_as_nonroot() {
+    let text = read("Dockerfile").replace("\\\n", " ");
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    let last_from = lines.iter().rposition(|l| l.starts_with("FROM ")).unwrap();
+    assert_eq!(
+        lines[last_from], "FROM scratch",
+        "final stage must be empty"
+    );
+    let final_stage = &lines[last_from + 1..];
+    let users: Vec<_> = final_stage
+        .iter()
+        .filter_map(|l| l.strip_prefix("USER "))
+        .collect();
+    assert_eq!(users, ["65532:65532"], "numeric non-root user, set once");
+    let installed: BTreeSet<String> = final_stage
+        .iter()
+        .filter(|l| l.starts_with("COPY "))
+        .filter_map(|l| l.split_whitespace().last())
+        .filter_map(|dest| dest.strip_prefix("/usr/local/bin/"))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        installed,
+        ["qc-operator".to_string(), "qc-worker".to_string()].into(),
+        "INTERFACES.md: binaries at /usr/local/bin/qc-operator and /usr/local/bin/qc-worker"
+    );
+    assert!(final_stage.contains(&r#"ENTRYPOINT ["/usr/local/bin/qc-operator"]"#));
+
+    let build = lines[..last_from]
+        .iter()
+        .find(|l| l.contains("cargo build"))
+        .expect("a cargo build step");
+    assert!(build.contains("--release") && build.contains("--locked"));
+    let built: BTreeSet<String> = build
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .filter(|w| w[0] == "--bin")
+        .map(|w| w[1].to_string())
+        .collect();
+    assert_eq!(built, installed, "the build step builds what is installed");
+
+    let ignored = read(".dockerignore");
+    for must in ["target/", ".git/"] {
+        assert!(ignored.lines().any(|l| l.trim() == must), "{must}");
+    }
+}
