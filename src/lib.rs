@@ -4,5 +4,7 @@
 pub mod api;
 pub mod aws;
 pub mod check;
+pub mod controller;
 pub mod manifest;
+pub mod render;
 pub mod validate;

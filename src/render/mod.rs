@@ -1,0 +1,459 @@
+//! Spec → worker Deployment: the user's pod template plus the `qc-worker` process, rendered as values.
+//! Pure: no client, no clock, no environment; `qc-operator plan` and the controller call the same function.
+
+mod worker;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    HTTPGetAction, Lifecycle, LifecycleHandler, ObjectFieldSelector, PodSpec, PodTemplateSpec,
+    Probe, SeccompProfile, SecretKeySelector, SecurityContext, SleepAction, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::Resource;
+
+use crate::api::{Duration, Handler, IdempotencyStore, QueueConsumer, QueueConsumerSpec};
+
+pub use worker::{WorkerLaunch, worker_args};
+
+/// Name of the worker container (HTTP handler layout) and of the init container's binary.
+pub const WORKER_CONTAINER: &str = "qc-worker";
+/// Init container that copies `qc-worker` into the shared volume (exec handler layout).
+pub const INSTALL_CONTAINER: &str = "qc-worker-install";
+/// emptyDir shared between the init container and the user's container (exec handler layout).
+pub const WORKER_VOLUME: &str = "qc-worker-bin";
+/// Where the worker binary lives in the image, and where the exec layout copies it to.
+pub const WORKER_BINARY: &str = "/usr/local/bin/qc-worker";
+pub const WORKER_VOLUME_MOUNT: &str = "/qc/bin";
+pub const COPIED_WORKER_BINARY: &str = "/qc/bin/qc-worker";
+/// The worker's /metrics, /healthz and /readyz port, unless the pod already uses it.
+pub const DEFAULT_METRICS_PORT: u16 = 9090;
+pub const METRICS_PORT_NAME: &str = "qc-metrics";
+/// The image's non-root user (distroless `nonroot`).
+pub const WORKER_UID: i64 = 65532;
+
+pub const LABEL_NAME: &str = "app.kubernetes.io/name";
+pub const LABEL_INSTANCE: &str = "app.kubernetes.io/instance";
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+pub const LABEL_COMPONENT: &str = "app.kubernetes.io/component";
+pub const NAME_VALUE: &str = "qc-worker";
+pub const MANAGED_BY_VALUE: &str = "qc-operator";
+pub const COMPONENT_VALUE: &str = "consumer";
+
+/// Time the worker gets after its in-flight handlers' timeout to flush deletes and release unstarted
+/// messages, and the time the kubelet waits after that before SIGKILL.
+pub const DRAIN_MARGIN: Duration = Duration::from_secs(10);
+pub const EXIT_MARGIN: Duration = Duration::from_secs(5);
+
+/// What render needs besides the QueueConsumer: the operator's own settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenderOptions {
+    /// Image holding `/usr/local/bin/qc-worker`.
+    pub worker_image: String,
+}
+
+impl Default for RenderOptions {
+    fn default() -> Self {
+        RenderOptions {
+            worker_image: default_worker_image(),
+        }
+    }
+}
+
+/// The image of this release (`queue-consumer-operator:<crate version>`).
+pub fn default_worker_image() -> String {
+    format!("queue-consumer-operator:{}", env!("CARGO_PKG_VERSION"))
+}
+
+/// Why a QueueConsumer cannot be rendered; each message names the field and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RenderError {
+    #[error("metadata.name is missing: give the QueueConsumer a name")]
+    MissingName,
+    #[error("spec.handler must set exactly one of http or exec")]
+    NoHandler,
+    #[error(
+        "spec.template.spec.containers is empty: add the container that {needs} (the worker is added by the controller)"
+    )]
+    NoUserContainer { needs: &'static str },
+    #[error(
+        "spec.template.spec.{field}[{index}].name {name:?} is reserved for the worker: rename that container"
+    )]
+    ReservedContainerName {
+        field: &'static str,
+        index: usize,
+        name: String,
+    },
+    #[error(
+        "spec.template.spec.volumes[{index}].name {WORKER_VOLUME:?} is reserved for the worker binary: rename that volume"
+    )]
+    ReservedVolumeName { index: usize },
+}
+
+impl RenderError {
+    /// CamelCase reason for the ConfigValid condition.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            RenderError::MissingName => "MissingName",
+            RenderError::NoHandler => "NoHandler",
+            RenderError::NoUserContainer { .. } => "NoHandlerContainer",
+            RenderError::ReservedContainerName { .. } | RenderError::ReservedVolumeName { .. } => {
+                "ReservedName"
+            }
+        }
+    }
+}
+
+/// Labels on the Deployment and its pods. `app.kubernetes.io/part-of` is left to the user: it names the
+/// larger application, which only they know.
+pub fn labels(name: &str) -> BTreeMap<String, String> {
+    let mut l = selector_labels(name);
+    l.insert(LABEL_MANAGED_BY.into(), MANAGED_BY_VALUE.into());
+    l.insert(LABEL_COMPONENT.into(), COMPONENT_VALUE.into());
+    l
+}
+
+/// The Deployment's selector: stable for the life of the QueueConsumer (selectors are immutable).
+pub fn selector_labels(name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_INSTANCE.to_string(), name.to_string()),
+        (LABEL_NAME.to_string(), NAME_VALUE.to_string()),
+    ])
+}
+
+/// The selector as a label-selector string (for `status.selector`).
+pub fn selector_string(name: &str) -> String {
+    selector_labels(name)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// How long the worker may take to drain on SIGTERM: the longest handler run, a long poll that may
+/// still return messages to release, and the drain margin.
+pub fn shutdown_timeout(spec: &QueueConsumerSpec) -> Duration {
+    spec.processing
+        .timeout
+        .saturating_add(spec.processing.wait_time)
+        .saturating_add(DRAIN_MARGIN)
+}
+
+/// The pod's grace period: the worker's own deadline comes first, so it exits by itself.
+pub fn termination_grace_seconds(spec: &QueueConsumerSpec) -> i64 {
+    let secs = shutdown_timeout(spec)
+        .saturating_add(EXIT_MARGIN)
+        .as_secs_ceil();
+    i64::try_from(secs).unwrap_or(i64::MAX)
+}
+
+/// The owner reference that ties the Deployment to its QueueConsumer; None before the object exists
+/// in a cluster (no uid), e.g. in `qc-operator plan`.
+pub fn owner_reference(qc: &QueueConsumer) -> Option<OwnerReference> {
+    qc.controller_owner_ref(&())
+}
+
+/// The worker Deployment for `qc`. Replicas are left unset: the scaler owns them.
+pub fn deployment(qc: &QueueConsumer, opts: &RenderOptions) -> Result<Deployment, RenderError> {
+    let name = qc.metadata.name.clone().ok_or(RenderError::MissingName)?;
+    let spec = &qc.spec;
+    let handler = spec.handler.one().ok_or(RenderError::NoHandler)?;
+    let mut template = spec.template.clone();
+    let mut pod = template.spec.take().unwrap_or_default();
+    check_reserved_names(&pod)?;
+    if pod.containers.is_empty() {
+        return Err(RenderError::NoUserContainer {
+            needs: match handler {
+                Handler::Http(_) => "serves the http handler",
+                Handler::Exec(_) => "holds the exec handler's command",
+            },
+        });
+    }
+    let metrics_port = pick_metrics_port(&pod, &handler);
+    let env = worker_env(spec);
+
+    match handler {
+        Handler::Http(http) => {
+            let launch = WorkerLaunch::Http {
+                url: format!("http://127.0.0.1:{}{}", http.port, http.path),
+            };
+            let mut worker = Container {
+                name: WORKER_CONTAINER.into(),
+                image: Some(opts.worker_image.clone()),
+                command: Some(vec![WORKER_BINARY.into()]),
+                args: Some(worker_args(spec, metrics_port, &launch)),
+                env: Some(env),
+                security_context: Some(restricted_security_context()),
+                ..Container::default()
+            };
+            add_health(&mut worker, metrics_port);
+            // The kubelet signals every container at once; the handler must outlive the worker's
+            // drain or in-flight messages fail and are redelivered.
+            let hold =
+                Duration::from_secs(u64::try_from(termination_grace_seconds(spec)).unwrap_or(0))
+                    .saturating_sub(EXIT_MARGIN);
+            for c in &mut pod.containers {
+                hold_until_drained(c, hold);
+            }
+            pod.containers.push(worker);
+        }
+        Handler::Exec(exec) => {
+            let launch = WorkerLaunch::Exec {
+                command: exec.command.clone(),
+            };
+            let install = Container {
+                name: INSTALL_CONTAINER.into(),
+                image: Some(opts.worker_image.clone()),
+                command: Some(vec![
+                    WORKER_BINARY.into(),
+                    "--copy-self-to".into(),
+                    COPIED_WORKER_BINARY.into(),
+                ]),
+                volume_mounts: Some(vec![worker_mount()]),
+                security_context: Some(restricted_security_context()),
+                ..Container::default()
+            };
+            pod.init_containers.get_or_insert_default().push(install);
+            pod.volumes.get_or_insert_default().push(Volume {
+                name: WORKER_VOLUME.into(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Volume::default()
+            });
+            // The first container is the handler's; others are the user's sidecars, left alone.
+            let c = &mut pod.containers[0];
+            c.command = Some(vec![COPIED_WORKER_BINARY.into()]);
+            c.args = Some(worker_args(spec, metrics_port, &launch));
+            merge_env(c.env.get_or_insert_default(), env);
+            c.volume_mounts.get_or_insert_default().push(worker_mount());
+            add_health(c, metrics_port);
+        }
+    }
+
+    let grace = termination_grace_seconds(spec);
+    pod.termination_grace_period_seconds = Some(
+        pod.termination_grace_period_seconds
+            .map_or(grace, |user| user.max(grace)),
+    );
+
+    let mut pod_meta = template.metadata.take().unwrap_or_default();
+    pod_meta
+        .labels
+        .get_or_insert_default()
+        .extend(labels(&name));
+    // Names and namespaces of pod templates are ignored by the API server; dropping them keeps the
+    // applied object free of fields the server would discard.
+    pod_meta.name = None;
+    pod_meta.namespace = None;
+
+    Ok(Deployment {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: qc.metadata.namespace.clone(),
+            labels: Some(labels(&name)),
+            owner_references: owner_reference(qc).map(|o| vec![o]),
+            ..ObjectMeta::default()
+        },
+        spec: DeploymentSpec {
+            selector: LabelSelector {
+                match_labels: Some(selector_labels(&name)),
+                ..LabelSelector::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(pod_meta),
+                spec: Some(pod),
+            },
+            ..DeploymentSpec::default()
+        },
+        status: None,
+    })
+}
+
+fn check_reserved_names(pod: &PodSpec) -> Result<(), RenderError> {
+    let reserved = [WORKER_CONTAINER, INSTALL_CONTAINER];
+    let lists: [(&'static str, &[Container]); 2] = [
+        ("containers", &pod.containers),
+        (
+            "initContainers",
+            pod.init_containers.as_deref().unwrap_or(&[]),
+        ),
+    ];
+    for (field, list) in lists {
+        if let Some((index, c)) = list
+            .iter()
+            .enumerate()
+            .find(|(_, c)| reserved.contains(&c.name.as_str()))
+        {
+            return Err(RenderError::ReservedContainerName {
+                field,
+                index,
+                name: c.name.clone(),
+            });
+        }
+    }
+    if let Some(index) = pod
+        .volumes
+        .iter()
+        .flatten()
+        .position(|v| v.name == WORKER_VOLUME)
+    {
+        return Err(RenderError::ReservedVolumeName { index });
+    }
+    Ok(())
+}
+
+/// 9090 unless the handler or a user container already listens there: all containers share the pod's
+/// network namespace, so the worker takes the next free port.
+fn pick_metrics_port(pod: &PodSpec, handler: &Handler<'_>) -> u16 {
+    let mut taken: Vec<i32> = pod
+        .containers
+        .iter()
+        .chain(pod.init_containers.iter().flatten())
+        .flat_map(|c| c.ports.iter().flatten())
+        .map(|p| p.container_port)
+        .collect();
+    if let Handler::Http(h) = handler {
+        taken.push(i32::from(h.port));
+    }
+    (DEFAULT_METRICS_PORT..=u16::MAX)
+        .find(|p| !taken.contains(&i32::from(*p)))
+        .unwrap_or(DEFAULT_METRICS_PORT)
+}
+
+/// Region and endpoint for the SDK, the pod's identity for the worker, and the redis URL from its
+/// Secret (never on the command line, where `ps` and the pod spec would show it).
+fn worker_env(spec: &QueueConsumerSpec) -> Vec<EnvVar> {
+    let mut env = Vec::new();
+    if let Some(region) = worker::region(spec) {
+        env.push(plain_env("AWS_REGION", &region));
+    }
+    if let Some(endpoint) = &spec.queue.endpoint {
+        env.push(plain_env("AWS_ENDPOINT_URL_SQS", endpoint));
+    }
+    for (name, path) in [
+        ("POD_NAME", "metadata.name"),
+        ("POD_NAMESPACE", "metadata.namespace"),
+    ] {
+        env.push(EnvVar {
+            name: name.into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: path.into(),
+                    ..ObjectFieldSelector::default()
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        });
+    }
+    if spec.idempotency.store == IdempotencyStore::Redis
+        && let Some(redis) = &spec.idempotency.redis
+    {
+        env.push(EnvVar {
+            name: "QC_REDIS_URL".into(),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: redis.url_secret_ref.name.clone(),
+                    key: redis.url_secret_ref.key.clone(),
+                    optional: None,
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        });
+    }
+    env
+}
+
+fn plain_env(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..EnvVar::default()
+    }
+}
+
+/// The worker's variables replace same-named ones of the user: they describe the queue of the spec.
+fn merge_env(env: &mut Vec<EnvVar>, ours: Vec<EnvVar>) {
+    env.retain(|e| !ours.iter().any(|o| o.name == e.name));
+    env.extend(ours);
+}
+
+fn worker_mount() -> VolumeMount {
+    VolumeMount {
+        name: WORKER_VOLUME.into(),
+        mount_path: WORKER_VOLUME_MOUNT.into(),
+        ..VolumeMount::default()
+    }
+}
+
+/// Liveness and readiness on the worker's health port; a user's own probes are kept.
+fn add_health(c: &mut Container, port: u16) {
+    let ports = c.ports.get_or_insert_default();
+    if !ports.iter().any(|p| p.container_port == i32::from(port)) {
+        ports.push(ContainerPort {
+            name: Some(METRICS_PORT_NAME.into()),
+            container_port: i32::from(port),
+            protocol: Some("TCP".into()),
+            ..ContainerPort::default()
+        });
+    }
+    let probe = |path: &str, period: i32, failures: i32| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::Int(i32::from(port)),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        timeout_seconds: Some(2),
+        ..Probe::default()
+    };
+    if c.liveness_probe.is_none() {
+        c.liveness_probe = Some(probe("/healthz", 10, 3));
+    }
+    if c.readiness_probe.is_none() {
+        c.readiness_probe = Some(probe("/readyz", 5, 2));
+    }
+}
+
+/// A preStop sleep keeps the handler serving while the worker drains; a user's own preStop is kept.
+fn hold_until_drained(c: &mut Container, hold: Duration) {
+    let lifecycle = c.lifecycle.get_or_insert_default();
+    if lifecycle.pre_stop.is_none() {
+        lifecycle.pre_stop = Some(LifecycleHandler {
+            sleep: Some(SleepAction {
+                seconds: i64::try_from(hold.as_secs_ceil()).unwrap_or(i64::MAX),
+            }),
+            ..LifecycleHandler::default()
+        });
+    }
+    if *lifecycle == Lifecycle::default() {
+        c.lifecycle = None;
+    }
+}
+
+/// What the `restricted` Pod Security Standard asks of a container.
+fn restricted_security_context() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Capabilities::default()
+        }),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        run_as_user: Some(WORKER_UID),
+        run_as_group: Some(WORKER_UID),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..SeccompProfile::default()
+        }),
+        ..SecurityContext::default()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,520 @@
+use serde_json::{Value, json};
+
+use super::*;
+
+fn qc(spec: Value) -> QueueConsumer {
+    let mut qc: QueueConsumer = serde_json::from_value(json!({
+        "apiVersion": "sqs.consumers.dev/v1alpha1",
+        "kind": "QueueConsumer",
+        "metadata": {"name": "orders", "namespace": "shop", "uid": "u-1"},
+        "spec": spec,
+    }))
+    .unwrap();
+    qc.metadata.generation = Some(1);
+    qc
+}
+
+fn http_spec() -> Value {
+    json!({
+        "queue": {"url": "https://sqs.us-east-1.amazonaws.com/123456789012/orders"},
+        "processing": {"p99": "2s"},
+        "handler": {"http": {"port": 8080, "path": "/messages"}},
+        "template": {"spec": {"containers": [{"name": "app", "image": "shop/orders:1"}]}}
+    })
+}
+
+fn exec_spec() -> Value {
+    json!({
+        "queue": {"url": "https://sqs.eu-west-1.amazonaws.com/123456789012/orders", "endpoint": "http://localstack:4566"},
+        "processing": {"p99": "2s", "timeout": "1m", "waitTime": "10s"},
+        "handler": {"exec": {"command": ["/app/handle", "--fast"]}},
+        "template": {"spec": {"containers": [
+            {"name": "app", "image": "shop/orders:1", "command": ["/app/server"],
+             "env": [{"name": "AWS_REGION", "value": "wrong"}, {"name": "KEEP", "value": "1"}]},
+            {"name": "sidecar", "image": "proxy:1"}
+        ]}}
+    })
+}
+
+fn render(spec: Value) -> Deployment {
+    deployment(
+        &qc(spec),
+        &RenderOptions {
+            worker_image: "qc:test".into(),
+        },
+    )
+    .unwrap()
+}
+
+fn pod(d: &Deployment) -> &PodSpec {
+    d.spec.template.spec.as_ref().unwrap()
+}
+
+fn arg_after<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str)
+}
+
+fn env_value<'a>(c: &'a Container, name: &str) -> Option<&'a str> {
+    c.env
+        .iter()
+        .flatten()
+        .find(|e| e.name == name)
+        .and_then(|e| e.value.as_deref())
+}
+
+#[test]
+fn layouts_per_handler_mode() {
+    struct Case {
+        name: &'static str,
+        spec: Value,
+        containers: &'static [&'static str],
+        init: &'static [&'static str],
+        /// Name of the container running qc-worker, and its command.
+        worker_in: &'static str,
+        worker_command: &'static str,
+        tail: &'static [&'static str],
+        region: Option<&'static str>,
+        grace: i64,
+    }
+    let cases = [
+        Case {
+            name: "http handler: worker is a second container",
+            spec: http_spec(),
+            containers: &["app", "qc-worker"],
+            init: &[],
+            worker_in: "qc-worker",
+            worker_command: WORKER_BINARY,
+            tail: &["--http-url", "http://127.0.0.1:8080/messages"],
+            region: Some("us-east-1"),
+            // timeout 30s + waitTime 20s + drain 10s + exit 5s
+            grace: 65,
+        },
+        Case {
+            name: "exec handler: init copies the worker, the user's container runs it",
+            spec: exec_spec(),
+            containers: &["app", "sidecar"],
+            init: &["qc-worker-install"],
+            worker_in: "app",
+            worker_command: COPIED_WORKER_BINARY,
+            tail: &["--exec", "--", "/app/handle", "--fast"],
+            region: Some("eu-west-1"),
+            // 60s + 10s + 10s + 5s
+            grace: 85,
+        },
+    ];
+    for case in cases {
+        let d = render(case.spec);
+        let p = pod(&d);
+        let names: Vec<_> = p.containers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, case.containers, "{}", case.name);
+        let init: Vec<_> = p
+            .init_containers
+            .iter()
+            .flatten()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(init, case.init, "{}", case.name);
+        let w = p
+            .containers
+            .iter()
+            .find(|c| c.name == case.worker_in)
+            .unwrap();
+        assert_eq!(
+            w.command.as_deref(),
+            Some(&[case.worker_command.to_string()][..]),
+            "{}",
+            case.name
+        );
+        let args = w.args.as_ref().unwrap();
+        assert!(
+            args.ends_with(&case.tail.iter().map(|s| s.to_string()).collect::<Vec<_>>()),
+            "{}: {args:?}",
+            case.name
+        );
+        assert_eq!(arg_after(args, "--region"), case.region, "{}", case.name);
+        assert_eq!(env_value(w, "AWS_REGION"), case.region, "{}", case.name);
+        assert_eq!(
+            arg_after(args, "--metrics-addr"),
+            Some("0.0.0.0:9090"),
+            "{}",
+            case.name
+        );
+        let probe = w
+            .readiness_probe
+            .as_ref()
+            .unwrap()
+            .http_get
+            .as_ref()
+            .unwrap();
+        assert_eq!(probe.path.as_deref(), Some("/readyz"));
+        assert_eq!(probe.port, IntOrString::Int(9090));
+        assert_eq!(
+            w.liveness_probe
+                .as_ref()
+                .unwrap()
+                .http_get
+                .as_ref()
+                .unwrap()
+                .path
+                .as_deref(),
+            Some("/healthz")
+        );
+        assert_eq!(
+            p.termination_grace_period_seconds,
+            Some(case.grace),
+            "{}",
+            case.name
+        );
+        let spec = &d.spec;
+        assert_eq!(spec.replicas, None, "render never sets replicas");
+        assert_eq!(
+            spec.selector.match_labels.as_ref().unwrap(),
+            &selector_labels("orders")
+        );
+        let pod_labels = spec
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .labels
+            .as_ref()
+            .unwrap();
+        for (k, v) in labels("orders") {
+            assert_eq!(pod_labels.get(&k), Some(&v), "{}: pod label {k}", case.name);
+        }
+        let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+            ("QueueConsumer", "orders", "u-1")
+        );
+        assert_eq!(owner.controller, Some(true));
+        assert_eq!(d.metadata.namespace.as_deref(), Some("shop"));
+    }
+}
+
+#[test]
+fn command_line_carries_every_setting() {
+    let mut spec = http_spec();
+    spec["processing"] = json!({
+        "p99": "2s", "timeout": "45s", "concurrency": 4, "batchSize": 5, "waitTime": "5s",
+        "heartbeat": {"enabled": false, "interval": "10s"},
+        "retryBackoff": {"base": "1s", "max": "2m"}, "onPoison": "leave"
+    });
+    spec["idempotency"] = json!({"store": "memory", "key": "jsonPointer:/orderId", "ttl": "1h"});
+    let d = render(spec);
+    let w = &pod(&d).containers[1];
+    let args = w.args.as_ref().unwrap();
+    let expected = [
+        (
+            "--queue-url",
+            "https://sqs.us-east-1.amazonaws.com/123456789012/orders",
+        ),
+        ("--concurrency", "4"),
+        ("--batch-size", "5"),
+        ("--wait-time", "5s"),
+        ("--timeout", "45s"),
+        ("--heartbeat", "false"),
+        ("--heartbeat-interval", "10s"),
+        ("--retry-base", "1s"),
+        ("--retry-max", "2m"),
+        ("--on-poison", "leave"),
+        ("--idempotency-store", "memory"),
+        ("--idempotency-key", "jsonPointer:/orderId"),
+        ("--idempotency-ttl", "1h"),
+        // 45s + 5s + 10s
+        ("--shutdown-timeout", "1m"),
+    ];
+    for (flag, value) in expected {
+        assert_eq!(arg_after(args, flag), Some(value), "{flag} in {args:?}");
+    }
+    assert_eq!(arg_after(args, "--endpoint-url"), None);
+    // Every flag appears once.
+    let flags: Vec<_> = args.iter().filter(|a| a.starts_with("--")).collect();
+    let mut dedup = flags.clone();
+    dedup.sort();
+    dedup.dedup();
+    assert_eq!(flags.len(), dedup.len(), "{args:?}");
+}
+
+#[test]
+fn http_layout_details() {
+    let d = render(http_spec());
+    let p = pod(&d);
+    let app = &p.containers[0];
+    assert_eq!(app.image.as_deref(), Some("shop/orders:1"));
+    assert!(
+        app.args.is_none() && app.command.is_none(),
+        "user container untouched"
+    );
+    // The handler keeps serving while the worker drains: preStop sleeps the worker's shutdown timeout.
+    let sleep = app
+        .lifecycle
+        .as_ref()
+        .unwrap()
+        .pre_stop
+        .as_ref()
+        .unwrap()
+        .sleep
+        .as_ref()
+        .unwrap();
+    assert_eq!(sleep.seconds, 60);
+    let w = &p.containers[1];
+    assert_eq!(w.image.as_deref(), Some("qc:test"));
+    let sc = w.security_context.as_ref().unwrap();
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(sc.run_as_user, Some(WORKER_UID));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(
+        sc.capabilities.as_ref().unwrap().drop.as_deref(),
+        Some(&["ALL".to_string()][..])
+    );
+    assert_eq!(sc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+    let env: Vec<_> = w.env.iter().flatten().map(|e| e.name.as_str()).collect();
+    assert_eq!(env, ["AWS_REGION", "POD_NAME", "POD_NAMESPACE"]);
+}
+
+#[test]
+fn exec_layout_details() {
+    let d = render(exec_spec());
+    let p = pod(&d);
+    let app = &p.containers[0];
+    assert_eq!(
+        app.image.as_deref(),
+        Some("shop/orders:1"),
+        "user image kept"
+    );
+    assert_eq!(
+        env_value(app, "AWS_REGION"),
+        Some("eu-west-1"),
+        "ours replace theirs"
+    );
+    assert_eq!(env_value(app, "KEEP"), Some("1"));
+    assert_eq!(
+        env_value(app, "AWS_ENDPOINT_URL_SQS"),
+        Some("http://localstack:4566")
+    );
+    let args = app.args.as_ref().unwrap();
+    assert_eq!(
+        arg_after(args, "--endpoint-url"),
+        Some("http://localstack:4566")
+    );
+    let mount = &app.volume_mounts.as_ref().unwrap()[0];
+    assert_eq!(
+        (mount.name.as_str(), mount.mount_path.as_str()),
+        (WORKER_VOLUME, WORKER_VOLUME_MOUNT)
+    );
+    assert!(
+        app.lifecycle.is_none(),
+        "no preStop: the worker is the process"
+    );
+    let sidecar = &p.containers[1];
+    assert!(sidecar.args.is_none() && sidecar.probes_unset());
+    let install = &p.init_containers.as_ref().unwrap()[0];
+    assert_eq!(install.image.as_deref(), Some("qc:test"));
+    assert_eq!(
+        install.command.as_ref().unwrap(),
+        &[WORKER_BINARY, "--copy-self-to", COPIED_WORKER_BINARY]
+    );
+    assert_eq!(
+        install.volume_mounts.as_ref().unwrap()[0].name,
+        WORKER_VOLUME
+    );
+    let vol = p
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == WORKER_VOLUME)
+        .unwrap();
+    assert!(vol.empty_dir.is_some());
+}
+
+trait ProbesUnset {
+    fn probes_unset(&self) -> bool;
+}
+impl ProbesUnset for Container {
+    fn probes_unset(&self) -> bool {
+        self.liveness_probe.is_none() && self.readiness_probe.is_none()
+    }
+}
+
+#[test]
+fn user_settings_survive() {
+    let mut spec = http_spec();
+    spec["template"] = json!({
+        "metadata": {"labels": {"team": "shop"}, "annotations": {"a": "b"}},
+        "spec": {
+            "serviceAccountName": "orders",
+            "terminationGracePeriodSeconds": 600,
+            "containers": [{"name": "app", "image": "x", "ports": [{"containerPort": 9090}],
+                            "lifecycle": {"preStop": {"exec": {"command": ["/drain"]}}}}]
+        }
+    });
+    let d = render(spec);
+    let p = pod(&d);
+    assert_eq!(p.service_account_name.as_deref(), Some("orders"));
+    assert_eq!(
+        p.termination_grace_period_seconds,
+        Some(600),
+        "longer user grace kept"
+    );
+    let app = &p.containers[0];
+    assert!(
+        app.lifecycle
+            .as_ref()
+            .unwrap()
+            .pre_stop
+            .as_ref()
+            .unwrap()
+            .exec
+            .is_some(),
+        "user preStop kept"
+    );
+    let args = p.containers[1].args.as_ref().unwrap();
+    assert_eq!(
+        arg_after(args, "--metrics-addr"),
+        Some("0.0.0.0:9091"),
+        "9090 taken by the user"
+    );
+    let meta = &d.spec.template.metadata.as_ref().unwrap();
+    assert_eq!(
+        meta.labels
+            .as_ref()
+            .unwrap()
+            .get("team")
+            .map(String::as_str),
+        Some("shop")
+    );
+    assert_eq!(
+        meta.annotations
+            .as_ref()
+            .unwrap()
+            .get("a")
+            .map(String::as_str),
+        Some("b")
+    );
+}
+
+#[test]
+fn metrics_port_avoids_the_http_handler() {
+    let mut spec = http_spec();
+    spec["handler"] = json!({"http": {"port": 9090}});
+    let d = render(spec);
+    let args = pod(&d).containers[1].args.as_ref().unwrap();
+    assert_eq!(arg_after(args, "--metrics-addr"), Some("0.0.0.0:9091"));
+    assert_eq!(
+        arg_after(args, "--http-url"),
+        Some("http://127.0.0.1:9090/messages")
+    );
+}
+
+#[test]
+fn redis_url_comes_from_the_secret() {
+    let mut spec = http_spec();
+    spec["idempotency"] =
+        json!({"store": "redis", "redis": {"urlSecretRef": {"name": "redis", "key": "url"}}});
+    let d = render(spec);
+    let w = &pod(&d).containers[1];
+    let e = w
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "QC_REDIS_URL")
+        .unwrap();
+    let sk = e
+        .value_from
+        .as_ref()
+        .unwrap()
+        .secret_key_ref
+        .as_ref()
+        .unwrap();
+    assert_eq!((sk.name.as_str(), sk.key.as_str()), ("redis", "url"));
+    assert!(
+        !w.args
+            .as_ref()
+            .unwrap()
+            .iter()
+            .any(|a| a.contains("redis://"))
+    );
+}
+
+#[test]
+fn no_region_without_one_in_spec_or_url() {
+    let mut spec = http_spec();
+    spec["queue"] = json!({"url": "http://127.0.0.1:5000/123456789012/orders"});
+    let d = render(spec);
+    let w = &pod(&d).containers[1];
+    assert_eq!(arg_after(w.args.as_ref().unwrap(), "--region"), None);
+    assert_eq!(env_value(w, "AWS_REGION"), None);
+}
+
+#[test]
+fn render_is_deterministic() {
+    assert_eq!(render(exec_spec()), render(exec_spec()));
+}
+
+#[test]
+fn plan_without_uid_has_no_owner() {
+    let mut q = qc(http_spec());
+    q.metadata.uid = None;
+    let d = deployment(&q, &RenderOptions::default()).unwrap();
+    assert!(d.metadata.owner_references.is_none());
+    assert_eq!(
+        pod(&d).containers[1].image.as_deref(),
+        Some(default_worker_image().as_str())
+    );
+}
+
+#[test]
+fn bad_templates_name_the_field() {
+    let cases: [(&str, Value, &str); 5] = [
+        (
+            "no containers",
+            json!({"spec": {"containers": []}}),
+            "spec.template.spec.containers is empty",
+        ),
+        (
+            "no pod spec",
+            json!({}),
+            "spec.template.spec.containers is empty",
+        ),
+        (
+            "reserved container name",
+            json!({"spec": {"containers": [{"name": "a"}, {"name": "qc-worker"}]}}),
+            "spec.template.spec.containers[1].name \"qc-worker\"",
+        ),
+        (
+            "reserved init container name",
+            json!({"spec": {"containers": [{"name": "a"}], "initContainers": [{"name": "qc-worker-install"}]}}),
+            "spec.template.spec.initContainers[0].name",
+        ),
+        (
+            "reserved volume",
+            json!({"spec": {"containers": [{"name": "a"}], "volumes": [{"name": "qc-worker-bin", "emptyDir": {}}]}}),
+            "spec.template.spec.volumes[0].name",
+        ),
+    ];
+    for (name, template, needle) in cases {
+        let mut spec = exec_spec();
+        spec["template"] = template;
+        let err = deployment(&qc(spec), &RenderOptions::default()).unwrap_err();
+        assert!(err.to_string().contains(needle), "{name}: {err}");
+    }
+    let mut spec = http_spec();
+    spec["handler"] = json!({});
+    assert_eq!(
+        deployment(&qc(spec), &RenderOptions::default()).unwrap_err(),
+        RenderError::NoHandler
+    );
+}
+
+#[test]
+fn selector_string_matches_labels() {
+    assert_eq!(
+        selector_string("orders"),
+        "app.kubernetes.io/instance=orders,app.kubernetes.io/name=qc-worker"
+    );
+}

@@ -1,0 +1,71 @@
+//! The `qc-worker` command line of DESIGN "The worker", rendered from a spec.
+//! Every setting is spelled out, so `kubectl describe pod` shows what the worker runs with.
+
+use crate::api::QueueConsumerSpec;
+use crate::aws::facts::region_from_url;
+
+use super::shutdown_timeout;
+
+/// How the worker reaches the handler.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WorkerLaunch {
+    /// Sidecar layout: POST each message to the user's container over loopback.
+    Http { url: String },
+    /// Wrapper layout: run the user's command per message.
+    Exec { command: Vec<String> },
+}
+
+/// The region of the spec, else the one in the queue URL; None lets the SDK's environment decide.
+pub fn region(spec: &QueueConsumerSpec) -> Option<String> {
+    spec.queue
+        .region
+        .clone()
+        .or_else(|| region_from_url(&spec.queue.url))
+}
+
+/// Arguments after the `qc-worker` executable.
+pub fn worker_args(
+    spec: &QueueConsumerSpec,
+    metrics_port: u16,
+    launch: &WorkerLaunch,
+) -> Vec<String> {
+    let p = &spec.processing;
+    let i = &spec.idempotency;
+    let mut args: Vec<String> = vec!["--queue-url".into(), spec.queue.url.clone()];
+    if let Some(region) = region(spec) {
+        args.extend(["--region".into(), region]);
+    }
+    if let Some(endpoint) = &spec.queue.endpoint {
+        args.extend(["--endpoint-url".into(), endpoint.clone()]);
+    }
+    let pairs: [(&str, String); 13] = [
+        ("--concurrency", p.concurrency.to_string()),
+        ("--batch-size", p.batch_size.to_string()),
+        ("--wait-time", p.wait_time.to_string()),
+        ("--timeout", p.timeout.to_string()),
+        ("--heartbeat", p.heartbeat.enabled.to_string()),
+        ("--heartbeat-interval", p.heartbeat.interval.to_string()),
+        ("--retry-base", p.retry_backoff.base.to_string()),
+        ("--retry-max", p.retry_backoff.max.to_string()),
+        ("--on-poison", p.on_poison.as_str().to_string()),
+        ("--idempotency-store", i.store.as_str().to_string()),
+        ("--idempotency-key", i.key.to_string()),
+        ("--idempotency-ttl", i.ttl.to_string()),
+        ("--metrics-addr", format!("0.0.0.0:{metrics_port}")),
+    ];
+    for (flag, value) in pairs {
+        args.extend([flag.to_string(), value]);
+    }
+    args.extend([
+        "--shutdown-timeout".into(),
+        shutdown_timeout(spec).to_string(),
+    ]);
+    match launch {
+        WorkerLaunch::Http { url } => args.extend(["--http-url".into(), url.clone()]),
+        WorkerLaunch::Exec { command } => {
+            args.extend(["--exec".into(), "--".into()]);
+            args.extend(command.iter().cloned());
+        }
+    }
+    args
+}
