@@ -120,8 +120,7 @@ impl Recorded {
         } else {
             format!("/apis/{}/{}/", kind.group, kind.version)
         };
-        self.path.starts_with(&prefix)
-            && self.path.split('/').any(|s| s == kind.plural)
+        self.path.starts_with(&prefix) && self.path.split('/').any(|s| s == kind.plural)
     }
     pub fn is_status(&self) -> bool {
         self.path.ends_with("/status")
@@ -253,7 +252,13 @@ impl FakeKube {
     }
 
     /// Leaf paths (dot-joined) owned by `manager` on an object.
-    pub fn owned_fields(&self, kind: Kind, namespace: &str, name: &str, manager: &str) -> Vec<String> {
+    pub fn owned_fields(
+        &self,
+        kind: Kind,
+        namespace: &str,
+        name: &str,
+        manager: &str,
+    ) -> Vec<String> {
         let st = self.inner.state.lock().unwrap();
         st.objects
             .get(&(kind, namespace.to_string(), name.to_string()))
@@ -277,19 +282,33 @@ impl FakeKube {
 
     /// Change an object as another client would (manager "kubectl", or the kind's own controller for
     /// status): `edit` receives the current object and returns the new one.
-    pub fn update(&self, kind: Kind, namespace: &str, name: &str, edit: impl FnOnce(&mut Value)) -> Value {
+    pub fn update(
+        &self,
+        kind: Kind,
+        namespace: &str,
+        name: &str,
+        edit: impl FnOnce(&mut Value),
+    ) -> Value {
         let mut st = self.inner.state.lock().unwrap();
         let key = (kind, namespace.to_string(), name.to_string());
         let mut next = st.objects.get(&key).unwrap().object.clone();
         edit(&mut next);
-        st.write(&self.inner.events, kind, namespace, name, next, Ownership::Update("kubectl"))
-            .unwrap()
+        st.write(
+            &self.inner.events,
+            kind,
+            namespace,
+            name,
+            next,
+            Ownership::Update("kubectl"),
+        )
+        .unwrap()
     }
 
     /// Delete as `kubectl delete` would (finalizers hold the object until they are removed).
     pub fn delete(&self, kind: Kind, namespace: &str, name: &str) {
         let mut st = self.inner.state.lock().unwrap();
-        st.delete(&self.inner.events, kind, namespace, name).unwrap();
+        st.delete(&self.inner.events, kind, namespace, name)
+            .unwrap();
     }
 
     /// Fail the next `times` requests whose method matches and whose path contains `path_contains`.
@@ -327,9 +346,10 @@ impl FakeKube {
         let body_value: Option<Value> = if bytes.is_empty() {
             None
         } else {
-            Some(serde_json::from_slice(&bytes).unwrap_or(Value::String(
-                String::from_utf8_lossy(&bytes).into_owned(),
-            )))
+            Some(
+                serde_json::from_slice(&bytes)
+                    .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into_owned())),
+            )
         };
         let mut record = Recorded {
             method: method.clone(),
@@ -347,7 +367,8 @@ impl FakeKube {
             }
             Ok(Reply::Watch(stream)) => {
                 record.status = 200;
-                let body = StreamBody::new(stream.map(|b| Ok::<_, Infallible>(http_body::Frame::data(b))));
+                let body =
+                    StreamBody::new(stream.map(|b| Ok::<_, Infallible>(http_body::Frame::data(b))));
                 Response::builder()
                     .status(200)
                     .header("content-type", "application/json")
@@ -385,7 +406,8 @@ impl FakeKube {
             let reason: &'static str = Box::leak(f.reason.clone().into_boxed_str());
             return Err(err(f.code, reason, format!("injected {reason}")));
         }
-        let route = route(path).ok_or_else(|| err(404, "NotFound", format!("no route for {path}")))?;
+        let route =
+            route(path).ok_or_else(|| err(404, "NotFound", format!("no route for {path}")))?;
         let events = &self.inner.events;
         match (method, route.name.as_deref()) {
             ("GET", None) => {
@@ -393,7 +415,10 @@ impl FakeKube {
                     let stream = st.watch(events, route.kind, route.namespace.as_deref(), query)?;
                     Ok(Reply::Watch(stream))
                 } else {
-                    Ok(Reply::Json(200, st.list(route.kind, route.namespace.as_deref(), query)?))
+                    Ok(Reply::Json(
+                        200,
+                        st.list(route.kind, route.namespace.as_deref(), query)?,
+                    ))
                 }
             }
             ("GET", Some(name)) => {
@@ -409,7 +434,10 @@ impl FakeKube {
                     .clone()
                     .ok_or_else(|| err(405, "MethodNotAllowed", "create needs a namespace"))?;
                 let body = body.ok_or_else(|| err(400, "BadRequest", "empty body"))?;
-                let manager = query.get("fieldManager").cloned().unwrap_or_else(|| "unknown".into());
+                let manager = query
+                    .get("fieldManager")
+                    .cloned()
+                    .unwrap_or_else(|| "unknown".into());
                 st.create(events, route.kind, &ns, body, &manager)
                     .map(|o| Reply::Json(201, o))
             }
@@ -419,15 +447,28 @@ impl FakeKube {
                     .clone()
                     .ok_or_else(|| err(405, "MethodNotAllowed", "patch needs a namespace"))?;
                 let body = body.ok_or_else(|| err(400, "BadRequest", "empty patch"))?;
-                st.patch(events, route.kind, &ns, name, route.status, content_type, query, body)
-                    .map(|o| Reply::Json(200, o))
+                st.patch(
+                    events,
+                    route.kind,
+                    &ns,
+                    name,
+                    route.status,
+                    content_type,
+                    query,
+                    body,
+                )
+                .map(|o| Reply::Json(200, o))
             }
             ("DELETE", Some(name)) => {
                 let ns = route.namespace.clone().unwrap_or_default();
                 st.delete(events, route.kind, &ns, name)
                     .map(|o| Reply::Json(200, o))
             }
-            _ => Err(err(405, "MethodNotAllowed", format!("{method} {path} is not supported by the fake"))),
+            _ => Err(err(
+                405,
+                "MethodNotAllowed",
+                format!("{method} {path} is not supported by the fake"),
+            )),
         }
     }
 }
@@ -542,22 +583,24 @@ enum Ownership<'a> {
 
 /// Fields nobody owns: identity and bookkeeping the server maintains.
 fn untracked(path: &[String]) -> bool {
-    matches!(path.first().map(String::as_str), Some("apiVersion" | "kind"))
-        || (path.first().map(String::as_str) == Some("metadata")
-            && matches!(
-                path.get(1).map(String::as_str),
-                Some(
-                    "name"
-                        | "namespace"
-                        | "uid"
-                        | "resourceVersion"
-                        | "generation"
-                        | "creationTimestamp"
-                        | "deletionTimestamp"
-                        | "deletionGracePeriodSeconds"
-                        | "managedFields"
-                )
-            ))
+    matches!(
+        path.first().map(String::as_str),
+        Some("apiVersion" | "kind")
+    ) || (path.first().map(String::as_str) == Some("metadata")
+        && matches!(
+            path.get(1).map(String::as_str),
+            Some(
+                "name"
+                    | "namespace"
+                    | "uid"
+                    | "resourceVersion"
+                    | "generation"
+                    | "creationTimestamp"
+                    | "deletionTimestamp"
+                    | "deletionGracePeriodSeconds"
+                    | "managedFields"
+            )
+        ))
 }
 
 fn leaves(v: &Value, prefix: &mut Path, out: &mut BTreeSet<Path>) {
@@ -591,14 +634,7 @@ fn remove_at(v: &mut Value, path: &[String]) {
     let Some((last, parents)) = path.split_last() else {
         return;
     };
-    let mut cur = v;
-    for k in parents {
-        match cur.get_mut(k) {
-            Some(next) => cur = next,
-            None => return,
-        }
-    }
-    if let Some(m) = cur.as_object_mut() {
+    if let Some(m) = at_mut(v, parents).and_then(Value::as_object_mut) {
         m.remove(last);
     }
     // Drop maps the removal left empty, as a server does for fields no manager keeps.
@@ -703,7 +739,8 @@ fn default_deployment(obj: &mut Value) {
     s.entry("replicas").or_insert(json!(1));
     s.entry("revisionHistoryLimit").or_insert(json!(10));
     s.entry("progressDeadlineSeconds").or_insert(json!(600));
-    s.entry("strategy").or_insert(json!({"type": "RollingUpdate",
+    s.entry("strategy")
+        .or_insert(json!({"type": "RollingUpdate",
         "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}}));
     let Some(pod) = s
         .get_mut("template")
@@ -714,7 +751,8 @@ fn default_deployment(obj: &mut Value) {
     };
     pod.entry("restartPolicy").or_insert(json!("Always"));
     pod.entry("dnsPolicy").or_insert(json!("ClusterFirst"));
-    pod.entry("schedulerName").or_insert(json!("default-scheduler"));
+    pod.entry("schedulerName")
+        .or_insert(json!("default-scheduler"));
     pod.entry("securityContext").or_insert(json!({}));
     for list in ["containers", "initContainers"] {
         for c in pod
@@ -766,7 +804,11 @@ fn matches_selector(obj: &Value, query: &BTreeMap<String, String>) -> Result<boo
     if let Some(sel) = query.get("labelSelector").filter(|s| !s.is_empty()) {
         for term in sel.split(',') {
             let (k, v) = term.split_once('=').ok_or_else(|| {
-                err(400, "BadRequest", format!("the fake supports only k=v label selectors, not {term:?}"))
+                err(
+                    400,
+                    "BadRequest",
+                    format!("the fake supports only k=v label selectors, not {term:?}"),
+                )
             })?;
             let (k, v) = (k.trim_end_matches('='), v.trim_start_matches('='));
             if obj["metadata"]["labels"][k].as_str() != Some(v) {
@@ -776,14 +818,24 @@ fn matches_selector(obj: &Value, query: &BTreeMap<String, String>) -> Result<boo
     }
     if let Some(sel) = query.get("fieldSelector").filter(|s| !s.is_empty()) {
         for term in sel.split(',') {
-            let (k, v) = term
-                .split_once('=')
-                .ok_or_else(|| err(400, "BadRequest", format!("unsupported field selector {term:?}")))?;
+            let (k, v) = term.split_once('=').ok_or_else(|| {
+                err(
+                    400,
+                    "BadRequest",
+                    format!("unsupported field selector {term:?}"),
+                )
+            })?;
             let (k, v) = (k.trim_end_matches('='), v.trim_start_matches('='));
             let actual = match k {
                 "metadata.name" => obj["metadata"]["name"].as_str(),
                 "metadata.namespace" => obj["metadata"]["namespace"].as_str(),
-                _ => return Err(err(400, "BadRequest", format!("unsupported field selector {k}"))),
+                _ => {
+                    return Err(err(
+                        400,
+                        "BadRequest",
+                        format!("unsupported field selector {k}"),
+                    ));
+                }
             };
             if actual != Some(v) {
                 return Ok(false);
@@ -799,7 +851,14 @@ impl State {
         self.rv
     }
 
-    fn publish(&mut self, tx: &broadcast::Sender<WatchEntry>, kind: Kind, ns: &str, event: &'static str, object: Value) {
+    fn publish(
+        &mut self,
+        tx: &broadcast::Sender<WatchEntry>,
+        kind: Kind,
+        ns: &str,
+        event: &'static str,
+        object: Value,
+    ) {
         let entry = WatchEntry {
             rv: self.rv,
             kind,
@@ -896,7 +955,11 @@ impl State {
                 })?;
                 let force = query.get("force").map(String::as_str) == Some("true");
                 if body["metadata"]["name"].as_str() != Some(name) {
-                    return Err(err(400, "BadRequest", "metadata.name must match the request path"));
+                    return Err(err(
+                        400,
+                        "BadRequest",
+                        "metadata.name must match the request path",
+                    ));
                 }
                 let mut applied = body.clone();
                 if kind.status_subresource {
@@ -935,21 +998,32 @@ impl State {
                             paths.remove(&p);
                         }
                     } else {
-                        conflicts.extend(clashing.into_iter().map(|p| format!("{} (owned by {other})", p.join("."))));
+                        conflicts.extend(
+                            clashing
+                                .into_iter()
+                                .map(|p| format!("{} (owned by {other})", p.join("."))),
+                        );
                     }
                 }
                 if !conflicts.is_empty() {
                     return Err(err(
                         409,
                         "Conflict",
-                        format!("Apply failed with {} conflict(s): {}", conflicts.len(), conflicts.join(", ")),
+                        format!(
+                            "Apply failed with {} conflict(s): {}",
+                            conflicts.len(),
+                            conflicts.join(", ")
+                        ),
                     ));
                 }
                 let mut next = live.clone();
                 // Fields this manager applied before and no longer sends are removed unless another
                 // manager still owns them.
                 let before = owners.get(&manager).cloned().unwrap_or_default();
-                for p in before.iter().filter(|p| !sent.iter().any(|s| related(s, p))) {
+                for p in before
+                    .iter()
+                    .filter(|p| !sent.iter().any(|s| related(s, p)))
+                {
                     let kept = owners
                         .iter()
                         .any(|(m, paths)| *m != manager && paths.iter().any(|o| related(o, p)));
@@ -961,8 +1035,12 @@ impl State {
                 owners.insert(manager.clone(), sent);
                 self.commit(tx, kind, ns, name, next, owners)
             }
-            Some("application/merge-patch+json") | Some("application/strategic-merge-patch+json") => {
-                let stored = self.objects.get(&key).ok_or_else(|| not_found(kind, name))?;
+            Some("application/merge-patch+json")
+            | Some("application/strategic-merge-patch+json") => {
+                let stored = self
+                    .objects
+                    .get(&key)
+                    .ok_or_else(|| not_found(kind, name))?;
                 check_precondition(&stored.object, &body)?;
                 let mut patch = body;
                 if kind.status_subresource {
@@ -974,7 +1052,10 @@ impl State {
                 self.write(tx, kind, ns, name, next, Ownership::Update(&manager))
             }
             Some("application/json-patch+json") => {
-                let stored = self.objects.get(&key).ok_or_else(|| not_found(kind, name))?;
+                let stored = self
+                    .objects
+                    .get(&key)
+                    .ok_or_else(|| not_found(kind, name))?;
                 let ops: json_patch::Patch = serde_json::from_value(body)
                     .map_err(|e| err(400, "BadRequest", format!("invalid json patch: {e}")))?;
                 let mut next = stored.object.clone();
@@ -1025,7 +1106,10 @@ impl State {
         ownership: Ownership<'_>,
     ) -> Result<Value, ApiError> {
         let key = (kind, ns.to_string(), name.to_string());
-        let stored = self.objects.get(&key).ok_or_else(|| not_found(kind, name))?;
+        let stored = self
+            .objects
+            .get(&key)
+            .ok_or_else(|| not_found(kind, name))?;
         let mut owners = stored.owners.clone();
         match ownership {
             Ownership::Update(manager) => {
@@ -1061,7 +1145,15 @@ impl State {
             default_deployment(&mut next);
         }
         // Identity fields stay the server's.
-        for f in ["name", "namespace", "uid", "creationTimestamp", "resourceVersion", "generation", "deletionTimestamp"] {
+        for f in [
+            "name",
+            "namespace",
+            "uid",
+            "creationTimestamp",
+            "resourceVersion",
+            "generation",
+            "deletionTimestamp",
+        ] {
             match live["metadata"].get(f) {
                 Some(v) => next["metadata"][f] = v.clone(),
                 None => {
@@ -1103,9 +1195,19 @@ impl State {
         Ok(next)
     }
 
-    fn delete(&mut self, tx: &broadcast::Sender<WatchEntry>, kind: Kind, ns: &str, name: &str) -> Result<Value, ApiError> {
+    fn delete(
+        &mut self,
+        tx: &broadcast::Sender<WatchEntry>,
+        kind: Kind,
+        ns: &str,
+        name: &str,
+    ) -> Result<Value, ApiError> {
         let key = (kind, ns.to_string(), name.to_string());
-        let stored = self.objects.get(&key).ok_or_else(|| not_found(kind, name))?.clone();
+        let stored = self
+            .objects
+            .get(&key)
+            .ok_or_else(|| not_found(kind, name))?
+            .clone();
         let has_finalizers = stored.object["metadata"]["finalizers"]
             .as_array()
             .is_some_and(|f| !f.is_empty());
@@ -1127,7 +1229,13 @@ impl State {
     }
 
     /// Remove an object for good and garbage-collect what it owns.
-    fn remove(&mut self, tx: &broadcast::Sender<WatchEntry>, kind: Kind, ns: &str, name: &str) -> Value {
+    fn remove(
+        &mut self,
+        tx: &broadcast::Sender<WatchEntry>,
+        kind: Kind,
+        ns: &str,
+        name: &str,
+    ) -> Value {
         let key = (kind, ns.to_string(), name.to_string());
         let Some(stored) = self.objects.remove(&key) else {
             return Value::Null;
@@ -1153,7 +1261,12 @@ impl State {
         gone
     }
 
-    fn list(&self, kind: Kind, ns: Option<&str>, query: &BTreeMap<String, String>) -> Result<Value, ApiError> {
+    fn list(
+        &self,
+        kind: Kind,
+        ns: Option<&str>,
+        query: &BTreeMap<String, String>,
+    ) -> Result<Value, ApiError> {
         let mut items = Vec::new();
         for ((k, o_ns, _), s) in &self.objects {
             if *k == kind && ns.is_none_or(|n| n == o_ns) && matches_selector(&s.object, query)? {
@@ -1179,7 +1292,10 @@ impl State {
         let since: Option<u64> = query
             .get("resourceVersion")
             .filter(|v| !v.is_empty() && *v != "0")
-            .map(|v| v.parse().map_err(|_| err(400, "BadRequest", format!("bad resourceVersion {v}"))))
+            .map(|v| {
+                v.parse()
+                    .map_err(|_| err(400, "BadRequest", format!("bad resourceVersion {v}")))
+            })
             .transpose()?;
         let mut initial: VecDeque<Value> = VecDeque::new();
         let wanted = |e: &WatchEntry| e.kind == kind && ns.is_none_or(|n| n == e.namespace);
@@ -1193,7 +1309,10 @@ impl State {
             }
             None => {
                 for ((k, o_ns, _), s) in &self.objects {
-                    if *k == kind && ns.is_none_or(|n| n == o_ns) && matches_selector(&s.object, query)? {
+                    if *k == kind
+                        && ns.is_none_or(|n| n == o_ns)
+                        && matches_selector(&s.object, query)?
+                    {
                         initial.push_back(json!({"type": "ADDED", "object": s.object}));
                     }
                 }
@@ -1269,4 +1388,3 @@ fn check_precondition(live: &Value, body: &Value) -> Result<(), ApiError> {
         _ => Ok(()),
     }
 }
-
