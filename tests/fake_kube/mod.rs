@@ -274,10 +274,8 @@ impl FakeKube {
             .unwrap_or("default")
             .to_string();
         let mut st = self.inner.state.lock().unwrap();
-        let obj = st
-            .create(&self.inner.events, kind, &ns, object, "kubectl")
-            .unwrap();
-        obj
+        st.create(&self.inner.events, kind, &ns, object, "kubectl")
+            .unwrap()
     }
 
     /// Change an object as another client would (manager "kubectl", or the kind's own controller for
