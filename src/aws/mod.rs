@@ -1,6 +1,7 @@
 //! AWS adapters: SQS queue facts behind a small trait (real SDK and test doubles).
 //! `facts` is pure parsing; the SDK-backed adapter lives in `sqs`.
 
+pub mod cloudwatch;
 pub mod facts;
 pub mod sqs;
 
