@@ -1,2 +1,420 @@
-//! The reconciler: observe → validate → build → apply → status for each QueueConsumer.
-//! Orchestration only; the decisions live in pure modules (validate, render, conditions).
+//! The reconciler: observe → validate → build → apply → status for each QueueConsumer, plus the DLQ
+//! alarm's finalizer. Orchestration only; decisions live in pure modules (validate, render, pipeline, status).
+
+pub mod alarm;
+pub mod apply;
+pub mod observe;
+pub mod pipeline;
+pub mod plan;
+pub mod run;
+pub mod status;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use crate::api::{API_VERSION, KIND, QueueConsumer};
+use crate::aws::ObserveError;
+use crate::aws::cloudwatch::CloudWatchError;
+use crate::render::RenderOptions;
+
+use self::alarm::AlarmChange;
+use self::apply::FIELD_MANAGER;
+use self::observe::{AwsProvider, FactsCache};
+use self::status::{Rollout, StatusInputs};
+
+/// One variant per pipeline step that can fail; each becomes a Warning Event and a requeue.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("queueconsumer has no namespace")]
+    MissingNamespace,
+    #[error("read queue: {0}")]
+    ObserveQueue(#[source] ObserveError),
+    #[error("read deployment: {0}")]
+    ReadDeployment(#[source] kube::Error),
+    #[error("apply deployment: {0}")]
+    ApplyDeployment(#[source] kube::Error),
+    #[error("write status: {0}")]
+    WriteStatus(#[source] kube::Error),
+    #[error("add finalizer: {0}")]
+    AddFinalizer(#[source] kube::Error),
+    #[error("remove finalizer: {0}")]
+    RemoveFinalizer(#[source] kube::Error),
+    #[error("encode patch: {0}")]
+    EncodePatch(#[source] serde_json::Error),
+    #[error("sync dead-letter alarm: {0}")]
+    SyncAlarm(#[source] CloudWatchError),
+    #[error("delete dead-letter alarm: {0}")]
+    DeleteAlarm(#[source] CloudWatchError),
+}
+
+impl Error {
+    /// CamelCase reason for Events and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::MissingNamespace => "MissingNamespace",
+            Error::ObserveQueue(e) => e.reason(),
+            Error::ReadDeployment(_) => "ReadDeploymentFailed",
+            Error::ApplyDeployment(_) => "ApplyDeploymentFailed",
+            Error::WriteStatus(_) => "WriteStatusFailed",
+            Error::AddFinalizer(_) => "AddFinalizerFailed",
+            Error::RemoveFinalizer(_) => "RemoveFinalizerFailed",
+            Error::EncodePatch(_) => "EncodePatchFailed",
+            Error::SyncAlarm(_) => "SyncAlarmFailed",
+            Error::DeleteAlarm(_) => "DeleteAlarmFailed",
+        }
+    }
+
+    /// Another writer got there first (409, or a JSON-patch test that no longer holds): retry soon
+    /// with fresh state rather than back off.
+    pub fn is_conflict(&self) -> bool {
+        let kube_err = match self {
+            Error::ReadDeployment(e)
+            | Error::ApplyDeployment(e)
+            | Error::WriteStatus(e)
+            | Error::AddFinalizer(e)
+            | Error::RemoveFinalizer(e) => e,
+            _ => return false,
+        };
+        matches!(kube_err, kube::Error::Api(s) if s.code == 409 || (s.code == 422 && matches!(self, Error::AddFinalizer(_) | Error::RemoveFinalizer(_))))
+    }
+}
+
+/// Counters served on /metrics.
+#[derive(Default)]
+pub struct Metrics {
+    pub reconciles: AtomicU64,
+    pub reconcile_errors: Mutex<HashMap<&'static str, u64>>,
+    pub deployment_applies: AtomicU64,
+    pub status_writes: AtomicU64,
+}
+
+impl Metrics {
+    fn error(&self, reason: &'static str) {
+        let mut m = match self.reconcile_errors.lock() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        *m.entry(reason).or_default() += 1;
+    }
+
+    /// Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        out.push_str("# HELP qc_reconciles_total QueueConsumer reconciles run.\n# TYPE qc_reconciles_total counter\n");
+        out.push_str(&format!(
+            "qc_reconciles_total {}\n",
+            self.reconciles.load(Ordering::Relaxed)
+        ));
+        out.push_str("# HELP qc_reconcile_errors_total Failed reconciles by reason.\n# TYPE qc_reconcile_errors_total counter\n");
+        let errors = match self.reconcile_errors.lock() {
+            Ok(m) => m.clone(),
+            Err(p) => p.into_inner().clone(),
+        };
+        let mut errors: Vec<_> = errors.into_iter().collect();
+        errors.sort();
+        for (reason, n) in errors {
+            out.push_str(&format!(
+                "qc_reconcile_errors_total{{reason=\"{reason}\"}} {n}\n"
+            ));
+        }
+        out.push_str("# HELP qc_deployment_applies_total Worker Deployments written.\n# TYPE qc_deployment_applies_total counter\n");
+        out.push_str(&format!(
+            "qc_deployment_applies_total {}\n",
+            self.deployment_applies.load(Ordering::Relaxed)
+        ));
+        out.push_str("# HELP qc_status_writes_total QueueConsumer status writes.\n# TYPE qc_status_writes_total counter\n");
+        out.push_str(&format!(
+            "qc_status_writes_total {}\n",
+            self.status_writes.load(Ordering::Relaxed)
+        ));
+        out
+    }
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    pub client: kube::Client,
+    pub aws: Arc<dyn AwsProvider>,
+    pub facts: FactsCache,
+    pub render: RenderOptions,
+    pub recorder: Recorder,
+    pub metrics: Metrics,
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    pub fn new(
+        client: kube::Client,
+        aws: Arc<dyn AwsProvider>,
+        render: RenderOptions,
+        instance: Option<String>,
+    ) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.into(),
+                instance,
+            },
+        );
+        Context {
+            client,
+            aws,
+            facts: FactsCache::new(),
+            render,
+            recorder,
+            metrics: Metrics::default(),
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+        match self.failures.lock() {
+            Ok(f) => f,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    async fn event(&self, qc: &QueueConsumer, warning: bool, reason: &str, note: String) {
+        let ev = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.to_string(),
+            note: Some(truncate(note, 1024)),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &qc.object_ref(&())).await {
+            // An Event is a courtesy: failing to write one must not fail the reconcile.
+            tracing::warn!(error = %e, reason, "could not publish event");
+        }
+    }
+}
+
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}
+
+fn key(qc: &QueueConsumer) -> String {
+    format!("{}/{}", qc.namespace().unwrap_or_default(), qc.name_any())
+}
+
+/// Base and cap of the error backoff.
+const BACKOFF_BASE: std::time::Duration = std::time::Duration::from_secs(5);
+const BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(300);
+const CONFLICT_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Requeue after a failed reconcile: conflicts at once, everything else with exponential backoff.
+pub fn error_policy(qc: Arc<QueueConsumer>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.error(err.reason());
+    if err.is_conflict() {
+        return Action::requeue(CONFLICT_RETRY);
+    }
+    let mut failures = ctx.failures();
+    let n = failures.entry(key(&qc)).or_default();
+    *n = n.saturating_add(1);
+    let delay = BACKOFF_BASE
+        .saturating_mul(1u32 << (*n - 1).min(10))
+        .min(BACKOFF_MAX);
+    tracing::warn!(queueconsumer = %key(&qc), error = %err, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+/// One reconcile of one QueueConsumer.
+pub async fn reconcile(qc: Arc<QueueConsumer>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.metrics.reconciles.fetch_add(1, Ordering::Relaxed);
+    let result = reconcile_inner(&qc, &ctx).await;
+    if result.is_ok() {
+        ctx.failures().remove(&key(&qc));
+    }
+    result
+}
+
+async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Error> {
+    let ns = qc.namespace().ok_or(Error::MissingNamespace)?;
+    let name = qc.name_any();
+    let qcs: Api<QueueConsumer> = Api::namespaced(ctx.client.clone(), &ns);
+    let (region, endpoint) = observe::aws_target(&qc.spec);
+    let clients = ctx
+        .aws
+        .clients(region.as_deref(), endpoint.as_deref())
+        .await;
+
+    if qc.metadata.deletion_timestamp.is_some() {
+        return cleanup(qc, ctx, &qcs, &clients).await;
+    }
+
+    // observe
+    let observed = ctx
+        .facts
+        .get(
+            &qc.spec.queue.url,
+            endpoint.as_deref(),
+            qc.spec.scaling.poll_interval,
+            &clients,
+        )
+        .await;
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
+    let live = deployments
+        .get_opt(&name)
+        .await
+        .map_err(Error::ReadDeployment)?;
+
+    // validate, build, decide replicas
+    let facts = pipeline::Observation::from_result(observed.as_ref().map(|o| &o.facts));
+    let decision = pipeline::decide(qc, facts, &ctx.render);
+
+    // apply
+    let mut deployment = live;
+    let mut applied = None;
+    if let (Rollout::Apply, Ok(rendered)) = (&decision.rollout, &decision.deployment) {
+        let desired = apply::with_fingerprint(rendered.clone());
+        if apply::needs_apply(&desired, deployment.as_ref()) {
+            let verb = if deployment.is_some() {
+                "Updated"
+            } else {
+                "Created"
+            };
+            let written = deployments
+                .patch(
+                    &name,
+                    &PatchParams::apply(FIELD_MANAGER).force(),
+                    &Patch::Apply(&desired),
+                )
+                .await
+                .map_err(Error::ApplyDeployment)?;
+            ctx.metrics
+                .deployment_applies
+                .fetch_add(1, Ordering::Relaxed);
+            deployment = Some(written);
+            applied = Some(verb);
+        }
+    }
+    // decision.replicas is ReplicaDecision::Keep until the scaler is wired in: nothing to write.
+
+    let (alarm_status, alarm_change, alarm_error) =
+        alarm::sync(qc, &decision.alarm, clients.alarms.as_ref(), &qcs).await?;
+
+    // status
+    let render_result = decision.deployment.as_ref().map(|_| ());
+    let new_status = status::build(&StatusInputs {
+        qc,
+        facts,
+        report: &decision.report,
+        render: render_result,
+        rollout: &decision.rollout,
+        deployment: deployment.as_ref(),
+        alarm: alarm_status,
+        sampled_at: observed.as_ref().ok().map(|o| o.sampled_at.clone()),
+        now: observe::now(),
+    });
+    let old_status = qc.status.clone().unwrap_or_default();
+    if !status::same_ignoring_time(&old_status, &new_status) {
+        let patch = json!({
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {"name": name},
+            "status": new_status,
+        });
+        qcs.patch_status(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map_err(Error::WriteStatus)?;
+        ctx.metrics.status_writes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    // events, on transitions only
+    for t in status::transitions(&old_status.conditions, &new_status.conditions) {
+        let note = format!("{} is {}: {}", t.type_, t.status, t.message);
+        ctx.event(qc, t.warning, &t.reason, note).await;
+    }
+    if let Some(verb) = applied {
+        ctx.event(
+            qc,
+            false,
+            &format!("Deployment{verb}"),
+            format!("{verb} Deployment {name}"),
+        )
+        .await;
+    }
+    match &alarm_change {
+        AlarmChange::None => {}
+        AlarmChange::Created(a) | AlarmChange::Updated(a) => {
+            ctx.event(
+                qc,
+                false,
+                "AlarmSynced",
+                format!("CloudWatch alarm {a} is in sync"),
+            )
+            .await
+        }
+        AlarmChange::Deleted(a) => {
+            ctx.event(
+                qc,
+                false,
+                "AlarmDeleted",
+                format!("deleted CloudWatch alarm {a}"),
+            )
+            .await
+        }
+    }
+
+    if let Err(e) = observed {
+        return Err(Error::ObserveQueue(e));
+    }
+    if let Some(e) = alarm_error {
+        ctx.event(qc, true, e.reason(), e.to_string()).await;
+        return Err(Error::SyncAlarm(e));
+    }
+    Ok(match decision.rollout {
+        // Only a spec change can fix a spec that cannot be rendered.
+        Rollout::HeldInvalidSpec => Action::await_change(),
+        // Queue depth cannot be watched: look again after the poll interval.
+        _ => Action::requeue(qc.spec.scaling.poll_interval.as_std()),
+    })
+}
+
+/// Deletion: remove the alarm, then the finalizer. The Deployment goes by garbage collection.
+async fn cleanup(
+    qc: &QueueConsumer,
+    ctx: &Context,
+    qcs: &Api<QueueConsumer>,
+    clients: &observe::AwsClients,
+) -> Result<Action, Error> {
+    if !alarm::has_finalizer(qc) {
+        return Ok(Action::await_change());
+    }
+    let name = alarm::managed_alarm_name(qc);
+    if let Err(e) = clients.alarms.delete(&name).await {
+        ctx.event(
+            qc,
+            true,
+            e.reason(),
+            format!("cannot delete CloudWatch alarm {name}: {e}; the QueueConsumer is kept until it is deleted (or remove the finalizer {} by hand)", alarm::FINALIZER),
+        )
+        .await;
+        return Err(Error::DeleteAlarm(e));
+    }
+    alarm::remove_finalizer(qc, qcs).await?;
+    Ok(Action::await_change())
+}

@@ -17,7 +17,7 @@ use kube::Resource;
 
 use crate::api::{Duration, Handler, IdempotencyStore, QueueConsumer, QueueConsumerSpec};
 
-pub use worker::{WorkerLaunch, worker_args};
+pub use worker::{WorkerLaunch, region, worker_args};
 
 /// Name of the worker container (HTTP handler layout) and of the init container's binary.
 pub const WORKER_CONTAINER: &str = "qc-worker";

@@ -1,0 +1,130 @@
+//! Apply: when the rendered Deployment differs from the live one, and only then. Server-side apply
+//! with field manager `qc-operator`, forced; a fingerprint annotation catches fields removed from the spec.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use serde_json::Value;
+
+/// Field manager of everything the controller applies.
+pub const FIELD_MANAGER: &str = "qc-operator";
+/// Hash of the rendered Deployment, so a field dropped from the spec (which a "live contains desired"
+/// check cannot see) still triggers an apply.
+pub const RENDERED_HASH: &str = "sqs.consumers.dev/rendered-hash";
+
+/// The rendered Deployment with its fingerprint annotation.
+pub fn with_fingerprint(mut d: Deployment) -> Deployment {
+    if let Some(a) = d.metadata.annotations.as_mut() {
+        a.remove(RENDERED_HASH);
+        if a.is_empty() {
+            d.metadata.annotations = None;
+        }
+    }
+    let hash = fingerprint(&d);
+    d.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(RENDERED_HASH.to_string(), hash);
+    d
+}
+
+/// FNV-1a over the canonical JSON (serde_json maps are sorted): stable across builds and releases,
+/// unlike the standard library's hasher.
+fn fingerprint(d: &Deployment) -> String {
+    let bytes = serde_json::to_vec(d).unwrap_or_default();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// True when `desired` (with fingerprint) must be applied over `live`: absent, a different
+/// fingerprint (the spec changed), or a field of ours changed by someone else. Fields the API server
+/// defaulted or other managers own (replicas) are extra in `live` and do not count.
+pub fn needs_apply(desired: &Deployment, live: Option<&Deployment>) -> bool {
+    let Some(live) = live else {
+        return true;
+    };
+    let hash = |d: &Deployment| {
+        d.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(RENDERED_HASH))
+            .cloned()
+    };
+    if hash(desired) != hash(live) {
+        return true;
+    }
+    match (serde_json::to_value(desired), serde_json::to_value(live)) {
+        (Ok(d), Ok(l)) => !contains(&l, &d),
+        _ => true,
+    }
+}
+
+/// `outer` holds every field of `inner` with the same value (lists element by element).
+fn contains(outer: &Value, inner: &Value) -> bool {
+    match (outer, inner) {
+        (Value::Object(o), Value::Object(i)) => i
+            .iter()
+            .all(|(k, v)| o.get(k).is_some_and(|ov| contains(ov, v))),
+        (Value::Array(o), Value::Array(i)) => {
+            o.len() == i.len() && o.iter().zip(i).all(|(ov, iv)| contains(ov, iv))
+        }
+        (o, i) => o == i,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn dep(v: Value) -> Deployment {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn base() -> Value {
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "d", "namespace": "n"},
+            "spec": {"selector": {"matchLabels": {"a": "b"}},
+                "template": {"spec": {"containers": [{"name": "c", "image": "i",
+                    "env": [{"name": "A", "value": "1"}]}]}}}})
+    }
+
+    #[test]
+    fn defaulted_live_object_needs_no_apply() {
+        let desired = with_fingerprint(dep(base()));
+        let mut live = serde_json::to_value(&desired).unwrap();
+        live["spec"]["replicas"] = json!(3);
+        live["metadata"]["resourceVersion"] = json!("7");
+        live["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] =
+            json!("IfNotPresent");
+        assert!(!needs_apply(&desired, Some(&dep(live))));
+    }
+
+    #[test]
+    fn drift_removal_and_absence_need_apply() {
+        let desired = with_fingerprint(dep(base()));
+        assert!(needs_apply(&desired, None));
+        let mut drifted = serde_json::to_value(&desired).unwrap();
+        drifted["spec"]["template"]["spec"]["containers"][0]["image"] = json!("other");
+        assert!(needs_apply(&desired, Some(&dep(drifted))));
+        // The spec dropped env A: live still contains everything desired, but the hash differs.
+        let mut smaller = base();
+        smaller["spec"]["template"]["spec"]["containers"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("env");
+        let desired_smaller = with_fingerprint(dep(smaller));
+        assert!(needs_apply(&desired_smaller, Some(&desired)));
+    }
+
+    #[test]
+    fn fingerprint_is_stable_and_ignores_itself() {
+        let a = with_fingerprint(dep(base()));
+        let b = with_fingerprint(a.clone());
+        assert_eq!(a, b);
+    }
+}

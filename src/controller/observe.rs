@@ -1,0 +1,169 @@
+//! Observe: queue and DLQ facts through the SQS adapter, shared per queue URL so that N QueueConsumers
+//! on one queue cost one GetQueueAttributes per poll interval; the DLQ's oldest-message age from CloudWatch.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::api::{Duration, QueueConsumerSpec};
+use crate::aws::cloudwatch::{Alarms, CloudWatchAlarms};
+use crate::aws::{DeadLetterFacts, Facts, ObserveError, QueueArn, QueueReader, SqsReader, observe};
+
+/// The AWS clients for one region and endpoint.
+#[derive(Clone)]
+pub struct AwsClients {
+    pub sqs: Arc<dyn QueueReader>,
+    pub alarms: Arc<dyn Alarms>,
+}
+
+/// Hands out AWS clients per (region, endpoint): each QueueConsumer may name its own.
+#[async_trait::async_trait]
+pub trait AwsProvider: Send + Sync {
+    async fn clients(&self, region: Option<&str>, endpoint: Option<&str>) -> AwsClients;
+}
+
+type ClientKey = (Option<String>, Option<String>);
+
+/// Real SDK clients, built once per (region, endpoint) and reused.
+#[derive(Default)]
+pub struct SdkProvider {
+    clients: tokio::sync::Mutex<HashMap<ClientKey, AwsClients>>,
+}
+
+#[async_trait::async_trait]
+impl AwsProvider for SdkProvider {
+    async fn clients(&self, region: Option<&str>, endpoint: Option<&str>) -> AwsClients {
+        let key = (region.map(str::to_string), endpoint.map(str::to_string));
+        let mut clients = self.clients.lock().await;
+        if let Some(c) = clients.get(&key) {
+            return c.clone();
+        }
+        let conf = crate::aws::sdk_config(region, endpoint).await;
+        let c = AwsClients {
+            sqs: Arc::new(SqsReader::new(aws_sdk_sqs::Client::new(&conf))),
+            alarms: Arc::new(CloudWatchAlarms::new(aws_sdk_cloudwatch::Client::new(
+                &conf,
+            ))),
+        };
+        clients.insert(key, c.clone());
+        c
+    }
+}
+
+/// The same clients for every QueueConsumer (tests, and `plan --live` against one endpoint).
+pub struct FixedProvider(pub AwsClients);
+
+#[async_trait::async_trait]
+impl AwsProvider for FixedProvider {
+    async fn clients(&self, _region: Option<&str>, _endpoint: Option<&str>) -> AwsClients {
+        self.0.clone()
+    }
+}
+
+/// Region and endpoint a QueueConsumer's AWS calls go to.
+pub fn aws_target(spec: &QueueConsumerSpec) -> (Option<String>, Option<String>) {
+    (crate::render::region(spec), spec.queue.endpoint.clone())
+}
+
+/// Facts as read at one moment.
+#[derive(Clone, Debug)]
+pub struct Observed {
+    pub facts: Facts,
+    pub sampled_at: Time,
+    read_at: Instant,
+}
+
+type Slot = Arc<tokio::sync::Mutex<Option<Observed>>>;
+
+/// Facts per queue, reused while younger than the asking QueueConsumer's poll interval. Concurrent
+/// reconciles of one queue wait for the read in flight instead of issuing their own.
+#[derive(Default)]
+pub struct FactsCache {
+    slots: Mutex<HashMap<(Option<String>, String), Slot>>,
+}
+
+impl FactsCache {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn slot(&self, endpoint: Option<&str>, url: &str) -> Slot {
+        let mut slots = match self.slots.lock() {
+            Ok(s) => s,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        slots
+            .entry((endpoint.map(str::to_string), url.to_string()))
+            .or_default()
+            .clone()
+    }
+
+    /// The facts of `url`, read now or at most `max_age` ago. Failures are not cached: the next
+    /// reconcile (after its backoff) reads again.
+    pub async fn get(
+        &self,
+        url: &str,
+        endpoint: Option<&str>,
+        max_age: Duration,
+        clients: &AwsClients,
+    ) -> Result<Observed, ObserveError> {
+        let slot = self.slot(endpoint, url);
+        let mut cached = slot.lock().await;
+        if let Some(o) = cached.as_ref()
+            && o.read_at.elapsed() < max_age.as_std()
+        {
+            return Ok(o.clone());
+        }
+        let read_at = Instant::now();
+        let facts = match observe(clients.sqs.as_ref(), url).await {
+            Ok(f) => f,
+            Err(e) => {
+                *cached = None;
+                return Err(e);
+            }
+        };
+        let facts = with_oldest_age(facts, clients.alarms.as_ref()).await;
+        let o = Observed {
+            facts,
+            sampled_at: now(),
+            read_at,
+        };
+        *cached = Some(o.clone());
+        Ok(o)
+    }
+}
+
+/// The DLQ's ApproximateAgeOfOldestMessage, when it holds messages and CloudWatch has the metric. A
+/// CloudWatch failure only leaves the age out: the count from SQS is what health is decided on.
+pub async fn with_oldest_age(mut facts: Facts, alarms: &dyn Alarms) -> Facts {
+    if let DeadLetterFacts::Found {
+        queue,
+        oldest_age_seconds,
+    } = &mut facts.dead_letter
+        && queue.visible.unwrap_or(0) > 0
+    {
+        let name = queue
+            .arn
+            .as_deref()
+            .and_then(QueueArn::parse)
+            .map(|a| a.name)
+            .or_else(|| queue.url.rsplit('/').next().map(str::to_string));
+        if let Some(name) = name {
+            match alarms.oldest_message_age(&name).await {
+                Ok(age) => *oldest_age_seconds = age,
+                Err(e) => {
+                    tracing::debug!(queue = %name, error = %e, "oldest message age unavailable")
+                }
+            }
+        }
+    }
+    facts
+}
+
+/// Now, at the second precision of Kubernetes timestamps.
+pub fn now() -> Time {
+    let t = k8s_openapi::jiff::Timestamp::now();
+    Time(k8s_openapi::jiff::Timestamp::from_second(t.as_second()).unwrap_or(t))
+}

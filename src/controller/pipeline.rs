@@ -1,0 +1,151 @@
+//! The pure middle of a reconcile: validate → build → decide, from a QueueConsumer and its queue facts.
+//! `qc-operator plan` and the controller share it, so plan prints exactly what reconcile would apply.
+
+use k8s_openapi::api::apps::v1::Deployment;
+
+use crate::api::QueueConsumer;
+use crate::aws::cloudwatch::{AlarmSpec, dead_letter_alarm};
+use crate::aws::{DeadLetterFacts, Facts, ObserveError, QueueArn};
+use crate::render::{self, RenderError, RenderOptions};
+use crate::validate::{self, Report};
+
+use super::status::Rollout;
+
+/// What is known about the queue for one decision.
+#[derive(Clone, Copy, Debug)]
+pub enum Observation<'a> {
+    Read(&'a Facts),
+    Failed(&'a ObserveError),
+    /// `plan` without `--live` or `--attributes`: nothing was read, and nothing failed.
+    Offline,
+}
+
+impl<'a> Observation<'a> {
+    pub fn facts(&self) -> Option<&'a Facts> {
+        match self {
+            Observation::Read(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    pub fn from_result(r: Result<&'a Facts, &'a ObserveError>) -> Self {
+        match r {
+            Ok(f) => Observation::Read(f),
+            Err(e) => Observation::Failed(e),
+        }
+    }
+}
+
+/// What the controller would do for one QueueConsumer.
+#[derive(Clone, Debug)]
+pub struct Decision {
+    pub report: Report,
+    pub deployment: Result<Deployment, RenderError>,
+    pub rollout: Rollout,
+    pub replicas: ReplicaDecision,
+    /// The CloudWatch alarm to keep, when `deadLetter.alarm` is on and the DLQ exists.
+    pub alarm: AlarmPlan,
+}
+
+/// The seam for the scaler (`src/scaling`, field manager `qc-operator-scaler`). Render never sets
+/// replicas, so today the Deployment keeps whatever replicas it has (the API server's default of 1 on
+/// creation); the scaling step will return `Set(n)` and the reconcile will apply it as its own manager.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplicaDecision {
+    /// Leave `spec.replicas` alone.
+    Keep,
+}
+
+/// Whether the DLQ alarm should exist.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AlarmPlan {
+    /// Keep this alarm in sync.
+    Keep(Box<AlarmSpec>),
+    /// No alarm should exist (alarm off, or no DLQ): delete any this QueueConsumer created.
+    Remove,
+    /// Not enough is known (queue or DLQ unreadable): leave the alarm as it is.
+    Unchanged,
+}
+
+/// The alarm's name: unique per QueueConsumer object (the uid tells apart namesakes in other clusters
+/// sharing the account), within CloudWatch's 255 characters.
+pub fn alarm_name(qc: &QueueConsumer) -> String {
+    let ns = qc.metadata.namespace.as_deref().unwrap_or("default");
+    let name = qc.metadata.name.as_deref().unwrap_or("");
+    let uid: String = qc
+        .metadata
+        .uid
+        .as_deref()
+        .unwrap_or("")
+        .chars()
+        .take(8)
+        .collect();
+    let mut s = format!("qc-dlq-{ns}-{name}");
+    s.truncate(240);
+    if !uid.is_empty() {
+        s.push('-');
+        s.push_str(&uid);
+    }
+    s
+}
+
+/// The DLQ's name, for the CloudWatch dimension: from its ARN, else the last segment of its URL.
+fn queue_name(dead_letter: &DeadLetterFacts) -> Option<String> {
+    match dead_letter {
+        DeadLetterFacts::Found { queue, .. } => queue
+            .arn
+            .as_deref()
+            .and_then(QueueArn::parse)
+            .map(|a| a.name)
+            .or_else(|| queue.url.rsplit('/').next().map(str::to_string)),
+        _ => None,
+    }
+}
+
+/// Validate, render and decide.
+pub fn decide(qc: &QueueConsumer, facts: Observation<'_>, opts: &RenderOptions) -> Decision {
+    let report = validate::evaluate(&qc.spec, facts.facts());
+    let deployment = render::deployment(qc, opts);
+    let rollout = if matches!(facts, Observation::Failed(_)) {
+        Rollout::HeldQueueUnreachable
+    } else if deployment.is_err() {
+        Rollout::HeldInvalidSpec
+    } else if qc.spec.validation.enforce && report.has_errors() {
+        Rollout::HeldByValidation
+    } else {
+        Rollout::Apply
+    };
+    let alarm = match facts {
+        Observation::Failed(_) | Observation::Offline => AlarmPlan::Unchanged,
+        Observation::Read(_) if !qc.spec.dead_letter.alarm => AlarmPlan::Remove,
+        Observation::Read(f) => match &f.dead_letter {
+            DeadLetterFacts::Found { .. } => match queue_name(&f.dead_letter) {
+                Some(q) => AlarmPlan::Keep(Box::new(dead_letter_alarm(
+                    &alarm_name(qc),
+                    &q,
+                    qc.metadata.namespace.as_deref().unwrap_or("default"),
+                    qc.metadata.name.as_deref().unwrap_or(""),
+                ))),
+                None => AlarmPlan::Unchanged,
+            },
+            DeadLetterFacts::None | DeadLetterFacts::Missing { .. } => AlarmPlan::Remove,
+            DeadLetterFacts::Unreachable { .. } | DeadLetterFacts::NotRead { .. } => {
+                AlarmPlan::Unchanged
+            }
+        },
+    };
+    Decision {
+        report,
+        deployment,
+        rollout,
+        replicas: decide_replicas(qc, facts),
+        alarm,
+    }
+}
+
+/// The scaling step. It does nothing yet: the scaling policy lands with the [scaling] work and will
+/// plug in here (with the last decision held when facts are missing, so an AWS error never zeroes or
+/// flaps replicas).
+fn decide_replicas(_qc: &QueueConsumer, _facts: Observation<'_>) -> ReplicaDecision {
+    ReplicaDecision::Keep
+}

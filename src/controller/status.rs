@@ -1,0 +1,512 @@
+//! The status a reconcile writes, computed from what it observed and decided: conditions of DESIGN's
+//! table, findings, queue and DLQ blocks. Pure; `lastTransitionTime` moves only when a status flips.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use crate::api::conditions::{self, reason};
+use crate::api::{DeadLetterStatus, Duration, QueueConsumer, QueueConsumerStatus, QueueStatus};
+use crate::aws::{DeadLetterFacts, Facts};
+use crate::render::{self, RenderError};
+use crate::validate::Report;
+
+use super::pipeline::Observation;
+
+/// Offline (`plan` without `--live`), the DLQ is not read: its health is unknown for that reason.
+pub const DEAD_LETTER_QUEUE_NOT_READ: &str = "DeadLetterQueueNotRead";
+/// Offline, the queue is not read at all.
+pub const QUEUE_NOT_READ: &str = "QueueNotRead";
+const OFFLINE: &str = "not read: plan ran offline (use --live or --attributes FILE)";
+
+/// Whether the rendered Deployment goes out, and if not, why it is held.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Rollout {
+    Apply,
+    /// The queue could not be read: the Deployment and its replicas stay as they are.
+    HeldQueueUnreachable,
+    /// The spec cannot be rendered.
+    HeldInvalidSpec,
+    /// `validation.enforce` and an Error finding.
+    HeldByValidation,
+}
+
+/// The managed CloudWatch alarm, as far as status is concerned.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AlarmStatus {
+    pub name: Option<String>,
+    pub state: Option<String>,
+}
+
+/// Everything status is computed from.
+pub struct StatusInputs<'a> {
+    pub qc: &'a QueueConsumer,
+    pub facts: Observation<'a>,
+    pub report: &'a Report,
+    pub render: Result<(), &'a RenderError>,
+    pub rollout: &'a Rollout,
+    /// The live Deployment after apply (None when it does not exist).
+    pub deployment: Option<&'a Deployment>,
+    pub alarm: AlarmStatus,
+    /// When the facts were read (the cache may hand out an earlier read).
+    pub sampled_at: Option<Time>,
+    pub now: Time,
+}
+
+/// The status to write. Blocks that cannot be refreshed (queue unreachable) keep their last values,
+/// dated by `sampledAt`.
+pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
+    let old = i.qc.status.clone().unwrap_or_default();
+    let name = i.qc.metadata.name.clone().unwrap_or_default();
+    let generation = i.qc.metadata.generation;
+
+    let queue_reachable = queue_reachable(i);
+    let config_valid = config_valid(i);
+    let dead_letter = dead_letter_healthy(i);
+    let scaling = scaling_active(i);
+    let ready = ready(i, &queue_reachable, &config_valid, &name);
+    let fresh = [ready, queue_reachable, config_valid, dead_letter, scaling]
+        .into_iter()
+        .map(|(type_, status, reason, message)| Condition {
+            type_: type_.to_string(),
+            status: status.to_string(),
+            reason: reason.to_string(),
+            message,
+            observed_generation: generation,
+            last_transition_time: i.now.clone(),
+        })
+        .collect::<Vec<_>>();
+    let conditions = merge_conditions(&old.conditions, fresh);
+
+    let (queue, dead_letter_block) = match i.facts {
+        Observation::Read(f) => (
+            Some(queue_block(f, i.sampled_at.clone(), old.queue.as_ref())),
+            dead_letter_block(f, &i.alarm, old.dead_letter.as_ref()),
+        ),
+        Observation::Failed(_) | Observation::Offline => {
+            let mut dl = old.dead_letter.clone();
+            if let Some(d) = dl.as_mut() {
+                d.alarm_name = i.alarm.name.clone().or(d.alarm_name.take());
+                d.alarm_state = i.alarm.state.clone().or(d.alarm_state.take());
+            }
+            (old.queue.clone(), dl)
+        }
+    };
+
+    QueueConsumerStatus {
+        observed_generation: generation,
+        conditions,
+        findings: i.report.findings.clone(),
+        queue,
+        dead_letter: dead_letter_block,
+        replicas: i
+            .deployment
+            .and_then(|d| d.status.as_ref())
+            .and_then(|s| s.replicas)
+            .or(i.deployment.map(|_| 0)),
+        // The scaler's decision; until it runs, what the Deployment asks for.
+        desired_replicas: i.deployment.and_then(|d| d.spec.replicas),
+        selector: Some(render::selector_string(&name)),
+        last_scale_time: old.last_scale_time,
+    }
+}
+
+type Cond = (&'static str, &'static str, &'static str, String);
+
+fn queue_reachable(i: &StatusInputs<'_>) -> Cond {
+    match i.facts {
+        Observation::Read(f) => (
+            conditions::QUEUE_REACHABLE,
+            "True",
+            reason::QUEUE_ATTRIBUTES_READ,
+            format!("read the attributes of {}", f.queue.url),
+        ),
+        Observation::Offline => (
+            conditions::QUEUE_REACHABLE,
+            "Unknown",
+            QUEUE_NOT_READ,
+            OFFLINE.to_string(),
+        ),
+        Observation::Failed(e) => (
+            conditions::QUEUE_REACHABLE,
+            "False",
+            e.reason(),
+            format!("{e}; the Deployment and its replicas are left as they are"),
+        ),
+    }
+}
+
+fn config_valid(i: &StatusInputs<'_>) -> Cond {
+    let t = conditions::CONFIG_VALID;
+    if let Err(e) = i.render {
+        return (t, "False", e.reason(), e.to_string());
+    }
+    let errors: Vec<_> = i
+        .report
+        .findings
+        .iter()
+        .filter(|f| f.severity == crate::api::Severity::Error)
+        .collect();
+    if let Some(first) = errors.first() {
+        let mut message = errors
+            .iter()
+            .map(|f| format!("{}: {}", f.code, f.message))
+            .collect::<Vec<_>>()
+            .join("; ");
+        if *i.rollout == Rollout::HeldByValidation {
+            message.push_str("; rollout held because validation.enforce is true");
+        }
+        // Reasons are CamelCase identifiers: a finding code is one.
+        return (t, "False", code_reason(&first.code), message);
+    }
+    let warnings = i.report.findings.len();
+    match i.facts {
+        Observation::Failed(_) | Observation::Offline => (
+            t,
+            "Unknown",
+            if matches!(i.facts, Observation::Offline) {
+                QUEUE_NOT_READ
+            } else {
+                reason::QUEUE_UNREACHABLE
+            },
+            format!(
+                "no Error finding among the rules that need no queue facts; {} rule(s) wait for the queue's attributes",
+                i.report.skipped.len()
+            ),
+        ),
+        Observation::Read(_) => (
+            t,
+            "True",
+            reason::NO_ERRORS,
+            if warnings == 0 {
+                "no findings".to_string()
+            } else {
+                format!("no Error finding; {warnings} warning(s) in status.findings")
+            },
+        ),
+    }
+}
+
+/// Finding codes are the lead's constants; this maps a runtime string back to a static one.
+fn code_reason(code: &str) -> &'static str {
+    crate::validate::codes::ALL
+        .iter()
+        .find(|c| **c == code)
+        .copied()
+        .unwrap_or("ErrorFinding")
+}
+
+fn dead_letter_healthy(i: &StatusInputs<'_>) -> Cond {
+    let t = conditions::DEAD_LETTER_QUEUE_HEALTHY;
+    let facts = match i.facts {
+        Observation::Read(f) => f,
+        Observation::Offline => {
+            return (
+                t,
+                "Unknown",
+                DEAD_LETTER_QUEUE_NOT_READ,
+                OFFLINE.to_string(),
+            );
+        }
+        Observation::Failed(_) => {
+            return (
+                t,
+                "Unknown",
+                reason::QUEUE_UNREACHABLE,
+                "the source queue could not be read, so neither could its redrive policy"
+                    .to_string(),
+            );
+        }
+    };
+    match &facts.dead_letter {
+        DeadLetterFacts::None => (
+            t,
+            "False",
+            reason::NO_DEAD_LETTER_QUEUE,
+            format!(
+                "queue {} has no redrive policy: a message that always fails is retried until retention expires",
+                facts.queue.url
+            ),
+        ),
+        DeadLetterFacts::Missing { arn } => (
+            t,
+            "False",
+            reason::NO_DEAD_LETTER_QUEUE,
+            format!(
+                "the redrive policy names {arn}, which does not exist: create it or fix the policy"
+            ),
+        ),
+        DeadLetterFacts::Unreachable { arn, error } => (
+            t,
+            "Unknown",
+            reason::DEAD_LETTER_QUEUE_UNREACHABLE,
+            format!("dead-letter queue {arn} could not be read: {error}"),
+        ),
+        DeadLetterFacts::NotRead { arn } => (
+            t,
+            "Unknown",
+            DEAD_LETTER_QUEUE_NOT_READ,
+            format!("dead-letter queue {arn} was not read"),
+        ),
+        DeadLetterFacts::Found {
+            queue,
+            oldest_age_seconds,
+        } => match queue.visible {
+            Some(0) => (
+                t,
+                "True",
+                reason::DEAD_LETTER_QUEUE_EMPTY,
+                format!("dead-letter queue {} is empty", queue.url),
+            ),
+            Some(n) => {
+                let age = oldest_age_seconds
+                    .and_then(|s| u64::try_from(s).ok())
+                    .map(|s| format!(", the oldest {} old", Duration::from_secs(s)))
+                    .unwrap_or_default();
+                (
+                    t,
+                    "False",
+                    reason::MESSAGES_IN_DEAD_LETTER_QUEUE,
+                    format!("{n} message(s) in dead-letter queue {}{age}", queue.url),
+                )
+            }
+            None => (
+                t,
+                "Unknown",
+                DEAD_LETTER_QUEUE_NOT_READ,
+                format!("dead-letter queue {} reported no message count", queue.url),
+            ),
+        },
+    }
+}
+
+fn scaling_active(i: &StatusInputs<'_>) -> Cond {
+    let t = conditions::SCALING_ACTIVE;
+    let replicas = i.deployment.and_then(|d| d.spec.replicas);
+    let held = |what: &str| match replicas {
+        Some(r) => format!("{what}: replicas held at {r}"),
+        None => format!("{what}: no Deployment yet"),
+    };
+    match i.rollout {
+        Rollout::HeldByValidation => (
+            t,
+            "False",
+            reason::HELD_BY_VALIDATION,
+            held("an Error finding and validation.enforce"),
+        ),
+        Rollout::HeldInvalidSpec => (
+            t,
+            "False",
+            reason::HELD_BY_VALIDATION,
+            held("the spec cannot be rendered"),
+        ),
+        Rollout::HeldQueueUnreachable => (
+            t,
+            "False",
+            reason::METRICS_UNAVAILABLE,
+            held("queue depth is unknown"),
+        ),
+        Rollout::Apply => {
+            let max = i.qc.spec.scaling.max_replicas;
+            match replicas {
+                None => (
+                    t,
+                    "Unknown",
+                    reason::SCALING,
+                    "replicas not decided yet".to_string(),
+                ),
+                Some(0) => (t, "True", reason::SCALED_TO_ZERO, "0 replicas".to_string()),
+                Some(r) if u32::try_from(r).is_ok_and(|r| r >= max) => (
+                    t,
+                    "True",
+                    reason::AT_MAX_REPLICAS,
+                    format!("{r} replicas, the maximum"),
+                ),
+                Some(r) => (t, "True", reason::SCALING, format!("{r} replica(s)")),
+            }
+        }
+    }
+}
+
+fn ready(i: &StatusInputs<'_>, queue: &Cond, config: &Cond, name: &str) -> Cond {
+    let t = conditions::READY;
+    if queue.1 == "False" {
+        return (t, "False", reason::QUEUE_UNREACHABLE, queue.3.clone());
+    }
+    if config.1 == "False" {
+        return (t, "False", reason::CONFIG_INVALID, config.3.clone());
+    }
+    match i.deployment {
+        None => (
+            t,
+            "False",
+            reason::DEPLOYMENT_UNAVAILABLE,
+            format!("Deployment {name} does not exist yet"),
+        ),
+        Some(d) if deployment_available(d) => {
+            let want = d.spec.replicas.unwrap_or(0);
+            let ready = d
+                .status
+                .as_ref()
+                .and_then(|s| s.ready_replicas)
+                .unwrap_or(0);
+            (
+                t,
+                "True",
+                reason::AVAILABLE,
+                format!("Deployment {name} is available ({ready}/{want} replicas ready)"),
+            )
+        }
+        Some(_) => (
+            t,
+            "False",
+            reason::DEPLOYMENT_UNAVAILABLE,
+            format!("Deployment {name} has no available replica yet"),
+        ),
+    }
+}
+
+/// Available per the Deployment controller, or scaled to zero on purpose.
+pub fn deployment_available(d: &Deployment) -> bool {
+    if d.spec.replicas == Some(0) {
+        return true;
+    }
+    d.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_.as_deref() == Some("Available") && c.status.as_deref() == Some("True"))
+}
+
+fn queue_block(f: &Facts, sampled_at: Option<Time>, old: Option<&QueueStatus>) -> QueueStatus {
+    let q = &f.queue;
+    let mut block = QueueStatus {
+        visible: q.visible,
+        in_flight: q.in_flight,
+        delayed: q.delayed,
+        visibility_timeout: Some(q.visibility_timeout),
+        max_receive_count: q.redrive.as_ref().map(|r| r.max_receive_count),
+        retention: Some(q.retention),
+        dead_letter_url: match &f.dead_letter {
+            DeadLetterFacts::Found { queue, .. } => Some(queue.url.clone()),
+            _ => None,
+        },
+        sampled_at,
+    };
+    // sampledAt dates the numbers: unchanged numbers keep their date, so an idle queue is not
+    // rewritten every poll interval.
+    if let Some(old) = old
+        && same_queue_numbers(old, &block)
+    {
+        block.sampled_at = old.sampled_at.clone();
+    }
+    block
+}
+
+fn same_queue_numbers(a: &QueueStatus, b: &QueueStatus) -> bool {
+    QueueStatus {
+        sampled_at: None,
+        ..a.clone()
+    } == QueueStatus {
+        sampled_at: None,
+        ..b.clone()
+    }
+}
+
+fn dead_letter_block(
+    f: &Facts,
+    alarm: &AlarmStatus,
+    old: Option<&DeadLetterStatus>,
+) -> Option<DeadLetterStatus> {
+    match &f.dead_letter {
+        DeadLetterFacts::Found {
+            queue,
+            oldest_age_seconds,
+        } => Some(DeadLetterStatus {
+            url: Some(queue.url.clone()),
+            visible: queue.visible,
+            oldest_age_seconds: *oldest_age_seconds,
+            retention: Some(queue.retention),
+            alarm_name: alarm.name.clone(),
+            alarm_state: alarm.state.clone(),
+        }),
+        // Unreachable: the last known values stay, with the alarm as it is now.
+        DeadLetterFacts::Unreachable { .. } => old.cloned().map(|mut d| {
+            d.alarm_name = alarm.name.clone().or(d.alarm_name);
+            d.alarm_state = alarm.state.clone().or(d.alarm_state);
+            d
+        }),
+        DeadLetterFacts::None
+        | DeadLetterFacts::Missing { .. }
+        | DeadLetterFacts::NotRead { .. } => (alarm.name.is_some()).then(|| DeadLetterStatus {
+            alarm_name: alarm.name.clone(),
+            alarm_state: alarm.state.clone(),
+            ..DeadLetterStatus::default()
+        }),
+    }
+}
+
+/// New conditions keep the old `lastTransitionTime` when their status did not change.
+pub fn merge_conditions(old: &[Condition], fresh: Vec<Condition>) -> Vec<Condition> {
+    fresh
+        .into_iter()
+        .map(|mut c| {
+            if let Some(o) = old.iter().find(|o| o.type_ == c.type_)
+                && o.status == c.status
+            {
+                c.last_transition_time = o.last_transition_time.clone();
+            }
+            c
+        })
+        .collect()
+}
+
+/// Equal but for timestamps (condition transition times, sampledAt): such a status is not rewritten.
+pub fn same_ignoring_time(a: &QueueConsumerStatus, b: &QueueConsumerStatus) -> bool {
+    normalized(a) == normalized(b)
+}
+
+fn normalized(s: &QueueConsumerStatus) -> QueueConsumerStatus {
+    let epoch = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+    let mut s = s.clone();
+    for c in &mut s.conditions {
+        c.last_transition_time = epoch.clone();
+    }
+    s.conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
+    if let Some(q) = s.queue.as_mut() {
+        q.sampled_at = None;
+    }
+    s
+}
+
+/// A condition that changed status, for an Event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transition {
+    pub type_: String,
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+    /// False or Unknown: something got worse.
+    pub warning: bool,
+}
+
+/// Conditions whose status changed. A condition seen for the first time counts only when it is not
+/// True: a healthy first reconcile is no news.
+pub fn transitions(old: &[Condition], new: &[Condition]) -> Vec<Transition> {
+    new.iter()
+        .filter(|c| match old.iter().find(|o| o.type_ == c.type_) {
+            Some(o) => o.status != c.status,
+            None => c.status != "True",
+        })
+        .map(|c| Transition {
+            type_: c.type_.clone(),
+            status: c.status.clone(),
+            reason: c.reason.clone(),
+            message: c.message.clone(),
+            warning: c.status != "True",
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

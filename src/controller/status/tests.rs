@@ -1,0 +1,381 @@
+use std::collections::HashMap;
+
+use k8s_openapi::jiff::Timestamp;
+use serde_json::json;
+
+use super::*;
+use crate::api::{Finding, Severity};
+use crate::aws::{ObserveError, QueueFacts, SqsError};
+
+const URL: &str = "https://sqs.us-east-1.amazonaws.com/123456789012/orders";
+const DLQ_URL: &str = "https://sqs.us-east-1.amazonaws.com/123456789012/orders-dlq";
+
+fn qc(enforce: bool) -> QueueConsumer {
+    let mut qc: QueueConsumer = serde_json::from_value(json!({
+        "apiVersion": "sqs.consumers.dev/v1alpha1", "kind": "QueueConsumer",
+        "metadata": {"name": "orders", "namespace": "shop", "uid": "u1", "generation": 4},
+        "spec": {"queue": {"url": URL}, "processing": {"p99": "2s"},
+                 "handler": {"http": {}}, "validation": {"enforce": enforce},
+                 "template": {"spec": {"containers": [{"name": "app", "image": "x"}]}}}
+    }))
+    .unwrap();
+    qc.metadata.generation = Some(4);
+    qc
+}
+
+fn queue(url: &str, visible: i64) -> QueueFacts {
+    let attrs: HashMap<String, String> = [
+        ("VisibilityTimeout", "60"),
+        ("MessageRetentionPeriod", "345600"),
+        ("ApproximateNumberOfMessages", &visible.to_string()),
+        ("ApproximateNumberOfMessagesNotVisible", "2"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    QueueFacts::from_attributes(url, &attrs).unwrap()
+}
+
+fn facts(dead_letter: DeadLetterFacts) -> Facts {
+    Facts {
+        queue: queue(URL, 7),
+        dead_letter,
+    }
+}
+
+fn dlq(visible: i64, age: Option<i64>) -> DeadLetterFacts {
+    DeadLetterFacts::Found {
+        queue: queue(DLQ_URL, visible),
+        oldest_age_seconds: age,
+    }
+}
+
+fn at(secs: i64) -> Time {
+    Time(Timestamp::from_second(secs).unwrap())
+}
+
+fn available_deployment(replicas: i32) -> Deployment {
+    serde_json::from_value(json!({
+        "metadata": {"name": "orders"},
+        "spec": {"replicas": replicas, "selector": {}, "template": {}},
+        "status": {"replicas": replicas, "readyReplicas": replicas,
+                   "conditions": [{"type": "Available", "status": "True"}]}
+    }))
+    .unwrap()
+}
+
+struct Built {
+    status: QueueConsumerStatus,
+}
+
+impl Built {
+    fn cond(&self, t: &str) -> &Condition {
+        self.status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .unwrap_or_else(|| panic!("no condition {t}"))
+    }
+}
+
+fn build_with(
+    qc: &QueueConsumer,
+    obs: Observation<'_>,
+    report: &Report,
+    rollout: Rollout,
+    deployment: Option<&Deployment>,
+    now: Time,
+) -> Built {
+    Built {
+        status: build(&StatusInputs {
+            qc,
+            facts: obs,
+            report,
+            render: Ok(()),
+            rollout: &rollout,
+            deployment,
+            alarm: AlarmStatus::default(),
+            sampled_at: Some(now.clone()),
+            now,
+        }),
+    }
+}
+
+#[test]
+fn conditions_per_dead_letter_state() {
+    let q = qc(false);
+    let d = available_deployment(2);
+    let report = Report::default();
+    let cases: [(&str, DeadLetterFacts, &str, &str, &[&str]); 5] = [
+        (
+            "messages",
+            dlq(3, Some(600)),
+            "False",
+            "MessagesInDeadLetterQueue",
+            &["3 message(s)", DLQ_URL, "10m"],
+        ),
+        (
+            "empty",
+            dlq(0, None),
+            "True",
+            "DeadLetterQueueEmpty",
+            &[DLQ_URL],
+        ),
+        (
+            "none",
+            DeadLetterFacts::None,
+            "False",
+            "NoDeadLetterQueue",
+            &["no redrive policy"],
+        ),
+        (
+            "missing",
+            DeadLetterFacts::Missing {
+                arn: "arn:aws:sqs:us-east-1:1:gone".into(),
+            },
+            "False",
+            "NoDeadLetterQueue",
+            &["arn:aws:sqs:us-east-1:1:gone"],
+        ),
+        (
+            "unreachable",
+            DeadLetterFacts::Unreachable {
+                arn: "arn:x".into(),
+                error: "denied".into(),
+            },
+            "Unknown",
+            "DeadLetterQueueUnreachable",
+            &["denied"],
+        ),
+    ];
+    for (name, dl, status, reason, needles) in cases {
+        let f = facts(dl);
+        let b = build_with(
+            &q,
+            Observation::Read(&f),
+            &report,
+            Rollout::Apply,
+            Some(&d),
+            at(100),
+        );
+        let c = b.cond("DeadLetterQueueHealthy");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            (status, reason),
+            "{name}"
+        );
+        for n in needles {
+            assert!(c.message.contains(n), "{name}: {:?} lacks {n}", c.message);
+        }
+        assert_eq!(c.observed_generation, Some(4));
+        // DLQ health never gates Ready.
+        assert_eq!(b.cond("Ready").status, "True", "{name}");
+    }
+}
+
+#[test]
+fn unreachable_queue_holds_and_keeps_last_numbers() {
+    let mut q = qc(false);
+    let f = facts(dlq(1, None));
+    let first = build_with(
+        &q,
+        Observation::Read(&f),
+        &Report::default(),
+        Rollout::Apply,
+        None,
+        at(100),
+    );
+    q.status = Some(first.status.clone());
+    let err = ObserveError::ReadQueueAttributes {
+        url: URL.into(),
+        source: SqsError::QueueDoesNotExist { target: URL.into() },
+    };
+    let d = available_deployment(3);
+    let b = build_with(
+        &q,
+        Observation::Failed(&err),
+        &Report::default(),
+        Rollout::HeldQueueUnreachable,
+        Some(&d),
+        at(200),
+    );
+    let c = b.cond("QueueReachable");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "QueueDoesNotExist")
+    );
+    assert!(c.message.contains("left as they are"), "{}", c.message);
+    assert_eq!(b.cond("Ready").reason, "QueueUnreachable");
+    assert_eq!(b.cond("DeadLetterQueueHealthy").status, "Unknown");
+    let s = b.cond("ScalingActive");
+    assert_eq!(
+        (s.status.as_str(), s.reason.as_str()),
+        ("False", "MetricsUnavailable")
+    );
+    assert!(s.message.contains("held at 3"), "{}", s.message);
+    assert_eq!(
+        b.status.queue, first.status.queue,
+        "last known numbers kept"
+    );
+    assert_eq!(b.status.queue.as_ref().unwrap().sampled_at, Some(at(100)));
+    assert_eq!(b.status.dead_letter.as_ref().unwrap().visible, Some(1));
+}
+
+#[test]
+fn enforce_holds_rollout_and_says_so() {
+    let q = qc(true);
+    let f = facts(dlq(0, None));
+    let report = Report {
+        findings: vec![Finding {
+            code: "VisibilityTimeoutBelowBudget".into(),
+            severity: Severity::Error,
+            message: "VT 10s is below the budget 25s".into(),
+            recommendation: "set VisibilityTimeout to at least 25s".into(),
+        }],
+        skipped: vec![],
+    };
+    let b = build_with(
+        &q,
+        Observation::Read(&f),
+        &report,
+        Rollout::HeldByValidation,
+        None,
+        at(1),
+    );
+    let c = b.cond("ConfigValid");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "VisibilityTimeoutBelowBudget")
+    );
+    assert!(c.message.contains("rollout held"), "{}", c.message);
+    assert_eq!(b.cond("ScalingActive").reason, "HeldByValidation");
+    assert_eq!(b.cond("Ready").reason, "ConfigInvalid");
+    assert_eq!(b.status.findings, report.findings);
+}
+
+#[test]
+fn transition_time_moves_only_on_a_flip() {
+    let mut q = qc(false);
+    let d = available_deployment(1);
+    let f = facts(dlq(0, None));
+    let first = build_with(
+        &q,
+        Observation::Read(&f),
+        &Report::default(),
+        Rollout::Apply,
+        Some(&d),
+        at(100),
+    );
+    q.status = Some(first.status.clone());
+    let same = build_with(
+        &q,
+        Observation::Read(&f),
+        &Report::default(),
+        Rollout::Apply,
+        Some(&d),
+        at(200),
+    );
+    assert!(same_ignoring_time(&first.status, &same.status));
+    assert_eq!(
+        same.cond("DeadLetterQueueHealthy").last_transition_time,
+        at(100)
+    );
+    assert!(transitions(&first.status.conditions, &same.status.conditions).is_empty());
+
+    let f2 = facts(dlq(5, None));
+    let flipped = build_with(
+        &q,
+        Observation::Read(&f2),
+        &Report::default(),
+        Rollout::Apply,
+        Some(&d),
+        at(300),
+    );
+    assert!(!same_ignoring_time(&first.status, &flipped.status));
+    assert_eq!(
+        flipped.cond("DeadLetterQueueHealthy").last_transition_time,
+        at(300)
+    );
+    assert_eq!(flipped.cond("Ready").last_transition_time, at(100));
+    let t = transitions(&first.status.conditions, &flipped.status.conditions);
+    assert_eq!(t.len(), 1);
+    assert_eq!(t[0].reason, "MessagesInDeadLetterQueue");
+    assert!(t[0].warning);
+}
+
+#[test]
+fn sampled_at_stays_while_numbers_stay() {
+    let mut q = qc(false);
+    let f = facts(dlq(0, None));
+    let first = build_with(
+        &q,
+        Observation::Read(&f),
+        &Report::default(),
+        Rollout::Apply,
+        None,
+        at(100),
+    );
+    q.status = Some(first.status.clone());
+    let again = build_with(
+        &q,
+        Observation::Read(&f),
+        &Report::default(),
+        Rollout::Apply,
+        None,
+        at(200),
+    );
+    assert_eq!(again.status.queue.unwrap().sampled_at, Some(at(100)));
+}
+
+#[test]
+fn first_healthy_reconcile_is_no_news() {
+    let q = qc(false);
+    let d = available_deployment(1);
+    let f = facts(dlq(0, None));
+    let b = build_with(
+        &q,
+        Observation::Read(&f),
+        &Report::default(),
+        Rollout::Apply,
+        Some(&d),
+        at(1),
+    );
+    let t = transitions(&[], &b.status.conditions);
+    assert!(t.is_empty(), "{t:?}");
+    assert_eq!(b.status.replicas, Some(1));
+    assert_eq!(
+        b.status.selector.as_deref(),
+        Some("app.kubernetes.io/instance=orders,app.kubernetes.io/name=qc-worker")
+    );
+    assert_eq!(b.status.queue.as_ref().unwrap().visible, Some(7));
+    assert_eq!(b.status.queue.as_ref().unwrap().in_flight, Some(2));
+}
+
+#[test]
+fn ready_needs_an_available_deployment_or_zero_replicas() {
+    let q = qc(false);
+    let f = facts(dlq(0, None));
+    let mut unavailable = available_deployment(2);
+    unavailable.status = None;
+    let b = build_with(
+        &q,
+        Observation::Read(&f),
+        &Report::default(),
+        Rollout::Apply,
+        Some(&unavailable),
+        at(1),
+    );
+    assert_eq!(b.cond("Ready").reason, "DeploymentUnavailable");
+    let mut zero = available_deployment(0);
+    zero.status = None;
+    let b = build_with(
+        &q,
+        Observation::Read(&f),
+        &Report::default(),
+        Rollout::Apply,
+        Some(&zero),
+        at(1),
+    );
+    assert_eq!(b.cond("Ready").status, "True");
+    assert_eq!(b.cond("ScalingActive").reason, "ScaledToZero");
+}
