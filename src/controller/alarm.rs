@@ -75,11 +75,15 @@ pub async fn sync(
                 Some(_) => AlarmChange::Updated(want.name.clone()),
                 None => AlarmChange::Created(want.name.clone()),
             };
-            if change != AlarmChange::None
-                && let Err(e) = alarms.put(want).await
-            {
-                return Ok((previous, AlarmChange::None, Some(e)));
-            }
+            let observed = if change == AlarmChange::None {
+                observed
+            } else {
+                if let Err(e) = alarms.put(want).await {
+                    return Ok((previous, AlarmChange::None, Some(e)));
+                }
+                // Read back: CloudWatch decides the state of a new or changed alarm.
+                alarms.describe(&want.name).await.ok().flatten()
+            };
             let state = observed
                 .map(|o| o.state)
                 .unwrap_or_else(|| "INSUFFICIENT_DATA".to_string());

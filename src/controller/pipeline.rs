@@ -68,23 +68,18 @@ pub enum AlarmPlan {
 }
 
 /// The alarm's name: unique per QueueConsumer object (the uid tells apart namesakes in other clusters
-/// sharing the account), within CloudWatch's 255 characters.
+/// sharing the account, and a recreated QueueConsumer from the one it replaced), within CloudWatch's
+/// 255 characters.
 pub fn alarm_name(qc: &QueueConsumer) -> String {
     let ns = qc.metadata.namespace.as_deref().unwrap_or("default");
     let name = qc.metadata.name.as_deref().unwrap_or("");
-    let uid: String = qc
-        .metadata
-        .uid
-        .as_deref()
-        .unwrap_or("")
-        .chars()
-        .take(8)
-        .collect();
+    let uid = qc.metadata.uid.as_deref().unwrap_or("");
     let mut s = format!("qc-dlq-{ns}-{name}");
-    s.truncate(240);
+    // 255 minus a uid and its dash; names are ASCII (DNS labels), so byte truncation is safe.
+    s.truncate(218);
     if !uid.is_empty() {
         s.push('-');
-        s.push_str(&uid);
+        s.push_str(uid);
     }
     s
 }

@@ -900,7 +900,23 @@ impl State {
         }
         self.uid += 1;
         let rv = self.next_rv();
-        let uid = format!("00000000-0000-4000-8000-{:012}", self.uid);
+        // Unique across fakes and runs, as real uids are: names derived from them (the DLQ alarm)
+        // must not collide between tests sharing one moto server.
+        let salt = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let mix = (salt as u64)
+            ^ (u64::from(std::process::id()) << 32)
+            ^ self.uid.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let uid = format!(
+            "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
+            (mix >> 32) as u32,
+            (mix >> 16) as u16,
+            (mix >> 4) & 0xfff,
+            self.uid & 0xfff,
+            self.uid
+        );
         let meta = object
             .as_object_mut()
             .ok_or_else(|| err(400, "BadRequest", "object expected"))?
@@ -1054,6 +1070,22 @@ impl State {
                     .objects
                     .get(&key)
                     .ok_or_else(|| not_found(kind, name))?;
+                // As the API server's JSON-patch library does, a `test` for null passes on a
+                // missing path (kube's finalizer helper relies on it).
+                let body = match body {
+                    Value::Array(ops) => Value::Array(
+                        ops.into_iter()
+                            .filter(|op| {
+                                !(op["op"] == "test"
+                                    && op["value"].is_null()
+                                    && op["path"]
+                                        .as_str()
+                                        .is_some_and(|p| stored.object.pointer(p).is_none()))
+                            })
+                            .collect(),
+                    ),
+                    other => other,
+                };
                 let ops: json_patch::Patch = serde_json::from_value(body)
                     .map_err(|e| err(400, "BadRequest", format!("invalid json patch: {e}")))?;
                 let mut next = stored.object.clone();

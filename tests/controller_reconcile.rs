@@ -1,0 +1,725 @@
+//! Reconcile against the in-memory Kubernetes API and a real SQS/CloudWatch server (moto): what gets
+//! applied, what status says about the queue and its DLQ, the alarm's life, and what is left alone.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+mod fake_kube;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use aws_sdk_sqs::types::QueueAttributeName;
+use fake_kube::{DEPLOYMENTS, EVENTS, FakeKube, QUEUE_CONSUMERS, Recorded};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use qc::api::QueueConsumer;
+use qc::aws::cloudwatch::{AlarmSpec, Alarms, CloudWatchAlarms, CloudWatchError, ObservedAlarm};
+use qc::aws::{SqsReader, StaticReader};
+use qc::controller::observe::{AwsClients, FixedProvider};
+use qc::controller::{Context, Error, reconcile};
+use qc::render::RenderOptions;
+use serde_json::{Value, json};
+
+const NS: &str = "shop";
+
+/// Real CloudWatch calls, counted, so a test can assert that nothing was written.
+struct CountingAlarms {
+    inner: CloudWatchAlarms,
+    puts: AtomicU32,
+    deletes: AtomicU32,
+}
+
+#[async_trait::async_trait]
+impl Alarms for CountingAlarms {
+    async fn describe(&self, name: &str) -> Result<Option<ObservedAlarm>, CloudWatchError> {
+        self.inner.describe(name).await
+    }
+    async fn put(&self, alarm: &AlarmSpec) -> Result<(), CloudWatchError> {
+        self.puts.fetch_add(1, Ordering::SeqCst);
+        self.inner.put(alarm).await
+    }
+    async fn delete(&self, name: &str) -> Result<(), CloudWatchError> {
+        self.deletes.fetch_add(1, Ordering::SeqCst);
+        self.inner.delete(name).await
+    }
+    async fn oldest_message_age(&self, queue_name: &str) -> Result<Option<i64>, CloudWatchError> {
+        self.inner.oldest_message_age(queue_name).await
+    }
+}
+
+struct Env {
+    fake: FakeKube,
+    ctx: Arc<Context>,
+    alarms: Arc<CountingAlarms>,
+    sqs: aws_sdk_sqs::Client,
+    cloudwatch: CloudWatchAlarms,
+    url: String,
+    dlq_url: String,
+}
+
+async fn moto_clients() -> (aws_sdk_sqs::Client, aws_sdk_cloudwatch::Client) {
+    let conf = qc::aws::sdk_config(Some("us-east-1"), Some(&common::sqs_endpoint())).await;
+    (
+        aws_sdk_sqs::Client::new(&conf),
+        aws_sdk_cloudwatch::Client::new(&conf),
+    )
+}
+
+/// A source queue with a DLQ (redrive after 5 receives) on moto, and a controller context.
+async fn env() -> Env {
+    let (sqs, cw) = moto_clients().await;
+    let dlq_url = sqs
+        .create_queue()
+        .queue_name(common::unique_name("dlq"))
+        .attributes(QueueAttributeName::MessageRetentionPeriod, "1209600")
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    let dlq_arn = sqs
+        .get_queue_attributes()
+        .queue_url(&dlq_url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .unwrap()
+        .attributes
+        .unwrap()[&QueueAttributeName::QueueArn]
+        .clone();
+    let url = sqs
+        .create_queue()
+        .queue_name(common::unique_name("src"))
+        .attributes(QueueAttributeName::VisibilityTimeout, "60")
+        .attributes(
+            QueueAttributeName::RedrivePolicy,
+            json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 5}).to_string(),
+        )
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    let fake = FakeKube::new();
+    let alarms = Arc::new(CountingAlarms {
+        inner: CloudWatchAlarms::new(cw.clone()),
+        puts: AtomicU32::new(0),
+        deletes: AtomicU32::new(0),
+    });
+    let provider = FixedProvider(AwsClients {
+        sqs: Arc::new(SqsReader::new(sqs.clone())),
+        alarms: alarms.clone(),
+    });
+    let ctx = Arc::new(Context::new(
+        fake.client(),
+        Arc::new(provider),
+        RenderOptions {
+            worker_image: "qc:test".into(),
+        },
+        Some("test".into()),
+    ));
+    Env {
+        fake,
+        ctx,
+        alarms,
+        sqs,
+        cloudwatch: CloudWatchAlarms::new(cw),
+        url,
+        dlq_url,
+    }
+}
+
+fn qc_manifest(name: &str, url: &str, alarm: bool) -> Value {
+    json!({
+        "apiVersion": "sqs.consumers.dev/v1alpha1", "kind": "QueueConsumer",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "queue": {"url": url, "endpoint": common::sqs_endpoint()},
+            "processing": {"p99": "2s", "timeout": "10s", "waitTime": "1s"},
+            "handler": {"http": {"port": 8080, "path": "/messages"}},
+            "template": {"spec": {"containers": [{"name": "app", "image": "shop/orders:1"}]}},
+            "scaling": {"pollInterval": "1s"},
+            "deadLetter": {"alarm": alarm}
+        }
+    })
+}
+
+impl Env {
+    fn qc(&self, name: &str) -> QueueConsumer {
+        serde_json::from_value(self.fake.get(QUEUE_CONSUMERS, NS, name).unwrap()).unwrap()
+    }
+
+    async fn reconcile(&self, name: &str) -> Result<kube::runtime::controller::Action, Error> {
+        reconcile(Arc::new(self.qc(name)), self.ctx.clone()).await
+    }
+
+    fn deployment(&self, name: &str) -> Option<Deployment> {
+        self.fake
+            .get(DEPLOYMENTS, NS, name)
+            .map(|v| serde_json::from_value(v).unwrap())
+    }
+
+    fn condition(&self, name: &str, type_: &str) -> Condition {
+        self.qc(name)
+            .status
+            .unwrap()
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == type_)
+            .unwrap()
+    }
+
+    /// Past the 1s poll interval, so the next reconcile reads the queue again.
+    async fn next_poll(&self) {
+        tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    }
+
+    async fn send_to_dlq(&self, n: usize) {
+        for i in 0..n {
+            self.sqs
+                .send_message()
+                .queue_url(&self.dlq_url)
+                .message_body(format!("poison {i}"))
+                .send()
+                .await
+                .unwrap();
+        }
+    }
+}
+
+fn deployment_writes(reqs: &[Recorded]) -> Vec<&Recorded> {
+    reqs.iter()
+        .filter(|r| r.is_write() && r.targets(DEPLOYMENTS))
+        .collect()
+}
+
+fn event_reasons(reqs: &[Recorded]) -> Vec<String> {
+    reqs.iter()
+        .filter(|r| r.method == "POST" && r.targets(EVENTS))
+        .filter_map(|r| r.body.as_ref()?["reason"].as_str().map(str::to_string))
+        .collect()
+}
+
+#[tokio::test]
+async fn create_applies_the_rendered_deployment_with_owner_and_status() {
+    let e = env().await;
+    e.fake
+        .create(QUEUE_CONSUMERS, qc_manifest("orders", &e.url, false));
+    let action = e.reconcile("orders").await.unwrap();
+    assert_eq!(
+        action,
+        kube::runtime::controller::Action::requeue(std::time::Duration::from_secs(1))
+    );
+
+    let qc = e.qc("orders");
+    let d = e.deployment("orders").expect("Deployment created");
+    let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(owner.kind, "QueueConsumer");
+    assert_eq!(owner.uid, qc.metadata.uid.clone().unwrap());
+    assert_eq!(owner.controller, Some(true));
+    // The worker container is exactly what render produces.
+    let rendered = qc::render::deployment(&qc, &e.ctx.render).unwrap();
+    let want = rendered.spec.template.spec.unwrap().containers[1].clone();
+    let got = d.spec.template.spec.clone().unwrap().containers[1].clone();
+    let got_args = got.args.clone().unwrap();
+    assert_eq!(got.name, "qc-worker");
+    assert_eq!(got.args, want.args);
+    assert_eq!(got.image.as_deref(), Some("qc:test"));
+    assert!(got_args.contains(&e.url));
+
+    let reqs = e.fake.requests();
+    let writes = deployment_writes(&reqs);
+    assert_eq!(writes.len(), 1);
+    assert!(writes[0].is_apply());
+    assert_eq!(writes[0].field_manager(), Some("qc-operator"));
+    assert!(writes[0].force());
+    assert!(
+        writes[0].body.as_ref().unwrap()["spec"]
+            .get("replicas")
+            .is_none(),
+        "render leaves replicas to the scaler"
+    );
+
+    let status = qc.status.unwrap();
+    assert_eq!(status.observed_generation, Some(1));
+    let types: Vec<_> = status.conditions.iter().map(|c| c.type_.as_str()).collect();
+    assert_eq!(
+        types,
+        [
+            "Ready",
+            "QueueReachable",
+            "ConfigValid",
+            "DeadLetterQueueHealthy",
+            "ScalingActive"
+        ]
+    );
+    assert_eq!(e.condition("orders", "QueueReachable").status, "True");
+    assert_eq!(
+        e.condition("orders", "DeadLetterQueueHealthy").reason,
+        "DeadLetterQueueEmpty"
+    );
+    assert_eq!(
+        e.condition("orders", "Ready").reason,
+        "DeploymentUnavailable"
+    );
+    assert_eq!(
+        status
+            .queue
+            .as_ref()
+            .unwrap()
+            .visibility_timeout
+            .unwrap()
+            .to_string(),
+        "1m"
+    );
+    assert_eq!(status.queue.as_ref().unwrap().max_receive_count, Some(5));
+    assert_eq!(
+        status.dead_letter.as_ref().unwrap().url.as_deref(),
+        Some(e.dlq_url.as_str())
+    );
+    let status_writes: Vec<_> = e
+        .fake
+        .writes()
+        .into_iter()
+        .filter(|r| r.targets(QUEUE_CONSUMERS) && r.is_status())
+        .collect();
+    assert_eq!(status_writes.len(), 1);
+    assert_eq!(status_writes[0].field_manager(), Some("qc-operator"));
+    assert!(status_writes[0].is_apply());
+    let reasons = event_reasons(&e.fake.requests());
+    assert!(
+        reasons.contains(&"DeploymentCreated".to_string()),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.contains(&"DeploymentUnavailable".to_string()),
+        "{reasons:?}"
+    );
+
+    // The Deployment controller reports it available: Ready flips, with one Event.
+    e.fake.update(DEPLOYMENTS, NS, "orders", |d| {
+        d["status"] = json!({"replicas": 1, "readyReplicas": 1, "availableReplicas": 1,
+            "conditions": [{"type": "Available", "status": "True"}]});
+    });
+    e.fake.clear_requests();
+    e.reconcile("orders").await.unwrap();
+    assert_eq!(e.condition("orders", "Ready").status, "True");
+    assert_eq!(e.qc("orders").status.unwrap().replicas, Some(1));
+    assert_eq!(event_reasons(&e.fake.requests()), ["Available"]);
+    assert!(deployment_writes(&e.fake.requests()).is_empty());
+}
+
+#[tokio::test]
+async fn second_reconcile_with_nothing_changed_writes_nothing() {
+    let e = env().await;
+    e.fake
+        .create(QUEUE_CONSUMERS, qc_manifest("idle", &e.url, true));
+    e.reconcile("idle").await.unwrap();
+    let puts = e.alarms.puts.load(Ordering::SeqCst);
+    assert_eq!(puts, 1, "alarm created once");
+    e.fake.clear_requests();
+    e.reconcile("idle").await.unwrap();
+    // Also after the poll interval, when the queue is read again.
+    e.next_poll().await;
+    e.reconcile("idle").await.unwrap();
+    let writes = e.fake.writes();
+    assert!(writes.is_empty(), "writes: {writes:#?}");
+    assert_eq!(
+        e.alarms.puts.load(Ordering::SeqCst),
+        puts,
+        "alarm not rewritten"
+    );
+    assert!(
+        e.fake.requests().iter().any(|r| r.targets(DEPLOYMENTS)),
+        "the Deployment was read"
+    );
+}
+
+#[tokio::test]
+async fn spec_change_updates_the_deployment() {
+    let e = env().await;
+    e.fake
+        .create(QUEUE_CONSUMERS, qc_manifest("orders", &e.url, false));
+    e.reconcile("orders").await.unwrap();
+    let before = e.deployment("orders").unwrap();
+    e.fake.update(QUEUE_CONSUMERS, NS, "orders", |q| {
+        q["spec"]["processing"]["concurrency"] = json!(3);
+    });
+    assert_eq!(e.qc("orders").metadata.generation, Some(2));
+    e.fake.clear_requests();
+    e.reconcile("orders").await.unwrap();
+    let after = e.deployment("orders").unwrap();
+    let args = after.spec.template.spec.unwrap().containers[1]
+        .args
+        .clone()
+        .unwrap();
+    let i = args.iter().position(|a| a == "--concurrency").unwrap();
+    assert_eq!(args[i + 1], "3");
+    assert_ne!(
+        before.metadata.resource_version,
+        after.metadata.resource_version
+    );
+    assert_eq!(deployment_writes(&e.fake.requests()).len(), 1);
+    assert!(event_reasons(&e.fake.requests()).contains(&"DeploymentUpdated".to_string()));
+    assert_eq!(e.qc("orders").status.unwrap().observed_generation, Some(2));
+}
+
+#[tokio::test]
+async fn dead_letter_messages_flip_health_and_back() {
+    let e = env().await;
+    e.fake
+        .create(QUEUE_CONSUMERS, qc_manifest("orders", &e.url, false));
+    e.reconcile("orders").await.unwrap();
+    assert_eq!(
+        e.condition("orders", "DeadLetterQueueHealthy").status,
+        "True"
+    );
+
+    e.send_to_dlq(2).await;
+    e.next_poll().await;
+    e.fake.clear_requests();
+    e.reconcile("orders").await.unwrap();
+    let c = e.condition("orders", "DeadLetterQueueHealthy");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "MessagesInDeadLetterQueue")
+    );
+    assert!(c.message.contains("2 message(s)"), "{}", c.message);
+    assert_eq!(
+        e.qc("orders").status.unwrap().dead_letter.unwrap().visible,
+        Some(2)
+    );
+    assert_eq!(
+        event_reasons(&e.fake.requests()),
+        ["MessagesInDeadLetterQueue"]
+    );
+    assert_eq!(
+        e.condition("orders", "Ready").status,
+        e.condition("orders", "Ready").status
+    );
+    assert_ne!(
+        e.condition("orders", "Ready").reason,
+        "MessagesInDeadLetterQueue",
+        "DLQ health does not gate Ready"
+    );
+
+    e.sqs
+        .purge_queue()
+        .queue_url(&e.dlq_url)
+        .send()
+        .await
+        .unwrap();
+    e.next_poll().await;
+    e.fake.clear_requests();
+    e.reconcile("orders").await.unwrap();
+    assert_eq!(
+        e.condition("orders", "DeadLetterQueueHealthy").status,
+        "True"
+    );
+    assert_eq!(event_reasons(&e.fake.requests()), ["DeadLetterQueueEmpty"]);
+}
+
+#[tokio::test]
+async fn deleted_queue_leaves_the_deployment_untouched() {
+    let e = env().await;
+    e.fake
+        .create(QUEUE_CONSUMERS, qc_manifest("orders", &e.url, false));
+    e.reconcile("orders").await.unwrap();
+    // The scaler (another field manager) has set replicas.
+    e.fake.update(DEPLOYMENTS, NS, "orders", |d| {
+        d["spec"]["replicas"] = json!(4)
+    });
+    let before = e.deployment("orders").unwrap();
+    // And the spec changes during the outage: nothing rolls out until the queue is readable.
+    e.fake.update(QUEUE_CONSUMERS, NS, "orders", |q| {
+        q["spec"]["processing"]["concurrency"] = json!(2);
+    });
+    e.sqs.delete_queue().queue_url(&e.url).send().await.unwrap();
+    e.next_poll().await;
+    e.fake.clear_requests();
+
+    let err = e.reconcile("orders").await.unwrap_err();
+    assert!(matches!(err, Error::ObserveQueue(_)), "{err}");
+    assert_eq!(err.reason(), "QueueDoesNotExist");
+    let c = e.condition("orders", "QueueReachable");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "QueueDoesNotExist")
+    );
+    assert_eq!(e.condition("orders", "Ready").status, "False");
+    assert_eq!(
+        e.condition("orders", "ScalingActive").reason,
+        "MetricsUnavailable"
+    );
+    assert!(deployment_writes(&e.fake.requests()).is_empty());
+    let after = e.deployment("orders").unwrap();
+    assert_eq!(
+        before.metadata.resource_version,
+        after.metadata.resource_version
+    );
+    assert_eq!(after.spec.replicas, Some(4));
+    // The backoff grows with each failure.
+    let a1 = qc::controller::error_policy(Arc::new(e.qc("orders")), &err, e.ctx.clone());
+    let a2 = qc::controller::error_policy(Arc::new(e.qc("orders")), &err, e.ctx.clone());
+    assert_eq!(
+        a1,
+        kube::runtime::controller::Action::requeue(std::time::Duration::from_secs(5))
+    );
+    assert_eq!(
+        a2,
+        kube::runtime::controller::Action::requeue(std::time::Duration::from_secs(10))
+    );
+}
+
+#[tokio::test]
+async fn alarm_is_created_kept_and_removed_through_the_finalizer() {
+    let e = env().await;
+    e.fake
+        .create(QUEUE_CONSUMERS, qc_manifest("orders", &e.url, true));
+    e.reconcile("orders").await.unwrap();
+    let qc = e.qc("orders");
+    assert_eq!(
+        qc.metadata.finalizers.as_deref(),
+        Some(&["sqs.consumers.dev/cleanup".to_string()][..])
+    );
+    let dl = qc.status.unwrap().dead_letter.unwrap();
+    let name = dl.alarm_name.clone().unwrap();
+    let alarm = e
+        .cloudwatch
+        .describe(&name)
+        .await
+        .unwrap()
+        .expect("alarm exists");
+    assert_eq!(
+        dl.alarm_state.as_deref(),
+        Some(alarm.state.as_str()),
+        "state in status"
+    );
+    let dlq_name = e.dlq_url.rsplit('/').next().unwrap();
+    assert_eq!(alarm.spec.queue_name, dlq_name);
+    assert_eq!(alarm.spec.metric_name, "ApproximateNumberOfMessagesVisible");
+
+    // Someone edits the alarm: the next reconcile puts it back.
+    let mut drifted = alarm.spec.clone();
+    drifted.threshold = 10.0;
+    e.cloudwatch.put(&drifted).await.unwrap();
+    e.reconcile("orders").await.unwrap();
+    assert_eq!(
+        e.cloudwatch
+            .describe(&name)
+            .await
+            .unwrap()
+            .unwrap()
+            .spec
+            .threshold,
+        0.0
+    );
+
+    e.fake.delete(QUEUE_CONSUMERS, NS, "orders");
+    assert!(
+        e.qc("orders").metadata.deletion_timestamp.is_some(),
+        "held by the finalizer"
+    );
+    e.reconcile("orders").await.unwrap();
+    assert_eq!(
+        e.cloudwatch.describe(&name).await.unwrap(),
+        None,
+        "alarm deleted"
+    );
+    assert!(
+        e.fake.get(QUEUE_CONSUMERS, NS, "orders").is_none(),
+        "QueueConsumer gone"
+    );
+    assert!(
+        e.deployment("orders").is_none(),
+        "Deployment garbage-collected"
+    );
+}
+
+#[tokio::test]
+async fn turning_the_alarm_off_deletes_it_and_drops_the_finalizer() {
+    let e = env().await;
+    e.fake
+        .create(QUEUE_CONSUMERS, qc_manifest("orders", &e.url, true));
+    e.reconcile("orders").await.unwrap();
+    let name = e
+        .qc("orders")
+        .status
+        .unwrap()
+        .dead_letter
+        .unwrap()
+        .alarm_name
+        .unwrap();
+    e.fake.update(QUEUE_CONSUMERS, NS, "orders", |q| {
+        q["spec"]["deadLetter"]["alarm"] = json!(false);
+    });
+    e.reconcile("orders").await.unwrap();
+    assert_eq!(e.cloudwatch.describe(&name).await.unwrap(), None);
+    let qc = e.qc("orders");
+    assert!(qc.metadata.finalizers.unwrap_or_default().is_empty());
+    assert_eq!(qc.status.unwrap().dead_letter.unwrap().alarm_name, None);
+}
+
+#[tokio::test]
+async fn no_alarm_means_no_finalizer() {
+    let e = env().await;
+    e.fake
+        .create(QUEUE_CONSUMERS, qc_manifest("orders", &e.url, false));
+    e.reconcile("orders").await.unwrap();
+    assert!(e.qc("orders").metadata.finalizers.is_none());
+    assert_eq!(e.alarms.puts.load(Ordering::SeqCst), 0);
+    e.fake.delete(QUEUE_CONSUMERS, NS, "orders");
+    assert!(e.fake.get(QUEUE_CONSUMERS, NS, "orders").is_none());
+    assert!(e.deployment("orders").is_none());
+}
+
+#[tokio::test]
+async fn conflicts_retry_soon() {
+    let e = env().await;
+    e.fake
+        .create(QUEUE_CONSUMERS, qc_manifest("orders", &e.url, false));
+    e.fake
+        .fail("PATCH", "/deployments/orders", 409, "Conflict", 1);
+    let err = e.reconcile("orders").await.unwrap_err();
+    assert!(err.is_conflict(), "{err}");
+    assert_eq!(
+        qc::controller::error_policy(Arc::new(e.qc("orders")), &err, e.ctx.clone()),
+        kube::runtime::controller::Action::requeue(std::time::Duration::from_secs(1))
+    );
+    e.reconcile("orders").await.unwrap();
+    assert!(e.deployment("orders").is_some());
+}
+
+// ---- with an in-memory queue reader: call counts and rules ----
+
+fn static_env(reader: StaticReader) -> (FakeKube, Arc<Context>, Arc<StaticReader>) {
+    let fake = FakeKube::new();
+    let reader = Arc::new(reader);
+    let provider = FixedProvider(AwsClients {
+        sqs: reader.clone(),
+        alarms: Arc::new(NoCloudWatch),
+    });
+    let ctx = Arc::new(Context::new(
+        fake.client(),
+        Arc::new(provider),
+        RenderOptions::default(),
+        None,
+    ));
+    (fake, ctx, reader)
+}
+
+/// CloudWatch that is never reached: tests with it keep `deadLetter.alarm` off.
+struct NoCloudWatch;
+
+#[async_trait::async_trait]
+impl Alarms for NoCloudWatch {
+    async fn describe(&self, _: &str) -> Result<Option<ObservedAlarm>, CloudWatchError> {
+        panic!("unexpected CloudWatch call")
+    }
+    async fn put(&self, _: &AlarmSpec) -> Result<(), CloudWatchError> {
+        panic!("unexpected CloudWatch call")
+    }
+    async fn delete(&self, _: &str) -> Result<(), CloudWatchError> {
+        panic!("unexpected CloudWatch call")
+    }
+    async fn oldest_message_age(&self, _: &str) -> Result<Option<i64>, CloudWatchError> {
+        Ok(None)
+    }
+}
+
+const S_URL: &str = "https://sqs.us-east-1.amazonaws.com/123456789012/orders";
+const S_DLQ: &str = "https://sqs.us-east-1.amazonaws.com/123456789012/orders-dlq";
+const S_DLQ_ARN: &str = "arn:aws:sqs:us-east-1:123456789012:orders-dlq";
+
+fn static_reader(vt: &str) -> StaticReader {
+    let redrive = json!({"deadLetterTargetArn": S_DLQ_ARN, "maxReceiveCount": 5}).to_string();
+    StaticReader::new()
+        .with_queue(
+            S_URL,
+            HashMap::from([
+                ("QueueArn", "arn:aws:sqs:us-east-1:123456789012:orders"),
+                ("VisibilityTimeout", vt),
+                ("MessageRetentionPeriod", "1209600"),
+                ("ApproximateNumberOfMessages", "0"),
+                ("ApproximateNumberOfMessagesNotVisible", "0"),
+                ("RedrivePolicy", redrive.as_str()),
+            ]),
+        )
+        .with_queue(
+            S_DLQ,
+            [
+                ("QueueArn", S_DLQ_ARN),
+                ("MessageRetentionPeriod", "1209600"),
+                ("ApproximateNumberOfMessages", "0"),
+            ],
+        )
+}
+
+fn static_manifest(name: &str, enforce: bool) -> Value {
+    let mut m = qc_manifest(name, S_URL, false);
+    m["spec"]["queue"] = json!({"url": S_URL});
+    m["spec"]["scaling"]["pollInterval"] = json!("1h");
+    m["spec"]["processing"]["heartbeat"] = json!({"enabled": false});
+    m["spec"]["validation"] = json!({"enforce": enforce});
+    m
+}
+
+#[tokio::test]
+async fn consumers_of_one_queue_share_one_read_per_poll_interval() {
+    let (fake, ctx, reader) = static_env(static_reader("60"));
+    for name in ["a", "b", "c"] {
+        fake.create(QUEUE_CONSUMERS, static_manifest(name, false));
+    }
+    for name in ["a", "b", "c", "a"] {
+        let qc: QueueConsumer =
+            serde_json::from_value(fake.get(QUEUE_CONSUMERS, NS, name).unwrap()).unwrap();
+        reconcile(Arc::new(qc), ctx.clone()).await.unwrap();
+    }
+    let reads = reader
+        .calls()
+        .iter()
+        .filter(|c| *c == &format!("GetQueueAttributes {S_URL}"))
+        .count();
+    assert_eq!(reads, 1, "{:?}", reader.calls());
+    assert_eq!(fake.list(DEPLOYMENTS).len(), 3);
+}
+
+#[tokio::test]
+async fn enforce_holds_rollout_on_an_error_finding() {
+    // VT 5s is below the budget (2s + 5s margin) and there is no heartbeat: an Error.
+    let (fake, ctx, _) = static_env(static_reader("5"));
+    fake.create(QUEUE_CONSUMERS, static_manifest("strict", true));
+    fake.create(QUEUE_CONSUMERS, static_manifest("lenient", false));
+    for name in ["strict", "lenient"] {
+        let qc: QueueConsumer =
+            serde_json::from_value(fake.get(QUEUE_CONSUMERS, NS, name).unwrap()).unwrap();
+        reconcile(Arc::new(qc), ctx.clone()).await.unwrap();
+    }
+    assert!(fake.get(DEPLOYMENTS, NS, "strict").is_none(), "held");
+    assert!(
+        fake.get(DEPLOYMENTS, NS, "lenient").is_some(),
+        "warned, not held"
+    );
+    let strict: QueueConsumer =
+        serde_json::from_value(fake.get(QUEUE_CONSUMERS, NS, "strict").unwrap()).unwrap();
+    let status = strict.status.unwrap();
+    let cond = |t: &str| {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(cond("ConfigValid").reason, "VisibilityTimeoutBelowBudget");
+    assert!(cond("ConfigValid").message.contains("rollout held"));
+    assert_eq!(cond("ScalingActive").reason, "HeldByValidation");
+    assert!(
+        status
+            .findings
+            .iter()
+            .any(|f| f.code == "VisibilityTimeoutBelowBudget"
+                && f.recommendation.contains("VisibilityTimeout"))
+    );
+}
