@@ -22,6 +22,26 @@ enum Command {
     Crd,
     /// Lint QueueConsumer manifests against the rules, offline or with the queue's real settings.
     Check(CheckArgs),
+    /// Print the Deployment the controller would apply and the status it would write, without a cluster.
+    Plan(PlanArgs),
+}
+
+#[derive(Args)]
+struct PlanArgs {
+    /// Manifest file with QueueConsumers (multi-document YAML; other kinds are skipped).
+    file: PathBuf,
+    /// Read the queue, its dead-letter queue and the DLQ's oldest-message age (as the controller does).
+    #[arg(long, conflicts_with = "attributes")]
+    live: bool,
+    /// JSON printed by `aws sqs get-queue-attributes --attribute-names All` for the source queue.
+    #[arg(long, value_name = "FILE")]
+    attributes: Option<PathBuf>,
+    /// The same JSON for the dead-letter queue (with --attributes).
+    #[arg(long, value_name = "FILE", requires = "attributes")]
+    dlq_attributes: Option<PathBuf>,
+    /// Image of the worker container, as `run --worker-image`.
+    #[arg(long, env = "QC_WORKER_IMAGE", value_name = "IMAGE")]
+    worker_image: Option<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -63,7 +83,35 @@ fn main() -> ExitCode {
             }
         },
         Command::Check(args) => check(args),
+        Command::Plan(args) => plan(args),
     }
+}
+
+fn plan(args: PlanArgs) -> ExitCode {
+    use qc::check::FactsSource;
+    let source = match (&args.attributes, args.live) {
+        (Some(a), _) => FactsSource::Files {
+            source: a.clone(),
+            dead_letter: args.dlq_attributes.clone(),
+        },
+        (None, true) => FactsSource::Live,
+        (None, false) => FactsSource::Offline,
+    };
+    let opts = qc::render::RenderOptions {
+        worker_image: args
+            .worker_image
+            .unwrap_or_else(qc::render::default_worker_image),
+    };
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let run = rt.block_on(qc::controller::plan::run_file(&args.file, &source, &opts));
+    for e in &run.errors {
+        eprintln!("error: {e}");
+    }
+    print!("{}", run.output);
+    ExitCode::from(run.exit_code)
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {

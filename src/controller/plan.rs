@@ -126,3 +126,104 @@ pub fn to_yaml(p: &Planned, namespace: Option<&str>) -> Result<String, PlanError
     out.push_str(&encode(&status_doc)?);
     Ok(out)
 }
+
+/// The result of `plan FILE`: the text to print, errors for stderr, and the exit code
+/// (0 planned, 1 an Error finding, 2 unreadable or invalid input, as `check`).
+#[derive(Clone, Debug, Default)]
+pub struct PlanRun {
+    pub output: String,
+    pub errors: Vec<String>,
+    pub exit_code: u8,
+}
+
+/// Plan every QueueConsumer of a manifest file, with facts from `source`.
+pub async fn run_file(
+    path: &std::path::Path,
+    source: &crate::check::FactsSource,
+    opts: &RenderOptions,
+) -> PlanRun {
+    use crate::check::FactsSource;
+    use crate::manifest::{self, Document};
+
+    let mut run = PlanRun::default();
+    let docs = match manifest::load_file(path) {
+        Ok(d) => d,
+        Err(e) => {
+            run.errors.push(e.to_string());
+            run.exit_code = 2;
+            return run;
+        }
+    };
+    let mut planned_any = false;
+    for doc in docs {
+        let qc = match doc {
+            Document::Valid(qc) => *qc,
+            Document::Invalid { name, errors } => {
+                for e in errors {
+                    run.errors.push(format!("{}: {name}: {e}", path.display()));
+                }
+                run.exit_code = 2;
+                continue;
+            }
+            Document::Other { .. } => continue,
+        };
+        planned_any = true;
+        let name = qc.metadata.name.clone().unwrap_or_default();
+        let read = match source {
+            FactsSource::Offline => None,
+            FactsSource::Files {
+                source,
+                dead_letter,
+            } => Some(
+                manifest::facts_from_files(source, dead_letter.as_deref(), &qc.spec.queue.url)
+                    .map_err(|e| e.to_string()),
+            ),
+            FactsSource::Live => Some(live_facts(&qc).await),
+        };
+        let observation = match &read {
+            None => Observation::Offline,
+            Some(Ok(f)) => Observation::Read(f),
+            Some(Err(e)) => {
+                // A file or endpoint problem is bad input: no plan rather than a plan of an outage.
+                run.errors.push(format!("{name}: {e}"));
+                run.exit_code = 2;
+                continue;
+            }
+        };
+        let planned = plan(&qc, observation, opts, super::observe::now());
+        if planned.has_errors && run.exit_code == 0 {
+            run.exit_code = 1;
+        }
+        match to_yaml(&planned, qc.metadata.namespace.as_deref()) {
+            Ok(y) => {
+                if !run.output.is_empty() {
+                    run.output.push_str("---\n");
+                }
+                run.output.push_str(&y);
+            }
+            Err(e) => {
+                run.errors.push(e.to_string());
+                run.exit_code = 2;
+            }
+        }
+    }
+    if !planned_any && run.errors.is_empty() {
+        run.errors
+            .push(format!("{}: no QueueConsumer in the file", path.display()));
+        run.exit_code = 2;
+    }
+    run
+}
+
+/// `--live`: the queue, its DLQ and the DLQ's oldest-message age, as the controller reads them.
+async fn live_facts(qc: &QueueConsumer) -> Result<crate::aws::Facts, String> {
+    use super::observe::{AwsProvider, SdkProvider, with_oldest_age};
+    let (region, endpoint) = super::observe::aws_target(&qc.spec);
+    let clients = SdkProvider::default()
+        .clients(region.as_deref(), endpoint.as_deref())
+        .await;
+    let facts = crate::aws::observe(clients.sqs.as_ref(), &qc.spec.queue.url)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(with_oldest_age(facts, clients.alarms.as_ref()).await)
+}
