@@ -24,6 +24,45 @@ enum Command {
     Check(CheckArgs),
     /// Print the Deployment the controller would apply and the status it would write, without a cluster.
     Plan(PlanArgs),
+    /// Run the controller: QueueConsumers become worker Deployments, with status and DLQ health.
+    Run(RunArgs),
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Json,
+    Text,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Namespace to watch (repeatable); default: all namespaces.
+    #[arg(
+        long = "namespace",
+        value_name = "NS",
+        env = "QC_NAMESPACES",
+        value_delimiter = ','
+    )]
+    namespaces: Vec<String>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:8080", value_name = "ADDR")]
+    metrics_addr: std::net::SocketAddr,
+    /// Elect a leader through a Lease, so that several replicas can run.
+    #[arg(long, env = "QC_LEADER_ELECTION")]
+    leader_election: bool,
+    #[arg(long, default_value = "qc-operator", value_name = "NAME")]
+    lease_name: String,
+    /// Namespace of the Lease; default: the pod's own (POD_NAMESPACE).
+    #[arg(long, env = "POD_NAMESPACE", value_name = "NS")]
+    lease_namespace: Option<String>,
+    /// How long a leader's claim lasts without renewal (whole seconds); a standby takes over after it.
+    #[arg(long, default_value = "15s", value_name = "DURATION")]
+    lease_duration: qc::api::Duration,
+    /// Image of the worker containers (holds /usr/local/bin/qc-worker).
+    #[arg(long, env = "QC_WORKER_IMAGE", value_name = "IMAGE")]
+    worker_image: Option<String>,
+    #[arg(long, value_enum, default_value = "json")]
+    log_format: LogFormat,
 }
 
 #[derive(Args)]
@@ -84,7 +123,113 @@ fn main() -> ExitCode {
         },
         Command::Check(args) => check(args),
         Command::Plan(args) => plan(args),
+        Command::Run(args) => match run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "qc-operator stopped");
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
     }
+}
+
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+/// The pod name (POD_NAME) is the identity in the Lease; outside a pod, host and process id.
+fn identity() -> String {
+    std::env::var("POD_NAME")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| {
+            let host = std::env::var("HOSTNAME")
+                .ok()
+                .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+                .map(|h| h.trim().to_string())
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| "qc-operator".to_string());
+            format!("{host}-{}", std::process::id())
+        })
+}
+
+fn run(args: RunArgs) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    use qc::controller::run::{LeaderOptions, RunOptions};
+    init_logs(args.log_format);
+    let identity = identity();
+    let leader = if args.leader_election {
+        let lease_namespace = args.lease_namespace.clone().context(
+            "--leader-election needs --lease-namespace or POD_NAMESPACE (the chart sets it from the downward API)",
+        )?;
+        let lease_seconds = args.lease_duration.as_secs_ceil().max(2);
+        Some(LeaderOptions {
+            lease_name: args.lease_name.clone(),
+            lease_namespace,
+            identity: identity.clone(),
+            lease_seconds,
+            // Renew a third of the way before expiry.
+            grace_seconds: (lease_seconds / 3).max(1),
+        })
+    } else {
+        None
+    };
+    let opts = RunOptions {
+        namespaces: args
+            .namespaces
+            .into_iter()
+            .filter(|n| !n.is_empty())
+            .collect(),
+        metrics_addr: args.metrics_addr,
+        leader,
+    };
+    let render = qc::render::RenderOptions {
+        worker_image: args
+            .worker_image
+            .unwrap_or_else(qc::render::default_worker_image),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    rt.block_on(async move {
+        let client = kube::Client::try_default()
+            .await
+            .context("connect to the Kubernetes API (in-cluster service account or KUBECONFIG)")?;
+        let ctx = std::sync::Arc::new(qc::controller::Context::new(
+            client,
+            std::sync::Arc::new(qc::controller::observe::SdkProvider::default()),
+            render,
+            Some(identity),
+        ));
+        qc::controller::run::run(ctx, opts, shutdown_signal())
+            .await
+            .map_err(anyhow::Error::from)
+    })
+}
+
+/// SIGTERM (the kubelet) or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {},
+                _ = ctrl_c => {},
+            }
+        }
+        Err(_) => {
+            let _ = ctrl_c.await;
+        }
+    }
+    tracing::info!("shutting down");
 }
 
 fn plan(args: PlanArgs) -> ExitCode {

@@ -1,2 +1,273 @@
-//! `qc-operator run`: the controllers, metrics and health endpoints, and leader election.
-//! Wiring only: each reconcile is `super::reconcile`.
+//! `qc-operator run`: one kube Controller per watched namespace (or one for all), the /metrics,
+//! /healthz and /readyz endpoints, and Lease-based leader election so two replicas can run.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::StreamExt;
+use futures::future::{BoxFuture, FutureExt, Shared};
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::Api;
+use kube::runtime::Controller;
+use kube::runtime::watcher;
+use kube_lease_manager::LeaseManagerBuilder;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::api::QueueConsumer;
+use crate::render::{LABEL_MANAGED_BY, MANAGED_BY_VALUE};
+
+use super::{Context, error_policy, reconcile};
+
+/// Leader election on a coordination.k8s.io/v1 Lease.
+#[derive(Clone, Debug)]
+pub struct LeaderOptions {
+    pub lease_name: String,
+    pub lease_namespace: String,
+    /// This replica's identity in the Lease (the pod name).
+    pub identity: String,
+    /// How long a holder's claim lasts without renewal; a standby takes over after this.
+    pub lease_seconds: u64,
+    /// The holder renews this long before expiry (also the clock skew tolerated between nodes).
+    pub grace_seconds: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Namespaces to watch; empty: all.
+    pub namespaces: Vec<String>,
+    pub metrics_addr: SocketAddr,
+    pub leader: Option<LeaderOptions>,
+}
+
+/// Why `run` stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("bind the metrics address {addr}: {source}")]
+    BindMetrics {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("set up leader election on lease {namespace}/{name}: {source}")]
+    StartLeaderElection {
+        namespace: String,
+        name: String,
+        source: kube_lease_manager::LeaseManagerError,
+    },
+    #[error("lost the leader lease {namespace}/{name}: stopping so that only the new leader acts")]
+    LostLease { namespace: String, name: String },
+}
+
+/// Liveness and readiness as the endpoints report them.
+#[derive(Default)]
+pub struct Health {
+    pub ready: AtomicBool,
+    pub leading: AtomicBool,
+}
+
+type Stop = Shared<BoxFuture<'static, ()>>;
+
+/// Run until `shutdown` resolves (graceful: reconciles in flight finish) or the lease is lost.
+pub async fn run(
+    ctx: Arc<Context>,
+    opts: RunOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    let health = Arc::new(Health::default());
+    let listener = TcpListener::bind(opts.metrics_addr)
+        .await
+        .map_err(|source| RunError::BindMetrics {
+            addr: opts.metrics_addr,
+            source,
+        })?;
+    tracing::info!(addr = %opts.metrics_addr, "serving /metrics, /healthz and /readyz");
+    let server = tokio::spawn(serve(listener, ctx.clone(), health.clone()));
+    let shutdown: Stop = shutdown.boxed().shared();
+    let result = match &opts.leader {
+        None => {
+            health.ready.store(true, Ordering::Relaxed);
+            health.leading.store(true, Ordering::Relaxed);
+            controllers(&ctx, &opts.namespaces, shutdown).await;
+            Ok(())
+        }
+        Some(leader) => lead(&ctx, &opts, leader, &health, shutdown).await,
+    };
+    server.abort();
+    result
+}
+
+async fn lead(
+    ctx: &Arc<Context>,
+    opts: &RunOptions,
+    leader: &LeaderOptions,
+    health: &Health,
+    shutdown: Stop,
+) -> Result<(), RunError> {
+    let manager = LeaseManagerBuilder::new(ctx.client.clone(), &leader.lease_name)
+        .with_namespace(&leader.lease_namespace)
+        .with_identity(&leader.identity)
+        .with_duration(leader.lease_seconds)
+        .with_grace(leader.grace_seconds)
+        .build()
+        .await
+        .map_err(|source| RunError::StartLeaderElection {
+            namespace: leader.lease_namespace.clone(),
+            name: leader.lease_name.clone(),
+            source,
+        })?;
+    let (mut leading, task) = manager.watch().await;
+    // A standby is healthy and ready: it only waits.
+    health.ready.store(true, Ordering::Relaxed);
+    tracing::info!(lease = %leader.lease_name, identity = %leader.identity, "waiting for the leader lease");
+    loop {
+        if *leading.borrow_and_update() {
+            break;
+        }
+        tokio::select! {
+            changed = leading.changed() => if changed.is_err() {
+                return Err(lost(leader));
+            },
+            _ = shutdown.clone() => {
+                // Dropping the receiver makes the manager release and stop.
+                drop(leading);
+                let _ = task.await;
+                return Ok(());
+            }
+        }
+    }
+    health.leading.store(true, Ordering::Relaxed);
+    tracing::info!(identity = %leader.identity, "became the leader");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let stop: Stop = async move {
+        let _ = stop_rx.await;
+    }
+    .boxed()
+    .shared();
+    let running = controllers(ctx, &opts.namespaces, stop);
+    tokio::pin!(running);
+    let lost_lease = tokio::select! {
+        _ = &mut running => false,
+        _ = shutdown.clone() => false,
+        _ = leading.wait_for(|l| !*l) => true,
+    };
+    let _ = stop_tx.send(());
+    running.await;
+    health.leading.store(false, Ordering::Relaxed);
+    drop(leading);
+    // The manager releases the lease when its channel closes, so a standby takes over at once.
+    let _ = task.await;
+    if lost_lease {
+        Err(lost(leader))
+    } else {
+        tracing::info!("stopped; the leader lease is released");
+        Ok(())
+    }
+}
+
+fn lost(leader: &LeaderOptions) -> RunError {
+    RunError::LostLease {
+        namespace: leader.lease_namespace.clone(),
+        name: leader.lease_name.clone(),
+    }
+}
+
+/// One Controller per namespace, all sharing the context (and so the facts cache).
+async fn controllers(ctx: &Arc<Context>, namespaces: &[String], stop: Stop) {
+    let scopes: Vec<Option<String>> = if namespaces.is_empty() {
+        vec![None]
+    } else {
+        namespaces.iter().cloned().map(Some).collect()
+    };
+    let runs = scopes.into_iter().map(|ns| {
+        let ctx = ctx.clone();
+        let stop = stop.clone();
+        async move {
+            let client = ctx.client.clone();
+            let (qcs, deployments): (Api<QueueConsumer>, Api<Deployment>) = match &ns {
+                Some(n) => (
+                    Api::namespaced(client.clone(), n),
+                    Api::namespaced(client, n),
+                ),
+                None => (Api::all(client.clone()), Api::all(client)),
+            };
+            tracing::info!(
+                namespace = ns.as_deref().unwrap_or("<all>"),
+                "watching QueueConsumers"
+            );
+            // Only our Deployments: a cluster's other Deployments are neither cached nor watched.
+            let owned = watcher::Config::default()
+                .labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY_VALUE}"));
+            Controller::new(qcs, watcher::Config::default())
+                .owns(deployments, owned)
+                .graceful_shutdown_on(stop)
+                .run(reconcile, error_policy, ctx)
+                .for_each(|res| async move {
+                    match res {
+                        Ok((obj, _)) => tracing::debug!(queueconsumer = %obj, "reconciled"),
+                        Err(e) => tracing::debug!(error = %e, "reconcile failed"),
+                    }
+                })
+                .await;
+        }
+    });
+    futures::future::join_all(runs).await;
+}
+
+/// A minimal HTTP/1.1 responder: three fixed paths, one request per connection.
+async fn serve(listener: TcpListener, ctx: Arc<Context>, health: Arc<Health>) {
+    loop {
+        let Ok((mut sock, _)) = listener.accept().await else {
+            continue;
+        };
+        let ctx = ctx.clone();
+        let health = health.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            let mut len = 0;
+            // Read the request head; a scraper's request fits in 4 KiB.
+            while len < buf.len() {
+                match sock.read(&mut buf[len..]).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        len += n;
+                        if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+                            break;
+                        }
+                    }
+                }
+            }
+            let head = String::from_utf8_lossy(&buf[..len]);
+            let path = head.split_whitespace().nth(1).unwrap_or("/");
+            let (code, body) = match path {
+                "/metrics" => (200, metrics_text(&ctx, &health)),
+                "/healthz" => (200, "ok\n".to_string()),
+                "/readyz" if health.ready.load(Ordering::Relaxed) => (200, "ok\n".to_string()),
+                "/readyz" => (503, "starting\n".to_string()),
+                _ => (404, "not found\n".to_string()),
+            };
+            let status = match code {
+                200 => "200 OK",
+                503 => "503 Service Unavailable",
+                _ => "404 Not Found",
+            };
+            let response = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = sock.write_all(response.as_bytes()).await;
+            let _ = sock.shutdown().await;
+        });
+    }
+}
+
+fn metrics_text(ctx: &Context, health: &Health) -> String {
+    let mut out = ctx.metrics.render();
+    out.push_str("# HELP qc_leader Whether this replica holds the leader lease (1) or stands by (0).\n# TYPE qc_leader gauge\n");
+    out.push_str(&format!(
+        "qc_leader {}\n",
+        u8::from(health.leading.load(Ordering::Relaxed))
+    ));
+    out
+}

@@ -968,7 +968,7 @@ impl State {
                     err(400, "BadRequest", "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch")
                 })?;
                 let force = query.get("force").map(String::as_str) == Some("true");
-                if body["metadata"]["name"].as_str() != Some(name) {
+                if body["metadata"]["name"].as_str().is_some_and(|n| n != name) {
                     return Err(err(
                         400,
                         "BadRequest",
@@ -983,7 +983,9 @@ impl State {
                     if status {
                         return Err(not_found(kind, name));
                     }
-                    let created = self.create(tx, kind, ns, applied.clone(), &manager)?;
+                    let mut object = applied.clone();
+                    object["metadata"]["name"] = json!(name);
+                    let created = self.create(tx, kind, ns, object, &manager)?;
                     // The applier owns what it sent, not what the server defaulted.
                     let stored = self.objects.get_mut(&key).unwrap();
                     stored.owners.insert(manager.clone(), leaf_set(&applied));
