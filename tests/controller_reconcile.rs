@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use aws_sdk_cloudwatch::types::{Dimension, MetricDatum, StandardUnit};
 use aws_sdk_sqs::types::QueueAttributeName;
 use fake_kube::{DEPLOYMENTS, EVENTS, FakeKube, QUEUE_CONSUMERS, Recorded};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -54,6 +55,7 @@ struct Env {
     alarms: Arc<CountingAlarms>,
     sqs: aws_sdk_sqs::Client,
     cloudwatch: CloudWatchAlarms,
+    cloudwatch_client: aws_sdk_cloudwatch::Client,
     url: String,
     dlq_url: String,
 }
@@ -124,7 +126,8 @@ async fn env() -> Env {
         ctx,
         alarms,
         sqs,
-        cloudwatch: CloudWatchAlarms::new(cw),
+        cloudwatch: CloudWatchAlarms::new(cw.clone()),
+        cloudwatch_client: cw,
         url,
         dlq_url,
     }
@@ -377,6 +380,27 @@ async fn dead_letter_messages_flip_health_and_back() {
     );
 
     e.send_to_dlq(2).await;
+    // CloudWatch has the DLQ's age of oldest message (moto keeps what is put into AWS/SQS).
+    let dlq_name = e.dlq_url.rsplit('/').next().unwrap().to_string();
+    e.cloudwatch_client
+        .put_metric_data()
+        .namespace("AWS/SQS")
+        .metric_data(
+            MetricDatum::builder()
+                .metric_name("ApproximateAgeOfOldestMessage")
+                .dimensions(
+                    Dimension::builder()
+                        .name("QueueName")
+                        .value(&dlq_name)
+                        .build(),
+                )
+                .value(125.0)
+                .unit(StandardUnit::Seconds)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
     e.next_poll().await;
     e.fake.clear_requests();
     e.reconcile("orders").await.unwrap();
@@ -386,10 +410,10 @@ async fn dead_letter_messages_flip_health_and_back() {
         ("False", "MessagesInDeadLetterQueue")
     );
     assert!(c.message.contains("2 message(s)"), "{}", c.message);
-    assert_eq!(
-        e.qc("orders").status.unwrap().dead_letter.unwrap().visible,
-        Some(2)
-    );
+    assert!(c.message.contains("the oldest 2m5s old"), "{}", c.message);
+    let dl = e.qc("orders").status.unwrap().dead_letter.unwrap();
+    assert_eq!(dl.visible, Some(2));
+    assert_eq!(dl.oldest_age_seconds, Some(125));
     assert_eq!(
         event_reasons(&e.fake.requests()),
         ["MessagesInDeadLetterQueue"]
