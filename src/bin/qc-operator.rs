@@ -126,8 +126,14 @@ fn main() -> ExitCode {
         Command::Run(args) => match run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                tracing::error!(error = %format!("{e:#}"), "qc-operator stopped");
-                eprintln!("error: {e:#}");
+                // The context says what failed, the error under it why; kube's errors already carry
+                // their sources in their own text, so the full chain would repeat them.
+                let message = match e.chain().nth(1) {
+                    Some(cause) => format!("{e}: {cause}"),
+                    None => e.to_string(),
+                };
+                tracing::error!(error = %message, "qc-operator stopped");
+                eprintln!("error: {message}");
                 ExitCode::FAILURE
             }
         },
