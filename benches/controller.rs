@@ -82,7 +82,7 @@ fn time_pure(exec: bool, iterations: u32) -> f64 {
     let now = qc::controller::observe::now();
     let start = Instant::now();
     for _ in 0..iterations {
-        let d = pipeline::decide(&qc, Observation::Read(&facts), &opts);
+        let d = pipeline::decide(&qc, Observation::Read(&facts), None, &opts);
         let s = status::build(&StatusInputs {
             qc: &qc,
             facts: Observation::Read(&facts),

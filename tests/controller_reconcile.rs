@@ -747,3 +747,78 @@ async fn enforce_holds_rollout_on_an_error_finding() {
                 && f.recommendation.contains("VisibilityTimeout"))
     );
 }
+
+#[tokio::test]
+async fn edits_to_the_deployment_are_undone_but_replicas_stay_with_the_scaler() {
+    let (fake, ctx, _) = static_env(static_reader("60"));
+    fake.create(QUEUE_CONSUMERS, static_manifest("orders", false));
+    let get_qc = || -> QueueConsumer {
+        serde_json::from_value(fake.get(QUEUE_CONSUMERS, NS, "orders").unwrap()).unwrap()
+    };
+    reconcile(Arc::new(get_qc()), ctx.clone()).await.unwrap();
+    // The scaler owns replicas (its own field manager); someone edits the worker's image by hand.
+    let scaler: kube::Api<Deployment> = kube::Api::namespaced(fake.client(), NS);
+    scaler
+        .patch(
+            "orders",
+            &kube::api::PatchParams::apply("qc-operator-scaler").force(),
+            &kube::api::Patch::Apply(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "orders"}, "spec": {"replicas": 6}})),
+        )
+        .await
+        .unwrap();
+    fake.update(DEPLOYMENTS, NS, "orders", |d| {
+        d["spec"]["template"]["spec"]["containers"][1]["image"] = json!("evil:1");
+    });
+    fake.clear_requests();
+    reconcile(Arc::new(get_qc()), ctx.clone()).await.unwrap();
+    let d: Deployment =
+        serde_json::from_value(fake.get(DEPLOYMENTS, NS, "orders").unwrap()).unwrap();
+    let worker = &d.spec.template.spec.as_ref().unwrap().containers[1];
+    assert_eq!(
+        worker.image,
+        Some(qc::render::default_worker_image()),
+        "edit undone"
+    );
+    assert_eq!(d.spec.replicas, Some(6), "replicas are the scaler's");
+    assert_eq!(deployment_writes(&fake.requests()).len(), 1);
+}
+
+#[tokio::test]
+async fn a_deployment_owned_by_someone_else_is_never_taken_over() {
+    let (fake, ctx, _) = static_env(static_reader("60"));
+    fake.create(
+        DEPLOYMENTS,
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "orders", "namespace": NS},
+            "spec": {"selector": {"matchLabels": {"app": "mine"}},
+                "template": {"metadata": {"labels": {"app": "mine"}},
+                    "spec": {"containers": [{"name": "mine", "image": "mine:1"}]}}}}),
+    );
+    let before = fake.get(DEPLOYMENTS, NS, "orders").unwrap();
+    fake.create(QUEUE_CONSUMERS, static_manifest("orders", false));
+    fake.clear_requests();
+    let qc: QueueConsumer =
+        serde_json::from_value(fake.get(QUEUE_CONSUMERS, NS, "orders").unwrap()).unwrap();
+    reconcile(Arc::new(qc), ctx.clone()).await.unwrap();
+    assert!(deployment_writes(&fake.requests()).is_empty());
+    assert_eq!(fake.get(DEPLOYMENTS, NS, "orders").unwrap(), before);
+    let qc: QueueConsumer =
+        serde_json::from_value(fake.get(QUEUE_CONSUMERS, NS, "orders").unwrap()).unwrap();
+    let status = qc.status.unwrap();
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(ready.reason, "DeploymentNotOwned");
+    assert!(
+        ready.message.contains("rename the QueueConsumer"),
+        "{}",
+        ready.message
+    );
+    assert_eq!(
+        status.replicas, None,
+        "someone else's replicas are not reported as ours"
+    );
+}

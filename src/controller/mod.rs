@@ -279,10 +279,10 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
 
     // validate, build, decide replicas
     let facts = pipeline::Observation::from_result(observed.as_ref().map(|o| &o.facts));
-    let decision = pipeline::decide(qc, facts, &ctx.render);
+    let decision = pipeline::decide(qc, facts, live.as_ref(), &ctx.render);
 
-    // apply
-    let mut deployment = live;
+    // apply; a Deployment someone else controls is neither changed nor reported as ours
+    let mut deployment = live.filter(|d| pipeline::controls(qc, d));
     let mut applied = None;
     if let (Rollout::Apply, Ok(rendered)) = (&decision.rollout, &decision.deployment) {
         let desired = apply::with_fingerprint(rendered.clone());

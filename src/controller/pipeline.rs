@@ -97,14 +97,31 @@ fn queue_name(dead_letter: &DeadLetterFacts) -> Option<String> {
     }
 }
 
-/// Validate, render and decide.
-pub fn decide(qc: &QueueConsumer, facts: Observation<'_>, opts: &RenderOptions) -> Decision {
+/// Whether the QueueConsumer controls `live` (its controller owner reference carries our uid).
+pub fn controls(qc: &QueueConsumer, live: &Deployment) -> bool {
+    let uid = qc.metadata.uid.as_deref();
+    live.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|r| r.controller == Some(true) && Some(r.uid.as_str()) == uid)
+}
+
+/// Validate, render and decide. `live` is the Deployment of that name, if one exists.
+pub fn decide(
+    qc: &QueueConsumer,
+    facts: Observation<'_>,
+    live: Option<&Deployment>,
+    opts: &RenderOptions,
+) -> Decision {
     let report = validate::evaluate(&qc.spec, facts.facts());
     let deployment = render::deployment(qc, opts);
     let rollout = if matches!(facts, Observation::Failed(_)) {
         Rollout::HeldQueueUnreachable
     } else if deployment.is_err() {
         Rollout::HeldInvalidSpec
+    } else if live.is_some_and(|d| !controls(qc, d)) {
+        Rollout::HeldForeignDeployment
     } else if qc.spec.validation.enforce && report.has_errors() {
         Rollout::HeldByValidation
     } else {

@@ -39,13 +39,17 @@ pub fn plan(
     now: Time,
 ) -> Planned {
     let name = qc.metadata.name.clone().unwrap_or_default();
-    let decision = pipeline::decide(qc, facts, opts);
+    let decision = pipeline::decide(qc, facts, None, opts);
     let (deployment, held) = match (&decision.rollout, &decision.deployment) {
         (Rollout::Apply, Ok(d)) => (Some(apply::with_fingerprint(d.clone())), None),
         (_, Err(e)) => (None, Some(format!("the spec cannot be rendered: {e}"))),
         (Rollout::HeldByValidation, _) => (
             None,
             Some("held: an Error finding and validation.enforce is true".to_string()),
+        ),
+        (Rollout::HeldForeignDeployment, _) => (
+            None,
+            Some("held: a Deployment of this name belongs to someone else".to_string()),
         ),
         (_, Ok(_)) => (
             None,

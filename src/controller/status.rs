@@ -14,6 +14,8 @@ use super::pipeline::Observation;
 
 /// Offline (`plan` without `--live`), the DLQ is not read: its health is unknown for that reason.
 pub const DEAD_LETTER_QUEUE_NOT_READ: &str = "DeadLetterQueueNotRead";
+/// A Deployment named like the QueueConsumer exists and is not controlled by it.
+pub const DEPLOYMENT_NOT_OWNED: &str = "DeploymentNotOwned";
 /// Offline, the queue is not read at all.
 pub const QUEUE_NOT_READ: &str = "QueueNotRead";
 const OFFLINE: &str = "not read: plan ran offline (use --live or --attributes FILE)";
@@ -28,6 +30,8 @@ pub enum Rollout {
     HeldInvalidSpec,
     /// `validation.enforce` and an Error finding.
     HeldByValidation,
+    /// A Deployment of that name exists and another owner (or nobody) controls it: never taken over.
+    HeldForeignDeployment,
 }
 
 /// The managed CloudWatch alarm, as far as status is concerned.
@@ -305,6 +309,12 @@ fn scaling_active(i: &StatusInputs<'_>) -> Cond {
             reason::METRICS_UNAVAILABLE,
             held("queue depth is unknown"),
         ),
+        Rollout::HeldForeignDeployment => (
+            t,
+            "False",
+            DEPLOYMENT_NOT_OWNED,
+            "the Deployment of this name belongs to someone else: nothing is scaled".to_string(),
+        ),
         Rollout::Apply => {
             let max = i.qc.spec.scaling.max_replicas;
             match replicas {
@@ -334,6 +344,16 @@ fn ready(i: &StatusInputs<'_>, queue: &Cond, config: &Cond, name: &str) -> Cond 
     }
     if config.1 == "False" {
         return (t, "False", reason::CONFIG_INVALID, config.3.clone());
+    }
+    if *i.rollout == Rollout::HeldForeignDeployment {
+        return (
+            t,
+            "False",
+            DEPLOYMENT_NOT_OWNED,
+            format!(
+                "Deployment {name} exists and is not controlled by this QueueConsumer: it is left alone; rename the QueueConsumer or delete that Deployment"
+            ),
+        );
     }
     match i.deployment {
         None => (
