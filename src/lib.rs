@@ -7,4 +7,5 @@ pub mod check;
 pub mod controller;
 pub mod manifest;
 pub mod render;
+pub mod scaling;
 pub mod validate;

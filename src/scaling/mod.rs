@@ -1,0 +1,544 @@
+//! The replica policy: a pure function from the declared scaling spec, P99, concurrency, the queue's recent
+//! samples and the current replica count to a decision (replicas, reason, what limited it). No I/O.
+//!
+//! The controller keeps one [`History`] per QueueConsumer and pushes a [`Sample`] every `pollInterval`; the
+//! simulator (`sim`) drives the same function from a simulated queue. See docs/scaling.md.
+
+pub mod sim;
+
+use std::collections::VecDeque;
+use std::fmt;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde::Serialize;
+
+use crate::api::conditions::reason as condition_reason;
+use crate::api::{Duration, QueueConsumerSpec, ScalingSpec};
+use crate::aws::facts::QueueFacts;
+
+/// Upper bound on retained samples whatever the window: a 1s poll interval and a one-hour window fit.
+pub const MAX_SAMPLES: usize = 4096;
+
+/// Why a sample could not be taken or kept.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScalingError {
+    #[error("queue attribute {attribute} is missing, so the queue cannot be sampled for scaling")]
+    SampleMissingCount { attribute: &'static str },
+    #[error(
+        "queue attribute {attribute} is negative ({value}), so the queue cannot be sampled for scaling"
+    )]
+    SampleNegativeCount { attribute: &'static str, value: i64 },
+    #[error(
+        "sample taken at {at}ms is not newer than the latest sample ({latest}ms): samples must be pushed in time order"
+    )]
+    PushOutOfOrder { at: u64, latest: u64 },
+}
+
+/// Milliseconds since an arbitrary epoch: the Unix epoch in the controller, the start of a run in the simulator.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct Timestamp(u64);
+
+impl Timestamp {
+    pub const fn from_millis(ms: u64) -> Self {
+        Timestamp(ms)
+    }
+
+    pub const fn from_secs(s: u64) -> Self {
+        Timestamp(s.saturating_mul(1000))
+    }
+
+    /// A Kubernetes `Time` (times before the Unix epoch become the epoch).
+    pub fn from_k8s(t: &Time) -> Self {
+        Timestamp(u64::try_from(t.0.as_millisecond()).unwrap_or(0))
+    }
+
+    pub const fn as_millis(&self) -> u64 {
+        self.0
+    }
+
+    /// How long after `earlier` this is (zero when it is not after it).
+    pub fn since(&self, earlier: Timestamp) -> Duration {
+        Duration::from_millis(self.0.saturating_sub(earlier.0))
+    }
+
+    pub fn saturating_sub(&self, d: Duration) -> Timestamp {
+        Timestamp(self.0.saturating_sub(duration_ms(d)))
+    }
+
+    pub fn saturating_add(&self, d: Duration) -> Timestamp {
+        Timestamp(self.0.saturating_add(duration_ms(d)))
+    }
+}
+
+fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// One reading of the queue's approximate counts (GetQueueAttributes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Sample {
+    /// ApproximateNumberOfMessages: receivable now.
+    pub visible: u64,
+    /// ApproximateNumberOfMessagesNotVisible: received and not yet deleted.
+    pub in_flight: u64,
+    /// ApproximateNumberOfMessagesDelayed: not receivable yet, so not counted as work (see docs/scaling.md).
+    pub delayed: u64,
+    pub at: Timestamp,
+}
+
+impl Sample {
+    /// The counts of `facts` at `at`; an error when SQS left one out (the controller then holds replicas).
+    pub fn from_facts(facts: &QueueFacts, at: Timestamp) -> Result<Sample, ScalingError> {
+        fn count(v: Option<i64>, attribute: &'static str) -> Result<u64, ScalingError> {
+            let value = v.ok_or(ScalingError::SampleMissingCount { attribute })?;
+            u64::try_from(value).map_err(|_| ScalingError::SampleNegativeCount { attribute, value })
+        }
+        Ok(Sample {
+            visible: count(facts.visible, "ApproximateNumberOfMessages")?,
+            in_flight: count(facts.in_flight, "ApproximateNumberOfMessagesNotVisible")?,
+            delayed: count(facts.delayed, "ApproximateNumberOfMessagesDelayed").unwrap_or(0),
+            at,
+        })
+    }
+}
+
+/// Recent samples of one queue, oldest first, retained for the stabilization window (bounded).
+#[derive(Clone, Debug, PartialEq)]
+pub struct History {
+    samples: VecDeque<Sample>,
+    retention: Duration,
+    first_at: Option<Timestamp>,
+}
+
+impl History {
+    /// A history keeping samples no older than `retention` before the latest (and always the last two).
+    pub fn new(retention: Duration) -> Self {
+        History {
+            samples: VecDeque::new(),
+            retention,
+            first_at: None,
+        }
+    }
+
+    /// Retention for `spec`: its stabilization window plus one poll interval of slack.
+    pub fn for_spec(spec: &ScalingSpec) -> Self {
+        History::new(retention_for(spec))
+    }
+
+    /// Adjust retention after a spec change; samples are kept, pruning happens on the next push.
+    pub fn set_retention(&mut self, retention: Duration) {
+        self.retention = retention;
+    }
+
+    pub fn retention(&self) -> Duration {
+        self.retention
+    }
+
+    /// Record a sample; samples must come in time order.
+    pub fn push(&mut self, sample: Sample) -> Result<(), ScalingError> {
+        if let Some(latest) = self.samples.back()
+            && sample.at <= latest.at
+        {
+            return Err(ScalingError::PushOutOfOrder {
+                at: sample.at.as_millis(),
+                latest: latest.at.as_millis(),
+            });
+        }
+        self.first_at.get_or_insert(sample.at);
+        self.samples.push_back(sample);
+        let cutoff = sample.at.saturating_sub(self.retention);
+        while self.samples.len() > 2
+            && (self.samples.len() > MAX_SAMPLES
+                || self.samples.front().is_some_and(|s| s.at < cutoff))
+        {
+            self.samples.pop_front();
+        }
+        Ok(())
+    }
+
+    pub fn latest(&self) -> Option<&Sample> {
+        self.samples.back()
+    }
+
+    /// The sample before the latest one.
+    pub fn previous(&self) -> Option<&Sample> {
+        self.samples.iter().rev().nth(1)
+    }
+
+    pub fn samples(&self) -> impl DoubleEndedIterator<Item = &Sample> + ExactSizeIterator {
+        self.samples.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    /// Whether sampling began at least `window` before `now` (a fresh history, e.g. after a controller
+    /// restart, must not scale down on a few readings).
+    pub fn covers(&self, now: Timestamp, window: Duration) -> bool {
+        self.first_at
+            .is_some_and(|first| first.saturating_add(window) <= now)
+    }
+}
+
+/// What [`History::for_spec`] retains.
+pub fn retention_for(spec: &ScalingSpec) -> Duration {
+    spec.scale_down_stabilization
+        .saturating_add(poll_interval(spec))
+}
+
+fn poll_interval(spec: &ScalingSpec) -> Duration {
+    spec.poll_interval.max(Duration::from_secs(1))
+}
+
+/// A sample older than this many poll intervals is stale: the policy holds rather than act on it.
+pub const STALE_AFTER_POLLS: u32 = 3;
+
+/// What the scaler is doing, in words an Event or condition message can carry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Reason {
+    /// No sample yet, or the latest one is stale: replicas are held.
+    MetricsUnavailable,
+    /// From zero: the backlog exceeded `activationBacklog` on two consecutive samples.
+    Activate,
+    /// Raised at once to the recommendation.
+    ScaleUp,
+    /// Lowered, to the highest recommendation of the stabilization window.
+    ScaleDown,
+    /// Unchanged.
+    Hold,
+}
+
+impl Reason {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Reason::MetricsUnavailable => "MetricsUnavailable",
+            Reason::Activate => "Activate",
+            Reason::ScaleUp => "ScaleUp",
+            Reason::ScaleDown => "ScaleDown",
+            Reason::Hold => "Hold",
+        }
+    }
+}
+
+/// What kept the decision from the plain recommendation of the latest sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Limit {
+    MinReplicas,
+    MaxReplicas,
+    /// A higher recommendation within `scaleDownStabilization` holds replicas up.
+    Stabilization,
+    /// Sampling began less than `scaleDownStabilization` ago: no scale-down yet.
+    ShortHistory,
+    /// Never below the replicas the current in-flight messages need.
+    InFlight,
+    /// At zero, waiting for the backlog to exceed `activationBacklog` on two consecutive samples.
+    Activation,
+}
+
+impl Limit {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Limit::MinReplicas => "MinReplicas",
+            Limit::MaxReplicas => "MaxReplicas",
+            Limit::Stabilization => "Stabilization",
+            Limit::ShortHistory => "ShortHistory",
+            Limit::InFlight => "InFlight",
+            Limit::Activation => "Activation",
+        }
+    }
+}
+
+/// The numbers behind a decision (for messages, status and tests).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Terms {
+    pub visible: u64,
+    pub in_flight: u64,
+    /// ceil(inFlight / C): replicas busy with the messages in flight.
+    pub in_flight_replicas: u32,
+    /// ceil(visible / (C × maxBacklogAge / P)): replicas that drain the visible backlog in time.
+    pub backlog_replicas: u32,
+    /// C × maxBacklogAge / P: messages one replica drains within maxBacklogAge at the declared P99.
+    pub backlog_per_replica: f64,
+    /// Highest recommendation of the stabilization window, when a scale-down consulted it.
+    pub window_max: Option<u32>,
+}
+
+/// The policy's answer.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Decision {
+    pub replicas: u32,
+    /// The latest sample's recommendation, clamped to [minReplicas, maxReplicas], before stabilization.
+    pub recommended: u32,
+    pub reason: Reason,
+    pub limited_by: Option<Limit>,
+    /// None when no usable sample was available.
+    pub terms: Option<Terms>,
+}
+
+impl Decision {
+    /// The `ScalingActive` condition reason for this decision (HeldByValidation is the controller's).
+    pub fn condition_reason(&self) -> &'static str {
+        if self.reason == Reason::MetricsUnavailable {
+            condition_reason::METRICS_UNAVAILABLE
+        } else if self.replicas == 0 {
+            condition_reason::SCALED_TO_ZERO
+        } else if self.limited_by == Some(Limit::MaxReplicas) {
+            condition_reason::AT_MAX_REPLICAS
+        } else {
+            condition_reason::SCALING
+        }
+    }
+
+    /// Whether the decision changes the replica count.
+    pub fn changes(&self, current: u32) -> bool {
+        self.replicas != current
+    }
+}
+
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Some(t) = &self.terms else {
+            return write!(
+                f,
+                "holding {} replicas: no recent queue sample",
+                self.replicas
+            );
+        };
+        write!(
+            f,
+            "{} replicas ({}): {} in flight need {}, {} visible need {} (a replica drains {:.0} within maxBacklogAge)",
+            self.replicas,
+            self.reason.as_str(),
+            t.in_flight,
+            t.in_flight_replicas,
+            t.visible,
+            t.backlog_replicas,
+            t.backlog_per_replica
+        )?;
+        if let Some(w) = t.window_max {
+            write!(f, "; stabilization window peak {w}")?;
+        }
+        if let Some(l) = self.limited_by {
+            write!(f, "; limited by {}", l.as_str())?;
+        }
+        Ok(())
+    }
+}
+
+/// The policy for a whole QueueConsumer spec.
+pub fn decide_for(
+    spec: &QueueConsumerSpec,
+    history: &History,
+    current: u32,
+    now: Timestamp,
+) -> Decision {
+    decide(
+        &spec.scaling,
+        spec.processing.p99,
+        spec.processing.concurrency,
+        history,
+        current,
+        now,
+    )
+}
+
+/// Replicas for a queue consumer, from DESIGN "Scaling":
+///
+/// desired = ceil(inFlight / C) (if `scaleOnInFlight`) + ceil(visible / (C × maxBacklogAge / P)), clamped
+/// to [min, max]; from zero only when visible > `activationBacklog` on the latest two samples; up at once;
+/// down only to the highest recommendation of the stabilization window, and never below ceil(inFlight / C)
+/// (maxReplicas still wins); no action on a missing or stale sample.
+pub fn decide(
+    spec: &ScalingSpec,
+    p99: Duration,
+    concurrency: u32,
+    history: &History,
+    current: u32,
+    now: Timestamp,
+) -> Decision {
+    let hold = |reason, limited_by, terms| Decision {
+        replicas: current,
+        recommended: current,
+        reason,
+        limited_by,
+        terms,
+    };
+    let Some(latest) = history.latest() else {
+        return hold(Reason::MetricsUnavailable, None, None);
+    };
+    let stale_after = poll_interval(spec).saturating_mul(STALE_AFTER_POLLS);
+    if now.since(latest.at) > stale_after {
+        return hold(Reason::MetricsUnavailable, None, None);
+    }
+
+    let model = Model::new(spec, p99, concurrency);
+    let rec = model.recommend(latest);
+    let mut terms = rec.terms;
+
+    if current == 0 && model.min == 0 {
+        let over = |s: &Sample| s.visible > u64::from(spec.activation_backlog);
+        let activated = over(latest) && history.previous().is_some_and(over);
+        if !activated {
+            let waiting = rec.raw > 0;
+            return Decision {
+                replicas: 0,
+                recommended: rec.clamped,
+                reason: Reason::Hold,
+                limited_by: waiting.then_some(Limit::Activation),
+                terms: Some(terms),
+            };
+        }
+        let replicas = rec.clamped.max(1).min(model.max);
+        return Decision {
+            replicas,
+            recommended: rec.clamped,
+            reason: if replicas > 0 {
+                Reason::Activate
+            } else {
+                Reason::Hold
+            },
+            limited_by: rec.limit.or((replicas == 0).then_some(Limit::MaxReplicas)),
+            terms: Some(terms),
+        };
+    }
+
+    if rec.clamped >= current {
+        let reason = if rec.clamped > current {
+            Reason::ScaleUp
+        } else {
+            Reason::Hold
+        };
+        return Decision {
+            replicas: rec.clamped,
+            recommended: rec.clamped,
+            reason,
+            limited_by: rec.limit,
+            terms: Some(terms),
+        };
+    }
+
+    // Scale-down path: the recommendation is below what runs now.
+    let window = spec.scale_down_stabilization;
+    let since = now.saturating_sub(window);
+    let mut limited_by = rec.limit;
+    let mut target = if !history.covers(now, window) {
+        limited_by = Some(Limit::ShortHistory);
+        current
+    } else {
+        let window_max = history
+            .samples()
+            .filter(|s| s.at >= since)
+            .map(|s| model.recommend(s).clamped)
+            .max()
+            .unwrap_or(rec.clamped);
+        terms.window_max = Some(window_max);
+        if window_max > rec.clamped {
+            limited_by = Some(Limit::Stabilization);
+        }
+        window_max.min(current)
+    };
+    let floor = current.min(terms.in_flight_replicas);
+    if target < floor {
+        target = floor;
+        limited_by = Some(Limit::InFlight);
+    }
+    if target > model.max {
+        target = model.max;
+        limited_by = Some(Limit::MaxReplicas);
+    }
+    Decision {
+        replicas: target,
+        recommended: rec.clamped,
+        reason: if target < current {
+            Reason::ScaleDown
+        } else {
+            Reason::Hold
+        },
+        limited_by,
+        terms: Some(terms),
+    }
+}
+
+/// The spec's numbers, guarded against values the CRD rejects (the pure core must not divide by zero).
+struct Model {
+    min: u32,
+    max: u32,
+    concurrency: u64,
+    /// P and maxBacklogAge in milliseconds: the backlog term is computed in integers, exactly.
+    p99_ms: u128,
+    age_ms: u128,
+    backlog_per_replica: f64,
+    scale_on_in_flight: bool,
+}
+
+struct Recommendation {
+    raw: u64,
+    clamped: u32,
+    limit: Option<Limit>,
+    terms: Terms,
+}
+
+impl Model {
+    fn new(spec: &ScalingSpec, p99: Duration, concurrency: u32) -> Model {
+        let c = concurrency.max(1);
+        let p99_ms = p99.as_millis().max(1);
+        let age_ms = spec.max_backlog_age.as_millis().max(1);
+        Model {
+            min: spec.min_replicas.min(spec.max_replicas),
+            max: spec.max_replicas,
+            concurrency: u64::from(c),
+            p99_ms,
+            age_ms,
+            backlog_per_replica: f64::from(c) * age_ms as f64 / p99_ms as f64,
+            scale_on_in_flight: spec.scale_on_in_flight,
+        }
+    }
+
+    fn recommend(&self, s: &Sample) -> Recommendation {
+        let in_flight_replicas = s.in_flight.div_ceil(self.concurrency);
+        // visible / (C × age / P) == visible × P / (C × age), rounded up
+        let backlog_replicas = u64::try_from(
+            (u128::from(s.visible) * self.p99_ms)
+                .div_ceil(u128::from(self.concurrency) * self.age_ms),
+        )
+        .unwrap_or(u64::MAX);
+        let raw = if self.scale_on_in_flight {
+            in_flight_replicas
+        } else {
+            0
+        }
+        .saturating_add(backlog_replicas);
+        let (clamped, limit) = if raw > u64::from(self.max) {
+            (self.max, Some(Limit::MaxReplicas))
+        } else if raw < u64::from(self.min) {
+            (self.min, Some(Limit::MinReplicas))
+        } else {
+            (raw as u32, None)
+        };
+        Recommendation {
+            raw,
+            clamped,
+            limit,
+            terms: Terms {
+                visible: s.visible,
+                in_flight: s.in_flight,
+                in_flight_replicas: saturate_u32(in_flight_replicas),
+                backlog_replicas: saturate_u32(backlog_replicas),
+                backlog_per_replica: self.backlog_per_replica,
+                window_max: None,
+            },
+        }
+    }
+}
+
+fn saturate_u32(v: u64) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
+}
