@@ -325,6 +325,12 @@ fn history_is_ordered_and_bounded_by_the_window() {
     assert!(matches!(err, ScalingError::PushOutOfOrder { .. }));
     assert!(err.to_string().contains("time order"));
 
+    // one sample per poll interval, however often the controller reconciles
+    let poll = Duration::from_secs(15);
+    assert!(h.is_due(Timestamp::from_secs(999 * 15 + 15), poll));
+    assert!(!h.is_due(Timestamp::from_secs(999 * 15 + 14), poll));
+    assert!(History::for_spec(&s).is_due(Timestamp::from_secs(0), poll));
+
     // even a tiny poll interval with a long window stays under the hard cap
     let mut h = History::new(Duration::from_secs(24 * 3600));
     for i in 0..(MAX_SAMPLES as u64 + 500) {

@@ -1,9 +1,10 @@
 //! `qc-operator`: the QueueConsumer controller and its offline tools (argument parsing and wiring only).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use qc::scaling::sim::{self, Policy, SimConfig, Trace, report};
 
 #[derive(Parser)]
 #[command(
@@ -26,6 +27,39 @@ enum Command {
     Plan(PlanArgs),
     /// Run the controller: QueueConsumers become worker Deployments, with status and DLQ health.
     Run(RunArgs),
+    /// Replay a traffic trace against the scaling policy, KEDA's SQS scaler and a clairvoyant oracle.
+    Simulate(SimulateArgs),
+}
+
+#[derive(Args)]
+struct SimulateArgs {
+    /// QueueConsumer manifest whose processing and scaling settings are simulated.
+    #[arg(long, value_name = "FILE")]
+    spec: PathBuf,
+    /// Trace CSV with the header `second,arrivals`; repeat to simulate several traces.
+    #[arg(long, required = true, value_name = "FILE")]
+    trace: Vec<PathBuf>,
+    /// Policy to run; repeat for several (default: ours, keda and oracle).
+    #[arg(long, value_enum)]
+    policy: Vec<PolicyArg>,
+    /// Pod start-up delay: from creation to receiving messages.
+    #[arg(long, default_value = "30s", value_name = "DURATION")]
+    startup: qc::api::Duration,
+    #[arg(long, value_enum, default_value = "text")]
+    output: Output,
+    /// Seed of the arrival instants and service times (same seed, same numbers).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// KEDA trigger `queueLength` for the keda policy.
+    #[arg(long, default_value_t = 5, value_name = "N")]
+    keda_queue_length: u32,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PolicyArg {
+    Ours,
+    Keda,
+    Oracle,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -123,6 +157,16 @@ fn main() -> ExitCode {
         },
         Command::Check(args) => check(args),
         Command::Plan(args) => plan(args),
+        Command::Simulate(args) => match simulate(&args) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(2)
+            }
+        },
         Command::Run(args) => match run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -263,6 +307,44 @@ fn plan(args: PlanArgs) -> ExitCode {
     }
     print!("{}", run.output);
     ExitCode::from(run.exit_code)
+}
+
+fn read(path: &Path) -> anyhow::Result<String> {
+    use anyhow::Context as _;
+    std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+fn simulate(args: &SimulateArgs) -> anyhow::Result<String> {
+    use anyhow::Context as _;
+    let spec =
+        sim::load_spec(&read(&args.spec)?).with_context(|| args.spec.display().to_string())?;
+    let mut cfg = SimConfig::from_spec(&spec, args.startup, args.seed);
+    cfg.keda.queue_length = args.keda_queue_length.max(1);
+    let policies: Vec<Policy> = if args.policy.is_empty() {
+        Policy::ALL.to_vec()
+    } else {
+        args.policy
+            .iter()
+            .map(|p| match p {
+                PolicyArg::Ours => Policy::Ours,
+                PolicyArg::Keda => Policy::Keda,
+                PolicyArg::Oracle => Policy::Oracle,
+            })
+            .collect()
+    };
+    let mut results = Vec::new();
+    for path in &args.trace {
+        let trace = Trace::parse(&read(path)?).with_context(|| path.display().to_string())?;
+        let name = path.file_stem().map_or_else(
+            || path.display().to_string(),
+            |s| s.to_string_lossy().into_owned(),
+        );
+        results.push(sim::run_trace(&cfg, &name, &trace, &policies));
+    }
+    Ok(match args.output {
+        Output::Text => report::text(&cfg, &results),
+        Output::Json => report::json(&results)? + "\n",
+    })
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {

@@ -157,6 +157,13 @@ impl History {
         Ok(())
     }
 
+    /// Whether a new sample is due at `now`: none yet, or the latest is at least `poll_interval` old
+    /// (reconciles triggered by watch events must not sample faster than the spec asks).
+    pub fn is_due(&self, now: Timestamp, poll_interval: Duration) -> bool {
+        self.latest()
+            .is_none_or(|s| s.at.saturating_add(poll_interval) <= now)
+    }
+
     pub fn latest(&self) -> Option<&Sample> {
         self.samples.back()
     }

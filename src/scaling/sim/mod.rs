@@ -7,13 +7,15 @@
 pub mod engine;
 pub mod keda;
 pub mod oracle;
+pub mod report;
 pub mod service;
 pub mod trace;
 
 use serde::Serialize;
 
 use super::{History, Sample, Timestamp, decide};
-use crate::api::{Duration, QueueConsumer, QueueConsumerSpec, ScalingSpec};
+use crate::api::{API_VERSION, Duration, QueueConsumerSpec, ScalingSpec};
+use crate::manifest;
 use engine::{Engine, Observation, Stats};
 use keda::{Keda, KedaConfig};
 use service::ServiceTime;
@@ -35,8 +37,12 @@ pub enum SimError {
     TraceHeader { found: String },
     #[error("trace line {line}: {problem}")]
     TraceRow { line: usize, problem: String },
-    #[error("spec is not a QueueConsumer manifest: {0}")]
+    #[error("spec is not valid YAML: {0}")]
     ParseSpec(String),
+    #[error("QueueConsumer {name}: {errors}")]
+    InvalidManifest { name: String, errors: String },
+    #[error("no QueueConsumer ({API_VERSION}) in the spec file")]
+    NoQueueConsumer,
     #[error("{field}: {problem}")]
     InvalidSpec {
         field: &'static str,
@@ -226,12 +232,46 @@ pub fn run_all(cfg: &SimConfig, trace: &Trace, policies: &[Policy]) -> Vec<Outco
         .collect()
 }
 
+/// Run several policies over one named trace, with the work bound the table compares against.
+pub fn run_trace(
+    cfg: &SimConfig,
+    name: &str,
+    trace: &Trace,
+    policies: &[Policy],
+) -> report::TraceResult {
+    let msgs = trace.messages(&cfg.service_time(), cfg.seed);
+    report::TraceResult {
+        trace: name.to_string(),
+        work_replica_seconds: work_replica_seconds(&msgs, cfg.concurrency),
+        outcomes: policies
+            .iter()
+            .map(|&p| run_messages(cfg, trace.duration_secs(), &msgs, p))
+            .collect(),
+    }
+}
+
+/// Handling time divided by the slots of a replica: what every slot busy all the time, with no start-up,
+/// would cost. No schedule pays less.
+pub fn work_replica_seconds(msgs: &[Msg], concurrency: u32) -> f64 {
+    msgs.iter().map(|m| f64::from(m.service)).sum::<f64>() / 1000.0 / f64::from(concurrency.max(1))
+}
+
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Run one policy over pre-generated messages in a trace of `seconds`.
 pub fn run_messages(cfg: &SimConfig, seconds: u64, msgs: &[Msg], policy: Policy) -> Outcome {
+    run_detailed(cfg, seconds, msgs, policy).0
+}
+
+/// As [`run_messages`], with the engine's per-message and per-second measurements (for tests and tools).
+pub fn run_detailed(
+    cfg: &SimConfig,
+    seconds: u64,
+    msgs: &[Msg],
+    policy: Policy,
+) -> (Outcome, Stats) {
     let horizon = seconds * 1000;
     match policy {
         Policy::Ours => {
@@ -284,7 +324,7 @@ fn drive<'a>(
     engine
 }
 
-fn oracle(cfg: &SimConfig, msgs: &[Msg], horizon: u64) -> Outcome {
+fn oracle(cfg: &SimConfig, msgs: &[Msg], horizon: u64) -> (Outcome, Stats) {
     let params = oracle::Params {
         concurrency: cfg.concurrency,
         startup_ms: ms(cfg.startup),
@@ -296,29 +336,26 @@ fn oracle(cfg: &SimConfig, msgs: &[Msg], horizon: u64) -> Outcome {
     };
     let mut plans = oracle::candidates(msgs, &params);
     plans.push(oracle::constant(min_constant(msgs, horizon, &params)));
-    let mut best: Option<Outcome> = None;
+    let target_s = params.target_ms as f64 / 1000.0;
+    let meets = |o: &Outcome| o.unserved == 0 && o.max_wait_seconds <= target_s;
+    // cheapest plan that keeps every wait within the target; failing that, the one with the shortest wait
+    let better = |o: &Outcome, b: &Outcome| match (meets(o), meets(b)) {
+        (true, false) => true,
+        (false, true) => false,
+        (true, true) => o.replica_seconds < b.replica_seconds,
+        (false, false) => o.max_wait_seconds < b.max_wait_seconds,
+    };
+    let mut best: Option<(Outcome, Stats)> = None;
     for plan in plans {
-        let label = plan.label.clone();
         let mut scaler = Scheduled {
             changes: plan.changes,
             next: 0,
         };
         let engine = drive(cfg, msgs, horizon, plan.initial, &mut scaler);
-        let o = outcome(Policy::Oracle, engine, Some(label));
-        let meets =
-            |o: &Outcome| o.unserved == 0 && o.max_wait_seconds <= params.target_ms as f64 / 1000.0;
-        best = match best {
-            None => Some(o),
-            Some(b) => {
-                let better = match (meets(&o), meets(&b)) {
-                    (true, false) => true,
-                    (false, true) => false,
-                    (true, true) => o.replica_seconds < b.replica_seconds,
-                    (false, false) => o.max_wait_seconds < b.max_wait_seconds,
-                };
-                Some(if better { o } else { b })
-            }
-        };
+        let run = outcome(Policy::Oracle, engine, Some(plan.label));
+        if best.as_ref().is_none_or(|b| better(&run.0, &b.0)) {
+            best = Some(run);
+        }
     }
     // candidates is never empty; the fallback only satisfies the type
     best.unwrap_or_else(|| outcome(Policy::Oracle, Engine::new(msgs, 1, 0, 0).recording(), None))
@@ -352,19 +389,20 @@ fn min_constant(msgs: &[Msg], horizon: u64, p: &oracle::Params) -> u32 {
     lo
 }
 
-fn outcome(policy: Policy, engine: Engine<'_>, plan: Option<String>) -> Outcome {
+fn outcome(policy: Policy, engine: Engine<'_>, plan: Option<String>) -> (Outcome, Stats) {
     let replica_seconds = engine.replica_seconds();
     let scale_events = engine.scale_events();
     let unserved = engine.unserved();
     let stats = engine.into_stats().unwrap_or_default();
-    summarize(
+    let o = summarize(
         policy,
         replica_seconds,
         scale_events,
         unserved,
         &stats,
         plan,
-    )
+    );
+    (o, stats)
 }
 
 fn summarize(
@@ -402,14 +440,26 @@ fn summarize(
     }
 }
 
-/// Read a QueueConsumer manifest for `simulate --spec` and check the fields the simulation relies on
-/// (what the CRD's CEL rules would reject before the controller ever saw it).
+/// The first QueueConsumer of a manifest for `simulate --spec`, checked as the API server would
+/// (schema and CEL rules, `qc::manifest`) and for what the simulation itself needs (`check_spec`).
 pub fn load_spec(yaml: &str) -> Result<QueueConsumerSpec, SimError> {
-    let qc: QueueConsumer =
-        serde_saphyr::from_str(yaml).map_err(|e| SimError::ParseSpec(e.to_string()))?;
-    let spec = qc.spec;
-    check_spec(&spec)?;
-    Ok(spec)
+    for doc in manifest::load_str(yaml).map_err(SimError::ParseSpec)? {
+        match doc {
+            manifest::Document::Valid(qc) => {
+                check_spec(&qc.spec)?;
+                return Ok(qc.spec);
+            }
+            manifest::Document::Invalid { name, errors } => {
+                let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+                return Err(SimError::InvalidManifest {
+                    name,
+                    errors: errors.join("; "),
+                });
+            }
+            manifest::Document::Other { .. } => {}
+        }
+    }
+    Err(SimError::NoQueueConsumer)
 }
 
 /// The fields the simulator divides by or compares, with the fix in each message.

@@ -58,10 +58,19 @@ pub fn constant(n: u32) -> Plan {
 fn greedy(msgs: &[Msg], p: &Params, lookahead_ms: u64) -> Vec<u32> {
     let mut state = Engine::new(msgs, p.concurrency, 0, p.target_ms);
     let mut ready = Vec::new();
+    let mut carry: Option<Engine<'_>> = None;
     let mut n = 0u32;
     let mut t = 0u64;
     while !(t >= p.horizon_ms && state.is_idle()) && t < p.horizon_ms + p.tail_ms {
-        n = fewest_feasible(&state, n, t, p, lookahead_ms);
+        let search = Search {
+            state: &state,
+            t,
+            p,
+            lookahead_ms: lookahead_ms.max(p.window_ms),
+        };
+        let (chosen, what_if) = search.fewest(n, carry.take());
+        n = chosen;
+        carry = what_if;
         state.set_target(n);
         t += p.window_ms;
         state.run_until(t);
@@ -70,43 +79,77 @@ fn greedy(msgs: &[Msg], p: &Params, lookahead_ms: u64) -> Vec<u32> {
     ready
 }
 
-/// The fewest replicas for the window at `t`, searching from the previous window's count (feasibility is
-/// monotone in the count: more servers never make a FIFO message start later).
-fn fewest_feasible(state: &Engine<'_>, prev: u32, t: u64, p: &Params, lookahead_ms: u64) -> u32 {
-    let ok = |n: u32| feasible(state, n, t, p, lookahead_ms);
-    if ok(prev) {
-        let mut k = prev;
-        while k > 0 && ok(k - 1) {
-            k -= 1;
-        }
-        k
-    } else {
-        let mut k = prev + 1;
-        while k < p.max_replicas && !ok(k) {
-            k += 1;
-        }
-        k.min(p.max_replicas)
-    }
+/// One window's search for the fewest replicas.
+struct Search<'s, 'a> {
+    state: &'s Engine<'a>,
+    t: u64,
+    p: &'s Params,
+    lookahead_ms: u64,
 }
 
-/// Whether `n` replicas from `t` for the lookahead (at least one window), then maxReplicas until the
-/// backlog is gone, keep every wait within the target.
-fn feasible(state: &Engine<'_>, n: u32, t: u64, p: &Params, lookahead_ms: u64) -> bool {
-    let mut s = state.clone();
-    s.with_deadline(p.target_ms);
-    s.set_target(n);
-    let mut until = t + lookahead_ms.max(p.window_ms);
-    s.run_until(until);
-    if s.violated() {
-        return false;
+impl<'a> Search<'_, 'a> {
+    /// The fewest replicas for the window, searching from the previous window's count (feasibility is
+    /// monotone in the count: more servers never make a FIFO message start later). Also returns the
+    /// what-if run of the chosen count, positioned at the end of its lookahead, so that the next window
+    /// can check the same count by simulating one more window instead of the whole lookahead.
+    fn fewest(&self, prev: u32, carry: Option<Engine<'a>>) -> (u32, Option<Engine<'a>>) {
+        let max = self.p.max_replicas;
+        let prev = prev.min(max);
+        let Some(at_prev) = self.check_continuing(prev, carry) else {
+            let mut k = prev + 1;
+            while k < max {
+                if let Some(run) = self.check(k) {
+                    return (k, Some(run));
+                }
+                k += 1;
+            }
+            return (max, None);
+        };
+        let (mut best, mut run) = (prev, at_prev);
+        while best > 0 {
+            match self.check(best - 1) {
+                Some(r) => {
+                    best -= 1;
+                    run = r;
+                }
+                None => break,
+            }
+        }
+        (best, Some(run))
     }
-    s.set_target(p.max_replicas);
-    let give_up = until + p.target_ms * 10 + p.tail_ms;
-    while !s.violated() && s.waiting() > 0 && until < give_up {
-        until += p.window_ms;
+
+    /// `n` replicas from `t`: the what-if run at the end of the lookahead when every wait stays in time.
+    fn check(&self, n: u32) -> Option<Engine<'a>> {
+        let mut s = self.state.clone();
+        s.with_deadline(self.p.target_ms);
+        s.set_target(n);
+        self.finish(s)
+    }
+
+    /// As [`Search::check`] for the previous window's count, continuing that window's what-if run.
+    fn check_continuing(&self, n: u32, carry: Option<Engine<'a>>) -> Option<Engine<'a>> {
+        match carry {
+            Some(s) if s.target() == n && s.now() <= self.t + self.lookahead_ms => self.finish(s),
+            _ => self.check(n),
+        }
+    }
+
+    /// Run the what-if to the end of the lookahead, then at maxReplicas until the backlog is gone.
+    fn finish(&self, mut s: Engine<'a>) -> Option<Engine<'a>> {
+        let mut until = self.t + self.lookahead_ms;
         s.run_until(until);
+        if s.violated() {
+            return None;
+        }
+        let at_lookahead = s.clone();
+        s.set_target(self.p.max_replicas);
+        let give_up = until + self.p.target_ms * 10 + self.p.tail_ms;
+        while !s.violated() && s.waiting() > 0 && until < give_up {
+            until += self.p.window_ms;
+            s.run_until(until);
+        }
+        (!s.violated()).then_some(at_lookahead)
     }
-    !s.violated()
 }
 
 /// Turn ready-capacity-per-window into a Deployment schedule: a replica needed at a window's start is
