@@ -27,8 +27,11 @@ fn sample(at_s: u64, visible: u64, in_flight: u64) -> Sample {
     }
 }
 
-/// A history of (seconds, visible, inFlight), and a decision at the last sample's time.
-fn decide_on(spec: &ScalingSpec, samples: &[(u64, u64, u64)], current: u32) -> Decision {
+/// (seconds, visible, inFlight)
+type Reading = (u64, u64, u64);
+
+/// A history of readings, and a decision at the last one's time.
+fn decide_on(spec: &ScalingSpec, samples: &[Reading], current: u32) -> Decision {
     let mut h = History::for_spec(spec);
     for &(t, v, f) in samples {
         h.push(sample(t, v, f)).unwrap();
@@ -38,7 +41,7 @@ fn decide_on(spec: &ScalingSpec, samples: &[(u64, u64, u64)], current: u32) -> D
 }
 
 /// Samples every 15 s from t=0 to `until` with no traffic, so the stabilization window is covered.
-fn quiet_until(until: u64) -> Vec<(u64, u64, u64)> {
+fn quiet_until(until: u64) -> Vec<Reading> {
     (0..until).step_by(15).map(|t| (t, 0, 0)).collect()
 }
 
@@ -142,7 +145,7 @@ fn clamped_to_min_and_max_replicas() {
 
 #[test]
 fn activation_from_zero_needs_two_consecutive_samples_above_the_threshold() {
-    let cases: [(u32, &[(u64, u64, u64)], u32); 9] = [
+    let cases: [(u32, &[Reading], u32); 9] = [
         (0, &[(0, 5, 0)], 0),                         // one sample is not enough
         (0, &[(0, 5, 0), (15, 5, 0)], 1),             // two: activate with the recommendation
         (0, &[(0, 5, 0), (15, 0, 0)], 0),             // jitter: gone on the second
