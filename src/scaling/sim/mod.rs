@@ -37,6 +37,10 @@ pub enum SimError {
     TraceHeader { found: String },
     #[error("trace line {line}: {problem}")]
     TraceRow { line: usize, problem: String },
+    #[error(
+        "trace has {total} messages; the simulator takes at most {max}: simulate a shorter period"
+    )]
+    TraceTooLarge { total: u64, max: u64 },
     #[error("spec is not valid YAML: {0}")]
     ParseSpec(String),
     #[error("QueueConsumer {name}: {errors}")]

@@ -6,6 +6,8 @@ use super::service::{Rng, ServiceTime};
 
 /// Longest trace accepted: 31 days of seconds.
 pub const MAX_SECONDS: u64 = 31 * 24 * 3600;
+/// Most messages a trace may hold: each is simulated (and held in memory) one by one.
+pub const MAX_MESSAGES: u64 = 100_000_000;
 
 /// Messages sent per second, from second 0; seconds a file leaves out had no arrivals.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,7 +74,14 @@ impl Trace {
         if per_second.is_empty() {
             return Err(SimError::TraceEmpty);
         }
-        Ok(Trace { per_second })
+        let trace = Trace { per_second };
+        if trace.total() > MAX_MESSAGES {
+            return Err(SimError::TraceTooLarge {
+                total: trace.total(),
+                max: MAX_MESSAGES,
+            });
+        }
+        Ok(trace)
     }
 
     /// Seconds covered: the last listed second plus one.
@@ -143,6 +152,10 @@ mod tests {
             ("second,arrivals\n5,1\n3,1\n", "increasing order"),
             ("second,arrivals\n5,1\n5,1\n", "increasing order"),
             ("second,arrivals\n99999999,1\n", "31-day"),
+            (
+                "second,arrivals\n0,4000000000\n1,4000000000\n",
+                "at most 100000000",
+            ),
         ];
         for (csv, needle) in cases {
             let err = Trace::parse(csv).unwrap_err().to_string();
