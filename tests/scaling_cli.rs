@@ -129,7 +129,7 @@ fn a_bad_spec_exits_2_naming_the_field() {
     let cases = [
         (
             SPEC.replace("minReplicas: 0", "minReplicas: 40"),
-            "spec.scaling.minReplicas",
+            "minReplicas must not exceed",
         ),
         (SPEC.replace("    p99: 2s\n", ""), "p99"),
         (
