@@ -16,7 +16,7 @@ use qc::api::QueueConsumer;
 use qc::aws::cloudwatch::{AlarmSpec, Alarms, CloudWatchError, ObservedAlarm};
 use qc::aws::{Facts, QueueFacts, StaticReader};
 use qc::controller::observe::{AwsClients, FixedProvider};
-use qc::controller::pipeline::{self, Observation};
+use qc::controller::pipeline::{self, Observation, ReplicaDecision};
 use qc::controller::status::{self, AlarmStatus, StatusInputs};
 use qc::controller::{Context, reconcile};
 use qc::render::RenderOptions;
@@ -91,6 +91,8 @@ fn time_pure(exec: bool, iterations: u32) -> f64 {
             rollout: &d.rollout,
             deployment: d.deployment.as_ref().ok(),
             alarm: AlarmStatus::default(),
+            replicas: &ReplicaDecision::Keep,
+            scaled_at: None,
             sampled_at: Some(now.clone()),
             now: now.clone(),
         });

@@ -1,5 +1,6 @@
 //! Apply: when the rendered Deployment differs from the live one, and only then. Server-side apply
 //! with field manager `qc-operator`, forced; a fingerprint annotation catches fields removed from the spec.
+//! The scaler's own apply (`qc-operator-scaler`) carries `spec.replicas` and nothing else.
 
 use std::collections::BTreeMap;
 
@@ -8,6 +9,9 @@ use serde_json::Value;
 
 /// Field manager of everything the controller applies.
 pub const FIELD_MANAGER: &str = "qc-operator";
+/// Field manager of the scaler's writes: `spec.replicas` of the Deployment, nothing else, so the two
+/// managers never own each other's fields and neither apply undoes the other.
+pub const SCALER_FIELD_MANAGER: &str = "qc-operator-scaler";
 /// Hash of the rendered Deployment, so a field dropped from the spec (which a "live contains desired"
 /// check cannot see) still triggers an apply.
 pub const RENDERED_HASH: &str = "sqs.consumers.dev/rendered-hash";
@@ -61,6 +65,16 @@ pub fn needs_apply(desired: &Deployment, live: Option<&Deployment>) -> bool {
         (Ok(d), Ok(l)) => !contains(&l, &d),
         _ => true,
     }
+}
+
+/// The scaler's apply body: identity and `spec.replicas` only (an apply owns exactly what it sends).
+pub fn replicas_patch(name: &str, replicas: u32) -> Value {
+    serde_json::json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {"replicas": replicas},
+    })
 }
 
 /// `outer` holds every field of `inner` with the same value (lists element by element).
@@ -119,6 +133,16 @@ mod tests {
             .remove("env");
         let desired_smaller = with_fingerprint(dep(smaller));
         assert!(needs_apply(&desired_smaller, Some(&desired)));
+    }
+
+    #[test]
+    fn replicas_patch_carries_only_replicas() {
+        let p = replicas_patch("orders", 4);
+        assert_eq!(
+            p,
+            json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "orders"}, "spec": {"replicas": 4}})
+        );
     }
 
     #[test]

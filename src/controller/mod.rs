@@ -1,5 +1,6 @@
-//! The reconciler: observe → validate → build → apply → status for each QueueConsumer, plus the DLQ
-//! alarm's finalizer. Orchestration only; decisions live in pure modules (validate, render, pipeline, status).
+//! The reconciler: observe → validate → build → apply → scale → status for each QueueConsumer, plus the
+//! DLQ alarm's finalizer. Orchestration only; decisions live in pure modules (validate, render, pipeline,
+//! scaling, status).
 
 pub mod alarm;
 pub mod apply;
@@ -7,6 +8,7 @@ pub mod observe;
 pub mod pipeline;
 pub mod plan;
 pub mod run;
+pub mod scale;
 pub mod status;
 
 use std::collections::HashMap;
@@ -26,8 +28,10 @@ use crate::aws::cloudwatch::CloudWatchError;
 use crate::render::RenderOptions;
 
 use self::alarm::AlarmChange;
-use self::apply::FIELD_MANAGER;
+use self::apply::{FIELD_MANAGER, SCALER_FIELD_MANAGER};
 use self::observe::{AwsProvider, FactsCache};
+use self::pipeline::ReplicaDecision;
+use self::scale::Histories;
 use self::status::{Rollout, StatusInputs};
 
 /// One variant per pipeline step that can fail; each becomes a Warning Event and a requeue.
@@ -41,6 +45,8 @@ pub enum Error {
     ReadDeployment(#[source] kube::Error),
     #[error("apply deployment: {0}")]
     ApplyDeployment(#[source] kube::Error),
+    #[error("scale deployment: {0}")]
+    ScaleDeployment(#[source] kube::Error),
     #[error("write status: {0}")]
     WriteStatus(#[source] kube::Error),
     #[error("add finalizer: {0}")]
@@ -63,6 +69,7 @@ impl Error {
             Error::ObserveQueue(e) => e.reason(),
             Error::ReadDeployment(_) => "ReadDeploymentFailed",
             Error::ApplyDeployment(_) => "ApplyDeploymentFailed",
+            Error::ScaleDeployment(_) => "ScaleDeploymentFailed",
             Error::WriteStatus(_) => "WriteStatusFailed",
             Error::AddFinalizer(_) => "AddFinalizerFailed",
             Error::RemoveFinalizer(_) => "RemoveFinalizerFailed",
@@ -78,6 +85,7 @@ impl Error {
         let kube_err = match self {
             Error::ReadDeployment(e)
             | Error::ApplyDeployment(e)
+            | Error::ScaleDeployment(e)
             | Error::WriteStatus(e)
             | Error::AddFinalizer(e)
             | Error::RemoveFinalizer(e) => e,
@@ -93,6 +101,8 @@ pub struct Metrics {
     pub reconciles: AtomicU64,
     pub reconcile_errors: Mutex<HashMap<&'static str, u64>>,
     pub deployment_applies: AtomicU64,
+    /// Writes of `spec.replicas` by the scaler (field manager `qc-operator-scaler`).
+    pub scale_writes: AtomicU64,
     pub status_writes: AtomicU64,
 }
 
@@ -130,6 +140,11 @@ impl Metrics {
             "qc_deployment_applies_total {}\n",
             self.deployment_applies.load(Ordering::Relaxed)
         ));
+        out.push_str("# HELP qc_scale_writes_total Replica changes written by the scaler.\n# TYPE qc_scale_writes_total counter\n");
+        out.push_str(&format!(
+            "qc_scale_writes_total {}\n",
+            self.scale_writes.load(Ordering::Relaxed)
+        ));
         out.push_str("# HELP qc_status_writes_total QueueConsumer status writes.\n# TYPE qc_status_writes_total counter\n");
         out.push_str(&format!(
             "qc_status_writes_total {}\n",
@@ -144,6 +159,8 @@ pub struct Context {
     pub client: kube::Client,
     pub aws: Arc<dyn AwsProvider>,
     pub facts: FactsCache,
+    /// The scaler's sample history per QueueConsumer.
+    pub scaling: Histories,
     pub render: RenderOptions,
     pub recorder: Recorder,
     pub metrics: Metrics,
@@ -168,6 +185,7 @@ impl Context {
             client,
             aws,
             facts: FactsCache::new(),
+            scaling: Histories::new(),
             render,
             recorder,
             metrics: Metrics::default(),
@@ -216,6 +234,9 @@ fn key(qc: &QueueConsumer) -> String {
     format!("{}/{}", qc.namespace().unwrap_or_default(), qc.name_any())
 }
 
+/// Event reason of a replica change written by the scaler.
+pub const SCALED: &str = "Scaled";
+
 /// Base and cap of the error backoff.
 const BACKOFF_BASE: std::time::Duration = std::time::Duration::from_secs(5);
 const BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(300);
@@ -258,6 +279,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         .await;
 
     if qc.metadata.deletion_timestamp.is_some() {
+        ctx.scaling.forget(&scale::key(qc));
         return cleanup(qc, ctx, &qcs, &clients).await;
     }
 
@@ -271,6 +293,9 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
             &clients,
         )
         .await;
+    if let Ok(o) = &observed {
+        record_sample(qc, ctx, o);
+    }
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
     let live = deployments
         .get_opt(&name)
@@ -307,7 +332,28 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
             applied = Some(verb);
         }
     }
-    // decision.replicas is ReplicaDecision::Keep until the scaler is wired in: nothing to write.
+
+    // scale: the policy on the Deployment as it is now; replicas go out as their own manager's apply
+    let now = observe::wall_clock();
+    let replicas = ctx.scaling.with_history(&scale::key(qc), now, |h| {
+        pipeline::decide_replicas(qc, &decision.rollout, deployment.as_ref(), h, now)
+    });
+    let mut scaled = None;
+    if let (Some(n), ReplicaDecision::Scale { current, decision }) = (replicas.write(), &replicas) {
+        let written = deployments
+            .patch(
+                &name,
+                &PatchParams::apply(SCALER_FIELD_MANAGER).force(),
+                &Patch::Apply(&apply::replicas_patch(&name, n)),
+            )
+            .await
+            .map_err(Error::ScaleDeployment)?;
+        ctx.metrics.scale_writes.fetch_add(1, Ordering::Relaxed);
+        deployment = Some(written);
+        scaled = Some(format!(
+            "scaled Deployment {name} from {current} to {n}: {decision}"
+        ));
+    }
 
     let (alarm_status, alarm_change, alarm_error) =
         alarm::sync(qc, &decision.alarm, clients.alarms.as_ref(), &qcs).await?;
@@ -322,6 +368,8 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         rollout: &decision.rollout,
         deployment: deployment.as_ref(),
         alarm: alarm_status,
+        replicas: &replicas,
+        scaled_at: scaled.as_ref().map(|_| observe::now()),
         sampled_at: observed.as_ref().ok().map(|o| o.sampled_at.clone()),
         now: observe::now(),
     });
@@ -347,6 +395,9 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     for t in status::transitions(&old_status.conditions, &new_status.conditions) {
         let note = format!("{} is {}: {}", t.type_, t.status, t.message);
         ctx.event(qc, t.warning, &t.reason, note).await;
+    }
+    if let Some(note) = scaled {
+        ctx.event(qc, false, SCALED, note).await;
     }
     if let Some(verb) = applied {
         ctx.event(
@@ -392,6 +443,22 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         // Queue depth cannot be watched: look again after the poll interval.
         _ => Action::requeue(qc.spec.scaling.poll_interval.as_std()),
     })
+}
+
+/// The queue's counts into this QueueConsumer's history, when a sample is due.
+fn record_sample(qc: &QueueConsumer, ctx: &Context, o: &observe::Observed) {
+    let key = scale::key(qc);
+    match ctx
+        .scaling
+        .record(&key, &qc.spec, &o.facts.queue, o.at, observe::wall_clock())
+    {
+        Ok(scale::Recorded::Restarted) => {
+            tracing::info!(queueconsumer = %key, "no sample for longer than the stabilization window: scaling history restarted")
+        }
+        Ok(_) => {}
+        // SQS left a count out: nothing is pushed, and the policy holds replicas on what it last saw.
+        Err(e) => tracing::warn!(queueconsumer = %key, error = %e, "queue not sampled for scaling"),
+    }
 }
 
 /// Deletion: remove the alarm, then the finalizer. The Deployment goes by garbage collection.

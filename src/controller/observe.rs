@@ -10,6 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use crate::api::{Duration, QueueConsumerSpec};
 use crate::aws::cloudwatch::{Alarms, CloudWatchAlarms};
 use crate::aws::{DeadLetterFacts, Facts, ObserveError, QueueArn, QueueReader, SqsReader, observe};
+use crate::scaling::Timestamp;
 
 /// The AWS clients for one region and endpoint.
 #[derive(Clone)]
@@ -72,6 +73,8 @@ pub fn aws_target(spec: &QueueConsumerSpec) -> (Option<String>, Option<String>) 
 pub struct Observed {
     pub facts: Facts,
     pub sampled_at: Time,
+    /// When the read was made, to the millisecond: the time of the scaler's sample.
+    pub at: Timestamp,
     read_at: Instant,
 }
 
@@ -117,6 +120,7 @@ impl FactsCache {
             return Ok(o.clone());
         }
         let read_at = Instant::now();
+        let at = wall_clock();
         let facts = match observe(clients.sqs.as_ref(), url).await {
             Ok(f) => f,
             Err(e) => {
@@ -128,6 +132,7 @@ impl FactsCache {
         let o = Observed {
             facts,
             sampled_at: now(),
+            at,
             read_at,
         };
         *cached = Some(o.clone());
@@ -166,4 +171,13 @@ pub async fn with_oldest_age(mut facts: Facts, alarms: &dyn Alarms) -> Facts {
 pub fn now() -> Time {
     let t = k8s_openapi::jiff::Timestamp::now();
     Time(k8s_openapi::jiff::Timestamp::from_second(t.as_second()).unwrap_or(t))
+}
+
+/// Milliseconds since the Unix epoch (the scaler's clock; a clock before 1970 reads as the epoch).
+pub fn wall_clock() -> Timestamp {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0);
+    Timestamp::from_millis(ms)
 }

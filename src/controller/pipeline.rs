@@ -7,6 +7,7 @@ use crate::api::QueueConsumer;
 use crate::aws::cloudwatch::{AlarmSpec, dead_letter_alarm};
 use crate::aws::{DeadLetterFacts, Facts, ObserveError, QueueArn};
 use crate::render::{self, RenderError, RenderOptions};
+use crate::scaling::{self, History, Timestamp};
 use crate::validate::{self, Report};
 
 use super::status::Rollout;
@@ -42,18 +43,34 @@ pub struct Decision {
     pub report: Report,
     pub deployment: Result<Deployment, RenderError>,
     pub rollout: Rollout,
-    pub replicas: ReplicaDecision,
     /// The CloudWatch alarm to keep, when `deadLetter.alarm` is on and the DLQ exists.
     pub alarm: AlarmPlan,
 }
 
-/// The seam for the scaler (`src/scaling`, field manager `qc-operator-scaler`). Render never sets
-/// replicas, so today the Deployment keeps whatever replicas it has (the API server's default of 1 on
-/// creation); the scaling step will return `Set(n)` and the reconcile will apply it as its own manager.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The scaling step's answer. Render never sets replicas; the reconcile writes `Scale`'s replicas, when
+/// they differ from what runs, by a separate apply as field manager `qc-operator-scaler`.
+#[derive(Clone, Debug, PartialEq)]
 pub enum ReplicaDecision {
-    /// Leave `spec.replicas` alone.
+    /// Leave `spec.replicas` alone: rollout is held (the hold's reason is `ScalingActive`'s), or no
+    /// scaler ran (`plan`).
     Keep,
+    /// The policy's answer for a Deployment asking for `current` replicas.
+    Scale {
+        current: u32,
+        decision: scaling::Decision,
+    },
+}
+
+impl ReplicaDecision {
+    /// The replicas to write: Some only when the decision changes them.
+    pub fn write(&self) -> Option<u32> {
+        match self {
+            ReplicaDecision::Scale { current, decision } if decision.changes(*current) => {
+                Some(decision.replicas)
+            }
+            _ => None,
+        }
+    }
 }
 
 /// Whether the DLQ alarm should exist.
@@ -150,14 +167,34 @@ pub fn decide(
         report,
         deployment,
         rollout,
-        replicas: decide_replicas(qc, facts),
         alarm,
     }
 }
 
-/// The scaling step. It does nothing yet: the scaling policy lands with the [scaling] work and will
-/// plug in here (with the last decision held when facts are missing, so an AWS error never zeroes or
-/// flaps replicas).
-fn decide_replicas(_qc: &QueueConsumer, _facts: Observation<'_>) -> ReplicaDecision {
-    ReplicaDecision::Keep
+/// What the Deployment asks for: its `spec.replicas`, or the API server's default of 1 when unset.
+pub fn current_replicas(d: &Deployment) -> u32 {
+    d.spec.replicas.map_or(1, |r| u32::try_from(r).unwrap_or(0))
+}
+
+/// The scaling step, after apply. The policy runs only when the Deployment is ours and rolls out: a
+/// held rollout holds replicas, so an unreadable queue, an enforced Error finding or someone else's
+/// Deployment never zero or flap them. A failed queue read pushed no sample, so when the queue is
+/// readable again the policy decides on what it last saw, and says MetricsUnavailable once that is stale.
+pub fn decide_replicas(
+    qc: &QueueConsumer,
+    rollout: &Rollout,
+    deployment: Option<&Deployment>,
+    history: &History,
+    now: Timestamp,
+) -> ReplicaDecision {
+    match (rollout, deployment) {
+        (Rollout::Apply, Some(d)) => {
+            let current = current_replicas(d);
+            ReplicaDecision::Scale {
+                current,
+                decision: scaling::decide_for(&qc.spec, history, current, now),
+            }
+        }
+        _ => ReplicaDecision::Keep,
+    }
 }

@@ -9,7 +9,7 @@ use crate::api::{API_VERSION, KIND, QueueConsumer, QueueConsumerStatus};
 use crate::render::RenderOptions;
 
 use super::apply;
-use super::pipeline::{self, AlarmPlan, Observation};
+use super::pipeline::{self, AlarmPlan, Observation, ReplicaDecision};
 use super::status::{self, AlarmStatus, Rollout, StatusInputs};
 
 /// The plan for one QueueConsumer.
@@ -73,6 +73,9 @@ pub fn plan(
         rollout: &decision.rollout,
         deployment: deployment.as_ref(),
         alarm,
+        // plan has no sample history: it shows the Deployment, not a scaling decision.
+        replicas: &ReplicaDecision::Keep,
+        scaled_at: None,
         sampled_at: facts.facts().map(|_| now.clone()),
         now,
     });

@@ -10,7 +10,7 @@ use crate::aws::{DeadLetterFacts, Facts};
 use crate::render::{self, RenderError};
 use crate::validate::Report;
 
-use super::pipeline::Observation;
+use super::pipeline::{Observation, ReplicaDecision};
 
 /// Offline (`plan` without `--live`), the DLQ is not read: its health is unknown for that reason.
 pub const DEAD_LETTER_QUEUE_NOT_READ: &str = "DeadLetterQueueNotRead";
@@ -51,6 +51,10 @@ pub struct StatusInputs<'a> {
     /// The live Deployment after apply (None when it does not exist).
     pub deployment: Option<&'a Deployment>,
     pub alarm: AlarmStatus,
+    /// The scaling step's answer for the Deployment as it is after apply.
+    pub replicas: &'a ReplicaDecision,
+    /// When the scaler wrote `spec.replicas` in this reconcile (None when it did not).
+    pub scaled_at: Option<Time>,
     /// When the facts were read (the cache may hand out an earlier read).
     pub sampled_at: Option<Time>,
     pub now: Time,
@@ -107,10 +111,15 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
             .and_then(|d| d.status.as_ref())
             .and_then(|s| s.replicas)
             .or(i.deployment.map(|_| 0)),
-        // The scaler's decision; until it runs, what the Deployment asks for.
-        desired_replicas: i.deployment.and_then(|d| d.spec.replicas),
+        // The scaler's decision; while replicas are held, what the Deployment asks for.
+        desired_replicas: match i.replicas {
+            ReplicaDecision::Scale { decision, .. } => {
+                Some(i32::try_from(decision.replicas).unwrap_or(i32::MAX))
+            }
+            ReplicaDecision::Keep => i.deployment.and_then(|d| d.spec.replicas),
+        },
         selector: Some(render::selector_string(&name)),
-        last_scale_time: old.last_scale_time,
+        last_scale_time: i.scaled_at.clone().or(old.last_scale_time),
     }
 }
 
@@ -316,6 +325,16 @@ fn scaling_active(i: &StatusInputs<'_>) -> Cond {
             "the Deployment of this name belongs to someone else: nothing is scaled".to_string(),
         ),
         Rollout::Apply => {
+            if let ReplicaDecision::Scale { decision, .. } = i.replicas {
+                let reason = decision.condition_reason();
+                let status = if reason == reason::METRICS_UNAVAILABLE {
+                    "False"
+                } else {
+                    "True"
+                };
+                return (t, status, reason, decision.to_string());
+            }
+            // No scaler ran (`plan`): say what the Deployment asks for.
             let max = i.qc.spec.scaling.max_replicas;
             match replicas {
                 None => (

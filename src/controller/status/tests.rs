@@ -95,6 +95,8 @@ fn build_with(
             rollout: &rollout,
             deployment,
             alarm: AlarmStatus::default(),
+            replicas: &ReplicaDecision::Keep,
+            scaled_at: None,
             sampled_at: Some(now.clone()),
             now,
         }),

@@ -1,0 +1,259 @@
+//! The scaler's memory in the controller: one sample [`History`] per QueueConsumer (keyed by uid), fed
+//! at most one sample per `pollInterval` from the shared queue facts, dropped when the QueueConsumer goes.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+
+use kube::ResourceExt;
+
+use crate::api::{Duration, QueueConsumer, QueueConsumerSpec};
+use crate::aws::QueueFacts;
+use crate::scaling::{self, History, STALE_AFTER_POLLS, Sample, ScalingError, Timestamp};
+
+/// What [`Histories::record`] did with the facts it was given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recorded {
+    /// A new sample went into the history.
+    Pushed,
+    /// The history was older than its retention (an outage, or the controller was not reconciling):
+    /// it starts again from this sample, so a scale-down waits a full window of fresh readings.
+    Restarted,
+    /// The latest sample is younger than `pollInterval` (a watch event, or facts another
+    /// QueueConsumer of the same queue read): nothing new to learn.
+    NotDue,
+}
+
+struct Tracked {
+    history: History,
+    /// The last reconcile that recorded or decided: idle entries are swept.
+    touched: Timestamp,
+    /// How long the entry may sit untouched: its retention plus the staleness bound.
+    idle_limit: Duration,
+}
+
+/// Histories of every QueueConsumer this controller reconciles. Critical sections are short and never
+/// await, so concurrent reconciles of different QueueConsumers only contend for microseconds.
+#[derive(Default)]
+pub struct Histories {
+    entries: Mutex<HashMap<String, Tracked>>,
+}
+
+/// The key of a QueueConsumer's history: its uid, so a recreated namesake starts afresh (namespace/name
+/// for an object without one, which only tests build).
+pub fn key(qc: &QueueConsumer) -> String {
+    match qc.metadata.uid.as_deref() {
+        Some(uid) if !uid.is_empty() => uid.to_string(),
+        _ => format!("{}/{}", qc.namespace().unwrap_or_default(), qc.name_any()),
+    }
+}
+
+fn idle_limit(spec: &QueueConsumerSpec) -> Duration {
+    scaling::retention_for(&spec.scaling).saturating_add(
+        spec.scaling
+            .poll_interval
+            .max(Duration::from_secs(1))
+            .saturating_mul(STALE_AFTER_POLLS),
+    )
+}
+
+impl Histories {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Tracked>> {
+        match self.entries.lock() {
+            Ok(e) => e,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// Take the queue's counts, read at `at`, as a sample when one is due for this QueueConsumer's
+    /// `pollInterval`. A count SQS left out is an error and pushes nothing (the policy then holds).
+    pub fn record(
+        &self,
+        key: &str,
+        spec: &QueueConsumerSpec,
+        facts: &QueueFacts,
+        at: Timestamp,
+        now: Timestamp,
+    ) -> Result<Recorded, ScalingError> {
+        let sample = Sample::from_facts(facts, at)?;
+        let retention = scaling::retention_for(&spec.scaling);
+        let mut entries = self.lock();
+        sweep(&mut entries, now);
+        let tracked = entries.entry(key.to_string()).or_insert_with(|| Tracked {
+            history: History::new(retention),
+            touched: now,
+            idle_limit: idle_limit(spec),
+        });
+        tracked.touched = now;
+        tracked.idle_limit = idle_limit(spec);
+        // A spec change (window, poll interval) takes effect on the next push.
+        tracked.history.set_retention(retention);
+        let outcome = match tracked.history.latest() {
+            Some(latest) if latest.at.saturating_add(retention) < at => {
+                tracked.history = History::new(retention);
+                Recorded::Restarted
+            }
+            _ if !tracked.history.is_due(at, spec.scaling.poll_interval) => {
+                return Ok(Recorded::NotDue);
+            }
+            _ => Recorded::Pushed,
+        };
+        tracked.history.push(sample)?;
+        Ok(outcome)
+    }
+
+    /// Run `f` on the QueueConsumer's history (an empty one when it has none yet: the policy then
+    /// answers MetricsUnavailable and holds).
+    pub fn with_history<R>(&self, key: &str, now: Timestamp, f: impl FnOnce(&History) -> R) -> R {
+        let mut entries = self.lock();
+        match entries.get_mut(key) {
+            Some(t) => {
+                t.touched = now;
+                f(&t.history)
+            }
+            None => f(&History::new(Duration::ZERO)),
+        }
+    }
+
+    /// Drop a QueueConsumer's history (it is being deleted).
+    pub fn forget(&self, key: &str) {
+        self.lock().remove(key);
+    }
+
+    pub fn contains(&self, key: &str) -> bool {
+        self.lock().contains_key(key)
+    }
+
+    /// How many QueueConsumers have a history.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Drop entries nobody reconciled for longer than their idle limit: a QueueConsumer deleted without a
+/// finalizer is never reconciled again, and its history would otherwise stay forever. An entry swept
+/// while its QueueConsumer still exists (a long error backoff) only restarts its history, which
+/// [`Histories::record`] would have done anyway.
+fn sweep(entries: &mut HashMap<String, Tracked>, now: Timestamp) {
+    entries.retain(|_, t| t.touched.saturating_add(t.idle_limit) >= now);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(poll: &str, window: &str) -> QueueConsumerSpec {
+        serde_json::from_value(json!({
+            "queue": {"url": "https://sqs.us-east-1.amazonaws.com/1/q"},
+            "processing": {"p99": "2s"}, "handler": {"http": {}},
+            "template": {"spec": {"containers": [{"name": "app", "image": "x"}]}},
+            "scaling": {"pollInterval": poll, "scaleDownStabilization": window}
+        }))
+        .unwrap()
+    }
+
+    fn facts(visible: i64) -> QueueFacts {
+        let attrs: std::collections::HashMap<String, String> = [
+            ("VisibilityTimeout", "60".to_string()),
+            ("MessageRetentionPeriod", "345600".to_string()),
+            ("ApproximateNumberOfMessages", visible.to_string()),
+            ("ApproximateNumberOfMessagesNotVisible", "0".to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        QueueFacts::from_attributes("https://sqs.us-east-1.amazonaws.com/1/q", &attrs).unwrap()
+    }
+
+    fn s(secs: u64) -> Timestamp {
+        Timestamp::from_secs(secs)
+    }
+
+    #[test]
+    fn one_sample_per_poll_interval() {
+        let h = Histories::new();
+        let sp = spec("10s", "1m");
+        let rec = |at, now| h.record("k", &sp, &facts(5), s(at), s(now)).unwrap();
+        assert_eq!(rec(100, 100), Recorded::Pushed);
+        // The same cached read again, and a read 4s later (another QueueConsumer's poll): not due.
+        assert_eq!(rec(100, 101), Recorded::NotDue);
+        assert_eq!(rec(104, 104), Recorded::NotDue);
+        assert_eq!(rec(110, 110), Recorded::Pushed);
+        assert_eq!(h.with_history("k", s(110), |hist| hist.len()), 2);
+    }
+
+    #[test]
+    fn a_gap_longer_than_the_retention_restarts_the_history() {
+        let h = Histories::new();
+        let sp = spec("1s", "10s");
+        for t in 0..5 {
+            h.record("k", &sp, &facts(1), s(t), s(t)).unwrap();
+        }
+        // Retention is 11s: a sample 13s after the last one starts afresh.
+        assert_eq!(
+            h.record("k", &sp, &facts(1), s(17), s(17)).unwrap(),
+            Recorded::Restarted
+        );
+        let (len, covers) = h.with_history("k", s(17), |hist| {
+            (hist.len(), hist.covers(s(17), Duration::from_secs(1)))
+        });
+        assert_eq!((len, covers), (1, false));
+        // Past the idle limit (14s) the entry was swept: a fresh history all the same.
+        assert_eq!(
+            h.record("k", &sp, &facts(1), s(40), s(40)).unwrap(),
+            Recorded::Pushed
+        );
+        assert_eq!(h.with_history("k", s(40), |hist| hist.len()), 1);
+    }
+
+    #[test]
+    fn a_missing_count_pushes_nothing() {
+        let h = Histories::new();
+        let mut f = facts(1);
+        f.visible = None;
+        let err = h
+            .record("k", &spec("1s", "10s"), &f, s(1), s(1))
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("ApproximateNumberOfMessages"),
+            "{err}"
+        );
+        assert!(h.with_history("k", s(1), |hist| hist.is_empty()));
+    }
+
+    #[test]
+    fn forgotten_and_idle_histories_go() {
+        let h = Histories::new();
+        let sp = spec("1s", "10s");
+        h.record("gone", &sp, &facts(1), s(0), s(0)).unwrap();
+        h.record("kept", &sp, &facts(1), s(0), s(0)).unwrap();
+        h.forget("gone");
+        assert!(!h.contains("gone") && h.contains("kept"));
+        h.record("other", &sp, &facts(1), s(5), s(5)).unwrap();
+        assert!(h.contains("kept"), "within retention + 3 polls (14s)");
+        h.record("other", &sp, &facts(1), s(15), s(15)).unwrap();
+        assert!(!h.contains("kept"), "idle past 14s: swept");
+        assert_eq!(h.len(), 1);
+    }
+
+    #[test]
+    fn keys_are_uids() {
+        let mut qc: QueueConsumer = serde_json::from_value(json!({
+            "apiVersion": "sqs.consumers.dev/v1alpha1", "kind": "QueueConsumer",
+            "metadata": {"name": "orders", "namespace": "shop"},
+            "spec": spec("1s", "1s"),
+        }))
+        .unwrap();
+        assert_eq!(key(&qc), "shop/orders");
+        qc.metadata.uid = Some("u-1".into());
+        assert_eq!(key(&qc), "u-1");
+    }
+}
