@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Resource, ResourceExt};
@@ -163,6 +163,7 @@ pub struct Context {
     pub scaling: Histories,
     pub render: RenderOptions,
     pub recorder: Recorder,
+    reporter: Reporter,
     pub metrics: Metrics,
     failures: Mutex<HashMap<String, u32>>,
 }
@@ -174,13 +175,11 @@ impl Context {
         render: RenderOptions,
         instance: Option<String>,
     ) -> Self {
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: FIELD_MANAGER.into(),
-                instance,
-            },
-        );
+        let reporter = Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance,
+        };
+        let recorder = Recorder::new(client.clone(), reporter.clone());
         Context {
             client,
             aws,
@@ -188,6 +187,7 @@ impl Context {
             scaling: Histories::new(),
             render,
             recorder,
+            reporter,
             metrics: Metrics::default(),
             failures: Mutex::new(HashMap::new()),
         }
@@ -215,6 +215,49 @@ impl Context {
         if let Err(e) = self.recorder.publish(&ev, &qc.object_ref(&())).await {
             // An Event is a courtesy: failing to write one must not fail the reconcile.
             tracing::warn!(error = %e, reason, "could not publish event");
+        }
+    }
+}
+
+impl Context {
+    /// A `Scaled` Event of its own for each replica change. The Recorder folds repeats of a reason
+    /// into one Event's series and keeps the first note, which would leave "from 1 to 3" on every
+    /// later change; each change's numbers are the point of this Event.
+    async fn scaled_event(&self, qc: &QueueConsumer, note: String) {
+        let regarding = qc.object_ref(&());
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let ns = regarding.namespace.clone();
+        let ev = k8s_openapi::api::events::v1::Event {
+            metadata: kube::api::ObjectMeta {
+                name: Some(format!(
+                    "{}.{:x}",
+                    regarding.name.as_deref().unwrap_or(FIELD_MANAGER),
+                    now.as_nanosecond()
+                )),
+                namespace: ns.clone(),
+                ..Default::default()
+            },
+            action: Some("Scale".into()),
+            reason: Some(SCALED.into()),
+            note: Some(truncate(note, 1024)),
+            type_: Some("Normal".into()),
+            event_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                now,
+            )),
+            regarding: Some(regarding),
+            reporting_controller: Some(self.reporter.controller.clone()),
+            reporting_instance: Some(
+                self.reporter
+                    .instance
+                    .clone()
+                    .unwrap_or_else(|| self.reporter.controller.clone()),
+            ),
+            ..Default::default()
+        };
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), ns.as_deref().unwrap_or("default"));
+        if let Err(e) = events.create(&PostParams::default(), &ev).await {
+            tracing::warn!(error = %e, reason = SCALED, "could not publish event");
         }
     }
 }
@@ -397,7 +440,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         ctx.event(qc, t.warning, &t.reason, note).await;
     }
     if let Some(note) = scaled {
-        ctx.event(qc, false, SCALED, note).await;
+        ctx.scaled_event(qc, note).await;
     }
     if let Some(verb) = applied {
         ctx.event(

@@ -15,8 +15,9 @@ use crate::scaling::{self, History, STALE_AFTER_POLLS, Sample, ScalingError, Tim
 pub enum Recorded {
     /// A new sample went into the history.
     Pushed,
-    /// The history was older than its retention (an outage, or the controller was not reconciling):
-    /// it starts again from this sample, so a scale-down waits a full window of fresh readings.
+    /// No sample for longer than the retention plus the staleness bound (an outage, or counts SQS kept
+    /// leaving out): the history starts again from this sample, so a scale-down waits for a full
+    /// window of fresh readings instead of acting on the few taken since.
     Restarted,
     /// The latest sample is younger than `pollInterval` (a watch event, or facts another
     /// QueueConsumer of the same queue read): nothing new to learn.
@@ -92,7 +93,7 @@ impl Histories {
         // A spec change (window, poll interval) takes effect on the next push.
         tracked.history.set_retention(retention);
         let outcome = match tracked.history.latest() {
-            Some(latest) if latest.at.saturating_add(retention) < at => {
+            Some(latest) if latest.at.saturating_add(tracked.idle_limit) < at => {
                 tracked.history = History::new(retention);
                 Recorded::Restarted
             }
@@ -197,16 +198,22 @@ mod tests {
         for t in 0..5 {
             h.record("k", &sp, &facts(1), s(t), s(t)).unwrap();
         }
-        // Retention is 11s: a sample 13s after the last one starts afresh.
+        // A sample a poll late is no gap.
         assert_eq!(
-            h.record("k", &sp, &facts(1), s(17), s(17)).unwrap(),
+            h.record("k", &sp, &facts(1), s(6), s(6)).unwrap(),
+            Recorded::Pushed
+        );
+        // Retention 11s + 3 polls: the entry is touched (decisions) but sampled 16s later starts afresh.
+        h.with_history("k", s(12), |_| ());
+        assert_eq!(
+            h.record("k", &sp, &facts(1), s(22), s(22)).unwrap(),
             Recorded::Restarted
         );
-        let (len, covers) = h.with_history("k", s(17), |hist| {
-            (hist.len(), hist.covers(s(17), Duration::from_secs(1)))
+        let (len, covers) = h.with_history("k", s(22), |hist| {
+            (hist.len(), hist.covers(s(22), Duration::from_secs(1)))
         });
         assert_eq!((len, covers), (1, false));
-        // Past the idle limit (14s) the entry was swept: a fresh history all the same.
+        // Untouched past the idle limit (14s) the entry was swept: a fresh history all the same.
         assert_eq!(
             h.record("k", &sp, &facts(1), s(40), s(40)).unwrap(),
             Recorded::Pushed
