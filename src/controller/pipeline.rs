@@ -198,3 +198,71 @@ pub fn decide_replicas(
         _ => ReplicaDecision::Keep,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scaling::Sample;
+    use serde_json::json;
+
+    fn qc() -> QueueConsumer {
+        serde_json::from_value(json!({
+            "apiVersion": "sqs.consumers.dev/v1alpha1", "kind": "QueueConsumer",
+            "metadata": {"name": "orders", "namespace": "shop", "uid": "u1"},
+            "spec": {"queue": {"url": "https://sqs.us-east-1.amazonaws.com/1/orders"},
+                     "processing": {"p99": "2s"}, "handler": {"http": {}},
+                     "template": {"spec": {"containers": [{"name": "app", "image": "x"}]}}}
+        }))
+        .unwrap()
+    }
+
+    fn deployment(replicas: Option<i32>) -> Deployment {
+        serde_json::from_value(json!({"metadata": {"name": "orders"},
+            "spec": {"replicas": replicas, "selector": {}, "template": {}}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_a_rollout_that_applies_is_scaled() {
+        let q = qc();
+        let mut h = History::new(crate::api::Duration::from_secs(600));
+        h.push(Sample {
+            visible: 900,
+            in_flight: 0,
+            delayed: 0,
+            at: Timestamp::from_secs(10),
+        })
+        .unwrap();
+        let now = Timestamp::from_secs(11);
+        let d = deployment(Some(1));
+        for held in [
+            Rollout::HeldQueueUnreachable,
+            Rollout::HeldInvalidSpec,
+            Rollout::HeldByValidation,
+            Rollout::HeldForeignDeployment,
+        ] {
+            let r = decide_replicas(&q, &held, Some(&d), &h, now);
+            assert_eq!(r, ReplicaDecision::Keep, "{held:?}");
+            assert_eq!(r.write(), None);
+        }
+        assert_eq!(
+            decide_replicas(&q, &Rollout::Apply, None, &h, now),
+            ReplicaDecision::Keep
+        );
+        // 900 visible at 300 per replica: 3, from 1.
+        let r = decide_replicas(&q, &Rollout::Apply, Some(&d), &h, now);
+        assert_eq!(r.write(), Some(3));
+        // Already at 3: nothing to write.
+        let r = decide_replicas(&q, &Rollout::Apply, Some(&deployment(Some(3))), &h, now);
+        assert!(matches!(r, ReplicaDecision::Scale { current: 3, .. }));
+        assert_eq!(r.write(), None);
+    }
+
+    #[test]
+    fn current_replicas_defaults_like_the_api_server() {
+        assert_eq!(current_replicas(&deployment(None)), 1);
+        assert_eq!(current_replicas(&deployment(Some(0))), 0);
+        assert_eq!(current_replicas(&deployment(Some(-2))), 0);
+        assert_eq!(current_replicas(&deployment(Some(7))), 7);
+    }
+}

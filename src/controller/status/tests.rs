@@ -381,3 +381,103 @@ fn ready_needs_an_available_deployment_or_zero_replicas() {
     assert_eq!(b.cond("Ready").status, "True");
     assert_eq!(b.cond("ScalingActive").reason, "ScaledToZero");
 }
+
+fn scale_decision(
+    qc: &QueueConsumer,
+    samples: &[(u64, u64)],
+    current: u32,
+) -> (ReplicaDecision, crate::scaling::Decision) {
+    use crate::scaling::{History, Sample, Timestamp, decide_for};
+    let mut h = History::new(crate::api::Duration::from_secs(600));
+    for (i, (visible, in_flight)) in samples.iter().enumerate() {
+        h.push(Sample {
+            visible: *visible,
+            in_flight: *in_flight,
+            delayed: 0,
+            at: Timestamp::from_secs(100 + i as u64),
+        })
+        .unwrap();
+    }
+    let now = Timestamp::from_secs(100 + samples.len() as u64);
+    let decision = decide_for(&qc.spec, &h, current, now);
+    (
+        ReplicaDecision::Scale {
+            current,
+            decision: decision.clone(),
+        },
+        decision,
+    )
+}
+
+#[test]
+fn scaling_active_and_desired_replicas_follow_the_decision() {
+    let mut q = qc(false);
+    q.spec.scaling.max_replicas = 4;
+    let f = facts(DeadLetterFacts::None);
+    let report = Report::default();
+    let d = available_deployment(2);
+    let build_scale = |replicas: &ReplicaDecision, scaled_at: Option<Time>| {
+        build(&StatusInputs {
+            qc: &q,
+            facts: Observation::Read(&f),
+            report: &report,
+            render: Ok(()),
+            rollout: &Rollout::Apply,
+            deployment: Some(&d),
+            alarm: AlarmStatus::default(),
+            replicas,
+            scaled_at,
+            sampled_at: Some(at(100)),
+            now: at(100),
+        })
+    };
+    let cond = |s: &QueueConsumerStatus| {
+        let c = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "ScalingActive")
+            .unwrap()
+            .clone();
+        (c.status, c.reason, c.message)
+    };
+    // P 2s, C 10, T 60s: 300 visible per replica. Cases: (samples, current, status, reason, desired).
+    type Case<'a> = (&'a [(u64, u64)], u32, &'a str, &'a str, i32);
+    let cases: [Case; 4] = [
+        (&[(600, 20)], 2, "True", "Scaling", 4),
+        (&[(6000, 0)], 2, "True", "AtMaxReplicas", 4),
+        (&[(0, 0), (0, 0)], 0, "True", "ScaledToZero", 0),
+        (&[], 2, "False", "MetricsUnavailable", 2),
+    ];
+    for (samples, current, status, reason, desired) in cases {
+        let (rd, decision) = scale_decision(&q, samples, current);
+        let s = build_scale(&rd, None);
+        let (st, r, m) = cond(&s);
+        assert_eq!(
+            (st.as_str(), r.as_str()),
+            (status, reason),
+            "{samples:?}: {m}"
+        );
+        assert_eq!(m, decision.to_string());
+        assert_eq!(s.desired_replicas, Some(desired), "{samples:?}");
+    }
+    // lastScaleTime: set when the scaler wrote, kept otherwise.
+    let (rd, _) = scale_decision(&q, &[(600, 20)], 2);
+    let written = build_scale(&rd, Some(at(100)));
+    assert_eq!(written.last_scale_time, Some(at(100)));
+    let mut later = q.clone();
+    later.status = Some(written);
+    let kept = build(&StatusInputs {
+        qc: &later,
+        facts: Observation::Read(&f),
+        report: &report,
+        render: Ok(()),
+        rollout: &Rollout::Apply,
+        deployment: Some(&d),
+        alarm: AlarmStatus::default(),
+        replicas: &rd,
+        scaled_at: None,
+        sampled_at: Some(at(130)),
+        now: at(130),
+    });
+    assert_eq!(kept.last_scale_time, Some(at(100)));
+}
