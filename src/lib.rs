@@ -3,3 +3,5 @@
 
 pub mod api;
 pub mod aws;
+pub mod telemetry;
+pub mod worker;

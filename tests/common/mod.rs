@@ -20,7 +20,9 @@ pub fn redis_url() -> String {
 /// An SDK client for the test server, with dummy credentials.
 pub async fn sqs_client() -> aws_sdk_sqs::Client {
     if std::env::var("AWS_ACCESS_KEY_ID").is_err() {
-        panic!("AWS_ACCESS_KEY_ID is not set: run `bash scripts/test` (it exports dummy keys for moto)");
+        panic!(
+            "AWS_ACCESS_KEY_ID is not set: run `bash scripts/test` (it exports dummy keys for moto)"
+        );
     }
     let conf = qc::aws::sdk_config(Some("us-east-1"), Some(&sqs_endpoint())).await;
     aws_sdk_sqs::Client::new(&conf)

@@ -1,0 +1,425 @@
+//! End-to-end tests of `qc-worker`: the real binary against the moto server (and redis), with handlers
+//! that record every call. Assertions are on counts and queue state, never on tight timings.
+#![allow(clippy::unwrap_used)]
+
+#[path = "common/mod.rs"]
+mod common;
+#[path = "worker/support.rs"]
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use support::*;
+
+const SECS: fn(u64) -> Duration = Duration::from_secs;
+
+/// The drain summary a worker logs when it stops.
+#[allow(dead_code)]
+fn stopped(w: &Worker) -> serde_json::Value {
+    w.log_lines("stopped")
+        .pop()
+        .unwrap_or_else(|| panic!("no `stopped` line; log:\n{}", w.log_text()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drains_500_messages_each_handled_and_deleted() {
+    let q = TestQueue::new("drain", 30, 5, false).await;
+    let bodies = numbered(500);
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(5))).await;
+    let mut a = base_args(&q);
+    a.extend(args(&["--concurrency", "20", "--http-url", &h.url]));
+    let mut w = Worker::start(&a);
+
+    eventually(SECS(120), "500 messages deleted", || async {
+        w.metric("qc_worker_messages_deleted_total").await == Some(500.0)
+    })
+    .await;
+    let counts = h.counts_by_body();
+    for b in &bodies {
+        assert_eq!(counts.get(b), Some(&1), "{b} handled once");
+    }
+    assert_eq!(h.calls().len(), 500);
+    eventually(SECS(10), "queue empty", || q.is_empty()).await;
+
+    let (status, text) = w.get("/metrics").await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(
+        parse_metric(&text, "qc_worker_messages_received_total"),
+        Some(500.0)
+    );
+    assert_eq!(
+        parse_metric(
+            &text,
+            "qc_worker_messages_processed_total{outcome=\"success\"}"
+        ),
+        Some(500.0)
+    );
+    assert_eq!(
+        parse_metric(&text, "qc_worker_handler_duration_seconds_count"),
+        Some(500.0)
+    );
+    let deletes = parse_metric(
+        &text,
+        "qc_worker_sqs_requests_total{action=\"DeleteMessageBatch\"}",
+    )
+    .unwrap();
+    assert!(
+        deletes >= 50.0 && deletes < 500.0,
+        "deletes are batched: {deletes} calls"
+    );
+    assert!(
+        parse_metric(
+            &text,
+            "qc_worker_sqs_requests_total{action=\"ReceiveMessage\"}"
+        )
+        .unwrap()
+            >= 25.0
+    );
+    assert_eq!(parse_metric(&text, "qc_worker_in_flight"), Some(0.0));
+    assert!(text.contains("# TYPE qc_worker_handler_duration_seconds histogram"));
+    assert_eq!(w.get("/healthz").await.unwrap().0, 200);
+    assert_eq!(w.get("/readyz").await.unwrap().0, 200);
+    // Every call carried the CloudEvents binary-mode attributes.
+    let c = &h.calls()[0];
+    assert_eq!(c.headers["ce-specversion"], "1.0");
+    assert_eq!(c.headers["ce-type"], "dev.consumers.sqs.message");
+    assert!(
+        c.headers["ce-source"].starts_with("arn:aws:sqs:"),
+        "{:?}",
+        c.headers
+    );
+    assert!(!c.id.is_empty());
+    assert_eq!(c.receive_count, 1);
+
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(30)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn always_failing_handler_dead_letters_after_max_receive_count() {
+    let q = TestQueue::new("dlq", 2, 3, false).await;
+    let bodies = numbered(10);
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::status(500)).await;
+    let mut a = base_args(&q);
+    a.extend(args(&["--retry-base", "0s", "--http-url", &h.url]));
+    let mut w = Worker::start(&a);
+
+    eventually(SECS(90), "10 messages in the DLQ", || async {
+        q.dlq_visible().await == 10
+    })
+    .await;
+    eventually(SECS(10), "source queue empty", || q.is_empty()).await;
+    let calls = h.calls();
+    let mut by_body: HashMap<Vec<u8>, Vec<u32>> = HashMap::new();
+    for c in &calls {
+        by_body
+            .entry(c.body.clone())
+            .or_default()
+            .push(c.receive_count);
+    }
+    assert_eq!(by_body.len(), 10);
+    for (body, mut counts) in by_body {
+        counts.sort();
+        assert_eq!(counts, vec![1, 2, 3], "{}", String::from_utf8_lossy(&body));
+    }
+    assert_eq!(
+        w.metric("qc_worker_messages_deleted_total").await,
+        Some(0.0)
+    );
+    assert_eq!(
+        w.metric("qc_worker_messages_processed_total{outcome=\"transient\"}")
+            .await,
+        Some(30.0)
+    );
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_delete_removes_the_message_after_one_call() {
+    let q = TestQueue::new("poison-del", 5, 3, false).await;
+    let bodies = numbered(8);
+    q.send_all(&bodies, |_| String::new()).await;
+    // Even bodies are poison (422 and 400), odd ones succeed.
+    let h = HttpHandler::start(|c| {
+        let n: u32 = String::from_utf8_lossy(&c.body)
+            .trim_start_matches("{\"n\":")
+            .trim_end_matches('}')
+            .parse()
+            .unwrap();
+        match n % 4 {
+            0 => Reply::status(422),
+            2 => Reply::status(400),
+            _ => Reply::ok(Duration::ZERO),
+        }
+    })
+    .await;
+    let mut a = base_args(&q);
+    a.extend(args(&["--on-poison", "delete", "--http-url", &h.url]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(60), "all 8 deleted", || async {
+        w.metric("qc_worker_messages_deleted_total").await == Some(8.0)
+    })
+    .await;
+    eventually(SECS(10), "queue empty", || q.is_empty()).await;
+    assert_eq!(h.calls().len(), 8, "each message handled exactly once");
+    assert_eq!(q.dlq_visible().await, 0);
+    assert_eq!(
+        w.metric("qc_worker_messages_processed_total{outcome=\"poison\"}")
+            .await,
+        Some(4.0)
+    );
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_leave_goes_to_the_dlq_without_calling_the_handler_again() {
+    let q = TestQueue::new("poison-leave", 2, 3, false).await;
+    let bodies = numbered(5);
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::status(422)).await;
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--on-poison",
+        "leave",
+        "--retry-base",
+        "0s",
+        "--http-url",
+        &h.url,
+    ]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(60), "5 messages in the DLQ", || async {
+        q.dlq_visible().await == 5
+    })
+    .await;
+    eventually(SECS(10), "source queue empty", || q.is_empty()).await;
+    let counts = h.counts_by_body();
+    for b in &bodies {
+        assert_eq!(counts.get(b), Some(&1), "{b}: the handler judged it once");
+    }
+    assert_eq!(
+        w.metric("qc_worker_messages_deleted_total").await,
+        Some(0.0)
+    );
+    // Three receives each before the redrive: the first called the handler, the others did not.
+    assert_eq!(
+        w.metric("qc_worker_messages_processed_total{outcome=\"poison\"}")
+            .await,
+        Some(15.0)
+    );
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handler_running_three_visibility_timeouts_is_heartbeated_and_handled_once() {
+    let q = TestQueue::new("long", 2, 3, false).await;
+    q.send_all(&numbered(3), |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::ok(SECS(6))).await;
+    let mut a = base_args(&q);
+    a.extend(args(&["--timeout", "20s", "--http-url", &h.url]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(60), "3 messages deleted", || async {
+        w.metric("qc_worker_messages_deleted_total").await == Some(3.0)
+    })
+    .await;
+    // Longer than one more visibility timeout: a lapsed lease would show as a second call by now.
+    tokio::time::sleep(SECS(3)).await;
+    let calls = h.calls();
+    assert_eq!(calls.len(), 3, "no redelivery: {calls:?}");
+    assert!(calls.iter().all(|c| c.receive_count == 1));
+    assert!(q.is_empty().await);
+    let beats = w.metric("qc_worker_heartbeats_total").await.unwrap();
+    assert!(
+        beats >= 6.0,
+        "at least two heartbeats per message, saw {beats}"
+    );
+    assert_eq!(
+        w.metric("qc_worker_heartbeat_failures_total").await,
+        Some(0.0)
+    );
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handler_timeout_is_transient_and_retried() {
+    let q = TestQueue::new("timeout", 5, 5, false).await;
+    q.send_one("slow-then-fast").await;
+    let h = HttpHandler::start(|c| {
+        if c.receive_count == 1 {
+            Reply::ok(SECS(30))
+        } else {
+            Reply::ok(Duration::ZERO)
+        }
+    })
+    .await;
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--timeout",
+        "1s",
+        "--retry-base",
+        "0s",
+        "--http-url",
+        &h.url,
+    ]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(60), "deleted after the retry", || async {
+        w.metric("qc_worker_messages_deleted_total").await == Some(1.0)
+    })
+    .await;
+    assert_eq!(
+        w.metric("qc_worker_messages_processed_total{outcome=\"timeout\"}")
+            .await,
+        Some(1.0)
+    );
+    let counts: Vec<u32> = h.calls().iter().map(|c| c.receive_count).collect();
+    assert_eq!(counts, vec![1, 2]);
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_sets_the_retry_delay() {
+    let q = TestQueue::new("retry-after", 30, 5, false).await;
+    q.send_one("busy-once").await;
+    let h = HttpHandler::start(|c| {
+        if c.receive_count == 1 {
+            Reply {
+                status: 503,
+                delay: Duration::ZERO,
+                retry_after: Some("1".into()),
+            }
+        } else {
+            Reply::ok(Duration::ZERO)
+        }
+    })
+    .await;
+    let mut a = base_args(&q);
+    // The default backoff (5s base) would also retry; Retry-After: 1 must win well before the 30s lease.
+    a.extend(args(&["--retry-base", "60s", "--http-url", &h.url]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(20), "deleted after Retry-After", || async {
+        w.metric("qc_worker_messages_deleted_total").await == Some(1.0)
+    })
+    .await;
+    assert_eq!(h.calls().len(), 2);
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+/// Bodies SQS accepts that a naive consumer might choke on.
+fn odd_bodies() -> Vec<String> {
+    vec![
+        "not json {".to_string(),
+        "{\"unterminated\": \"".to_string(),
+        "emoji \u{1F600} and \u{FFFD} and tabs\t\r\n".to_string(),
+        "\u{10FFFF}\u{E000}".to_string(),
+        " ".to_string(),
+        "x".repeat(1024 * 1024 - 64),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_and_large_bodies_reach_the_http_handler_byte_exact() {
+    let q = TestQueue::new("odd-http", 30, 5, false).await;
+    let bodies = odd_bodies();
+    for b in &bodies {
+        q.send_one(b).await;
+    }
+    let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--idempotency-store",
+        "memory",
+        "--idempotency-key",
+        "jsonPointer:/id",
+        "--http-url",
+        &h.url,
+    ]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(60), "all deleted", || async {
+        w.metric("qc_worker_messages_deleted_total").await == Some(bodies.len() as f64)
+    })
+    .await;
+    let mut got: Vec<Vec<u8>> = h.calls().into_iter().map(|c| c.body).collect();
+    let mut want: Vec<Vec<u8>> = bodies.iter().map(|b| b.as_bytes().to_vec()).collect();
+    got.sort();
+    want.sort();
+    assert!(got == want, "bodies differ");
+    assert!(w.running());
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_handler_gets_body_on_stdin_metadata_in_env_and_exit_codes_map() {
+    let q = TestQueue::new("odd-exec", 30, 2, false).await;
+    let mut bodies = odd_bodies();
+    bodies.push("poison".into());
+    for b in &bodies {
+        q.client
+            .send_message()
+            .queue_url(&q.url)
+            .message_body(b)
+            .message_attributes(
+                "tenant-id",
+                aws_sdk_sqs::types::MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value("t-1")
+                    .build()
+                    .unwrap(),
+            )
+            .send()
+            .await
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let handler = script(
+        dir.path(),
+        "handle.sh",
+        &format!(
+            r#"set -e
+f="{out}/$QC_MESSAGE_ID"
+cat > "$f.body"
+echo "$QC_RECEIVE_COUNT $QC_ATTR_TENANT_ID $QC_QUEUE_URL" > "$f.env"
+if [ "$(cat "$f.body")" = poison ]; then exit 65; fi
+exit 0"#,
+            out = out.display()
+        ),
+    );
+    let mut a = base_args(&q);
+    a.extend(args(&["--exec", "--", handler.to_str().unwrap()]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(60), "all deleted", || async {
+        w.metric("qc_worker_messages_deleted_total").await == Some(bodies.len() as f64)
+    })
+    .await;
+    assert_eq!(
+        w.metric("qc_worker_messages_processed_total{outcome=\"poison\"}")
+            .await,
+        Some(1.0)
+    );
+    let mut got = Vec::new();
+    for entry in std::fs::read_dir(&out).unwrap() {
+        let p = entry.unwrap().path();
+        if p.extension().is_some_and(|e| e == "body") {
+            got.push(std::fs::read(&p).unwrap());
+            let env = std::fs::read_to_string(p.with_extension("env")).unwrap();
+            assert_eq!(env.trim(), format!("1 t-1 {}", q.url));
+        }
+    }
+    let mut want: Vec<Vec<u8>> = bodies.iter().map(|b| b.as_bytes().to_vec()).collect();
+    got.sort();
+    want.sort();
+    assert!(got == want, "bodies differ");
+    assert!(q.is_empty().await);
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
