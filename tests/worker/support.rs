@@ -286,11 +286,11 @@ impl Worker {
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            if c.try_wait().ok().flatten().is_none() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
+        if let Some(mut c) = self.child.take()
+            && c.try_wait().ok().flatten().is_none()
+        {
+            let _ = c.kill();
+            let _ = c.wait();
         }
     }
 }
