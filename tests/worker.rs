@@ -15,7 +15,6 @@ use support::*;
 const SECS: fn(u64) -> Duration = Duration::from_secs;
 
 /// The drain summary a worker logs when it stops.
-#[allow(dead_code)]
 fn stopped(w: &Worker) -> serde_json::Value {
     w.log_lines("stopped")
         .pop()
@@ -422,4 +421,128 @@ exit 0"#,
     assert!(q.is_empty().await);
     w.signal("TERM");
     assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_batch_then_restart_loses_nothing() {
+    let q = TestQueue::new("kill9", 2, 10, false).await;
+    let bodies = numbered(60);
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(300))).await;
+    let mut a = base_args(&q);
+    a.extend(args(&["--concurrency", "10", "--http-url", &h.url]));
+    let dir = std::sync::Arc::new(tempfile::tempdir().unwrap());
+    let mut first = Worker::start_in(dir.clone(), &a);
+    eventually(SECS(60), "15 messages handled", || async {
+        h.finished_calls() >= 15
+    })
+    .await;
+    first.kill9();
+    let (_, in_flight, _) = q.counts().await;
+    assert!(in_flight > 0, "the kill left messages in flight");
+
+    let mut second = Worker::start_in(dir, &a);
+    eventually(SECS(90), "queue drained after the restart", || q.is_empty()).await;
+    let counts = h.counts_by_body();
+    for b in &bodies {
+        assert!(
+            counts.get(b).is_some_and(|n| *n >= 1),
+            "{b} was never handled"
+        );
+    }
+    second.signal("INT");
+    assert!(second.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_under_load_finishes_in_flight_and_strands_nothing() {
+    let q = TestQueue::new("sigterm", 10, 5, false).await;
+    let bodies = numbered(100);
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::ok(SECS(1))).await;
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--concurrency",
+        "10",
+        "--shutdown-timeout",
+        "8s",
+        "--http-url",
+        &h.url,
+    ]));
+    let dir = std::sync::Arc::new(tempfile::tempdir().unwrap());
+    let mut w = Worker::start_in(dir.clone(), &a);
+    eventually(SECS(60), "a second wave in flight", || async {
+        h.calls().len() >= 15
+    })
+    .await;
+    let signalled = std::time::Instant::now();
+    w.signal("TERM");
+    let status = w.wait_exit(SECS(30)).await;
+    let took = signalled.elapsed();
+    assert!(status.success(), "exit status {status:?}");
+    assert!(
+        took < SECS(8) + Duration::from_millis(1500),
+        "exit took {took:?}, budget 8s"
+    );
+
+    // Every call that started finished and was deleted; nothing is left invisible.
+    let calls = h.calls();
+    assert!(
+        calls.iter().all(|c| c.finished.is_some()),
+        "a handler was cut off"
+    );
+    let summary = stopped(&w);
+    assert_eq!(
+        summary["deleted"].as_u64().unwrap() as usize,
+        calls.len(),
+        "{summary}"
+    );
+    let (visible, in_flight, _) = q.counts().await;
+    assert_eq!(in_flight, 0, "messages stranded invisible after shutdown");
+    assert_eq!(visible as usize, 100 - calls.len());
+
+    let mut rest = Worker::start_in(dir, &a);
+    eventually(SECS(90), "the rest drained", || q.is_empty()).await;
+    let counts = h.counts_by_body();
+    for b in &bodies {
+        assert_eq!(
+            counts.get(b),
+            Some(&1),
+            "{b} handled exactly once across both workers"
+        );
+    }
+    rest.signal("TERM");
+    assert!(rest.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_budget_abandons_a_stuck_handler_and_releases_its_message() {
+    let q = TestQueue::new("stuck", 60, 5, false).await;
+    q.send_one("stuck").await;
+    let h = HttpHandler::start(|_| Reply::ok(SECS(40))).await;
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--timeout",
+        "50s",
+        "--shutdown-timeout",
+        "3s",
+        "--http-url",
+        &h.url,
+    ]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(30), "the handler started", || async {
+        !h.calls().is_empty()
+    })
+    .await;
+    let signalled = std::time::Instant::now();
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+    assert!(
+        signalled.elapsed() < SECS(5),
+        "took {:?}",
+        signalled.elapsed()
+    );
+    assert_eq!(stopped(&w)["released"], 1);
+    // Released with visibility 0: visible again at once, not after the 60s lease.
+    assert_eq!(q.counts().await, (1, 0, 0));
 }
