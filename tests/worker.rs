@@ -546,3 +546,120 @@ async fn shutdown_budget_abandons_a_stuck_handler_and_releases_its_message() {
     // Released with visibility 0: visible again at once, not after the 60s lease.
     assert_eq!(q.counts().await, (1, 0, 0));
 }
+
+/// Body text of the successful calls of `group`, in the order they started.
+fn successes(h: &HttpHandler, group: &str) -> Vec<String> {
+    let mut calls: Vec<Call> = h
+        .calls()
+        .into_iter()
+        .filter(|c| c.group.as_deref() == Some(group) && c.status == 200)
+        .collect();
+    calls.sort_by_key(|c| c.started);
+    calls
+        .into_iter()
+        .map(|c| String::from_utf8(c.body).unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_keeps_order_within_a_group_and_runs_groups_in_parallel() {
+    let q = TestQueue::new("fifo-order", 10, 5, true).await;
+    let groups = ["a", "b", "c", "d"];
+    // Interleaved sends: a-00, b-00, c-00, d-00, a-01, ...
+    let bodies: Vec<String> = (0..60)
+        .map(|n| format!("{}-{:02}", groups[n % 4], n / 4))
+        .collect();
+    q.send_all(&bodies, |n| groups[n % 4].to_string()).await;
+    // Uneven latencies, so a group running ahead would show.
+    let h = HttpHandler::start(|c| {
+        let jitter = c.body.iter().map(|b| u64::from(*b)).sum::<u64>() % 40;
+        Reply::ok(Duration::from_millis(5 + jitter))
+    })
+    .await;
+    let mut a = base_args(&q);
+    a.extend(args(&["--concurrency", "10", "--http-url", &h.url]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(90), "60 deleted", || async {
+        w.metric("qc_worker_messages_deleted_total").await == Some(60.0)
+    })
+    .await;
+    for g in groups {
+        let want: Vec<String> = (0..15).map(|i| format!("{g}-{i:02}")).collect();
+        assert_eq!(successes(&h, g), want, "group {g} out of order");
+    }
+    assert!(h.max_active() > 1, "groups never ran in parallel");
+    assert!(q.is_empty().await);
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_failure_stops_the_rest_of_its_group_from_running_ahead() {
+    let q = TestQueue::new("fifo-fail", 10, 5, true).await;
+    let bodies: Vec<String> = (0..10).map(|i| format!("a-{i:02}")).collect();
+    q.send_all(&bodies, |_| "a".to_string()).await;
+    let h = HttpHandler::start(|c| {
+        if c.body == b"a-03" && c.receive_count == 1 {
+            Reply::status(500)
+        } else {
+            Reply::ok(Duration::from_millis(20))
+        }
+    })
+    .await;
+    let mut a = base_args(&q);
+    a.extend(args(&["--retry-base", "0s", "--http-url", &h.url]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(60), "10 deleted", || async {
+        w.metric("qc_worker_messages_deleted_total").await == Some(10.0)
+    })
+    .await;
+    let mut calls = h.calls();
+    calls.sort_by_key(|c| c.started);
+    let order: Vec<String> = calls
+        .iter()
+        .map(|c| String::from_utf8(c.body.clone()).unwrap())
+        .collect();
+    let want: Vec<String> = [
+        "00", "01", "02", "03", "03", "04", "05", "06", "07", "08", "09",
+    ]
+    .iter()
+    .map(|i| format!("a-{i}"))
+    .collect();
+    assert_eq!(order, want, "a message ran ahead of the failed one");
+    assert!(
+        w.metric("qc_worker_messages_released_total").await.unwrap() >= 1.0,
+        "later messages of the failed group were released"
+    );
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_shutdown_releases_messages_waiting_behind_their_group() {
+    let q = TestQueue::new("fifo-term", 30, 5, true).await;
+    let bodies: Vec<String> = (0..10).map(|i| format!("a-{i:02}")).collect();
+    q.send_all(&bodies, |_| "a".to_string()).await;
+    let h = HttpHandler::start(|_| Reply::ok(SECS(2))).await;
+    let mut a = base_args(&q);
+    a.extend(args(&["--shutdown-timeout", "10s", "--http-url", &h.url]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(30), "the first message started", || async {
+        !h.calls().is_empty()
+    })
+    .await;
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+    let summary = stopped(&w);
+    assert_eq!(h.calls().len(), 1, "nothing started after the signal");
+    assert_eq!(summary["deleted"], 1, "{summary}");
+    assert_eq!(
+        summary["received"].as_u64(),
+        summary["released"].as_u64().map(|r| r + 1)
+    );
+    let (visible, in_flight, _) = q.counts().await;
+    assert_eq!(
+        (visible, in_flight),
+        (9, 0),
+        "waiting messages released at once"
+    );
+}
