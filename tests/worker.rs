@@ -663,3 +663,142 @@ async fn fifo_shutdown_releases_messages_waiting_behind_their_group() {
         "waiting messages released at once"
     );
 }
+
+/// Effects per orderId: successful calls only (a call that failed had no effect).
+fn effects_by_order(h: &HttpHandler) -> HashMap<String, usize> {
+    let mut m = HashMap::new();
+    for c in h.calls().into_iter().filter(|c| c.status == 200) {
+        let v: serde_json::Value = serde_json::from_slice(&c.body).unwrap();
+        *m.entry(v["orderId"].as_str().unwrap().to_string())
+            .or_default() += 1;
+    }
+    m
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_store_makes_duplicates_and_visibility_lapses_take_effect_once() {
+    let q = TestQueue::new("redis-dedup", 2, 10, false).await;
+    // o-1 is sent twice (a producer retry); o-2's handler outlives the 2s lease with heartbeats off,
+    // so it is delivered again while the first call still runs.
+    let mut bodies = vec![
+        r#"{"orderId":"o-1"}"#.to_string(),
+        r#"{"orderId":"o-1"}"#.to_string(),
+        r#"{"orderId":"o-2","slow":true}"#.to_string(),
+    ];
+    bodies.extend((3..10).map(|i| format!(r#"{{"orderId":"o-{i}"}}"#)));
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|c| {
+        if c.body.windows(4).any(|w| w == b"slow") {
+            Reply::ok(SECS(5))
+        } else {
+            Reply::ok(Duration::from_millis(50))
+        }
+    })
+    .await;
+    let redis_url = common::redis_url();
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--heartbeat",
+        "false",
+        "--timeout",
+        "20s",
+        "--idempotency-store",
+        "redis",
+        "--redis-url",
+        &redis_url,
+        "--idempotency-key",
+        "jsonPointer:/orderId",
+        "--http-url",
+        &h.url,
+    ]));
+    // Two workers share the store, as replicas of one QueueConsumer do.
+    let mut w1 = Worker::start(&a);
+    let mut w2 = Worker::start(&a);
+    eventually(SECS(90), "queue drained", || q.is_empty()).await;
+    let effects = effects_by_order(&h);
+    for i in 1..10 {
+        assert_eq!(
+            effects.get(&format!("o-{i}")),
+            Some(&1),
+            "o-{i}: {effects:?}"
+        );
+    }
+    let mut skipped = 0.0;
+    let mut waited = 0.0;
+    for w in [&w1, &w2] {
+        skipped += w
+            .metric("qc_worker_messages_processed_total{outcome=\"duplicate\"}")
+            .await
+            .unwrap();
+        waited += w
+            .metric("qc_worker_messages_processed_total{outcome=\"in_progress_elsewhere\"}")
+            .await
+            .unwrap();
+    }
+    // The second o-1 is skipped as done (or first seen in progress, then done). The redelivered o-2
+    // is seen in progress; its first call's delete then removes it (its receipt handle still works).
+    assert!(skipped >= 1.0, "the second o-1 was skipped: {skipped}");
+    assert!(
+        waited >= 1.0,
+        "o-2 was seen in progress while its first call ran: {waited}"
+    );
+    // The store holds the keys as done, under the queue's prefix.
+    let client = redis::Client::open(redis_url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let name = q.url.rsplit('/').next().unwrap();
+    let v: Option<String> = redis::cmd("GET")
+        .arg(format!("qc:idem:{name}:o-2"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(v.as_deref(), Some("done"));
+    for w in [&mut w1, &mut w2] {
+        w.signal("TERM");
+        assert!(w.wait_exit(SECS(20)).await.success());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_store_skips_a_business_key_seen_before() {
+    let q = TestQueue::new("mem-dedup", 2, 10, false).await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--idempotency-store",
+        "memory",
+        "--idempotency-key",
+        "attribute:orderId",
+        "--http-url",
+        &h.url,
+    ]));
+    let mut w = Worker::start(&a);
+    for body in ["first", "second copy"] {
+        q.client
+            .send_message()
+            .queue_url(&q.url)
+            .message_body(body)
+            .message_attributes(
+                "orderId",
+                aws_sdk_sqs::types::MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value("o-77")
+                    .build()
+                    .unwrap(),
+            )
+            .send()
+            .await
+            .unwrap();
+        eventually(SECS(30), "message gone", || q.is_empty()).await;
+    }
+    let calls = h.calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0].body, b"first");
+    assert_eq!(calls[0].headers["x-sqs-attribute-orderid"], "o-77");
+    assert_eq!(
+        w.metric("qc_worker_messages_processed_total{outcome=\"duplicate\"}")
+            .await,
+        Some(1.0)
+    );
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
