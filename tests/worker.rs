@@ -802,3 +802,158 @@ async fn memory_store_skips_a_business_key_seen_before() {
     w.signal("TERM");
     assert!(w.wait_exit(SECS(20)).await.success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_errors_back_off_and_the_worker_recovers() {
+    let q = TestQueue::new("outage", 5, 10, false).await;
+    let bodies = numbered(80);
+    q.send_all(&bodies, |_| String::new()).await;
+    let proxy = FaultProxy::start().await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(100))).await;
+    let a = args(&[
+        "--queue-url",
+        &q.url,
+        "--endpoint-url",
+        &proxy.endpoint,
+        "--wait-time",
+        "1s",
+        "--concurrency",
+        "2",
+        "--http-url",
+        &h.url,
+    ]);
+    let mut w = Worker::start(&a);
+    eventually(SECS(60), "some messages deleted", || async {
+        w.metric("qc_worker_messages_deleted_total").await >= Some(4.0)
+    })
+    .await;
+    let receives = "qc_worker_sqs_requests_total{action=\"ReceiveMessage\"}";
+    for (fault, reason) in [
+        (Fault::Fail(500, "InternalFailure"), "ServerError"),
+        (Fault::Fail(400, "RequestThrottled"), "Throttled"),
+        (Fault::Refuse, "EndpointUnreachable"),
+    ] {
+        proxy.set(fault).await;
+        let before = w.metric(receives).await.unwrap();
+        tokio::time::sleep(SECS(3)).await;
+        let during = w.metric(receives).await.unwrap() - before;
+        assert!(w.running(), "{fault:?} killed the worker");
+        // Backoff with jitter: a handful of attempts in 3s, where a hot loop would make hundreds.
+        assert!(during <= 12.0, "{fault:?}: {during} receives in 3s");
+        assert_eq!(w.get("/healthz").await.unwrap().0, 200);
+        let logged = w
+            .log_lines("receive failed; backing off")
+            .iter()
+            .any(|l| l["reason"] == reason);
+        assert!(logged, "{fault:?} logged as {reason}");
+        // Back to normal: the worker resumes by itself before the next fault.
+        proxy.set(Fault::Forward).await;
+        let received = w.metric("qc_worker_messages_received_total").await.unwrap();
+        eventually(SECS(40), "receiving again", || async {
+            w.metric("qc_worker_messages_received_total").await.unwrap() > received
+                || q.is_empty().await
+        })
+        .await;
+    }
+    assert!(
+        w.metric("qc_worker_sqs_errors_total{action=\"ReceiveMessage\"}")
+            .await
+            .unwrap()
+            >= 3.0
+    );
+    eventually(SECS(90), "queue drained after the outages", || q.is_empty()).await;
+    let counts = h.counts_by_body();
+    for b in &bodies {
+        assert!(counts.contains_key(b), "{b} never handled");
+    }
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_queue_fails_readiness_until_the_queue_exists() {
+    let client = common::sqs_client().await;
+    let name = common::unique_name("late");
+    let url = format!("{}/123456789012/{name}", common::sqs_endpoint());
+    let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
+    let a = args(&[
+        "--queue-url",
+        &url,
+        "--endpoint-url",
+        &common::sqs_endpoint(),
+        "--wait-time",
+        "1s",
+        "--http-url",
+        &h.url,
+    ]);
+    let mut w = Worker::start(&a);
+    eventually(SECS(30), "/readyz names the missing queue", || async {
+        matches!(w.get("/readyz").await, Some((503, body)) if body.contains("QueueDoesNotExist"))
+    })
+    .await;
+    assert_eq!(w.get("/healthz").await.unwrap().0, 200);
+    let lines = w.log_lines("cannot read the queue; not ready");
+    assert!(!lines.is_empty(), "log:\n{}", w.log_text());
+    assert_eq!(lines[0]["level"], "ERROR");
+    assert_eq!(lines[0]["reason"], "QueueDoesNotExist");
+    assert!(lines[0]["hint"].as_str().unwrap().contains("--queue-url"));
+    assert!(w.running());
+
+    let created = client
+        .create_queue()
+        .queue_name(&name)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.queue_url.as_deref(), Some(url.as_str()));
+    w.wait_ready(SECS(40)).await;
+    client
+        .send_message()
+        .queue_url(&url)
+        .message_body("late")
+        .send()
+        .await
+        .unwrap();
+    eventually(SECS(30), "the message handled", || async {
+        h.calls().len() == 1
+    })
+    .await;
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_credentials_fail_readiness_with_a_clear_log_line() {
+    let q = TestQueue::new("creds", 5, 5, false).await;
+    let proxy = FaultProxy::start().await;
+    proxy.set(Fault::Fail(403, "InvalidClientTokenId")).await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
+    let a = args(&[
+        "--queue-url",
+        &q.url,
+        "--endpoint-url",
+        &proxy.endpoint,
+        "--wait-time",
+        "1s",
+        "--http-url",
+        &h.url,
+    ]);
+    let mut w = Worker::start(&a);
+    eventually(SECS(30), "/readyz names the credentials", || async {
+        matches!(w.get("/readyz").await, Some((503, body)) if body.contains("InvalidCredentials"))
+    })
+    .await;
+    let lines = w.log_lines("cannot read the queue; not ready");
+    assert_eq!(lines[0]["reason"], "InvalidCredentials", "{}", w.log_text());
+    assert!(lines[0]["hint"].as_str().unwrap().contains("credentials"));
+    // Credentials fixed (the proxy lets requests through again): the worker becomes ready by itself.
+    proxy.set(Fault::Forward).await;
+    w.wait_ready(SECS(40)).await;
+    q.send_one("after the fix").await;
+    eventually(SECS(30), "the message handled", || async {
+        h.calls().len() == 1
+    })
+    .await;
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}

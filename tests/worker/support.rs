@@ -489,3 +489,157 @@ pub fn numbered(count: usize) -> Vec<String> {
 pub fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
+
+/// What the fault proxy does with SQS traffic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Pass requests through to the real server.
+    Forward,
+    /// Stop listening: connections are refused.
+    Refuse,
+    /// Answer every request with this HTTP status and AWS error code.
+    Fail(u16, &'static str),
+}
+
+/// A TCP proxy in front of the moto server that can refuse connections or answer with AWS errors.
+pub struct FaultProxy {
+    pub endpoint: String,
+    port: u16,
+    upstream: String,
+    state: Arc<Mutex<ProxyState>>,
+}
+
+struct ProxyState {
+    fault: Fault,
+    accept: Option<tokio::task::JoinHandle<()>>,
+    conns: Vec<tokio::task::AbortHandle>,
+}
+
+impl FaultProxy {
+    pub async fn start() -> FaultProxy {
+        let upstream = common::sqs_endpoint()
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_string();
+        let port = free_port();
+        let p = FaultProxy {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            port,
+            upstream,
+            state: Arc::new(Mutex::new(ProxyState {
+                fault: Fault::Forward,
+                accept: None,
+                conns: Vec::new(),
+            })),
+        };
+        p.set(Fault::Forward).await;
+        p
+    }
+
+    /// Switches behaviour; open connections are cut so the change applies at once.
+    pub async fn set(&self, fault: Fault) {
+        let listen = fault != Fault::Refuse;
+        let needs_bind = {
+            let mut st = self.state.lock().unwrap();
+            st.fault = fault;
+            for c in st.conns.drain(..) {
+                c.abort();
+            }
+            if !listen && let Some(a) = st.accept.take() {
+                a.abort();
+            }
+            listen && st.accept.is_none()
+        };
+        if !needs_bind {
+            return;
+        }
+        let listener = loop {
+            // The aborted accept loop may still hold the port for a moment.
+            match tokio::net::TcpListener::bind(("127.0.0.1", self.port)).await {
+                Ok(l) => break l,
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
+        let state = self.state.clone();
+        let upstream = self.upstream.clone();
+        let accept = tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    continue;
+                };
+                let fault = state.lock().unwrap().fault;
+                let upstream = upstream.clone();
+                let task = tokio::spawn(async move {
+                    match fault {
+                        Fault::Forward => {
+                            let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await
+                            else {
+                                return;
+                            };
+                            let mut client = client;
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        }
+                        Fault::Fail(status, code) => answer_errors(client, status, code).await,
+                        Fault::Refuse => {}
+                    }
+                });
+                state.lock().unwrap().conns.push(task.abort_handle());
+            }
+        });
+        self.state.lock().unwrap().accept = Some(accept);
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        if let Ok(mut st) = self.state.lock() {
+            if let Some(a) = st.accept.take() {
+                a.abort();
+            }
+            for c in st.conns.drain(..) {
+                c.abort();
+            }
+        }
+    }
+}
+
+/// Reads HTTP/1.1 requests and answers each with an AWS JSON-protocol error.
+async fn answer_errors(mut client: tokio::net::TcpStream, status: u16, code: &str) {
+    let mut buf = Vec::new();
+    loop {
+        let mut chunk = [0u8; 8192];
+        // Read one request: headers, then Content-Length bytes of body.
+        let header_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            match client.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..header_end]).to_lowercase();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        while buf.len() < header_end + len {
+            match client.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        buf.drain(..header_end + len);
+        let body = format!(
+            r#"{{"__type":"com.amazonaws.sqs#{code}","message":"injected by the test proxy"}}"#
+        );
+        let resp = format!(
+            "HTTP/1.1 {status} Injected\r\ncontent-type: application/x-amz-json-1.0\r\nx-amzn-query-error: {code};Sender\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        if client.write_all(resp.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}
