@@ -18,7 +18,7 @@ use super::sqs::{Message, SqsError};
 /// Parallel receives at most; more only while the queue keeps returning messages.
 const MAX_PARALLEL_RECEIVES: usize = 8;
 /// Longest wait for more slots to free up before receiving a partial batch.
-const MAX_FILL_WAIT: Duration = Duration::from_millis(50);
+const MAX_FILL_WAIT: Duration = Duration::from_millis(100);
 
 pub struct Settings {
     pub concurrency: usize,
@@ -95,9 +95,10 @@ impl Dispatcher {
                     };
                     if !launch {
                         if receives.is_empty() && fill_at.is_none() {
-                            // A few more slots may free up in a moment: one full receive beats several small ones.
+                            // More slots may free up in a moment: one full receive beats several small
+                            // ones, and waiting a tenth of a handler call re-joins batches that drifted apart.
                             let wait = latency_ewma
-                                .map(|l| Duration::from_secs_f64(l / 20.0))
+                                .map(|l| Duration::from_secs_f64(l / 10.0))
                                 .unwrap_or(Duration::ZERO)
                                 .min(MAX_FILL_WAIT);
                             fill_at = Some(Instant::now() + wait);
