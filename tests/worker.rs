@@ -957,3 +957,110 @@ async fn bad_credentials_fail_readiness_with_a_clear_log_line() {
     w.signal("TERM");
     assert!(w.wait_exit(SECS(20)).await.success());
 }
+
+/// Runs `qc-worker` with `args` and `env` to completion: (exit code, stderr).
+fn run_cli(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_qc-worker"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+#[test]
+fn bad_flags_exit_2_naming_the_flag_and_the_fix() {
+    let q = [
+        "--queue-url",
+        "http://127.0.0.1:1/1/q",
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ];
+    let http = ["--http-url", "http://127.0.0.1:1/m"];
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            [&q[..], &http[..], &["--batch-size", "11"]].concat(),
+            "--batch-size",
+        ),
+        (
+            [&q[..], &http[..], &["--wait-time", "30s"]].concat(),
+            "at most 20s",
+        ),
+        (
+            [&q[..], &http[..], &["--timeout", "soon"]].concat(),
+            "--timeout",
+        ),
+        (
+            [&q[..], &http[..], &["--on-poison", "maybe"]].concat(),
+            "use delete or leave",
+        ),
+        (
+            [&q[..], &http[..], &["--idempotency-key", "orderId"]].concat(),
+            "jsonPointer:",
+        ),
+        (
+            [&q[..], &http[..], &["--idempotency-store", "redis"]].concat(),
+            "--redis-url",
+        ),
+        (
+            [&q[..], &http[..], &["--heartbeat", "maybe"]].concat(),
+            "--heartbeat",
+        ),
+        (q.to_vec(), "no handler"),
+        ([&q[..], &["--exec"]].concat(), "after `--`"),
+        (
+            [&q[..], &http[..], &["--exec", "--", "sh"]].concat(),
+            "--exec",
+        ),
+        (
+            [&q[..], &["--exec", "--", "/nonexistent/handler"]].concat(),
+            "not found",
+        ),
+        (http.to_vec(), "--queue-url"),
+    ];
+    for (args, needle) in cases {
+        let (code, stderr) = run_cli(&args, &[]);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn flags_come_from_the_environment_too() {
+    // QC_BATCH_SIZE is read (and refused), proving the env mapping; flags override env.
+    let env = [
+        ("QC_QUEUE_URL", "http://127.0.0.1:1/1/q"),
+        ("QC_HTTP_URL", "http://127.0.0.1:1/m"),
+        ("QC_METRICS_ADDR", "127.0.0.1:0"),
+        ("QC_BATCH_SIZE", "12"),
+    ];
+    let (code, stderr) = run_cli(&[], &env);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--batch-size"), "{stderr}");
+    let (code, stderr) = run_cli(&["--wait-time", "21s", "--batch-size", "5"], &env);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("--wait-time"), "{stderr}");
+}
+
+#[test]
+fn copy_self_to_installs_a_runnable_copy() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("qc-worker");
+    let (code, stderr) = run_cli(&["--copy-self-to", target.to_str().unwrap()], &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let mode = std::fs::metadata(&target).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o755);
+    let out = std::process::Command::new(&target)
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("qc-worker"));
+    let (code, stderr) = run_cli(&["--copy-self-to", "/nonexistent/dir/qc-worker"], &[]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("cannot copy"), "{stderr}");
+}

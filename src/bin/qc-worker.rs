@@ -222,7 +222,11 @@ fn main() -> ExitCode {
         Err(e) => {
             tracing::error!(error = %e, "worker failed");
             eprintln!("error: {e}");
-            if matches!(e, qc::worker::WorkerError::ValidateFlags { .. }) {
+            if matches!(
+                e,
+                qc::worker::WorkerError::ValidateFlags { .. }
+                    | qc::worker::WorkerError::SetUpHandler(_)
+            ) {
                 ExitCode::from(2)
             } else {
                 ExitCode::FAILURE

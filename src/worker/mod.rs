@@ -205,6 +205,19 @@ pub async fn run(
         metrics.clone(),
     );
 
+    let queue = QueueContext {
+        url: config.queue_url.clone(),
+        arn: String::new(),
+    };
+    let mut handler = match &config.handler {
+        HandlerConfig::Http { url } => Handler::Http(Box::new(HttpHandler::new(
+            url,
+            &queue,
+            config.concurrency as usize,
+        )?)),
+        HandlerConfig::Exec { command } => Handler::Exec(ExecHandler::new(command, &queue)?),
+    };
+
     let Some(info) = read_queue(&sqs, &metrics, signalled()).await else {
         let _ = probes_stop.send(());
         return Ok(summary(&metrics));
@@ -223,18 +236,7 @@ pub async fn run(
     };
     log_start(&config, &info, heartbeat);
 
-    let queue = QueueContext {
-        url: config.queue_url.clone(),
-        arn: info.arn.clone(),
-    };
-    let handler = match &config.handler {
-        HandlerConfig::Http { url } => Handler::Http(Box::new(HttpHandler::new(
-            url,
-            &queue,
-            config.concurrency as usize,
-        )?)),
-        HandlerConfig::Exec { command } => Handler::Exec(ExecHandler::new(command, &queue)?),
-    };
+    handler.set_queue_arn(&info.arn);
     let store = match open_store(&config, &metrics, signalled()).await? {
         Opened::Store(s) => s,
         Opened::Interrupted => {

@@ -45,6 +45,10 @@ impl ExecHandler {
         })
     }
 
+    pub fn set_queue_arn(&mut self, arn: &str) {
+        self.queue.arn = arn.to_string();
+    }
+
     pub fn command(&self) -> &[String] {
         &self.command
     }

@@ -63,6 +63,13 @@ impl HttpHandler {
         })
     }
 
+    /// `ce-source` is the queue ARN; the URL stands in until the ARN is known.
+    pub fn set_queue_arn(&mut self, arn: &str) {
+        if !arn.is_empty() {
+            self.source = header_value(arn);
+        }
+    }
+
     pub fn url(&self) -> String {
         self.uri.to_string()
     }

@@ -66,6 +66,15 @@ impl Handler {
         }
     }
 
+    /// Sets the queue ARN once it is known (the handler is built before the queue is read, so a bad
+    /// handler flag fails at once instead of after SQS answers).
+    pub fn set_queue_arn(&mut self, arn: &str) {
+        match self {
+            Handler::Http(h) => h.set_queue_arn(arn),
+            Handler::Exec(h) => h.set_queue_arn(arn),
+        }
+    }
+
     pub fn describe(&self) -> String {
         match self {
             Handler::Http(h) => format!("http {}", h.url()),
