@@ -244,7 +244,11 @@ fn start_fifo(p: &Arc<Processor>, groups: &Groups, tasks: &mut JoinSet<()>, leas
         for lease in leases {
             let group = lease.msg.group_id.clone().unwrap_or_default();
             match g.get_mut(&group) {
-                Some(queue) => queue.push_back(lease),
+                Some(queue) => {
+                    let mut lease = lease;
+                    lease.beat_in_background();
+                    queue.push_back(lease);
+                }
                 None => {
                     g.insert(group.clone(), VecDeque::new());
                     to_start.push((group, lease));

@@ -66,9 +66,13 @@ impl BoundedSet {
 }
 
 /// A received message not yet finished: its heartbeat, its slot, and a release if dropped unfinished.
+///
+/// The heartbeat runs inline while the message is processed (one task per message, no timer unless
+/// a beat is due); a FIFO message waiting behind its group gets a background heartbeat meanwhile.
 pub struct Lease {
     pub msg: Message,
-    heartbeat: Option<Heartbeat>,
+    beat: Beat,
+    background: Option<Heartbeat>,
     processor: Arc<Processor>,
     settled: bool,
     latency: Option<Duration>,
@@ -76,26 +80,55 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// Starts the message's heartbeat: it runs from receipt, so a message waiting behind its FIFO
-    /// group keeps its lease too.
+    /// The lease started at receipt: the first beat is due one interval after it.
     pub fn new(processor: &Arc<Processor>, msg: Message) -> Lease {
         processor.metrics.in_flight.inc();
-        let heartbeat = processor.heartbeat.map(|interval| {
-            Heartbeat::start(
-                processor.clone(),
-                msg.receipt_handle.clone(),
-                msg.id.clone(),
-                interval,
-                Instant::from_std(msg.received_at),
-            )
-        });
+        let next = processor
+            .heartbeat
+            .map(|interval| Instant::from_std(msg.received_at) + interval);
         Lease {
             msg,
-            heartbeat,
+            beat: Beat { next, failures: 0 },
+            background: None,
             processor: processor.clone(),
             settled: false,
             latency: None,
             unreachable: false,
+        }
+    }
+
+    /// Keeps the lease alive while the message waits (behind its FIFO group).
+    pub fn beat_in_background(&mut self) {
+        if self.background.is_none() && self.beat.next.is_some() {
+            let (stop, stopped) = oneshot::channel();
+            let processor = self.processor.clone();
+            let rh = self.msg.receipt_handle.clone();
+            let id = self.msg.id.clone();
+            let mut beat = Beat {
+                next: self.beat.next,
+                failures: self.beat.failures,
+            };
+            let task = tokio::spawn(async move {
+                tokio::pin!(stopped);
+                while let Some(at) = beat.next {
+                    tokio::select! {
+                        _ = &mut stopped => break,
+                        _ = tokio::time::sleep_until(at) => beat.run(&processor, &rh, &id).await,
+                    }
+                }
+                beat
+            });
+            self.background = Some(Heartbeat { stop, task });
+        }
+    }
+
+    /// Takes the heartbeat back from the background task, waiting for a call it has in flight.
+    async fn beat_inline(&mut self) {
+        if let Some(hb) = self.background.take() {
+            let _ = hb.stop.send(());
+            if let Ok(beat) = hb.task.await {
+                self.beat = beat;
+            }
         }
     }
 
@@ -108,30 +141,18 @@ impl Lease {
 
     /// Makes the message visible again at once, unhandled (shutdown, FIFO group stopped).
     pub async fn release(mut self) {
-        self.stop_heartbeat().await;
+        self.beat_inline().await;
         self.processor.releaser.send(self.entry()).await;
         self.settled = true;
     }
 
-    async fn stop_heartbeat(&mut self) {
-        if let Some(hb) = self.heartbeat.take() {
-            hb.stop().await;
-        }
-    }
-
     async fn delete(&mut self) {
-        // No need to wait for a heartbeat in flight: a delete wins over any later visibility change.
-        if let Some(hb) = self.heartbeat.take() {
-            hb.cancel();
-        }
         self.processor.deleter.send(self.entry()).await;
         self.settled = true;
     }
 
     /// Sets the visibility to `delay` so the message comes back then.
     async fn back_off(&mut self, delay: Duration) {
-        // Wait for a heartbeat in flight, or it could overwrite the backoff with a full lease.
-        self.stop_heartbeat().await;
         let secs = visibility_secs(delay);
         if let Err(e) = self
             .processor
@@ -145,16 +166,15 @@ impl Lease {
     }
 
     /// Leaves the message as it is: it reappears when its current lease ends.
-    async fn leave(&mut self) {
-        self.stop_heartbeat().await;
+    fn leave(&mut self) {
         self.settled = true;
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if let Some(hb) = self.heartbeat.take() {
-            hb.cancel();
+        if let Some(hb) = self.background.take() {
+            let _ = hb.stop.send(());
         }
         if !self.settled {
             // Aborted mid-way (shutdown deadline) or a panic: hand the message back at once.
@@ -170,69 +190,71 @@ impl Drop for Lease {
 
 struct Heartbeat {
     stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<()>,
+    task: tokio::task::JoinHandle<Beat>,
 }
 
-impl Heartbeat {
-    fn start(
-        processor: Arc<Processor>,
-        receipt_handle: String,
-        message_id: String,
-        interval: Duration,
-        received_at: Instant,
-    ) -> Heartbeat {
-        let (stop, mut stopped) = oneshot::channel();
-        let task = tokio::spawn(async move {
-            let extend_to = visibility_secs(processor.visibility_timeout);
-            let mut next = received_at + interval;
-            let mut failures = 0u32;
-            loop {
-                tokio::select! {
-                    _ = &mut stopped => return,
-                    _ = tokio::time::sleep_until(next) => {}
-                }
-                // The call is not raced against `stopped`: whoever stops us waits for it to finish.
-                match processor
-                    .sqs
-                    .change_visibility(&receipt_handle, extend_to)
-                    .await
-                {
-                    Ok(()) => {
-                        processor.metrics.heartbeats.inc();
-                        failures = 0;
-                        next = Instant::now() + interval;
-                    }
-                    Err(e) => {
-                        processor.metrics.heartbeat_failures.inc();
-                        failures += 1;
-                        let gone = matches!(
-                            e.kind,
-                            ErrorKind::InvalidReceiptHandle | ErrorKind::InvalidParameter
-                        );
-                        tracing::warn!(message_id = %message_id, reason = e.kind.reason(), error = %e.detail, "heartbeat failed{}", if gone { "; the lease is lost, the message may be delivered again" } else { "; retrying" });
-                        if gone {
-                            return;
-                        }
-                        // Retry well inside the remaining lease.
-                        let retry = (interval / 4)
-                            .clamp(Duration::from_millis(100), Duration::from_secs(2));
-                        next = Instant::now() + retry * failures.min(4);
-                    }
-                }
+/// Heartbeat schedule of one message.
+struct Beat {
+    next: Option<Instant>,
+    failures: u32,
+}
+
+impl Beat {
+    /// Runs `work` while keeping the message's lease alive. A beat is awaited before `work` is
+    /// polled again, so no visibility change is in flight when this returns.
+    async fn during<T>(
+        &mut self,
+        p: &Processor,
+        msg: &Message,
+        work: impl std::future::Future<Output = T>,
+    ) -> T {
+        tokio::pin!(work);
+        loop {
+            let Some(at) = self.next else {
+                return work.await;
+            };
+            tokio::select! {
+                biased;
+                out = &mut work => return out,
+                _ = tokio::time::sleep_until(at) => self.run(p, &msg.receipt_handle, &msg.id).await,
             }
-        });
-        Heartbeat { stop, task }
+        }
     }
 
-    /// Stops and waits for a call in flight to finish.
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        let _ = self.task.await;
-    }
-
-    /// Stops without waiting.
-    fn cancel(self) {
-        let _ = self.stop.send(());
+    /// One ChangeMessageVisibility back to the full visibility timeout; schedules the next one.
+    async fn run(&mut self, p: &Processor, receipt_handle: &str, message_id: &str) {
+        let Some(interval) = p.heartbeat else {
+            self.next = None;
+            return;
+        };
+        match p
+            .sqs
+            .change_visibility(receipt_handle, visibility_secs(p.visibility_timeout))
+            .await
+        {
+            Ok(()) => {
+                p.metrics.heartbeats.inc();
+                self.failures = 0;
+                self.next = Some(Instant::now() + interval);
+            }
+            Err(e) => {
+                p.metrics.heartbeat_failures.inc();
+                self.failures += 1;
+                let gone = matches!(
+                    e.kind,
+                    ErrorKind::InvalidReceiptHandle | ErrorKind::InvalidParameter
+                );
+                tracing::warn!(message_id, reason = e.kind.reason(), error = %e.detail, "heartbeat failed{}", if gone { "; the lease is lost, the message may be delivered again" } else { "; retrying" });
+                self.next = if gone {
+                    None
+                } else {
+                    // Retry well inside the remaining lease.
+                    let retry =
+                        (interval / 4).clamp(Duration::from_millis(100), Duration::from_secs(2));
+                    Some(Instant::now() + retry * self.failures.min(4))
+                };
+            }
+        }
     }
 }
 
@@ -309,6 +331,7 @@ impl Processor {
     /// Runs one message to its end.
     pub async fn process(&self, mut lease: Lease) -> Ended {
         let m = &self.metrics;
+        lease.beat_inline().await;
         if self.on_poison == OnPoison::Leave && self.known_poison(&lease.msg.id) {
             // Already judged poison here: skip the handler, keep it cycling towards the DLQ.
             m.outcome(OutcomeLabel::Poison);
@@ -323,7 +346,11 @@ impl Processor {
                 Err(e) => {
                     tracing::warn!(message_id = %lease.msg.id, error = %e, "no idempotency key; handling the message without de-duplication");
                 }
-                Ok(key) => match store.claim(&key, self.claim_lease()).await {
+                Ok(key) => match lease
+                    .beat
+                    .during(self, &lease.msg, store.claim(&key, self.claim_lease()))
+                    .await
+                {
                     Ok(Claim::Acquired { token }) => claimed = Some((key, token)),
                     Ok(Claim::Done) => {
                         tracing::info!(message_id = %lease.msg.id, key = %key, "idempotency key already done; deleting without calling the handler");
@@ -334,7 +361,7 @@ impl Processor {
                     Ok(Claim::InProgress) => {
                         tracing::info!(message_id = %lease.msg.id, key = %key, "idempotency key in progress elsewhere; leaving the message to reappear");
                         m.outcome(OutcomeLabel::InProgressElsewhere);
-                        lease.leave().await;
+                        lease.leave();
                         return Ended::Kept;
                     }
                     Err(e) => {
@@ -351,7 +378,8 @@ impl Processor {
         }
 
         let started = Instant::now();
-        let verdict = tokio::time::timeout(self.timeout, self.handler.handle(&lease.msg)).await;
+        let call = tokio::time::timeout(self.timeout, self.handler.handle(&lease.msg));
+        let verdict = lease.beat.during(self, &lease.msg, call).await;
         let latency = started.elapsed();
         lease.latency = Some(latency);
         m.handler_seconds.observe(latency.as_secs_f64());

@@ -303,10 +303,14 @@ impl Sqs {
         &self.url
     }
 
-    async fn call<T, F>(&self, action: Action, timeout: Duration, fut: F) -> Result<T, SqsError>
-    where
-        F: std::future::Future<Output = Result<T, SqsError>>,
-    {
+    /// Counts, bounds and logs one call. SDK futures are ~12 KiB: callers box them where they are
+    /// made, so every future that makes a call (and each per-message task) stays small to move.
+    async fn call<T>(
+        &self,
+        action: Action,
+        timeout: Duration,
+        fut: futures::future::BoxFuture<'_, Result<T, SqsError>>,
+    ) -> Result<T, SqsError> {
         self.metrics.sqs_requests[action.index()].inc();
         let result = match tokio::time::timeout(timeout, fut).await {
             Ok(r) => r,
@@ -326,15 +330,19 @@ impl Sqs {
     pub async fn queue_info(&self) -> Result<QueueInfo, SqsError> {
         let action = Action::GetQueueAttributes;
         let out = self
-            .call(action, CALL_TIMEOUT, async {
-                self.client
-                    .get_queue_attributes()
-                    .queue_url(&*self.url)
-                    .attribute_names(QueueAttributeName::All)
-                    .send()
-                    .await
-                    .map_err(|e| classify(action, e))
-            })
+            .call(
+                action,
+                CALL_TIMEOUT,
+                Box::pin(async move {
+                    self.client
+                        .get_queue_attributes()
+                        .queue_url(&*self.url)
+                        .attribute_names(QueueAttributeName::All)
+                        .send()
+                        .await
+                        .map_err(|e| classify(action, e))
+                }),
+            )
             .await?;
         let attrs: HashMap<String, String> = out
             .attributes
@@ -353,18 +361,31 @@ impl Sqs {
         let action = Action::ReceiveMessage;
         let wait_secs = i32::try_from(wait.as_secs().min(20)).unwrap_or(20);
         let out = self
-            .call(action, wait + CALL_TIMEOUT, async {
-                self.client
-                    .receive_message()
-                    .queue_url(&*self.url)
-                    .max_number_of_messages(i32::try_from(max.clamp(1, 10)).unwrap_or(10))
-                    .wait_time_seconds(wait_secs)
-                    .message_system_attribute_names(MessageSystemAttributeName::All)
-                    .message_attribute_names("All")
-                    .send()
-                    .await
-                    .map_err(|e| classify(action, e))
-            })
+            .call(
+                action,
+                wait + CALL_TIMEOUT,
+                Box::pin(async move {
+                    self.client
+                        .receive_message()
+                        .queue_url(&*self.url)
+                        .max_number_of_messages(i32::try_from(max.clamp(1, 10)).unwrap_or(10))
+                        .wait_time_seconds(wait_secs)
+                        // Only what the worker uses: less to send and to parse than All.
+                        .message_system_attribute_names(
+                            MessageSystemAttributeName::ApproximateReceiveCount,
+                        )
+                        .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
+                        .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
+                        .message_system_attribute_names(
+                            MessageSystemAttributeName::MessageDeduplicationId,
+                        )
+                        .message_system_attribute_names(MessageSystemAttributeName::SequenceNumber)
+                        .message_attribute_names("All")
+                        .send()
+                        .await
+                        .map_err(|e| classify(action, e))
+                }),
+            )
             .await?;
         let now = Instant::now();
         let mut messages = Vec::new();
@@ -394,9 +415,11 @@ impl Sqs {
             req = req.entries(entry);
         }
         let out = self
-            .call(action, CALL_TIMEOUT, async {
-                req.send().await.map_err(|e| classify(action, e))
-            })
+            .call(
+                action,
+                CALL_TIMEOUT,
+                Box::pin(async move { req.send().await.map_err(|e| classify(action, e)) }),
+            )
             .await?;
         Ok(batch_failures(out.failed(), entries.len()))
     }
@@ -426,26 +449,32 @@ impl Sqs {
             req = req.entries(entry);
         }
         let out = self
-            .call(action, CALL_TIMEOUT, async {
-                req.send().await.map_err(|e| classify(action, e))
-            })
+            .call(
+                action,
+                CALL_TIMEOUT,
+                Box::pin(async move { req.send().await.map_err(|e| classify(action, e)) }),
+            )
             .await?;
         Ok(batch_failures(out.failed(), entries.len()))
     }
 
     pub async fn change_visibility(&self, receipt_handle: &str, secs: i32) -> Result<(), SqsError> {
         let action = Action::ChangeMessageVisibility;
-        self.call(action, CALL_TIMEOUT, async {
-            self.client
-                .change_message_visibility()
-                .queue_url(&*self.url)
-                .receipt_handle(receipt_handle)
-                .visibility_timeout(secs)
-                .send()
-                .await
-                .map(|_| ())
-                .map_err(|e| classify(action, e))
-        })
+        self.call(
+            action,
+            CALL_TIMEOUT,
+            Box::pin(async move {
+                self.client
+                    .change_message_visibility()
+                    .queue_url(&*self.url)
+                    .receipt_handle(receipt_handle)
+                    .visibility_timeout(secs)
+                    .send()
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| classify(action, e))
+            }),
+        )
         .await
     }
 }
