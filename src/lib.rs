@@ -8,4 +8,6 @@ pub mod controller;
 pub mod manifest;
 pub mod render;
 pub mod scaling;
+pub mod telemetry;
 pub mod validate;
+pub mod worker;

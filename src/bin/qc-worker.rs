@@ -1,0 +1,236 @@
+//! `qc-worker`: the bundled SQS consumer (argument parsing, signals and wiring only).
+//! Every flag is also read from `QC_<FLAG>` in the environment, as the controller renders them.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{ArgAction, Parser};
+use qc::api::{Duration, HeartbeatInterval, IdempotencyKey, IdempotencyStore, OnPoison};
+use qc::worker::{Config, HandlerConfig};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "qc-worker",
+    version,
+    about = "Consume an Amazon SQS queue: receive, hand each message to a handler, delete on success",
+    after_help = "Handlers: --http-url http://127.0.0.1:8080/messages, or --exec -- COMMAND [ARGS...]"
+)]
+struct Cli {
+    /// Copy this executable to PATH (mode 0755) and exit; for an init container.
+    #[arg(long, env = "QC_COPY_SELF_TO", value_name = "PATH")]
+    copy_self_to: Option<PathBuf>,
+
+    /// URL of the queue to consume.
+    #[arg(long, env = "QC_QUEUE_URL", required_unless_present = "copy_self_to")]
+    queue_url: Option<String>,
+    /// AWS region (default: from the queue URL, else the environment).
+    #[arg(long, env = "QC_REGION")]
+    region: Option<String>,
+    /// SQS endpoint override, for local emulators.
+    #[arg(long, env = "QC_ENDPOINT_URL")]
+    endpoint_url: Option<String>,
+
+    /// Messages handled at once.
+    #[arg(long, env = "QC_CONCURRENCY", default_value_t = 10)]
+    concurrency: u32,
+    /// MaxNumberOfMessages per receive (1..10).
+    #[arg(long, env = "QC_BATCH_SIZE", default_value_t = 10)]
+    batch_size: u32,
+    /// Long-poll wait per receive (0s..20s).
+    #[arg(long, env = "QC_WAIT_TIME", default_value = "20s")]
+    wait_time: Duration,
+    /// Per-message handler timeout; a timeout is a transient failure.
+    #[arg(long, env = "QC_TIMEOUT", default_value = "30s")]
+    timeout: Duration,
+
+    /// Extend the visibility of in-flight messages.
+    #[arg(long, env = "QC_HEARTBEAT", default_value_t = true, action = ArgAction::Set, value_name = "true|false")]
+    heartbeat: bool,
+    /// Heartbeat period: auto (a third of the queue's visibility timeout) or a duration.
+    #[arg(long, env = "QC_HEARTBEAT_INTERVAL", default_value = "auto")]
+    heartbeat_interval: HeartbeatInterval,
+
+    /// Visibility after a transient failure on the first receive; doubles per receive.
+    #[arg(long, env = "QC_RETRY_BASE", default_value = "5s")]
+    retry_base: Duration,
+    /// Cap of the retry delay (and never above 12h).
+    #[arg(long, env = "QC_RETRY_MAX", default_value = "15m")]
+    retry_max: Duration,
+    /// Poison messages: delete them, or leave them for the redrive policy (DLQ).
+    #[arg(long, env = "QC_ON_POISON", default_value = "delete", value_parser = parse_on_poison)]
+    on_poison: OnPoison,
+
+    /// none | memory | redis
+    #[arg(long, env = "QC_IDEMPOTENCY_STORE", default_value = "none", value_parser = parse_store)]
+    idempotency_store: IdempotencyStore,
+    /// messageId | jsonPointer:/a/b | attribute:NAME
+    #[arg(long, env = "QC_IDEMPOTENCY_KEY", default_value = "messageId")]
+    idempotency_key: IdempotencyKey,
+    /// How long a finished key is remembered.
+    #[arg(long, env = "QC_IDEMPOTENCY_TTL", default_value = "24h")]
+    idempotency_ttl: Duration,
+    /// Redis URL for --idempotency-store redis.
+    #[arg(long, env = "QC_REDIS_URL")]
+    redis_url: Option<String>,
+
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "QC_METRICS_ADDR", default_value = "0.0.0.0:9090")]
+    metrics_addr: String,
+    /// Longest drain after SIGTERM/SIGINT (default: --timeout plus 5s).
+    #[arg(long, env = "QC_SHUTDOWN_TIMEOUT")]
+    shutdown_timeout: Option<Duration>,
+
+    /// HTTP handler: POST each message here (CloudEvents binary mode).
+    #[arg(long, env = "QC_HTTP_URL", conflicts_with = "exec")]
+    http_url: Option<String>,
+    /// Exec handler: run the command after `--` per message, body on stdin.
+    #[arg(long, env = "QC_EXEC", action = ArgAction::SetTrue)]
+    exec: bool,
+    /// The exec handler's command and arguments (after `--`).
+    #[arg(last = true, value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+fn parse_on_poison(s: &str) -> Result<OnPoison, String> {
+    match s {
+        "delete" => Ok(OnPoison::Delete),
+        "leave" => Ok(OnPoison::Leave),
+        _ => Err(format!("{s:?}: use delete or leave")),
+    }
+}
+
+fn parse_store(s: &str) -> Result<IdempotencyStore, String> {
+    match s {
+        "none" => Ok(IdempotencyStore::None),
+        "memory" => Ok(IdempotencyStore::Memory),
+        "redis" => Ok(IdempotencyStore::Redis),
+        _ => Err(format!("{s:?}: use none, memory or redis")),
+    }
+}
+
+fn config(cli: Cli) -> anyhow::Result<Config> {
+    let handler = match (cli.http_url, cli.exec, cli.command.is_empty()) {
+        (Some(url), false, true) => HandlerConfig::Http { url },
+        (None, true, false) => HandlerConfig::Exec {
+            command: cli.command,
+        },
+        (None, true, true) => anyhow::bail!(
+            "invalid --exec: give the command after `--`, e.g. `qc-worker ... --exec -- /app/handle`"
+        ),
+        (Some(_), _, false) | (None, false, false) => anyhow::bail!(
+            "a command after `--` needs --exec (and no --http-url): `qc-worker ... --exec -- COMMAND`"
+        ),
+        (Some(_), true, _) => anyhow::bail!("choose one handler: --http-url or --exec, not both"),
+        (None, false, true) => anyhow::bail!(
+            "no handler: pass --http-url http://127.0.0.1:8080/messages or --exec -- COMMAND"
+        ),
+    };
+    Ok(Config {
+        queue_url: cli.queue_url.unwrap_or_default(),
+        region: cli.region,
+        endpoint_url: cli.endpoint_url,
+        concurrency: cli.concurrency,
+        batch_size: cli.batch_size,
+        wait_time: cli.wait_time,
+        timeout: cli.timeout,
+        heartbeat: cli.heartbeat,
+        heartbeat_interval: cli.heartbeat_interval,
+        retry_base: cli.retry_base,
+        retry_max: cli.retry_max,
+        on_poison: cli.on_poison,
+        idempotency_store: cli.idempotency_store,
+        idempotency_key: cli.idempotency_key,
+        idempotency_ttl: cli.idempotency_ttl,
+        redis_url: cli.redis_url,
+        metrics_addr: cli.metrics_addr,
+        shutdown_timeout: cli.shutdown_timeout,
+        handler,
+    })
+}
+
+fn copy_self(to: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let me = std::env::current_exe().context("cannot find this executable")?;
+    // Write next to the target and rename, so a half-copied binary is never executed.
+    let tmp = to.with_extension("partial");
+    std::fs::copy(&me, &tmp)
+        .with_context(|| format!("cannot copy {} to {}", me.display(), tmp.display()))?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
+        .with_context(|| format!("cannot make {} executable", tmp.display()))?;
+    std::fs::rename(&tmp, to)
+        .with_context(|| format!("cannot move {} to {}", tmp.display(), to.display()))?;
+    Ok(())
+}
+
+async fn signalled() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    match (term, int) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => tracing::info!(signal = "SIGTERM", "signal received"),
+                _ = int.recv() => tracing::info!(signal = "SIGINT", "signal received"),
+            }
+        }
+        _ => {
+            tracing::error!("cannot install signal handlers; stop with SIGKILL");
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Some(to) = &cli.copy_self_to {
+        return match copy_self(to) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Err(e) = qc::telemetry::init_logging(qc::telemetry::LogFormat::Json) {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
+    let config = match config(cli) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "invalid command line");
+            eprintln!("error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    // An I/O-bound worker needs few threads; TOKIO_WORKER_THREADS overrides.
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        builder.worker_threads(cores.clamp(1, 4));
+    }
+    let runtime = match builder.enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(qc::worker::run(config, signalled())) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "worker failed");
+            eprintln!("error: {e}");
+            if matches!(
+                e,
+                qc::worker::WorkerError::ValidateFlags { .. }
+                    | qc::worker::WorkerError::SetUpHandler(_)
+            ) {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! Telemetry shared by both binaries: tracing logs (JSON by default), lock-free Prometheus metrics
+//! rendered as text exposition, and a tiny HTTP server for `/metrics`, `/healthz` and `/readyz`.
+
+use std::convert::Infallible;
+use std::fmt::Write as _;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use tokio::net::TcpListener;
+
+/// Why telemetry could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    #[error("cannot install the log subscriber: {0}")]
+    InstallLogger(String),
+    #[error(
+        "cannot listen on {addr} for metrics and probes: {source} (set --metrics-addr to a free address)"
+    )]
+    BindProbes {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    #[default]
+    Json,
+    Text,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "json" => Ok(LogFormat::Json),
+            "text" => Ok(LogFormat::Text),
+            other => Err(format!("invalid log format {other:?}: use json or text")),
+        }
+    }
+}
+
+/// Installs the global tracing subscriber; the level comes from `RUST_LOG` (default `info`).
+pub fn init_logging(format: LogFormat) -> Result<(), TelemetryError> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let result = match format {
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+    result.map_err(|e| TelemetryError::InstallLogger(e.to_string()))
+}
+
+/// A monotonically increasing count.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    pub fn inc(&self) {
+        self.add(1);
+    }
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A value that goes up and down.
+#[derive(Debug, Default)]
+pub struct Gauge(AtomicI64);
+
+impl Gauge {
+    pub fn inc(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn dec(&self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+    pub fn set(&self, v: i64) {
+        self.0.store(v, Ordering::Relaxed);
+    }
+    pub fn get(&self) -> i64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A histogram with fixed upper bounds (seconds or any unit); observing is two atomic adds.
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    buckets: Vec<AtomicU64>,
+    count: AtomicU64,
+    /// Sum in microunits, so it stays an integer atomic.
+    sum_micros: AtomicU64,
+}
+
+/// Latency buckets in seconds, from 5 ms to 12 h (the SQS visibility maximum).
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
+    3600.0, 43200.0,
+];
+
+impl Histogram {
+    pub fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, value: f64) {
+        // Buckets are stored non-cumulatively and summed when rendered: one increment per observation.
+        if let Some(i) = self.bounds.iter().position(|b| value <= *b) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let micros = (value.max(0.0) * 1e6) as u64;
+        self.sum_micros.fetch_add(micros, Ordering::Relaxed);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+}
+
+/// Builds a Prometheus text exposition (version 0.0.4).
+#[derive(Default)]
+pub struct Exposition {
+    out: String,
+}
+
+/// Label pairs of one sample.
+pub type Labels<'a> = &'a [(&'a str, &'a str)];
+
+impl Exposition {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn header(&mut self, name: &str, help: &str, kind: &str) {
+        let _ = writeln!(self.out, "# HELP {name} {help}");
+        let _ = writeln!(self.out, "# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: Labels<'_>, value: impl std::fmt::Display) {
+        self.out.push_str(name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(self.out, "{k}=\"{}\"", escape_label(v));
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {value}");
+    }
+
+    /// A counter family: `samples` are (labels, value); the name should end in `_total`.
+    pub fn counter(&mut self, name: &str, help: &str, samples: &[(Labels<'_>, u64)]) {
+        self.header(name, help, "counter");
+        for (labels, v) in samples {
+            self.sample(name, labels, v);
+        }
+    }
+
+    pub fn gauge(&mut self, name: &str, help: &str, samples: &[(Labels<'_>, i64)]) {
+        self.header(name, help, "gauge");
+        for (labels, v) in samples {
+            self.sample(name, labels, v);
+        }
+    }
+
+    pub fn histogram(&mut self, name: &str, help: &str, h: &Histogram) {
+        self.header(name, help, "histogram");
+        let bucket = format!("{name}_bucket");
+        let mut cumulative = 0u64;
+        for (i, bound) in h.bounds.iter().enumerate() {
+            cumulative += h.buckets[i].load(Ordering::Relaxed);
+            let le = bound.to_string();
+            self.sample(&bucket, &[("le", &le)], cumulative);
+        }
+        let count = h.count.load(Ordering::Relaxed);
+        self.sample(&bucket, &[("le", "+Inf")], count);
+        let sum = h.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        self.sample(&format!("{name}_sum"), &[], sum);
+        self.sample(&format!("{name}_count"), &[], count);
+    }
+
+    pub fn finish(self) -> String {
+        self.out
+    }
+}
+
+fn escape_label(v: &str) -> std::borrow::Cow<'_, str> {
+    if v.contains(['\\', '"', '\n']) {
+        v.replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('\n', "\\n")
+            .into()
+    } else {
+        v.into()
+    }
+}
+
+/// What the probe server asks its owner.
+pub trait Probes: Send + Sync + 'static {
+    /// Prometheus text for `/metrics`.
+    fn metrics(&self) -> String;
+    /// `/healthz`: Ok while the process is able to do its job; Err(reason) to be restarted.
+    fn live(&self) -> Result<(), String>;
+    /// `/readyz`: Ok when serving; Err(reason) otherwise.
+    fn ready(&self) -> Result<(), String>;
+}
+
+/// Binds `addr` for the probe server (separate from `serve` so a bad address fails at start).
+pub async fn bind_probes(addr: &str) -> Result<TcpListener, TelemetryError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| TelemetryError::BindProbes {
+            addr: addr.to_string(),
+            source,
+        })
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` until `shutdown` completes.
+pub async fn serve_probes(
+    listener: TcpListener,
+    probes: Arc<dyn Probes>,
+    shutdown: impl Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "probe server accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => return,
+        };
+        let probes = probes.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let probes = probes.clone();
+                async move { Ok::<_, Infallible>(route(&*probes, req.uri().path())) }
+            });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, service)
+                .await;
+        });
+    }
+}
+
+fn route(probes: &dyn Probes, path: &str) -> Response<Full<Bytes>> {
+    let (status, content_type, body) = match path {
+        "/metrics" => (
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            probes.metrics(),
+        ),
+        "/healthz" => match probes.live() {
+            Ok(()) => (StatusCode::OK, "text/plain", "ok\n".to_string()),
+            Err(reason) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                format!("{reason}\n"),
+            ),
+        },
+        "/readyz" => match probes.ready() {
+            Ok(()) => (StatusCode::OK, "text/plain", "ok\n".to_string()),
+            Err(reason) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                format!("{reason}\n"),
+            ),
+        },
+        _ => (
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found: try /metrics, /healthz or /readyz\n".to_string(),
+        ),
+    };
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    if let Ok(v) = hyper::header::HeaderValue::from_str(content_type) {
+        resp.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+    }
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_renders_cumulative_buckets() {
+        let h = Histogram::new(&[0.1, 1.0]);
+        h.observe(0.05);
+        h.observe(0.5);
+        h.observe(5.0);
+        let mut e = Exposition::new();
+        e.histogram("qc_x_seconds", "x", &h);
+        let text = e.finish();
+        assert!(
+            text.contains("qc_x_seconds_bucket{le=\"0.1\"} 1\n"),
+            "{text}"
+        );
+        assert!(text.contains("qc_x_seconds_bucket{le=\"1\"} 2\n"), "{text}");
+        assert!(
+            text.contains("qc_x_seconds_bucket{le=\"+Inf\"} 3\n"),
+            "{text}"
+        );
+        assert!(text.contains("qc_x_seconds_count 3\n"), "{text}");
+        assert!(text.contains("qc_x_seconds_sum 5.55\n"), "{text}");
+    }
+
+    #[test]
+    fn counters_escape_labels() {
+        let mut e = Exposition::new();
+        e.counter("qc_y_total", "y", &[(&[("a", "q\"x")], 2)]);
+        let text = e.finish();
+        assert!(text.contains("# TYPE qc_y_total counter\n"));
+        assert!(text.contains("qc_y_total{a=\"q\\\"x\"} 2\n"), "{text}");
+    }
+}

@@ -1,0 +1,209 @@
+//! Batched acknowledgements: deletes (DeleteMessageBatch) and releases (visibility 0 via
+//! ChangeMessageVisibilityBatch), flushed at 10 entries or after a short interval; failures are retried or logged.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::backoff::error_backoff;
+use super::metrics::Metrics;
+use super::sqs::{Entry, ErrorKind, Sqs};
+
+/// SQS batch calls take at most 10 entries.
+pub const MAX_BATCH: usize = 10;
+/// Attempts per entry before it is logged as failed (the message will then be delivered again).
+const ATTEMPTS: u32 = 5;
+/// Flushes running at once; more would only queue inside the HTTP client.
+const MAX_FLUSHES: usize = 16;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Delete,
+    Release,
+}
+
+impl Kind {
+    fn verb(&self) -> &'static str {
+        match self {
+            Kind::Delete => "delete",
+            Kind::Release => "release",
+        }
+    }
+}
+
+/// Sending side; cheap to clone.
+#[derive(Clone)]
+pub struct Batcher {
+    tx: mpsc::Sender<Entry>,
+}
+
+impl Batcher {
+    /// Queues an entry, waiting if the batcher is backed up (back-pressure on the handlers).
+    pub async fn send(&self, entry: Entry) {
+        if let Err(mpsc::error::SendError(e)) = self.tx.send(entry).await {
+            tracing::error!(message_id = %e.message_id, "acknowledgement queue closed; the message will be delivered again");
+        }
+    }
+
+    /// Queues without waiting (from Drop); a full queue means the message reappears after its lease.
+    pub fn try_send(&self, entry: Entry) {
+        if let Err(e) = self.tx.try_send(entry) {
+            let entry = match e {
+                mpsc::error::TrySendError::Full(e) | mpsc::error::TrySendError::Closed(e) => e,
+            };
+            tracing::warn!(message_id = %entry.message_id, "cannot queue the release; the message reappears when its visibility timeout ends");
+        }
+    }
+}
+
+/// Runs a batcher until `close` flips to true and every queued entry is flushed.
+pub fn spawn(
+    sqs: Sqs,
+    metrics: Arc<Metrics>,
+    kind: Kind,
+    interval: Duration,
+    capacity: usize,
+    close: watch::Receiver<bool>,
+) -> (Batcher, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel(capacity.max(MAX_BATCH));
+    let task = tokio::spawn(run(sqs, metrics, kind, interval, rx, close));
+    (Batcher { tx }, task)
+}
+
+async fn run(
+    sqs: Sqs,
+    metrics: Arc<Metrics>,
+    kind: Kind,
+    interval: Duration,
+    mut rx: mpsc::Receiver<Entry>,
+    mut close: watch::Receiver<bool>,
+) {
+    let limit = Arc::new(Semaphore::new(MAX_FLUSHES));
+    let mut flushes = JoinSet::new();
+    let mut buf: Vec<Entry> = Vec::with_capacity(MAX_BATCH);
+    let mut deadline = Instant::now();
+    let mut closing = *close.borrow();
+    loop {
+        if closing {
+            // Producers are done: take what is left without waiting.
+            while let Ok(e) = rx.try_recv() {
+                buf.push(e);
+                if buf.len() == MAX_BATCH {
+                    flush(&sqs, &metrics, kind, &limit, &mut flushes, &mut buf).await;
+                }
+            }
+            break;
+        }
+        tokio::select! {
+            e = rx.recv() => match e {
+                Some(e) => {
+                    if buf.is_empty() {
+                        deadline = Instant::now() + interval;
+                    }
+                    buf.push(e);
+                    if buf.len() < MAX_BATCH {
+                        continue;
+                    }
+                }
+                None => break,
+            },
+            _ = tokio::time::sleep_until(deadline), if !buf.is_empty() => {}
+            changed = close.changed() => {
+                closing = changed.is_err() || *close.borrow();
+                continue;
+            }
+            Some(_) = flushes.join_next(), if !flushes.is_empty() => continue,
+        }
+        flush(&sqs, &metrics, kind, &limit, &mut flushes, &mut buf).await;
+    }
+    if !buf.is_empty() {
+        flush(&sqs, &metrics, kind, &limit, &mut flushes, &mut buf).await;
+    }
+    while flushes.join_next().await.is_some() {}
+}
+
+async fn flush(
+    sqs: &Sqs,
+    metrics: &Arc<Metrics>,
+    kind: Kind,
+    limit: &Arc<Semaphore>,
+    flushes: &mut JoinSet<()>,
+    buf: &mut Vec<Entry>,
+) {
+    if buf.is_empty() {
+        return;
+    }
+    let entries = std::mem::replace(buf, Vec::with_capacity(MAX_BATCH));
+    let Ok(permit) = limit.clone().acquire_owned().await else {
+        return;
+    };
+    let sqs = sqs.clone();
+    let metrics = metrics.clone();
+    flushes.spawn(async move {
+        send_with_retries(&sqs, &metrics, kind, entries).await;
+        drop(permit);
+    });
+}
+
+/// Sends one batch; entries that fail for a retryable reason are sent again, the rest are logged.
+async fn send_with_retries(sqs: &Sqs, metrics: &Metrics, kind: Kind, mut entries: Vec<Entry>) {
+    for attempt in 1..=ATTEMPTS {
+        let result = match kind {
+            Kind::Delete => sqs.delete_batch(&entries).await,
+            Kind::Release => sqs.change_visibility_batch(&entries, 0).await,
+        };
+        match result {
+            Ok(failures) => {
+                let ok = entries.len() - failures.len();
+                match kind {
+                    Kind::Delete => metrics.deleted.add(ok as u64),
+                    Kind::Release => metrics.released.add(ok as u64),
+                }
+                let mut retry = Vec::new();
+                for f in failures {
+                    let Some(entry) = entries.get(f.index) else {
+                        continue;
+                    };
+                    if f.sender_fault || attempt == ATTEMPTS {
+                        give_up(metrics, kind, entry, &f.code, &f.message);
+                    } else {
+                        retry.push(entry.clone());
+                    }
+                }
+                if retry.is_empty() {
+                    return;
+                }
+                entries = retry;
+            }
+            Err(e) => {
+                let fatal = matches!(
+                    e.kind,
+                    ErrorKind::InvalidParameter | ErrorKind::InvalidReceiptHandle
+                );
+                if fatal || attempt == ATTEMPTS {
+                    for entry in &entries {
+                        give_up(metrics, kind, entry, e.kind.reason(), &e.detail);
+                    }
+                    return;
+                }
+                tracing::warn!(action = e.action.as_str(), reason = e.kind.reason(), error = %e.detail, attempt, entries = entries.len(), "batch {} failed; retrying", kind.verb());
+            }
+        }
+        tokio::time::sleep(error_backoff(attempt, fastrand::f64())).await;
+    }
+}
+
+fn give_up(metrics: &Metrics, kind: Kind, entry: &Entry, code: &str, detail: &str) {
+    match kind {
+        Kind::Delete => {
+            metrics.delete_failures.inc();
+            tracing::error!(message_id = %entry.message_id, code, error = detail, "delete failed; the message will be delivered again");
+        }
+        Kind::Release => {
+            tracing::warn!(message_id = %entry.message_id, code, error = detail, "release failed; the message reappears when its visibility timeout ends");
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! The receive loop: long polls only into free slots, so every received message starts at once and
+//! at most `concurrency` are in flight; FIFO groups run in order, one chain per MessageGroupId.
+
+use std::collections::{HashMap, VecDeque};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::backoff::error_backoff;
+use super::message::{Ended, Freed, Lease, Processor};
+use super::metrics::Readiness;
+use super::sqs::{Message, SqsError};
+
+/// Parallel receives at most; more only while the queue keeps returning messages.
+const MAX_PARALLEL_RECEIVES: usize = 8;
+/// Longest wait for more slots to free up before receiving a partial batch.
+const MAX_FILL_WAIT: Duration = Duration::from_millis(100);
+
+pub struct Settings {
+    pub concurrency: usize,
+    pub batch_size: usize,
+    pub wait_time: Duration,
+    pub fifo: bool,
+    /// From the shutdown signal until handlers still running are abandoned (released).
+    pub drain_budget: Duration,
+}
+
+/// Pending messages of each FIFO group that has a chain running, in queue order.
+type Groups = Arc<Mutex<HashMap<String, VecDeque<Lease>>>>;
+
+type ReceiveResult = Result<Vec<Message>, SqsError>;
+
+pub struct Dispatcher {
+    processor: Arc<Processor>,
+    settings: Settings,
+    freed: mpsc::UnboundedReceiver<Freed>,
+}
+
+impl Dispatcher {
+    pub fn new(
+        processor: Arc<Processor>,
+        settings: Settings,
+        freed: mpsc::UnboundedReceiver<Freed>,
+    ) -> Self {
+        Dispatcher {
+            processor,
+            settings,
+            freed,
+        }
+    }
+
+    /// Consumes until `shutdown` completes, then drains: in-flight messages finish, messages received
+    /// afterwards are released. Returns once nothing is in flight or the drain budget is spent.
+    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let p = self.processor.clone();
+        let metrics = p.metrics.clone();
+        let s = &self.settings;
+        let full = s.batch_size.min(s.concurrency).max(1);
+        let max_parallel = s.concurrency.div_ceil(full).clamp(1, MAX_PARALLEL_RECEIVES);
+
+        let groups: Groups = Arc::new(Mutex::new(HashMap::new()));
+        let mut tasks: JoinSet<()> = JoinSet::new();
+        let mut receives: JoinSet<ReceiveResult> = JoinSet::new();
+        let mut asked: HashMap<tokio::task::Id, usize> = HashMap::new();
+        let mut ready = metrics.readiness() == Readiness::Ready;
+        let mut in_flight = 0usize;
+        let mut reserved = 0usize;
+        let mut last_empty = false;
+        let mut errors = 0u32;
+        let mut backoff_until: Option<Instant> = None;
+        let mut fill_at: Option<Instant> = None;
+        let mut fill_ready = false;
+        let mut latency_ewma: Option<f64> = None;
+        let mut paused: Option<Pin<Box<dyn std::future::Future<Output = ()> + Send>>> = None;
+        let mut draining = false;
+        let mut drain_deadline = Instant::now();
+
+        loop {
+            if !draining && paused.is_none() && backoff_until.is_none() {
+                loop {
+                    let free = s.concurrency - in_flight - reserved;
+                    let want = free.min(s.batch_size);
+                    if want == 0 {
+                        break;
+                    }
+                    let launch = if receives.is_empty() {
+                        want >= full || in_flight == 0 || fill_ready
+                    } else {
+                        want >= full && !last_empty && receives.len() < max_parallel
+                    };
+                    if !launch {
+                        if receives.is_empty() && fill_at.is_none() {
+                            // More slots may free up in a moment: one full receive beats several small
+                            // ones, and waiting a tenth of a handler call re-joins batches that drifted apart.
+                            let wait = latency_ewma
+                                .map(|l| Duration::from_secs_f64(l / 10.0))
+                                .unwrap_or(Duration::ZERO)
+                                .min(MAX_FILL_WAIT);
+                            fill_at = Some(Instant::now() + wait);
+                        }
+                        break;
+                    }
+                    reserved += want;
+                    fill_at = None;
+                    fill_ready = false;
+                    let sqs = p.sqs.clone();
+                    let wait = s.wait_time;
+                    let handle =
+                        receives.spawn(async move { sqs.receive(want as u32, wait).await });
+                    asked.insert(handle.id(), want);
+                }
+            }
+            if draining && receives.is_empty() && in_flight == 0 {
+                break;
+            }
+
+            tokio::select! {
+                _ = &mut shutdown, if !draining => {
+                    draining = true;
+                    drain_deadline = Instant::now() + s.drain_budget;
+                    metrics.set_readiness(Readiness::Draining);
+                    tracing::info!(in_flight, receiving = receives.len(), "shutting down: no new receives, finishing in-flight messages");
+                    // Messages waiting behind their FIFO group have not started: release them now.
+                    for lease in take_all(&groups) {
+                        lease.release().await;
+                    }
+                }
+                Some(freed) = self.freed.recv() => {
+                    in_flight = in_flight.saturating_sub(1);
+                    if let Some(l) = freed.latency {
+                        let l = l.as_secs_f64();
+                        latency_ewma = Some(latency_ewma.map_or(l, |e| e * 0.8 + l * 0.2));
+                    }
+                    if freed.unreachable && paused.is_none() && !draining {
+                        let p = p.clone();
+                        paused = Some(Box::pin(async move { p.handler.wait_reachable().await }));
+                    }
+                }
+                Some(joined) = receives.join_next_with_id(), if !receives.is_empty() => {
+                    let (id, result) = match joined {
+                        Ok(r) => r,
+                        Err(e) => {
+                            // Only a bug panics a receive task; its slots are given back.
+                            tracing::error!(error = %e, "receive task failed");
+                            reserved -= asked.remove(&e.id()).unwrap_or(0);
+                            continue;
+                        }
+                    };
+                    reserved -= asked.remove(&id).unwrap_or(0);
+                    match result {
+                        Ok(messages) => {
+                            if errors > 0 {
+                                tracing::info!(after_failures = errors, "receiving again");
+                            }
+                            if !ready && !draining {
+                                metrics.set_readiness(Readiness::Ready);
+                                ready = true;
+                            }
+                            errors = 0;
+                            metrics.received.add(messages.len() as u64);
+                            last_empty = messages.is_empty();
+                            if last_empty {
+                                metrics.empty_receives.inc();
+                            }
+                            in_flight += messages.len();
+                            let leases: Vec<Lease> =
+                                messages.into_iter().map(|m| Lease::new(&p, m)).collect();
+                            if draining {
+                                for lease in leases {
+                                    lease.release().await;
+                                }
+                            } else if s.fifo {
+                                start_fifo(&p, &groups, &mut tasks, leases);
+                            } else {
+                                for lease in leases {
+                                    let p = p.clone();
+                                    tasks.spawn(async move {
+                                        p.process(lease).await;
+                                    });
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            errors += 1;
+                            let delay = error_backoff(errors, fastrand::f64());
+                            backoff_until = Some(Instant::now() + delay);
+                            if e.kind.is_configuration() {
+                                ready = false;
+                                tracing::error!(reason = e.kind.reason(), error = %e.detail, hint = e.kind.hint(), retry_in_ms = delay.as_millis() as u64, "cannot receive messages; not ready");
+                                metrics.set_readiness(Readiness::Failing(format!("{}: {}", e.kind.reason(), e.kind.hint())));
+                            } else {
+                                tracing::warn!(reason = e.kind.reason(), error = %e.detail, attempt = errors, retry_in_ms = delay.as_millis() as u64, "receive failed; backing off");
+                            }
+                        }
+                    }
+                }
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                _ = sleep_until_opt(fill_at), if fill_at.is_some() && !fill_ready => {
+                    fill_ready = true;
+                }
+                _ = sleep_until_opt(backoff_until), if backoff_until.is_some() => {
+                    backoff_until = None;
+                }
+                _ = async { if let Some(f) = paused.as_mut() { f.await } }, if paused.is_some() => {
+                    paused = None;
+                }
+                _ = tokio::time::sleep_until(drain_deadline), if draining => {
+                    tracing::warn!(in_flight, receiving = receives.len(), "shutdown budget spent; abandoning handlers still running and releasing their messages");
+                    receives.abort_all();
+                    tasks.abort_all();
+                    while tasks.join_next().await.is_some() {}
+                    while receives.join_next().await.is_some() {}
+                    drop(take_all(&groups));
+                    break;
+                }
+            }
+        }
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn take_all(groups: &Groups) -> Vec<Lease> {
+    match groups.lock() {
+        Ok(mut g) => g.drain().flat_map(|(_, q)| q).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Queues each message behind its group; a group without a running chain gets one.
+fn start_fifo(p: &Arc<Processor>, groups: &Groups, tasks: &mut JoinSet<()>, leases: Vec<Lease>) {
+    let mut to_start = Vec::new();
+    if let Ok(mut g) = groups.lock() {
+        for lease in leases {
+            let group = lease.msg.group_id.clone().unwrap_or_default();
+            match g.get_mut(&group) {
+                Some(queue) => {
+                    let mut lease = lease;
+                    lease.beat_in_background();
+                    queue.push_back(lease);
+                }
+                None => {
+                    g.insert(group.clone(), VecDeque::new());
+                    to_start.push((group, lease));
+                }
+            }
+        }
+    }
+    for (group, first) in to_start {
+        let p = p.clone();
+        let groups = groups.clone();
+        tasks.spawn(run_group(p, groups, group, first));
+    }
+}
+
+/// Handles a group's messages one after another; after one that stays on the queue, the rest of the
+/// group is released so nothing runs ahead of it.
+async fn run_group(p: Arc<Processor>, groups: Groups, group: String, first: Lease) {
+    let mut next = Some(first);
+    while let Some(lease) = next.take() {
+        let ended = p.process(lease).await;
+        let mut stopped = Vec::new();
+        if let Ok(mut g) = groups.lock() {
+            match ended {
+                Ended::Deleted => match g.get_mut(&group).and_then(|q| q.pop_front()) {
+                    Some(l) => next = Some(l),
+                    None => {
+                        g.remove(&group);
+                    }
+                },
+                Ended::Kept => {
+                    if let Some(q) = g.remove(&group) {
+                        stopped.extend(q);
+                    }
+                }
+            }
+        }
+        if !stopped.is_empty() {
+            tracing::info!(group = %group, released = stopped.len(), "group stopped by a failure; releasing its later messages");
+        }
+        for lease in stopped {
+            lease.release().await;
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! The user's handler, behind one call: HTTP (CloudEvents binary mode) or exec (body on stdin).
+//! The status-code and exit-code mappings of DESIGN "The worker" are pure functions, tested by table.
+
+mod exec;
+mod http;
+
+use std::time::{Duration, SystemTime};
+
+pub use exec::ExecHandler;
+pub use http::HttpHandler;
+
+use super::sqs::Message;
+
+/// What the handler said about one message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Success,
+    /// Can never succeed (HTTP 400/422, exit 65).
+    Poison(String),
+    /// May succeed later; `retry_after` overrides the backoff (HTTP 429/503 with Retry-After).
+    Transient {
+        reason: String,
+        retry_after: Option<Duration>,
+    },
+    /// The handler could not be reached at all (connection refused): the worker pauses receiving.
+    Unreachable(String),
+}
+
+/// Why a handler could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum HandlerError {
+    #[error(
+        "--http-url {url:?} is not a usable URL: {reason} (expected http://127.0.0.1:8080/messages)"
+    )]
+    ParseHttpUrl { url: String, reason: String },
+    #[error("--exec needs a command after `--`, e.g. `--exec -- /app/handle`")]
+    EmptyCommand,
+    #[error("--exec command {command:?} was not found or is not executable: {reason}")]
+    FindCommand { command: String, reason: String },
+}
+
+/// Queue-level facts handed to every handler call.
+#[derive(Clone, Debug, Default)]
+pub struct QueueContext {
+    pub url: String,
+    pub arn: String,
+}
+
+pub enum Handler {
+    Http(Box<HttpHandler>),
+    Exec(ExecHandler),
+}
+
+impl Handler {
+    pub async fn handle(&self, msg: &Message) -> Verdict {
+        match self {
+            Handler::Http(h) => h.handle(msg).await,
+            Handler::Exec(h) => h.handle(msg).await,
+        }
+    }
+
+    /// Waits until the handler can take a request (the HTTP port accepts connections).
+    pub async fn wait_reachable(&self) {
+        if let Handler::Http(h) = self {
+            h.wait_reachable().await;
+        }
+    }
+
+    /// Sets the queue ARN once it is known (the handler is built before the queue is read, so a bad
+    /// handler flag fails at once instead of after SQS answers).
+    pub fn set_queue_arn(&mut self, arn: &str) {
+        match self {
+            Handler::Http(h) => h.set_queue_arn(arn),
+            Handler::Exec(h) => h.set_queue_arn(arn),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Handler::Http(h) => format!("http {}", h.url()),
+            Handler::Exec(h) => format!("exec {:?}", h.command()),
+        }
+    }
+}
+
+/// DESIGN's HTTP mapping: 2xx success; 400/422 poison; 429/503 transient after Retry-After if given;
+/// anything else transient with the normal backoff.
+pub fn verdict_for_status(status: u16, retry_after: Option<&str>, now: SystemTime) -> Verdict {
+    match status {
+        200..=299 => Verdict::Success,
+        400 | 422 => Verdict::Poison(format!("handler answered HTTP {status}")),
+        429 | 503 => Verdict::Transient {
+            reason: format!("handler answered HTTP {status}"),
+            retry_after: retry_after.and_then(|v| parse_retry_after(v, now)),
+        },
+        _ => Verdict::Transient {
+            reason: format!("handler answered HTTP {status}"),
+            retry_after: None,
+        },
+    }
+}
+
+/// Retry-After as delay-seconds or an HTTP date.
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// EX_DATAERR from sysexits.h: the input data was incorrect.
+pub const EXIT_POISON: i32 = 65;
+
+/// DESIGN's exec mapping: exit 0 success, 65 poison, any other exit or a signal transient.
+pub fn verdict_for_exit(code: Option<i32>, signal: Option<i32>) -> Verdict {
+    match (code, signal) {
+        (Some(0), _) => Verdict::Success,
+        (Some(EXIT_POISON), _) => Verdict::Poison(format!("handler exited {EXIT_POISON}")),
+        (Some(c), _) => Verdict::Transient {
+            reason: format!("handler exited {c}"),
+            retry_after: None,
+        },
+        (None, Some(s)) => Verdict::Transient {
+            reason: format!("handler killed by signal {s}"),
+            retry_after: None,
+        },
+        (None, None) => Verdict::Transient {
+            reason: "handler ended without an exit code".into(),
+            retry_after: None,
+        },
+    }
+}
+
+/// RFC 3339 UTC time of a millisecond epoch timestamp (for `ce-time`).
+pub fn rfc3339_millis(epoch_ms: u64) -> String {
+    let secs = epoch_ms / 1000;
+    let ms = epoch_ms % 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+/// Days since 1970-01-01 to (year, month, day), Howard Hinnant's algorithm.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn transient(v: &Verdict) -> Option<Option<Duration>> {
+        match v {
+            Verdict::Transient { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn http_status_mapping() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        for s in [200, 201, 204, 299] {
+            assert_eq!(verdict_for_status(s, None, now), Verdict::Success, "{s}");
+        }
+        for s in [400, 422] {
+            assert!(
+                matches!(verdict_for_status(s, None, now), Verdict::Poison(_)),
+                "{s}"
+            );
+        }
+        for s in [300, 401, 403, 404, 409, 500, 502, 504] {
+            assert_eq!(
+                transient(&verdict_for_status(s, Some("7"), now)),
+                Some(None),
+                "{s}"
+            );
+        }
+        for s in [429, 503] {
+            assert_eq!(
+                transient(&verdict_for_status(s, Some("7"), now)),
+                Some(Some(Duration::from_secs(7)))
+            );
+            assert_eq!(transient(&verdict_for_status(s, None, now)), Some(None));
+            assert_eq!(
+                transient(&verdict_for_status(s, Some("soon"), now)),
+                Some(None)
+            );
+        }
+    }
+
+    #[test]
+    fn retry_after_accepts_http_dates() {
+        let now = httpdate::parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
+        assert_eq!(
+            parse_retry_after("Sun, 06 Nov 1994 08:50:37 GMT", now),
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(
+            parse_retry_after("Sun, 06 Nov 1994 08:00:00 GMT", now),
+            Some(Duration::ZERO)
+        );
+    }
+
+    #[test]
+    fn exit_code_mapping() {
+        assert_eq!(verdict_for_exit(Some(0), None), Verdict::Success);
+        assert!(matches!(
+            verdict_for_exit(Some(65), None),
+            Verdict::Poison(_)
+        ));
+        for c in [1, 2, 64, 66, 75, 127, 255] {
+            assert_eq!(
+                transient(&verdict_for_exit(Some(c), None)),
+                Some(None),
+                "{c}"
+            );
+        }
+        assert_eq!(transient(&verdict_for_exit(None, Some(9))), Some(None));
+    }
+
+    #[test]
+    fn rfc3339_of_epoch_millis() {
+        assert_eq!(rfc3339_millis(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339_millis(951_782_400_123), "2000-02-29T00:00:00.123Z");
+        assert_eq!(
+            rfc3339_millis(1_767_225_599_999),
+            "2025-12-31T23:59:59.999Z"
+        );
+    }
+}

@@ -1,0 +1,471 @@
+//! Idempotency: a key per message (message id, a JSON pointer into the body, or an attribute) and a
+//! store that marks the key in progress, then done, so redeliveries and duplicate sends skip the handler.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::api::IdempotencyKey;
+
+use super::sqs::Message;
+
+/// Why an idempotency key or store call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum IdempotencyError {
+    #[error("message body is not JSON, so the key {pointer} cannot be read: {reason}")]
+    ParseBody { pointer: String, reason: String },
+    #[error("message has nothing at {pointer} (or null there)")]
+    MissingPointer { pointer: String },
+    #[error("message has no attribute {name}")]
+    MissingAttribute { name: String },
+    #[error("attribute {name} is binary; idempotency keys need a String or Number attribute")]
+    BinaryAttribute { name: String },
+    #[error("cannot connect to redis at {url}: {reason} (check --redis-url)")]
+    ConnectRedis { url: String, reason: String },
+    #[error("redis call {step} failed: {reason}")]
+    CallRedis { step: &'static str, reason: String },
+}
+
+/// The message's idempotency key according to `--idempotency-key`.
+pub fn key_of(spec: &IdempotencyKey, msg: &Message) -> Result<String, IdempotencyError> {
+    match spec {
+        IdempotencyKey::MessageId => Ok(msg.id.clone()),
+        IdempotencyKey::JsonPointer(pointer) => {
+            let value: serde_json::Value =
+                serde_json::from_slice(&msg.body).map_err(|e| IdempotencyError::ParseBody {
+                    pointer: pointer.clone(),
+                    reason: e.to_string(),
+                })?;
+            match value.pointer(pointer) {
+                None | Some(serde_json::Value::Null) => Err(IdempotencyError::MissingPointer {
+                    pointer: pointer.clone(),
+                }),
+                Some(serde_json::Value::String(s)) => Ok(s.clone()),
+                // Numbers, booleans and objects are keyed by their compact JSON text.
+                Some(other) => Ok(other.to_string()),
+            }
+        }
+        IdempotencyKey::Attribute(name) => {
+            let attr = msg
+                .attribute(name)
+                .ok_or_else(|| IdempotencyError::MissingAttribute { name: name.clone() })?;
+            attr.string
+                .clone()
+                .ok_or_else(|| IdempotencyError::BinaryAttribute { name: name.clone() })
+        }
+    }
+}
+
+/// What the store said when a message asked for its key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// This worker holds the key now; `token` proves it when abandoning.
+    Acquired { token: String },
+    /// The key's work is done: delete the message without calling the handler.
+    Done,
+    /// Someone else is processing the key: leave the message to reappear.
+    InProgress,
+}
+
+pub enum Store {
+    Memory(MemoryStore),
+    Redis(RedisStore),
+}
+
+impl Store {
+    /// Marks `key` in progress for `lease` unless it is already in progress or done.
+    pub async fn claim(&self, key: &str, lease: Duration) -> Result<Claim, IdempotencyError> {
+        match self {
+            Store::Memory(m) => Ok(m.claim(key, lease, Instant::now())),
+            Store::Redis(r) => r.claim(key, lease).await,
+        }
+    }
+
+    /// Marks `key` done for `ttl`.
+    pub async fn complete(&self, key: &str, ttl: Duration) -> Result<(), IdempotencyError> {
+        match self {
+            Store::Memory(m) => {
+                m.complete(key, ttl, Instant::now());
+                Ok(())
+            }
+            Store::Redis(r) => r.complete(key, ttl).await,
+        }
+    }
+
+    /// Drops our in-progress mark after a failure, so the next delivery can run the handler.
+    pub async fn abandon(&self, key: &str, token: &str) -> Result<(), IdempotencyError> {
+        match self {
+            Store::Memory(m) => {
+                m.abandon(key, token);
+                Ok(())
+            }
+            Store::Redis(r) => r.abandon(key, token).await,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    InProgress(u64),
+    Done,
+}
+
+struct MemoryInner {
+    entries: HashMap<String, (State, Instant)>,
+    /// Insertion order for eviction; may hold keys already replaced or removed.
+    order: VecDeque<String>,
+    next_token: u64,
+}
+
+/// A per-process store: bounded (oldest keys evicted first) and with expiry.
+pub struct MemoryStore {
+    inner: Mutex<MemoryInner>,
+    capacity: usize,
+}
+
+impl MemoryStore {
+    pub fn new(capacity: usize) -> Self {
+        MemoryStore {
+            inner: Mutex::new(MemoryInner {
+                entries: HashMap::new(),
+                order: VecDeque::new(),
+                next_token: 1,
+            }),
+            capacity: capacity.max(1),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.lock().map(|g| g.entries.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn claim(&self, key: &str, lease: Duration, now: Instant) -> Claim {
+        let Ok(mut g) = self.inner.lock() else {
+            return Claim::InProgress;
+        };
+        if let Some((state, expires)) = g.entries.get(key)
+            && *expires > now
+        {
+            return match state {
+                State::Done => Claim::Done,
+                State::InProgress(_) => Claim::InProgress,
+            };
+        }
+        let token = g.next_token;
+        g.next_token += 1;
+        g.entries
+            .insert(key.to_string(), (State::InProgress(token), now + lease));
+        g.order.push_back(key.to_string());
+        self.evict(&mut g, now);
+        Claim::Acquired {
+            token: token.to_string(),
+        }
+    }
+
+    fn complete(&self, key: &str, ttl: Duration, now: Instant) {
+        if let Ok(mut g) = self.inner.lock() {
+            let fresh = g
+                .entries
+                .insert(key.to_string(), (State::Done, now + ttl))
+                .is_none();
+            if fresh {
+                g.order.push_back(key.to_string());
+                self.evict(&mut g, now);
+            }
+        }
+    }
+
+    fn abandon(&self, key: &str, token: &str) {
+        if let Ok(mut g) = self.inner.lock()
+            && let Some((State::InProgress(t), _)) = g.entries.get(key)
+            && t.to_string() == token
+        {
+            g.entries.remove(key);
+        }
+    }
+
+    fn evict(&self, g: &mut MemoryInner, now: Instant) {
+        // Expired entries at the front go first; then the oldest, while over capacity.
+        while let Some(front) = g.order.front().cloned() {
+            let remove = match g.entries.get(&front) {
+                None => false,
+                Some((_, expires)) if *expires <= now => true,
+                Some(_) if g.entries.len() > self.capacity => true,
+                Some(_) => break,
+            };
+            g.order.pop_front();
+            if remove {
+                g.entries.remove(&front);
+            }
+        }
+        // Keys re-added after removal leave stale order slots; keep the deque from outgrowing the map.
+        if g.order.len() > 2 * self.capacity {
+            let entries = &g.entries;
+            let mut seen = std::collections::HashSet::new();
+            let kept: VecDeque<String> = g
+                .order
+                .iter()
+                .filter(|k| entries.contains_key(*k) && seen.insert((*k).clone()))
+                .cloned()
+                .collect();
+            g.order = kept;
+        }
+    }
+}
+
+/// Redis store: `SET key in-progress NX PX lease`, then `SET key done PX ttl`.
+pub struct RedisStore {
+    conn: redis::aio::ConnectionManager,
+    prefix: String,
+    owner: String,
+}
+
+const DONE: &str = "done";
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl RedisStore {
+    /// Connects to `url`; keys are `{prefix}{key}`.
+    pub async fn connect(url: &str, prefix: String) -> Result<Self, IdempotencyError> {
+        let connect_err = |reason: String| IdempotencyError::ConnectRedis {
+            url: redact(url),
+            reason,
+        };
+        let client = redis::Client::open(url).map_err(|e| connect_err(e.to_string()))?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(CALL_TIMEOUT))
+            .set_response_timeout(Some(CALL_TIMEOUT));
+        let conn = tokio::time::timeout(
+            CALL_TIMEOUT * 2,
+            redis::aio::ConnectionManager::new_with_config(client, config),
+        )
+        .await
+        .map_err(|_| connect_err("timed out".into()))?
+        .map_err(|e| connect_err(e.to_string()))?;
+        let owner = format!(
+            "{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        );
+        Ok(RedisStore {
+            conn,
+            prefix,
+            owner,
+        })
+    }
+
+    fn redis_key(&self, key: &str) -> String {
+        format!("{}{}", self.prefix, key)
+    }
+
+    async fn call<T: redis::FromRedisValue>(
+        &self,
+        step: &'static str,
+        cmd: redis::Cmd,
+    ) -> Result<T, IdempotencyError> {
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(CALL_TIMEOUT, cmd.query_async(&mut conn)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(IdempotencyError::CallRedis {
+                step,
+                reason: e.to_string(),
+            }),
+            Err(_) => Err(IdempotencyError::CallRedis {
+                step,
+                reason: "timed out".into(),
+            }),
+        }
+    }
+
+    async fn claim(&self, key: &str, lease: Duration) -> Result<Claim, IdempotencyError> {
+        let rkey = self.redis_key(key);
+        let token = format!("{}:{}", self.owner, fastrand::u64(..));
+        let value = format!("in-progress:{token}");
+        let lease_ms = lease.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
+        // The key can expire between SET and GET; one more round settles it.
+        for _ in 0..2 {
+            let mut set = redis::cmd("SET");
+            set.arg(&rkey).arg(&value).arg("NX").arg("PX").arg(lease_ms);
+            let set: Option<String> = self.call("SET NX", set).await?;
+            if set.is_some() {
+                return Ok(Claim::Acquired { token });
+            }
+            let mut get = redis::cmd("GET");
+            get.arg(&rkey);
+            let current: Option<String> = self.call("GET", get).await?;
+            match current.as_deref() {
+                Some(DONE) => return Ok(Claim::Done),
+                Some(_) => return Ok(Claim::InProgress),
+                None => continue,
+            }
+        }
+        Ok(Claim::InProgress)
+    }
+
+    async fn complete(&self, key: &str, ttl: Duration) -> Result<(), IdempotencyError> {
+        let ttl_ms = ttl.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
+        let mut set = redis::cmd("SET");
+        set.arg(self.redis_key(key)).arg(DONE).arg("PX").arg(ttl_ms);
+        let _: Option<String> = self.call("SET done", set).await?;
+        Ok(())
+    }
+
+    async fn abandon(&self, key: &str, token: &str) -> Result<(), IdempotencyError> {
+        // Delete only our own in-progress mark: another worker may hold the key by now.
+        let script = redis::Script::new(
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end",
+        );
+        let mut conn = self.conn.clone();
+        let mut invocation = script.key(self.redis_key(key));
+        invocation.arg(format!("in-progress:{token}"));
+        match tokio::time::timeout(CALL_TIMEOUT, invocation.invoke_async::<i64>(&mut conn)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(IdempotencyError::CallRedis {
+                step: "release",
+                reason: e.to_string(),
+            }),
+            Err(_) => Err(IdempotencyError::CallRedis {
+                step: "release",
+                reason: "timed out".into(),
+            }),
+        }
+    }
+}
+
+/// The URL without its password, for logs.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::worker::sqs::AttributeValue;
+
+    fn msg(body: &str) -> Message {
+        Message {
+            id: "m-1".into(),
+            receipt_handle: "rh".into(),
+            body: bytes::Bytes::from(body.to_string()),
+            receive_count: 1,
+            group_id: None,
+            deduplication_id: None,
+            sequence_number: None,
+            sent_timestamp: None,
+            attributes: vec![
+                (
+                    "orderId".into(),
+                    AttributeValue {
+                        data_type: "String".into(),
+                        string: Some("o-7".into()),
+                        binary: None,
+                    },
+                ),
+                (
+                    "blob".into(),
+                    AttributeValue {
+                        data_type: "Binary".into(),
+                        string: None,
+                        binary: Some(vec![1, 2]),
+                    },
+                ),
+            ],
+            received_at: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn keys_from_id_pointer_and_attribute() {
+        let m = msg(r#"{"order":{"id":42,"ref":"r-1"},"n":null}"#);
+        assert_eq!(key_of(&IdempotencyKey::MessageId, &m).unwrap(), "m-1");
+        let p = |s: &str| IdempotencyKey::JsonPointer(s.into());
+        assert_eq!(key_of(&p("/order/id"), &m).unwrap(), "42");
+        assert_eq!(key_of(&p("/order/ref"), &m).unwrap(), "r-1");
+        assert!(matches!(
+            key_of(&p("/n"), &m),
+            Err(IdempotencyError::MissingPointer { .. })
+        ));
+        assert!(matches!(
+            key_of(&p("/missing"), &m),
+            Err(IdempotencyError::MissingPointer { .. })
+        ));
+        assert!(matches!(
+            key_of(&p("/a"), &msg("not json \u{1F600}")),
+            Err(IdempotencyError::ParseBody { .. })
+        ));
+        let a = |s: &str| IdempotencyKey::Attribute(s.into());
+        assert_eq!(key_of(&a("orderId"), &m).unwrap(), "o-7");
+        assert!(matches!(
+            key_of(&a("blob"), &m),
+            Err(IdempotencyError::BinaryAttribute { .. })
+        ));
+        assert!(matches!(
+            key_of(&a("nope"), &m),
+            Err(IdempotencyError::MissingAttribute { .. })
+        ));
+    }
+
+    #[test]
+    fn memory_store_claims_completes_and_expires() {
+        let s = MemoryStore::new(100);
+        let t0 = Instant::now();
+        let lease = Duration::from_secs(10);
+        let Claim::Acquired { token } = s.claim("k", lease, t0) else {
+            panic!("first claim must acquire")
+        };
+        assert_eq!(s.claim("k", lease, t0), Claim::InProgress);
+        s.abandon("k", "not-the-token");
+        assert_eq!(s.claim("k", lease, t0), Claim::InProgress);
+        s.abandon("k", &token);
+        assert!(matches!(s.claim("k", lease, t0), Claim::Acquired { .. }));
+        s.complete("k", Duration::from_secs(60), t0);
+        assert_eq!(
+            s.claim("k", lease, t0 + Duration::from_secs(59)),
+            Claim::Done
+        );
+        assert!(matches!(
+            s.claim("k", lease, t0 + Duration::from_secs(61)),
+            Claim::Acquired { .. }
+        ));
+        // An in-progress mark whose lease ran out (crashed worker) can be taken over.
+        assert!(matches!(
+            s.claim("k", lease, t0 + Duration::from_secs(72)),
+            Claim::Acquired { .. }
+        ));
+    }
+
+    #[test]
+    fn memory_store_is_bounded() {
+        let s = MemoryStore::new(10);
+        let t0 = Instant::now();
+        for i in 0..1000 {
+            let k = format!("k{i}");
+            s.claim(&k, Duration::from_secs(60), t0);
+            s.complete(&k, Duration::from_secs(3600), t0);
+        }
+        assert!(s.len() <= 10, "{}", s.len());
+        assert_eq!(
+            s.claim("k999", Duration::from_secs(1), t0),
+            Claim::Done,
+            "the newest keys stay"
+        );
+    }
+
+    #[test]
+    fn redact_hides_passwords() {
+        assert_eq!(
+            redact("redis://:secret@host:6379/0"),
+            "redis://***@host:6379/0"
+        );
+        assert_eq!(redact("redis://host:6379"), "redis://host:6379");
+    }
+}

@@ -1,0 +1,477 @@
+//! One message from receipt to its end: heartbeat, idempotency claim, handler under a timeout, then
+//! delete, back off or leave. A `Lease` guard makes sure a message never ends without being accounted for.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::api::{IdempotencyKey, OnPoison};
+
+use super::backoff::{retry_delay, visibility_secs};
+use super::batcher::Batcher;
+use super::handler::{Handler, Verdict};
+use super::idempotency::{Claim, Store, key_of};
+use super::metrics::{Metrics, OutcomeLabel};
+use super::sqs::{Entry, ErrorKind, Message, Sqs};
+
+/// Sent to the dispatcher when a message frees its slot.
+#[derive(Debug)]
+pub struct Freed {
+    pub latency: Option<Duration>,
+    pub unreachable: bool,
+}
+
+/// Everything a message needs, shared by all in-flight messages.
+pub struct Processor {
+    pub sqs: Sqs,
+    pub metrics: Arc<Metrics>,
+    pub handler: Handler,
+    pub store: Option<Store>,
+    pub key: IdempotencyKey,
+    pub idempotency_ttl: Duration,
+    pub visibility_timeout: Duration,
+    /// None: heartbeats off.
+    pub heartbeat: Option<Duration>,
+    pub timeout: Duration,
+    pub retry_base: Duration,
+    pub retry_max: Duration,
+    pub on_poison: OnPoison,
+    pub deleter: Batcher,
+    pub releaser: Batcher,
+    pub freed: mpsc::UnboundedSender<Freed>,
+    poisoned: Mutex<BoundedSet>,
+}
+
+/// Message ids judged poison by this worker (for `--on-poison leave`), oldest forgotten first.
+struct BoundedSet {
+    set: HashSet<String>,
+    order: VecDeque<String>,
+    capacity: usize,
+}
+
+impl BoundedSet {
+    fn insert(&mut self, id: &str) {
+        if self.set.insert(id.to_string()) {
+            self.order.push_back(id.to_string());
+            while self.order.len() > self.capacity {
+                if let Some(old) = self.order.pop_front() {
+                    self.set.remove(&old);
+                }
+            }
+        }
+    }
+}
+
+/// A received message not yet finished: its heartbeat, its slot, and a release if dropped unfinished.
+///
+/// The heartbeat runs inline while the message is processed (one task per message, no timer unless
+/// a beat is due); a FIFO message waiting behind its group gets a background heartbeat meanwhile.
+pub struct Lease {
+    pub msg: Message,
+    beat: Beat,
+    background: Option<Heartbeat>,
+    processor: Arc<Processor>,
+    settled: bool,
+    latency: Option<Duration>,
+    unreachable: bool,
+}
+
+impl Lease {
+    /// The lease started at receipt: the first beat is due one interval after it.
+    pub fn new(processor: &Arc<Processor>, msg: Message) -> Lease {
+        processor.metrics.in_flight.inc();
+        let next = processor
+            .heartbeat
+            .map(|interval| Instant::from_std(msg.received_at) + interval);
+        Lease {
+            msg,
+            beat: Beat { next, failures: 0 },
+            background: None,
+            processor: processor.clone(),
+            settled: false,
+            latency: None,
+            unreachable: false,
+        }
+    }
+
+    /// Keeps the lease alive while the message waits (behind its FIFO group).
+    pub fn beat_in_background(&mut self) {
+        if self.background.is_none() && self.beat.next.is_some() {
+            let (stop, stopped) = oneshot::channel();
+            let processor = self.processor.clone();
+            let rh = self.msg.receipt_handle.clone();
+            let id = self.msg.id.clone();
+            let mut beat = Beat {
+                next: self.beat.next,
+                failures: self.beat.failures,
+            };
+            let task = tokio::spawn(async move {
+                tokio::pin!(stopped);
+                while let Some(at) = beat.next {
+                    tokio::select! {
+                        _ = &mut stopped => break,
+                        _ = tokio::time::sleep_until(at) => beat.run(&processor, &rh, &id).await,
+                    }
+                }
+                beat
+            });
+            self.background = Some(Heartbeat { stop, task });
+        }
+    }
+
+    /// Takes the heartbeat back from the background task, waiting for a call it has in flight.
+    async fn beat_inline(&mut self) {
+        if let Some(hb) = self.background.take() {
+            let _ = hb.stop.send(());
+            if let Ok(beat) = hb.task.await {
+                self.beat = beat;
+            }
+        }
+    }
+
+    fn entry(&self) -> Entry {
+        Entry {
+            message_id: self.msg.id.clone(),
+            receipt_handle: self.msg.receipt_handle.clone(),
+        }
+    }
+
+    /// Makes the message visible again at once, unhandled (shutdown, FIFO group stopped).
+    pub async fn release(mut self) {
+        self.beat_inline().await;
+        self.processor.releaser.send(self.entry()).await;
+        self.settled = true;
+    }
+
+    async fn delete(&mut self) {
+        self.processor.deleter.send(self.entry()).await;
+        self.settled = true;
+    }
+
+    /// Sets the visibility to `delay` so the message comes back then.
+    async fn back_off(&mut self, delay: Duration) {
+        let secs = visibility_secs(delay);
+        if let Err(e) = self
+            .processor
+            .sqs
+            .change_visibility(&self.msg.receipt_handle, secs)
+            .await
+        {
+            tracing::warn!(message_id = %self.msg.id, reason = e.kind.reason(), error = %e.detail, "cannot set the retry delay; the message reappears when its visibility timeout ends");
+        }
+        self.settled = true;
+    }
+
+    /// Leaves the message as it is: it reappears when its current lease ends.
+    fn leave(&mut self) {
+        self.settled = true;
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(hb) = self.background.take() {
+            let _ = hb.stop.send(());
+        }
+        if !self.settled {
+            // Aborted mid-way (shutdown deadline) or a panic: hand the message back at once.
+            self.processor.releaser.try_send(self.entry());
+        }
+        self.processor.metrics.in_flight.dec();
+        let _ = self.processor.freed.send(Freed {
+            latency: self.latency,
+            unreachable: self.unreachable,
+        });
+    }
+}
+
+struct Heartbeat {
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Beat>,
+}
+
+/// Heartbeat schedule of one message.
+struct Beat {
+    next: Option<Instant>,
+    failures: u32,
+}
+
+impl Beat {
+    /// Runs `work` while keeping the message's lease alive. A beat is awaited before `work` is
+    /// polled again, so no visibility change is in flight when this returns.
+    async fn during<T>(
+        &mut self,
+        p: &Processor,
+        msg: &Message,
+        work: impl std::future::Future<Output = T>,
+    ) -> T {
+        tokio::pin!(work);
+        loop {
+            let Some(at) = self.next else {
+                return work.await;
+            };
+            tokio::select! {
+                biased;
+                out = &mut work => return out,
+                _ = tokio::time::sleep_until(at) => self.run(p, &msg.receipt_handle, &msg.id).await,
+            }
+        }
+    }
+
+    /// One ChangeMessageVisibility back to the full visibility timeout; schedules the next one.
+    async fn run(&mut self, p: &Processor, receipt_handle: &str, message_id: &str) {
+        let Some(interval) = p.heartbeat else {
+            self.next = None;
+            return;
+        };
+        match p
+            .sqs
+            .change_visibility(receipt_handle, visibility_secs(p.visibility_timeout))
+            .await
+        {
+            Ok(()) => {
+                p.metrics.heartbeats.inc();
+                self.failures = 0;
+                self.next = Some(Instant::now() + interval);
+            }
+            Err(e) => {
+                p.metrics.heartbeat_failures.inc();
+                self.failures += 1;
+                let gone = matches!(
+                    e.kind,
+                    ErrorKind::InvalidReceiptHandle | ErrorKind::InvalidParameter
+                );
+                tracing::warn!(message_id, reason = e.kind.reason(), error = %e.detail, "heartbeat failed{}", if gone { "; the lease is lost, the message may be delivered again" } else { "; retrying" });
+                self.next = if gone {
+                    None
+                } else {
+                    // Retry well inside the remaining lease.
+                    let retry =
+                        (interval / 4).clamp(Duration::from_millis(100), Duration::from_secs(2));
+                    Some(Instant::now() + retry * self.failures.min(4))
+                };
+            }
+        }
+    }
+}
+
+/// How a message ended, for the FIFO group it belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// Deleted (success, duplicate, poison deleted): the group may go on.
+    Deleted,
+    /// Still on the queue (retry, poison left, in progress elsewhere): later messages of the group must wait.
+    Kept,
+}
+
+impl Processor {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        sqs: Sqs,
+        metrics: Arc<Metrics>,
+        handler: Handler,
+        store: Option<Store>,
+        key: IdempotencyKey,
+        idempotency_ttl: Duration,
+        visibility_timeout: Duration,
+        heartbeat: Option<Duration>,
+        timeout: Duration,
+        retry_base: Duration,
+        retry_max: Duration,
+        on_poison: OnPoison,
+        deleter: Batcher,
+        releaser: Batcher,
+        freed: mpsc::UnboundedSender<Freed>,
+    ) -> Self {
+        Processor {
+            sqs,
+            metrics,
+            handler,
+            store,
+            key,
+            idempotency_ttl,
+            visibility_timeout,
+            heartbeat,
+            timeout,
+            retry_base,
+            retry_max,
+            on_poison,
+            deleter,
+            releaser,
+            freed,
+            poisoned: Mutex::new(BoundedSet {
+                set: HashSet::new(),
+                order: VecDeque::new(),
+                capacity: 10_000,
+            }),
+        }
+    }
+
+    fn known_poison(&self, id: &str) -> bool {
+        self.poisoned
+            .lock()
+            .map(|s| s.set.contains(id))
+            .unwrap_or(false)
+    }
+
+    fn remember_poison(&self, id: &str) {
+        if let Ok(mut s) = self.poisoned.lock() {
+            s.insert(id);
+        }
+    }
+
+    /// How long an in-progress mark lives: the handler's whole timeout, plus room to record the result.
+    fn claim_lease(&self) -> Duration {
+        self.timeout + Duration::from_secs(10)
+    }
+
+    /// Runs one message to its end.
+    pub async fn process(&self, mut lease: Lease) -> Ended {
+        let m = &self.metrics;
+        lease.beat_inline().await;
+        if self.on_poison == OnPoison::Leave && self.known_poison(&lease.msg.id) {
+            // Already judged poison here: skip the handler, keep it cycling towards the DLQ.
+            m.outcome(OutcomeLabel::Poison);
+            let delay = retry_delay(self.retry_base, self.retry_max, lease.msg.receive_count);
+            lease.back_off(delay).await;
+            return Ended::Kept;
+        }
+
+        let mut claimed: Option<(String, String)> = None;
+        if let Some(store) = &self.store {
+            match key_of(&self.key, &lease.msg) {
+                Err(e) => {
+                    tracing::warn!(message_id = %lease.msg.id, error = %e, "no idempotency key; handling the message without de-duplication");
+                }
+                Ok(key) => match lease
+                    .beat
+                    .during(self, &lease.msg, store.claim(&key, self.claim_lease()))
+                    .await
+                {
+                    Ok(Claim::Acquired { token }) => claimed = Some((key, token)),
+                    Ok(Claim::Done) => {
+                        tracing::info!(message_id = %lease.msg.id, key = %key, "idempotency key already done; deleting without calling the handler");
+                        m.outcome(OutcomeLabel::Duplicate);
+                        lease.delete().await;
+                        return Ended::Deleted;
+                    }
+                    Ok(Claim::InProgress) => {
+                        tracing::info!(message_id = %lease.msg.id, key = %key, "idempotency key in progress elsewhere; leaving the message to reappear");
+                        m.outcome(OutcomeLabel::InProgressElsewhere);
+                        lease.leave();
+                        return Ended::Kept;
+                    }
+                    Err(e) => {
+                        m.idempotency_errors.inc();
+                        tracing::warn!(message_id = %lease.msg.id, error = %e, "idempotency store unavailable; retrying the message later");
+                        m.outcome(OutcomeLabel::Transient);
+                        let delay =
+                            retry_delay(self.retry_base, self.retry_max, lease.msg.receive_count);
+                        lease.back_off(delay).await;
+                        return Ended::Kept;
+                    }
+                },
+            }
+        }
+
+        let started = Instant::now();
+        let call = tokio::time::timeout(self.timeout, self.handler.handle(&lease.msg));
+        let verdict = lease.beat.during(self, &lease.msg, call).await;
+        let latency = started.elapsed();
+        lease.latency = Some(latency);
+        m.handler_seconds.observe(latency.as_secs_f64());
+
+        let (verdict, timed_out) = match verdict {
+            Ok(v) => (v, false),
+            Err(_) => (
+                Verdict::Transient {
+                    reason: format!(
+                        "handler timed out after {}",
+                        crate::api::Duration::from_std(self.timeout)
+                    ),
+                    retry_after: None,
+                },
+                true,
+            ),
+        };
+
+        if let Some((key, token)) = &claimed {
+            let recorded = if verdict == Verdict::Success {
+                store_call(self, |s| s.complete(key, self.idempotency_ttl)).await
+            } else {
+                store_call(self, |s| s.abandon(key, token)).await
+            };
+            if let Err(e) = recorded {
+                m.idempotency_errors.inc();
+                tracing::warn!(message_id = %lease.msg.id, key = %key, error = %e, "cannot record the idempotency result");
+            }
+        }
+
+        let msg = &lease.msg;
+        match verdict {
+            Verdict::Success => {
+                m.outcome(OutcomeLabel::Success);
+                lease.delete().await;
+                Ended::Deleted
+            }
+            Verdict::Poison(reason) => {
+                m.outcome(OutcomeLabel::Poison);
+                match self.on_poison {
+                    OnPoison::Delete => {
+                        tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, reason = %reason, "poison message; deleting it (--on-poison delete)");
+                        lease.delete().await;
+                        Ended::Deleted
+                    }
+                    OnPoison::Leave => {
+                        tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, reason = %reason, "poison message; leaving it for the redrive policy (--on-poison leave)");
+                        self.remember_poison(&msg.id);
+                        let delay = retry_delay(self.retry_base, self.retry_max, msg.receive_count);
+                        lease.back_off(delay).await;
+                        Ended::Kept
+                    }
+                }
+            }
+            Verdict::Transient {
+                reason,
+                retry_after,
+            } => {
+                m.outcome(if timed_out {
+                    OutcomeLabel::Timeout
+                } else {
+                    OutcomeLabel::Transient
+                });
+                let delay = retry_after.unwrap_or_else(|| {
+                    retry_delay(self.retry_base, self.retry_max, msg.receive_count)
+                });
+                tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, reason = %reason, retry_in_s = visibility_secs(delay), "handler failed; retrying later");
+                lease.back_off(delay).await;
+                Ended::Kept
+            }
+            Verdict::Unreachable(reason) => {
+                m.outcome(OutcomeLabel::Transient);
+                tracing::warn!(message_id = %msg.id, reason = %reason, "handler unreachable; pausing receives until it accepts connections");
+                lease.unreachable = true;
+                let delay = retry_delay(self.retry_base, self.retry_max, msg.receive_count);
+                lease.back_off(delay).await;
+                Ended::Kept
+            }
+        }
+    }
+}
+
+async fn store_call<'a, F, Fut>(
+    p: &'a Processor,
+    f: F,
+) -> Result<(), super::idempotency::IdempotencyError>
+where
+    F: FnOnce(&'a Store) -> Fut,
+    Fut: std::future::Future<Output = Result<(), super::idempotency::IdempotencyError>>,
+{
+    match &p.store {
+        Some(s) => f(s).await,
+        None => Ok(()),
+    }
+}

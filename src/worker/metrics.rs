@@ -1,0 +1,226 @@
+//! The worker's counters and its readiness state, rendered for `/metrics`, `/healthz` and `/readyz`.
+//! Plain atomics: recording a message costs a few relaxed adds, never a lock.
+
+use std::sync::Mutex;
+
+use crate::telemetry::{Counter, Exposition, Gauge, Histogram, LATENCY_BUCKETS, Probes};
+
+use super::sqs::Action;
+
+/// How a message ended; the `outcome` label of `qc_worker_messages_processed_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutcomeLabel {
+    Success,
+    Poison,
+    Transient,
+    Timeout,
+    /// Idempotency store: the key was already done, deleted without calling the handler.
+    Duplicate,
+    /// Idempotency store: the key is being processed elsewhere; left to reappear.
+    InProgressElsewhere,
+}
+
+impl OutcomeLabel {
+    pub const ALL: [OutcomeLabel; 6] = [
+        OutcomeLabel::Success,
+        OutcomeLabel::Poison,
+        OutcomeLabel::Transient,
+        OutcomeLabel::Timeout,
+        OutcomeLabel::Duplicate,
+        OutcomeLabel::InProgressElsewhere,
+    ];
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            OutcomeLabel::Success => "success",
+            OutcomeLabel::Poison => "poison",
+            OutcomeLabel::Transient => "transient",
+            OutcomeLabel::Timeout => "timeout",
+            OutcomeLabel::Duplicate => "duplicate",
+            OutcomeLabel::InProgressElsewhere => "in_progress_elsewhere",
+        }
+    }
+}
+
+/// Readiness: why the worker is not (yet) consuming, if it is not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    Starting(String),
+    Ready,
+    Failing(String),
+    Draining,
+}
+
+pub struct Metrics {
+    pub received: Counter,
+    pub deleted: Counter,
+    pub delete_failures: Counter,
+    pub released: Counter,
+    pub outcomes: [Counter; 6],
+    pub handler_seconds: Histogram,
+    pub heartbeats: Counter,
+    pub heartbeat_failures: Counter,
+    pub in_flight: Gauge,
+    pub empty_receives: Counter,
+    pub sqs_requests: [Counter; 5],
+    pub sqs_errors: [Counter; 5],
+    pub idempotency_errors: Counter,
+    readiness: Mutex<Readiness>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            received: Counter::default(),
+            deleted: Counter::default(),
+            delete_failures: Counter::default(),
+            released: Counter::default(),
+            outcomes: Default::default(),
+            handler_seconds: Histogram::new(LATENCY_BUCKETS),
+            heartbeats: Counter::default(),
+            heartbeat_failures: Counter::default(),
+            in_flight: Gauge::default(),
+            empty_receives: Counter::default(),
+            sqs_requests: Default::default(),
+            sqs_errors: Default::default(),
+            idempotency_errors: Counter::default(),
+            readiness: Mutex::new(Readiness::Starting("reading queue attributes".into())),
+        }
+    }
+}
+
+impl Metrics {
+    pub fn outcome(&self, o: OutcomeLabel) {
+        self.outcomes[o as usize].inc();
+    }
+
+    pub fn set_readiness(&self, r: Readiness) {
+        if let Ok(mut g) = self.readiness.lock() {
+            *g = r;
+        }
+    }
+
+    pub fn readiness(&self) -> Readiness {
+        self.readiness
+            .lock()
+            .map(|g| g.clone())
+            .unwrap_or(Readiness::Failing("readiness lock poisoned".into()))
+    }
+
+    /// Total SQS requests of every action.
+    pub fn sqs_requests_total(&self) -> u64 {
+        self.sqs_requests.iter().map(Counter::get).sum()
+    }
+
+    pub fn render(&self) -> String {
+        let mut e = Exposition::new();
+        e.counter(
+            "qc_worker_messages_received_total",
+            "Messages received from SQS.",
+            &[(&[], self.received.get())],
+        );
+        e.counter(
+            "qc_worker_messages_deleted_total",
+            "Messages deleted from SQS (acknowledged).",
+            &[(&[], self.deleted.get())],
+        );
+        e.counter(
+            "qc_worker_delete_failures_total",
+            "Deletes that failed for good; those messages will be delivered again.",
+            &[(&[], self.delete_failures.get())],
+        );
+        e.counter(
+            "qc_worker_messages_released_total",
+            "Messages made visible again unhandled (shutdown, FIFO group stopped by a failure).",
+            &[(&[], self.released.get())],
+        );
+        let outcomes: Vec<([(&str, &str); 1], u64)> = OutcomeLabel::ALL
+            .iter()
+            .map(|o| ([("outcome", o.as_str())], self.outcomes[*o as usize].get()))
+            .collect();
+        let samples: Vec<(&[(&str, &str)], u64)> =
+            outcomes.iter().map(|(l, v)| (&l[..], *v)).collect();
+        e.counter(
+            "qc_worker_messages_processed_total",
+            "Messages finished, by outcome.",
+            &samples,
+        );
+        e.histogram(
+            "qc_worker_handler_duration_seconds",
+            "Time the handler took per message.",
+            &self.handler_seconds,
+        );
+        e.counter(
+            "qc_worker_heartbeats_total",
+            "Visibility extensions of in-flight messages.",
+            &[(&[], self.heartbeats.get())],
+        );
+        e.counter(
+            "qc_worker_heartbeat_failures_total",
+            "Visibility extensions that failed.",
+            &[(&[], self.heartbeat_failures.get())],
+        );
+        e.gauge(
+            "qc_worker_in_flight",
+            "Messages received and not yet finished.",
+            &[(&[], self.in_flight.get())],
+        );
+        e.counter(
+            "qc_worker_empty_receives_total",
+            "ReceiveMessage calls that returned no message.",
+            &[(&[], self.empty_receives.get())],
+        );
+        let labels: Vec<[(&str, &str); 1]> = Action::ALL
+            .iter()
+            .map(|a| [("action", a.as_str())])
+            .collect();
+        let requests: Vec<(&[(&str, &str)], u64)> = Action::ALL
+            .iter()
+            .zip(&labels)
+            .map(|(a, l)| (&l[..], self.sqs_requests[a.index()].get()))
+            .collect();
+        e.counter(
+            "qc_worker_sqs_requests_total",
+            "SQS API requests, by action.",
+            &requests,
+        );
+        let errors: Vec<(&[(&str, &str)], u64)> = Action::ALL
+            .iter()
+            .zip(&labels)
+            .map(|(a, l)| (&l[..], self.sqs_errors[a.index()].get()))
+            .collect();
+        e.counter(
+            "qc_worker_sqs_errors_total",
+            "SQS API requests that failed, by action.",
+            &errors,
+        );
+        e.counter(
+            "qc_worker_idempotency_errors_total",
+            "Idempotency store calls that failed.",
+            &[(&[], self.idempotency_errors.get())],
+        );
+        let ready = i64::from(self.readiness() == Readiness::Ready);
+        e.gauge(
+            "qc_worker_ready",
+            "1 when the worker is consuming.",
+            &[(&[], ready)],
+        );
+        e.finish()
+    }
+}
+
+impl Probes for Metrics {
+    fn metrics(&self) -> String {
+        self.render()
+    }
+    fn live(&self) -> Result<(), String> {
+        Ok(())
+    }
+    fn ready(&self) -> Result<(), String> {
+        match self.readiness() {
+            Readiness::Ready => Ok(()),
+            Readiness::Starting(why) => Err(format!("starting: {why}")),
+            Readiness::Failing(why) => Err(format!("not ready: {why}")),
+            Readiness::Draining => Err("shutting down".into()),
+        }
+    }
+}

@@ -1,0 +1,569 @@
+//! The consumer runtime behind `qc-worker`: receive → process → delete with heartbeats, batched deletes,
+//! backoff, FIFO ordering, idempotency and a graceful drain. `run` wires the parts; each part has its module.
+
+pub mod backoff;
+pub mod batcher;
+pub mod dispatch;
+pub mod handler;
+pub mod idempotency;
+pub mod message;
+pub mod metrics;
+pub mod sqs;
+
+use std::sync::Arc;
+use std::time::Duration as StdDuration;
+
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+use crate::api::{Duration, HeartbeatInterval, IdempotencyKey, IdempotencyStore, OnPoison};
+use crate::telemetry::{self, TelemetryError};
+
+use handler::{ExecHandler, Handler, HandlerError, HttpHandler, QueueContext};
+use idempotency::{IdempotencyError, MemoryStore, RedisStore, Store};
+use message::Processor;
+use metrics::{Metrics, Readiness};
+use sqs::{QueueInfo, Sqs};
+
+/// Deletes and releases wait at most this long for a batch of 10 to fill.
+pub const FLUSH_INTERVAL: StdDuration = StdDuration::from_millis(20);
+/// Keys the memory store keeps at most.
+pub const MEMORY_STORE_CAPACITY: usize = 100_000;
+
+/// Why the worker could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("invalid {flag}: {reason}")]
+    ValidateFlags { flag: &'static str, reason: String },
+    #[error(transparent)]
+    StartTelemetry(#[from] TelemetryError),
+    #[error(transparent)]
+    SetUpHandler(#[from] HandlerError),
+    #[error(transparent)]
+    ConnectStore(#[from] IdempotencyError),
+}
+
+/// The handler the worker calls.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HandlerConfig {
+    Http { url: String },
+    Exec { command: Vec<String> },
+}
+
+/// Everything on the command line (DESIGN "The worker"), already parsed.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub queue_url: String,
+    pub region: Option<String>,
+    pub endpoint_url: Option<String>,
+    pub concurrency: u32,
+    pub batch_size: u32,
+    pub wait_time: Duration,
+    pub timeout: Duration,
+    pub heartbeat: bool,
+    pub heartbeat_interval: HeartbeatInterval,
+    pub retry_base: Duration,
+    pub retry_max: Duration,
+    pub on_poison: OnPoison,
+    pub idempotency_store: IdempotencyStore,
+    pub idempotency_key: IdempotencyKey,
+    pub idempotency_ttl: Duration,
+    pub redis_url: Option<String>,
+    pub metrics_addr: String,
+    /// Default: `timeout` + 5s.
+    pub shutdown_timeout: Option<Duration>,
+    pub handler: HandlerConfig,
+}
+
+impl Config {
+    /// Checks what the types alone cannot; the error names the flag and the fix.
+    pub fn validate(&self) -> Result<(), WorkerError> {
+        let bad = |flag, reason: &str| {
+            Err(WorkerError::ValidateFlags {
+                flag,
+                reason: reason.to_string(),
+            })
+        };
+        if self.queue_url.trim().is_empty() {
+            return bad("--queue-url", "must not be empty");
+        }
+        if self.concurrency == 0 {
+            return bad("--concurrency", "must be at least 1");
+        }
+        if !(1..=10).contains(&self.batch_size) {
+            return bad(
+                "--batch-size",
+                "must be between 1 and 10 (SQS MaxNumberOfMessages)",
+            );
+        }
+        if self.wait_time > Duration::from_secs(20) {
+            return bad(
+                "--wait-time",
+                "must be at most 20s (the SQS long-poll maximum)",
+            );
+        }
+        if self.timeout.is_zero() {
+            return bad("--timeout", "must be greater than 0s");
+        }
+        if self.timeout > Duration::from_secs(12 * 3600) {
+            return bad(
+                "--timeout",
+                "must be at most 12h (the SQS visibility maximum)",
+            );
+        }
+        if self.retry_max < self.retry_base {
+            return bad("--retry-max", "must not be below --retry-base");
+        }
+        if self.heartbeat && self.heartbeat_interval == HeartbeatInterval::Fixed(Duration::ZERO) {
+            return bad(
+                "--heartbeat-interval",
+                "must be greater than 0s (or auto; use --heartbeat false to turn heartbeats off)",
+            );
+        }
+        if self.idempotency_store == IdempotencyStore::Redis
+            && self
+                .redis_url
+                .as_deref()
+                .is_none_or(|u| u.trim().is_empty())
+        {
+            return bad(
+                "--redis-url",
+                "is required with --idempotency-store redis (e.g. redis://redis:6379/0)",
+            );
+        }
+        if self.idempotency_store != IdempotencyStore::None && self.idempotency_ttl.is_zero() {
+            return bad("--idempotency-ttl", "must be greater than 0s");
+        }
+        match &self.handler {
+            HandlerConfig::Http { url } if url.trim().is_empty() => {
+                bad("--http-url", "must not be empty")
+            }
+            HandlerConfig::Exec { command } if command.is_empty() => bad(
+                "--exec",
+                "needs a command after `--`, e.g. `--exec -- /app/handle`",
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    pub fn shutdown_timeout(&self) -> StdDuration {
+        self.shutdown_timeout
+            .unwrap_or_else(|| self.timeout.saturating_add(Duration::from_secs(5)))
+            .as_std()
+    }
+}
+
+/// Counts reported when the worker stops.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    pub received: u64,
+    pub deleted: u64,
+    pub released: u64,
+    pub sqs_requests: u64,
+}
+
+/// Runs the worker until `shutdown` completes and the drain is over.
+pub async fn run(
+    config: Config,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<Summary, WorkerError> {
+    config.validate()?;
+    let metrics = Arc::new(Metrics::default());
+    let listener = telemetry::bind_probes(&config.metrics_addr).await?;
+    let (probes_stop, probes_stopped) = oneshot::channel::<()>();
+    tokio::spawn(telemetry::serve_probes(
+        listener,
+        metrics.clone(),
+        async move {
+            let _ = probes_stopped.await;
+        },
+    ));
+
+    // The signal time starts the shutdown budget, whichever phase the worker is in.
+    let (signal_tx, signal_rx) = watch::channel::<Option<Instant>>(None);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = signal_tx.send(Some(Instant::now()));
+    });
+    let signalled = {
+        let rx = signal_rx.clone();
+        move || wait_signal(rx.clone())
+    };
+
+    let region = config
+        .region
+        .clone()
+        .or_else(|| sqs::region_from_url(&config.queue_url));
+    let sdk = crate::aws::sdk_config(region.as_deref(), config.endpoint_url.as_deref()).await;
+    let sqs_conf = aws_sdk_sqs::config::Builder::from(&sdk)
+        // Retries are ours: each one is counted, backed off with jitter, and never blocks a slot.
+        .retry_config(aws_sdk_sqs::config::retry::RetryConfig::disabled())
+        .build();
+    let sqs = Sqs::new(
+        aws_sdk_sqs::Client::from_conf(sqs_conf),
+        &config.queue_url,
+        metrics.clone(),
+    );
+
+    let queue = QueueContext {
+        url: config.queue_url.clone(),
+        arn: String::new(),
+    };
+    let mut handler = match &config.handler {
+        HandlerConfig::Http { url } => Handler::Http(Box::new(HttpHandler::new(
+            url,
+            &queue,
+            config.concurrency as usize,
+        )?)),
+        HandlerConfig::Exec { command } => Handler::Exec(ExecHandler::new(command, &queue)?),
+    };
+
+    let Some(info) = read_queue(&sqs, &metrics, signalled()).await else {
+        let _ = probes_stop.send(());
+        return Ok(summary(&metrics));
+    };
+    let vt = info.visibility_timeout;
+    let heartbeat = if config.heartbeat && !vt.is_zero() {
+        Some(
+            config
+                .heartbeat_interval
+                .resolve(Duration::from_std(vt))
+                .as_std()
+                .max(StdDuration::from_millis(100)),
+        )
+    } else {
+        None
+    };
+    log_start(&config, &info, heartbeat);
+
+    handler.set_queue_arn(&info.arn);
+    let store = match open_store(&config, &metrics, signalled()).await? {
+        Opened::Store(s) => s,
+        Opened::Interrupted => {
+            let _ = probes_stop.send(());
+            return Ok(summary(&metrics));
+        }
+    };
+
+    metrics.set_readiness(Readiness::Starting(format!(
+        "waiting for the handler ({})",
+        handler.describe()
+    )));
+    tokio::select! {
+        _ = handler.wait_reachable() => {}
+        _ = signalled() => {
+            let _ = probes_stop.send(());
+            return Ok(summary(&metrics));
+        }
+    }
+
+    let (close_tx, close_rx) = watch::channel(false);
+    let capacity = 2 * config.concurrency as usize + 100;
+    let (deleter, deleter_task) = batcher::spawn(
+        sqs.clone(),
+        metrics.clone(),
+        batcher::Kind::Delete,
+        FLUSH_INTERVAL,
+        capacity,
+        close_rx.clone(),
+    );
+    let (releaser, releaser_task) = batcher::spawn(
+        sqs.clone(),
+        metrics.clone(),
+        batcher::Kind::Release,
+        FLUSH_INTERVAL,
+        capacity,
+        close_rx,
+    );
+    let (freed_tx, freed_rx) = mpsc::unbounded_channel();
+    let processor = Arc::new(Processor::new(
+        sqs.clone(),
+        metrics.clone(),
+        handler,
+        store,
+        config.idempotency_key.clone(),
+        config.idempotency_ttl.as_std(),
+        vt,
+        heartbeat,
+        config.timeout.as_std(),
+        config.retry_base.as_std(),
+        config.retry_max.as_std(),
+        config.on_poison,
+        deleter,
+        releaser,
+        freed_tx,
+    ));
+
+    let total = config.shutdown_timeout();
+    // Room after the handlers for the last deletes and releases.
+    let flush_reserve = (total / 4).min(StdDuration::from_secs(3));
+    let settings = dispatch::Settings {
+        concurrency: config.concurrency as usize,
+        batch_size: config.batch_size as usize,
+        wait_time: config.wait_time.as_std(),
+        fifo: info.fifo,
+        drain_budget: total.saturating_sub(flush_reserve),
+    };
+    metrics.set_readiness(Readiness::Ready);
+    tracing::info!("consuming");
+    dispatch::Dispatcher::new(processor, settings, freed_rx)
+        .run(signalled())
+        .await;
+
+    let signal_at = (*signal_rx.borrow()).unwrap_or_else(Instant::now);
+    let deadline = signal_at + total.saturating_sub(StdDuration::from_millis(100));
+    let _ = close_tx.send(true);
+    let flushed = tokio::time::timeout_at(deadline, async {
+        let _ = deleter_task.await;
+        let _ = releaser_task.await;
+    })
+    .await;
+    if flushed.is_err() {
+        tracing::error!(
+            "shutdown budget spent before all deletes were sent; those messages will be delivered again"
+        );
+    }
+    let _ = probes_stop.send(());
+    let s = summary(&metrics);
+    tracing::info!(
+        received = s.received,
+        deleted = s.deleted,
+        released = s.released,
+        sqs_requests = s.sqs_requests,
+        elapsed_ms = signal_at.elapsed().as_millis() as u64,
+        "stopped"
+    );
+    Ok(s)
+}
+
+async fn wait_signal(mut rx: watch::Receiver<Option<Instant>>) {
+    let _ = rx.wait_for(|s| s.is_some()).await;
+}
+
+fn summary(m: &Metrics) -> Summary {
+    Summary {
+        received: m.received.get(),
+        deleted: m.deleted.get(),
+        released: m.released.get(),
+        sqs_requests: m.sqs_requests_total(),
+    }
+}
+
+/// Reads the queue's attributes, retrying with backoff; None if shut down first.
+async fn read_queue(
+    sqs: &Sqs,
+    metrics: &Metrics,
+    signalled: impl std::future::Future<Output = ()>,
+) -> Option<QueueInfo> {
+    tokio::pin!(signalled);
+    let mut attempt = 0u32;
+    loop {
+        match sqs.queue_info().await {
+            Ok(info) => return Some(info),
+            Err(e) => {
+                attempt += 1;
+                let delay = backoff::error_backoff(attempt, fastrand::f64());
+                if e.kind.is_configuration() {
+                    tracing::error!(queue_url = sqs.url(), reason = e.kind.reason(), error = %e.detail, hint = e.kind.hint(), retry_in_ms = delay.as_millis() as u64, "cannot read the queue; not ready");
+                    metrics.set_readiness(Readiness::Failing(format!(
+                        "{}: {}",
+                        e.kind.reason(),
+                        e.kind.hint()
+                    )));
+                } else {
+                    tracing::warn!(queue_url = sqs.url(), reason = e.kind.reason(), error = %e.detail, attempt, retry_in_ms = delay.as_millis() as u64, "cannot read the queue; retrying");
+                    metrics.set_readiness(Readiness::Starting(format!(
+                        "reading queue attributes: {}",
+                        e.kind.reason()
+                    )));
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = &mut signalled => return None,
+                }
+            }
+        }
+    }
+}
+
+enum Opened {
+    Store(Option<Store>),
+    Interrupted,
+}
+
+async fn open_store(
+    config: &Config,
+    metrics: &Metrics,
+    signalled: impl std::future::Future<Output = ()>,
+) -> Result<Opened, WorkerError> {
+    tokio::pin!(signalled);
+    match config.idempotency_store {
+        IdempotencyStore::None => Ok(Opened::Store(None)),
+        IdempotencyStore::Memory => Ok(Opened::Store(Some(Store::Memory(MemoryStore::new(
+            MEMORY_STORE_CAPACITY,
+        ))))),
+        IdempotencyStore::Redis => {
+            let url = config.redis_url.clone().unwrap_or_default();
+            let prefix = format!("qc:idem:{}:", queue_name(&config.queue_url));
+            if let Err(e) = redis::Client::open(url.as_str()) {
+                // A malformed URL never heals: stop with the reason instead of retrying forever.
+                return Err(WorkerError::ValidateFlags {
+                    flag: "--redis-url",
+                    reason: format!("{}: {e}", idempotency::redact(&url)),
+                });
+            }
+            let mut attempt = 0u32;
+            loop {
+                match RedisStore::connect(&url, prefix.clone()).await {
+                    Ok(s) => return Ok(Opened::Store(Some(Store::Redis(s)))),
+                    Err(e) => {
+                        attempt += 1;
+                        let delay = backoff::error_backoff(attempt, fastrand::f64());
+                        tracing::error!(error = %e, attempt, retry_in_ms = delay.as_millis() as u64, "idempotency store unreachable; not ready");
+                        metrics.set_readiness(Readiness::Failing(e.to_string()));
+                        tokio::select! {
+                            _ = tokio::time::sleep(delay) => {}
+                            _ = &mut signalled => return Ok(Opened::Interrupted),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The queue's name: the last path segment of its URL.
+pub fn queue_name(url: &str) -> &str {
+    url.trim_end_matches('/').rsplit('/').next().unwrap_or(url)
+}
+
+fn log_start(config: &Config, info: &QueueInfo, heartbeat: Option<StdDuration>) {
+    let vt = info.visibility_timeout;
+    tracing::info!(
+        queue_url = %config.queue_url,
+        fifo = info.fifo,
+        visibility_timeout_s = vt.as_secs(),
+        max_receive_count = info.max_receive_count,
+        concurrency = config.concurrency,
+        batch_size = config.batch_size,
+        wait_time = %config.wait_time,
+        timeout = %config.timeout,
+        heartbeat_interval_ms = heartbeat.map(|h| h.as_millis() as u64),
+        on_poison = config.on_poison.as_str(),
+        idempotency_store = config.idempotency_store.as_str(),
+        shutdown_timeout_ms = config.shutdown_timeout().as_millis() as u64,
+        "queue read"
+    );
+    if let Some(h) = heartbeat {
+        if h >= vt {
+            tracing::warn!(
+                heartbeat_interval_ms = h.as_millis() as u64,
+                visibility_timeout_s = vt.as_secs(),
+                "heartbeat interval is not shorter than the visibility timeout: leases will lapse; use --heartbeat-interval auto"
+            );
+        }
+    } else if config.timeout.as_std() > vt {
+        tracing::warn!(
+            timeout = %config.timeout,
+            visibility_timeout_s = vt.as_secs(),
+            "handler timeout exceeds the visibility timeout and heartbeats are off: slow messages will be delivered twice"
+        );
+    }
+    if info.max_receive_count.is_none() {
+        tracing::warn!(
+            "queue has no redrive policy: messages that keep failing are retried until they expire"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        Config {
+            queue_url: "http://localhost/1/q".into(),
+            region: None,
+            endpoint_url: None,
+            concurrency: 10,
+            batch_size: 10,
+            wait_time: Duration::from_secs(20),
+            timeout: Duration::from_secs(30),
+            heartbeat: true,
+            heartbeat_interval: HeartbeatInterval::Auto,
+            retry_base: Duration::from_secs(5),
+            retry_max: Duration::from_secs(900),
+            on_poison: OnPoison::Delete,
+            idempotency_store: IdempotencyStore::None,
+            idempotency_key: IdempotencyKey::MessageId,
+            idempotency_ttl: Duration::from_secs(86_400),
+            redis_url: None,
+            metrics_addr: "127.0.0.1:0".into(),
+            shutdown_timeout: None,
+            handler: HandlerConfig::Http {
+                url: "http://127.0.0.1:8080/messages".into(),
+            },
+        }
+    }
+
+    fn flag_of(c: &Config) -> Option<&'static str> {
+        match c.validate() {
+            Err(WorkerError::ValidateFlags { flag, .. }) => Some(flag),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn validation_names_the_flag() {
+        assert_eq!(flag_of(&config()), None);
+        type Mutation = Box<dyn Fn(&mut Config)>;
+        let cases: Vec<(Mutation, &str)> = vec![
+            (Box::new(|c| c.batch_size = 11), "--batch-size"),
+            (Box::new(|c| c.batch_size = 0), "--batch-size"),
+            (Box::new(|c| c.concurrency = 0), "--concurrency"),
+            (
+                Box::new(|c| c.wait_time = Duration::from_secs(21)),
+                "--wait-time",
+            ),
+            (Box::new(|c| c.timeout = Duration::ZERO), "--timeout"),
+            (
+                Box::new(|c| c.retry_max = Duration::from_secs(1)),
+                "--retry-max",
+            ),
+            (
+                Box::new(|c| c.idempotency_store = IdempotencyStore::Redis),
+                "--redis-url",
+            ),
+            (
+                Box::new(|c| c.handler = HandlerConfig::Exec { command: vec![] }),
+                "--exec",
+            ),
+            (
+                Box::new(|c| c.heartbeat_interval = HeartbeatInterval::Fixed(Duration::ZERO)),
+                "--heartbeat-interval",
+            ),
+        ];
+        for (mutate, flag) in cases {
+            let mut c = config();
+            mutate(&mut c);
+            assert_eq!(flag_of(&c), Some(flag));
+        }
+    }
+
+    #[test]
+    fn shutdown_timeout_defaults_to_timeout_plus_margin() {
+        assert_eq!(config().shutdown_timeout(), StdDuration::from_secs(35));
+        let mut c = config();
+        c.shutdown_timeout = Some(Duration::from_secs(7));
+        assert_eq!(c.shutdown_timeout(), StdDuration::from_secs(7));
+    }
+
+    #[test]
+    fn queue_name_is_the_last_segment() {
+        assert_eq!(
+            queue_name("https://sqs.us-east-1.amazonaws.com/1/orders.fifo"),
+            "orders.fifo"
+        );
+        assert_eq!(queue_name("http://h/1/q/"), "q");
+    }
+}

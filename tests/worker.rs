@@ -1,0 +1,1079 @@
+//! End-to-end tests of `qc-worker`: the real binary against the moto server (and redis), with handlers
+//! that record every call. Assertions are on counts and queue state, never on tight timings.
+#![allow(clippy::unwrap_used)]
+
+#[path = "common/mod.rs"]
+mod common;
+#[path = "worker/support.rs"]
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use support::*;
+
+const SECS: fn(u64) -> Duration = Duration::from_secs;
+
+/// The drain summary a worker logs when it stops.
+fn stopped(w: &Worker) -> serde_json::Value {
+    w.log_lines("stopped")
+        .pop()
+        .unwrap_or_else(|| panic!("no `stopped` line; log:\n{}", w.log_text()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drains_500_messages_each_handled_and_deleted() {
+    let q = TestQueue::new("drain", 30, 5, false).await;
+    let bodies = numbered(500);
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(5))).await;
+    let mut a = base_args(&q);
+    // One receive at a time (concurrency = batch size): moto does not lock a queue between concurrent
+    // receives and can hand one message to two of them, which would break the exactly-once count below.
+    // Parallel receives are exercised by the benchmark, against a server without that race.
+    a.extend(args(&["--concurrency", "10", "--http-url", &h.url]));
+    let mut w = Worker::start(&a);
+
+    eventually(SECS(120), "500 messages deleted", || async {
+        w.metric("qc_worker_messages_deleted_total").await == Some(500.0)
+    })
+    .await;
+    let counts = h.counts_by_body();
+    let warnings: Vec<String> = w
+        .log_text()
+        .lines()
+        .filter(|l| !l.contains("\"level\":\"INFO\""))
+        .map(str::to_string)
+        .collect();
+    for b in &bodies {
+        assert_eq!(
+            counts.get(b),
+            Some(&1),
+            "{b} handled once; worker warnings: {warnings:#?}"
+        );
+    }
+    assert_eq!(h.calls().len(), 500);
+    eventually(SECS(10), "queue empty", || q.is_empty()).await;
+
+    let (status, text) = w.get("/metrics").await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(
+        parse_metric(&text, "qc_worker_messages_received_total"),
+        Some(500.0)
+    );
+    assert_eq!(
+        parse_metric(
+            &text,
+            "qc_worker_messages_processed_total{outcome=\"success\"}"
+        ),
+        Some(500.0)
+    );
+    assert_eq!(
+        parse_metric(&text, "qc_worker_handler_duration_seconds_count"),
+        Some(500.0)
+    );
+    let deletes = parse_metric(
+        &text,
+        "qc_worker_sqs_requests_total{action=\"DeleteMessageBatch\"}",
+    )
+    .unwrap();
+    assert!(
+        (50.0..500.0).contains(&deletes),
+        "deletes are batched: {deletes} calls"
+    );
+    assert!(
+        parse_metric(
+            &text,
+            "qc_worker_sqs_requests_total{action=\"ReceiveMessage\"}"
+        )
+        .unwrap()
+            >= 25.0
+    );
+    assert_eq!(parse_metric(&text, "qc_worker_in_flight"), Some(0.0));
+    assert!(text.contains("# TYPE qc_worker_handler_duration_seconds histogram"));
+    assert_eq!(w.get("/healthz").await.unwrap().0, 200);
+    assert_eq!(w.get("/readyz").await.unwrap().0, 200);
+    // Every call carried the CloudEvents binary-mode attributes.
+    let c = &h.calls()[0];
+    assert_eq!(c.headers["ce-specversion"], "1.0");
+    assert_eq!(c.headers["ce-type"], "dev.consumers.sqs.message");
+    assert!(
+        c.headers["ce-source"].starts_with("arn:aws:sqs:"),
+        "{:?}",
+        c.headers
+    );
+    assert!(!c.id.is_empty());
+    assert_eq!(c.receive_count, 1);
+
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(30)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn always_failing_handler_dead_letters_after_max_receive_count() {
+    let q = TestQueue::new("dlq", 2, 3, false).await;
+    let bodies = numbered(10);
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::status(500)).await;
+    let mut a = base_args(&q);
+    a.extend(args(&["--retry-base", "0s", "--http-url", &h.url]));
+    let mut w = Worker::start(&a);
+
+    eventually(SECS(90), "10 messages in the DLQ", || async {
+        q.dlq_visible().await == 10
+    })
+    .await;
+    eventually(SECS(10), "source queue empty", || q.is_empty()).await;
+    let calls = h.calls();
+    let mut by_body: HashMap<Vec<u8>, Vec<u32>> = HashMap::new();
+    for c in &calls {
+        by_body
+            .entry(c.body.clone())
+            .or_default()
+            .push(c.receive_count);
+    }
+    assert_eq!(by_body.len(), 10);
+    for (body, mut counts) in by_body {
+        counts.sort();
+        assert_eq!(counts, vec![1, 2, 3], "{}", String::from_utf8_lossy(&body));
+    }
+    assert_eq!(
+        w.metric("qc_worker_messages_deleted_total").await,
+        Some(0.0)
+    );
+    assert_eq!(
+        w.metric("qc_worker_messages_processed_total{outcome=\"transient\"}")
+            .await,
+        Some(30.0)
+    );
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_delete_removes_the_message_after_one_call() {
+    let q = TestQueue::new("poison-del", 5, 3, false).await;
+    let bodies = numbered(8);
+    q.send_all(&bodies, |_| String::new()).await;
+    // Even bodies are poison (422 and 400), odd ones succeed.
+    let h = HttpHandler::start(|c| {
+        let n: u32 = String::from_utf8_lossy(&c.body)
+            .trim_start_matches("{\"n\":")
+            .trim_end_matches('}')
+            .parse()
+            .unwrap();
+        match n % 4 {
+            0 => Reply::status(422),
+            2 => Reply::status(400),
+            _ => Reply::ok(Duration::ZERO),
+        }
+    })
+    .await;
+    let mut a = base_args(&q);
+    a.extend(args(&["--on-poison", "delete", "--http-url", &h.url]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(60), "all 8 deleted", || async {
+        w.metric("qc_worker_messages_deleted_total").await == Some(8.0)
+    })
+    .await;
+    eventually(SECS(10), "queue empty", || q.is_empty()).await;
+    assert_eq!(h.calls().len(), 8, "each message handled exactly once");
+    assert_eq!(q.dlq_visible().await, 0);
+    assert_eq!(
+        w.metric("qc_worker_messages_processed_total{outcome=\"poison\"}")
+            .await,
+        Some(4.0)
+    );
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_leave_goes_to_the_dlq_without_calling_the_handler_again() {
+    let q = TestQueue::new("poison-leave", 2, 3, false).await;
+    let bodies = numbered(5);
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::status(422)).await;
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--on-poison",
+        "leave",
+        "--retry-base",
+        "0s",
+        "--http-url",
+        &h.url,
+    ]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(60), "5 messages in the DLQ", || async {
+        q.dlq_visible().await == 5
+    })
+    .await;
+    eventually(SECS(10), "source queue empty", || q.is_empty()).await;
+    let counts = h.counts_by_body();
+    for b in &bodies {
+        assert_eq!(counts.get(b), Some(&1), "{b}: the handler judged it once");
+    }
+    assert_eq!(
+        w.metric("qc_worker_messages_deleted_total").await,
+        Some(0.0)
+    );
+    // Three receives each before the redrive: the first called the handler, the others did not.
+    assert_eq!(
+        w.metric("qc_worker_messages_processed_total{outcome=\"poison\"}")
+            .await,
+        Some(15.0)
+    );
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handler_running_three_visibility_timeouts_is_heartbeated_and_handled_once() {
+    let q = TestQueue::new("long", 2, 3, false).await;
+    q.send_all(&numbered(3), |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::ok(SECS(6))).await;
+    let mut a = base_args(&q);
+    a.extend(args(&["--timeout", "20s", "--http-url", &h.url]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(60), "3 messages deleted", || async {
+        w.metric("qc_worker_messages_deleted_total").await == Some(3.0)
+    })
+    .await;
+    // Longer than one more visibility timeout: a lapsed lease would show as a second call by now.
+    tokio::time::sleep(SECS(3)).await;
+    let calls = h.calls();
+    assert_eq!(calls.len(), 3, "no redelivery: {calls:?}");
+    assert!(calls.iter().all(|c| c.receive_count == 1));
+    assert!(q.is_empty().await);
+    let beats = w.metric("qc_worker_heartbeats_total").await.unwrap();
+    assert!(
+        beats >= 6.0,
+        "at least two heartbeats per message, saw {beats}"
+    );
+    assert_eq!(
+        w.metric("qc_worker_heartbeat_failures_total").await,
+        Some(0.0)
+    );
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handler_timeout_is_transient_and_retried() {
+    let q = TestQueue::new("timeout", 5, 5, false).await;
+    q.send_one("slow-then-fast").await;
+    let h = HttpHandler::start(|c| {
+        if c.receive_count == 1 {
+            Reply::ok(SECS(30))
+        } else {
+            Reply::ok(Duration::ZERO)
+        }
+    })
+    .await;
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--timeout",
+        "1s",
+        "--retry-base",
+        "0s",
+        "--http-url",
+        &h.url,
+    ]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(60), "deleted after the retry", || async {
+        w.metric("qc_worker_messages_deleted_total").await == Some(1.0)
+    })
+    .await;
+    assert_eq!(
+        w.metric("qc_worker_messages_processed_total{outcome=\"timeout\"}")
+            .await,
+        Some(1.0)
+    );
+    let counts: Vec<u32> = h.calls().iter().map(|c| c.receive_count).collect();
+    assert_eq!(counts, vec![1, 2]);
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_sets_the_retry_delay() {
+    let q = TestQueue::new("retry-after", 30, 5, false).await;
+    q.send_one("busy-once").await;
+    let h = HttpHandler::start(|c| {
+        if c.receive_count == 1 {
+            Reply {
+                status: 503,
+                delay: Duration::ZERO,
+                retry_after: Some("1".into()),
+            }
+        } else {
+            Reply::ok(Duration::ZERO)
+        }
+    })
+    .await;
+    let mut a = base_args(&q);
+    // The default backoff (5s base) would also retry; Retry-After: 1 must win well before the 30s lease.
+    a.extend(args(&["--retry-base", "60s", "--http-url", &h.url]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(20), "deleted after Retry-After", || async {
+        w.metric("qc_worker_messages_deleted_total").await == Some(1.0)
+    })
+    .await;
+    assert_eq!(h.calls().len(), 2);
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+/// Bodies SQS accepts that a naive consumer might choke on.
+fn odd_bodies() -> Vec<String> {
+    vec![
+        "not json {".to_string(),
+        "{\"unterminated\": \"".to_string(),
+        "emoji \u{1F600} and \u{FFFD} and tabs\t\r\n".to_string(),
+        "\u{10FFFF}\u{E000}".to_string(),
+        " ".to_string(),
+        "x".repeat(1024 * 1024 - 64),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_and_large_bodies_reach_the_http_handler_byte_exact() {
+    let q = TestQueue::new("odd-http", 30, 5, false).await;
+    let bodies = odd_bodies();
+    for b in &bodies {
+        q.send_one(b).await;
+    }
+    let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--idempotency-store",
+        "memory",
+        "--idempotency-key",
+        "jsonPointer:/id",
+        "--http-url",
+        &h.url,
+    ]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(60), "all deleted", || async {
+        w.metric("qc_worker_messages_deleted_total").await == Some(bodies.len() as f64)
+    })
+    .await;
+    let mut got: Vec<Vec<u8>> = h.calls().into_iter().map(|c| c.body).collect();
+    let mut want: Vec<Vec<u8>> = bodies.iter().map(|b| b.as_bytes().to_vec()).collect();
+    got.sort();
+    want.sort();
+    assert!(got == want, "bodies differ");
+    assert!(w.running());
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_handler_gets_body_on_stdin_metadata_in_env_and_exit_codes_map() {
+    let q = TestQueue::new("odd-exec", 30, 2, false).await;
+    let mut bodies = odd_bodies();
+    bodies.push("poison".into());
+    for b in &bodies {
+        q.client
+            .send_message()
+            .queue_url(&q.url)
+            .message_body(b)
+            .message_attributes(
+                "tenant-id",
+                aws_sdk_sqs::types::MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value("t-1")
+                    .build()
+                    .unwrap(),
+            )
+            .send()
+            .await
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let handler = script(
+        dir.path(),
+        "handle.sh",
+        &format!(
+            r#"set -e
+f="{out}/$QC_MESSAGE_ID"
+cat > "$f.body"
+echo "$QC_RECEIVE_COUNT $QC_ATTR_TENANT_ID $QC_QUEUE_URL" > "$f.env"
+if [ "$(cat "$f.body")" = poison ]; then exit 65; fi
+exit 0"#,
+            out = out.display()
+        ),
+    );
+    let mut a = base_args(&q);
+    a.extend(args(&["--exec", "--", handler.to_str().unwrap()]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(60), "all deleted", || async {
+        w.metric("qc_worker_messages_deleted_total").await == Some(bodies.len() as f64)
+    })
+    .await;
+    assert_eq!(
+        w.metric("qc_worker_messages_processed_total{outcome=\"poison\"}")
+            .await,
+        Some(1.0)
+    );
+    let mut got = Vec::new();
+    for entry in std::fs::read_dir(&out).unwrap() {
+        let p = entry.unwrap().path();
+        if p.extension().is_some_and(|e| e == "body") {
+            got.push(std::fs::read(&p).unwrap());
+            let env = std::fs::read_to_string(p.with_extension("env")).unwrap();
+            assert_eq!(env.trim(), format!("1 t-1 {}", q.url));
+        }
+    }
+    let mut want: Vec<Vec<u8>> = bodies.iter().map(|b| b.as_bytes().to_vec()).collect();
+    got.sort();
+    want.sort();
+    assert!(got == want, "bodies differ");
+    assert!(q.is_empty().await);
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_batch_then_restart_loses_nothing() {
+    let q = TestQueue::new("kill9", 2, 10, false).await;
+    let bodies = numbered(60);
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(300))).await;
+    let mut a = base_args(&q);
+    a.extend(args(&["--concurrency", "10", "--http-url", &h.url]));
+    let dir = std::sync::Arc::new(tempfile::tempdir().unwrap());
+    let mut first = Worker::start_in(dir.clone(), &a);
+    eventually(SECS(60), "15 messages handled", || async {
+        h.finished_calls() >= 15
+    })
+    .await;
+    first.kill9();
+    let (_, in_flight, _) = q.counts().await;
+    assert!(in_flight > 0, "the kill left messages in flight");
+
+    let mut second = Worker::start_in(dir, &a);
+    eventually(SECS(90), "queue drained after the restart", || q.is_empty()).await;
+    let counts = h.counts_by_body();
+    for b in &bodies {
+        assert!(
+            counts.get(b).is_some_and(|n| *n >= 1),
+            "{b} was never handled"
+        );
+    }
+    second.signal("INT");
+    assert!(second.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_under_load_finishes_in_flight_and_strands_nothing() {
+    let q = TestQueue::new("sigterm", 10, 5, false).await;
+    let bodies = numbered(100);
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::ok(SECS(1))).await;
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--concurrency",
+        "10",
+        "--shutdown-timeout",
+        "8s",
+        "--http-url",
+        &h.url,
+    ]));
+    let dir = std::sync::Arc::new(tempfile::tempdir().unwrap());
+    let mut w = Worker::start_in(dir.clone(), &a);
+    eventually(SECS(60), "a second wave in flight", || async {
+        h.calls().len() >= 15
+    })
+    .await;
+    let signalled = std::time::Instant::now();
+    w.signal("TERM");
+    let status = w.wait_exit(SECS(30)).await;
+    let took = signalled.elapsed();
+    assert!(status.success(), "exit status {status:?}");
+    assert!(
+        took < SECS(8) + Duration::from_millis(1500),
+        "exit took {took:?}, budget 8s"
+    );
+
+    // Every call that started finished and was deleted; nothing is left invisible.
+    let calls = h.calls();
+    assert!(
+        calls.iter().all(|c| c.finished.is_some()),
+        "a handler was cut off"
+    );
+    let summary = stopped(&w);
+    assert_eq!(
+        summary["deleted"].as_u64().unwrap() as usize,
+        calls.len(),
+        "{summary}"
+    );
+    let (visible, in_flight, _) = q.counts().await;
+    assert_eq!(in_flight, 0, "messages stranded invisible after shutdown");
+    assert_eq!(visible as usize, 100 - calls.len());
+
+    let mut rest = Worker::start_in(dir, &a);
+    eventually(SECS(90), "the rest drained", || q.is_empty()).await;
+    let counts = h.counts_by_body();
+    for b in &bodies {
+        assert_eq!(
+            counts.get(b),
+            Some(&1),
+            "{b} handled exactly once across both workers"
+        );
+    }
+    rest.signal("TERM");
+    assert!(rest.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_budget_abandons_a_stuck_handler_and_releases_its_message() {
+    let q = TestQueue::new("stuck", 60, 5, false).await;
+    q.send_one("stuck").await;
+    let h = HttpHandler::start(|_| Reply::ok(SECS(40))).await;
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--timeout",
+        "50s",
+        "--shutdown-timeout",
+        "3s",
+        "--http-url",
+        &h.url,
+    ]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(30), "the handler started", || async {
+        !h.calls().is_empty()
+    })
+    .await;
+    let signalled = std::time::Instant::now();
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+    assert!(
+        signalled.elapsed() < SECS(5),
+        "took {:?}",
+        signalled.elapsed()
+    );
+    assert_eq!(stopped(&w)["released"], 1);
+    // Released with visibility 0: visible again at once, not after the 60s lease.
+    assert_eq!(q.counts().await, (1, 0, 0));
+}
+
+/// Body text of the successful calls of `group`, in the order they started.
+fn successes(h: &HttpHandler, group: &str) -> Vec<String> {
+    let mut calls: Vec<Call> = h
+        .calls()
+        .into_iter()
+        .filter(|c| c.group.as_deref() == Some(group) && c.status == 200)
+        .collect();
+    calls.sort_by_key(|c| c.started);
+    calls
+        .into_iter()
+        .map(|c| String::from_utf8(c.body).unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_keeps_order_within_a_group_and_runs_groups_in_parallel() {
+    let q = TestQueue::new("fifo-order", 10, 5, true).await;
+    let groups = ["a", "b", "c", "d"];
+    // Interleaved sends: a-00, b-00, c-00, d-00, a-01, ...
+    let bodies: Vec<String> = (0..60)
+        .map(|n| format!("{}-{:02}", groups[n % 4], n / 4))
+        .collect();
+    q.send_all(&bodies, |n| groups[n % 4].to_string()).await;
+    // Uneven latencies, so a group running ahead would show.
+    let h = HttpHandler::start(|c| {
+        let jitter = c.body.iter().map(|b| u64::from(*b)).sum::<u64>() % 40;
+        Reply::ok(Duration::from_millis(5 + jitter))
+    })
+    .await;
+    let mut a = base_args(&q);
+    a.extend(args(&["--concurrency", "10", "--http-url", &h.url]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(90), "60 deleted", || async {
+        w.metric("qc_worker_messages_deleted_total").await == Some(60.0)
+    })
+    .await;
+    for g in groups {
+        let want: Vec<String> = (0..15).map(|i| format!("{g}-{i:02}")).collect();
+        assert_eq!(successes(&h, g), want, "group {g} out of order");
+    }
+    assert!(h.max_active() > 1, "groups never ran in parallel");
+    assert!(q.is_empty().await);
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_failure_stops_the_rest_of_its_group_from_running_ahead() {
+    let q = TestQueue::new("fifo-fail", 10, 5, true).await;
+    let bodies: Vec<String> = (0..10).map(|i| format!("a-{i:02}")).collect();
+    q.send_all(&bodies, |_| "a".to_string()).await;
+    let h = HttpHandler::start(|c| {
+        if c.body == b"a-03" && c.receive_count == 1 {
+            Reply::status(500)
+        } else {
+            Reply::ok(Duration::from_millis(20))
+        }
+    })
+    .await;
+    let mut a = base_args(&q);
+    a.extend(args(&["--retry-base", "0s", "--http-url", &h.url]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(60), "10 deleted", || async {
+        w.metric("qc_worker_messages_deleted_total").await == Some(10.0)
+    })
+    .await;
+    let mut calls = h.calls();
+    calls.sort_by_key(|c| c.started);
+    let order: Vec<String> = calls
+        .iter()
+        .map(|c| String::from_utf8(c.body.clone()).unwrap())
+        .collect();
+    let want: Vec<String> = [
+        "00", "01", "02", "03", "03", "04", "05", "06", "07", "08", "09",
+    ]
+    .iter()
+    .map(|i| format!("a-{i}"))
+    .collect();
+    assert_eq!(order, want, "a message ran ahead of the failed one");
+    assert!(
+        w.metric("qc_worker_messages_released_total").await.unwrap() >= 1.0,
+        "later messages of the failed group were released"
+    );
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_shutdown_releases_messages_waiting_behind_their_group() {
+    let q = TestQueue::new("fifo-term", 30, 5, true).await;
+    let bodies: Vec<String> = (0..10).map(|i| format!("a-{i:02}")).collect();
+    q.send_all(&bodies, |_| "a".to_string()).await;
+    let h = HttpHandler::start(|_| Reply::ok(SECS(2))).await;
+    let mut a = base_args(&q);
+    a.extend(args(&["--shutdown-timeout", "10s", "--http-url", &h.url]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(30), "the first message started", || async {
+        !h.calls().is_empty()
+    })
+    .await;
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+    let summary = stopped(&w);
+    assert_eq!(h.calls().len(), 1, "nothing started after the signal");
+    assert_eq!(summary["deleted"], 1, "{summary}");
+    assert_eq!(
+        summary["received"].as_u64(),
+        summary["released"].as_u64().map(|r| r + 1)
+    );
+    let (visible, in_flight, _) = q.counts().await;
+    assert_eq!(
+        (visible, in_flight),
+        (9, 0),
+        "waiting messages released at once"
+    );
+}
+
+/// Effects per orderId: successful calls only (a call that failed had no effect).
+fn effects_by_order(h: &HttpHandler) -> HashMap<String, usize> {
+    let mut m = HashMap::new();
+    for c in h.calls().into_iter().filter(|c| c.status == 200) {
+        let v: serde_json::Value = serde_json::from_slice(&c.body).unwrap();
+        *m.entry(v["orderId"].as_str().unwrap().to_string())
+            .or_default() += 1;
+    }
+    m
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_store_makes_duplicates_and_visibility_lapses_take_effect_once() {
+    let q = TestQueue::new("redis-dedup", 2, 10, false).await;
+    // o-1 is sent twice (a producer retry); o-2's handler outlives the 2s lease with heartbeats off,
+    // so it is delivered again while the first call still runs.
+    let mut bodies = vec![
+        r#"{"orderId":"o-1"}"#.to_string(),
+        r#"{"orderId":"o-1"}"#.to_string(),
+        r#"{"orderId":"o-2","slow":true}"#.to_string(),
+    ];
+    bodies.extend((3..10).map(|i| format!(r#"{{"orderId":"o-{i}"}}"#)));
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|c| {
+        if c.body.windows(4).any(|w| w == b"slow") {
+            Reply::ok(SECS(5))
+        } else {
+            Reply::ok(Duration::from_millis(50))
+        }
+    })
+    .await;
+    let redis_url = common::redis_url();
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--heartbeat",
+        "false",
+        "--timeout",
+        "20s",
+        "--idempotency-store",
+        "redis",
+        "--redis-url",
+        &redis_url,
+        "--idempotency-key",
+        "jsonPointer:/orderId",
+        "--http-url",
+        &h.url,
+    ]));
+    // Two workers share the store, as replicas of one QueueConsumer do.
+    let mut w1 = Worker::start(&a);
+    let mut w2 = Worker::start(&a);
+    eventually(SECS(90), "queue drained", || q.is_empty()).await;
+    let effects = effects_by_order(&h);
+    for i in 1..10 {
+        assert_eq!(
+            effects.get(&format!("o-{i}")),
+            Some(&1),
+            "o-{i}: {effects:?}"
+        );
+    }
+    let mut skipped = 0.0;
+    let mut waited = 0.0;
+    for w in [&w1, &w2] {
+        skipped += w
+            .metric("qc_worker_messages_processed_total{outcome=\"duplicate\"}")
+            .await
+            .unwrap();
+        waited += w
+            .metric("qc_worker_messages_processed_total{outcome=\"in_progress_elsewhere\"}")
+            .await
+            .unwrap();
+    }
+    // The second o-1 is skipped as done (or first seen in progress, then done). The redelivered o-2
+    // is seen in progress; its first call's delete then removes it (its receipt handle still works).
+    assert!(skipped >= 1.0, "the second o-1 was skipped: {skipped}");
+    assert!(
+        waited >= 1.0,
+        "o-2 was seen in progress while its first call ran: {waited}"
+    );
+    // The store holds the keys as done, under the queue's prefix.
+    let client = redis::Client::open(redis_url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let name = q.url.rsplit('/').next().unwrap();
+    let v: Option<String> = redis::cmd("GET")
+        .arg(format!("qc:idem:{name}:o-2"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(v.as_deref(), Some("done"));
+    for w in [&mut w1, &mut w2] {
+        w.signal("TERM");
+        assert!(w.wait_exit(SECS(20)).await.success());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_store_skips_a_business_key_seen_before() {
+    let q = TestQueue::new("mem-dedup", 2, 10, false).await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--idempotency-store",
+        "memory",
+        "--idempotency-key",
+        "attribute:orderId",
+        "--http-url",
+        &h.url,
+    ]));
+    let mut w = Worker::start(&a);
+    for body in ["first", "second copy"] {
+        q.client
+            .send_message()
+            .queue_url(&q.url)
+            .message_body(body)
+            .message_attributes(
+                "orderId",
+                aws_sdk_sqs::types::MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value("o-77")
+                    .build()
+                    .unwrap(),
+            )
+            .send()
+            .await
+            .unwrap();
+        eventually(SECS(30), "message gone", || q.is_empty()).await;
+    }
+    let calls = h.calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0].body, b"first");
+    assert_eq!(calls[0].headers["x-sqs-attribute-orderid"], "o-77");
+    assert_eq!(
+        w.metric("qc_worker_messages_processed_total{outcome=\"duplicate\"}")
+            .await,
+        Some(1.0)
+    );
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_errors_back_off_and_the_worker_recovers() {
+    let q = TestQueue::new("outage", 5, 10, false).await;
+    let bodies = numbered(80);
+    q.send_all(&bodies, |_| String::new()).await;
+    let proxy = FaultProxy::start().await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(100))).await;
+    let a = args(&[
+        "--queue-url",
+        &q.url,
+        "--endpoint-url",
+        &proxy.endpoint,
+        "--wait-time",
+        "1s",
+        "--concurrency",
+        "2",
+        "--http-url",
+        &h.url,
+    ]);
+    let mut w = Worker::start(&a);
+    eventually(SECS(60), "some messages deleted", || async {
+        w.metric("qc_worker_messages_deleted_total").await >= Some(4.0)
+    })
+    .await;
+    let receives = "qc_worker_sqs_requests_total{action=\"ReceiveMessage\"}";
+    for (fault, reason) in [
+        (Fault::Fail(500, "InternalFailure"), "ServerError"),
+        (Fault::Fail(400, "RequestThrottled"), "Throttled"),
+        (Fault::Refuse, "EndpointUnreachable"),
+    ] {
+        proxy.set(fault).await;
+        let before = w.metric(receives).await.unwrap();
+        tokio::time::sleep(SECS(3)).await;
+        let during = w.metric(receives).await.unwrap() - before;
+        assert!(w.running(), "{fault:?} killed the worker");
+        // Backoff with jitter: a handful of attempts in 3s, where a hot loop would make hundreds.
+        assert!(during <= 12.0, "{fault:?}: {during} receives in 3s");
+        assert_eq!(w.get("/healthz").await.unwrap().0, 200);
+        let logged = w
+            .log_lines("receive failed; backing off")
+            .iter()
+            .any(|l| l["reason"] == reason);
+        assert!(logged, "{fault:?} logged as {reason}");
+        // Back to normal: the worker resumes by itself before the next fault.
+        proxy.set(Fault::Forward).await;
+        let received = w.metric("qc_worker_messages_received_total").await.unwrap();
+        eventually(SECS(40), "receiving again", || async {
+            w.metric("qc_worker_messages_received_total").await.unwrap() > received
+                || q.is_empty().await
+        })
+        .await;
+    }
+    assert!(
+        w.metric("qc_worker_sqs_errors_total{action=\"ReceiveMessage\"}")
+            .await
+            .unwrap()
+            >= 3.0
+    );
+    eventually(SECS(90), "queue drained after the outages", || q.is_empty()).await;
+    let counts = h.counts_by_body();
+    for b in &bodies {
+        assert!(counts.contains_key(b), "{b} never handled");
+    }
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_queue_fails_readiness_until_the_queue_exists() {
+    let client = common::sqs_client().await;
+    let name = common::unique_name("late");
+    let url = format!("{}/123456789012/{name}", common::sqs_endpoint());
+    let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
+    let a = args(&[
+        "--queue-url",
+        &url,
+        "--endpoint-url",
+        &common::sqs_endpoint(),
+        "--wait-time",
+        "1s",
+        "--http-url",
+        &h.url,
+    ]);
+    let mut w = Worker::start(&a);
+    eventually(SECS(30), "/readyz names the missing queue", || async {
+        matches!(w.get("/readyz").await, Some((503, body)) if body.contains("QueueDoesNotExist"))
+    })
+    .await;
+    assert_eq!(w.get("/healthz").await.unwrap().0, 200);
+    let lines = w.log_lines("cannot read the queue; not ready");
+    assert!(!lines.is_empty(), "log:\n{}", w.log_text());
+    assert_eq!(lines[0]["level"], "ERROR");
+    assert_eq!(lines[0]["reason"], "QueueDoesNotExist");
+    assert!(lines[0]["hint"].as_str().unwrap().contains("--queue-url"));
+    assert!(w.running());
+
+    let created = client
+        .create_queue()
+        .queue_name(&name)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.queue_url.as_deref(), Some(url.as_str()));
+    w.wait_ready(SECS(40)).await;
+    client
+        .send_message()
+        .queue_url(&url)
+        .message_body("late")
+        .send()
+        .await
+        .unwrap();
+    eventually(SECS(30), "the message handled", || async {
+        h.calls().len() == 1
+    })
+    .await;
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_credentials_fail_readiness_with_a_clear_log_line() {
+    let q = TestQueue::new("creds", 5, 5, false).await;
+    let proxy = FaultProxy::start().await;
+    proxy.set(Fault::Fail(403, "InvalidClientTokenId")).await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
+    let a = args(&[
+        "--queue-url",
+        &q.url,
+        "--endpoint-url",
+        &proxy.endpoint,
+        "--wait-time",
+        "1s",
+        "--http-url",
+        &h.url,
+    ]);
+    let mut w = Worker::start(&a);
+    eventually(SECS(30), "/readyz names the credentials", || async {
+        matches!(w.get("/readyz").await, Some((503, body)) if body.contains("InvalidCredentials"))
+    })
+    .await;
+    let lines = w.log_lines("cannot read the queue; not ready");
+    assert_eq!(lines[0]["reason"], "InvalidCredentials", "{}", w.log_text());
+    assert!(lines[0]["hint"].as_str().unwrap().contains("credentials"));
+    // Credentials fixed (the proxy lets requests through again): the worker becomes ready by itself.
+    proxy.set(Fault::Forward).await;
+    w.wait_ready(SECS(40)).await;
+    q.send_one("after the fix").await;
+    eventually(SECS(30), "the message handled", || async {
+        h.calls().len() == 1
+    })
+    .await;
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+/// Runs `qc-worker` with `args` and `env` to completion: (exit code, stderr).
+fn run_cli(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_qc-worker"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+#[test]
+fn bad_flags_exit_2_naming_the_flag_and_the_fix() {
+    let q = [
+        "--queue-url",
+        "http://127.0.0.1:1/1/q",
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ];
+    let http = ["--http-url", "http://127.0.0.1:1/m"];
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            [&q[..], &http[..], &["--batch-size", "11"]].concat(),
+            "--batch-size",
+        ),
+        (
+            [&q[..], &http[..], &["--wait-time", "30s"]].concat(),
+            "at most 20s",
+        ),
+        (
+            [&q[..], &http[..], &["--timeout", "soon"]].concat(),
+            "--timeout",
+        ),
+        (
+            [&q[..], &http[..], &["--on-poison", "maybe"]].concat(),
+            "use delete or leave",
+        ),
+        (
+            [&q[..], &http[..], &["--idempotency-key", "orderId"]].concat(),
+            "jsonPointer:",
+        ),
+        (
+            [&q[..], &http[..], &["--idempotency-store", "redis"]].concat(),
+            "--redis-url",
+        ),
+        (
+            [&q[..], &http[..], &["--heartbeat", "maybe"]].concat(),
+            "--heartbeat",
+        ),
+        (q.to_vec(), "no handler"),
+        ([&q[..], &["--exec"]].concat(), "after `--`"),
+        (
+            [&q[..], &http[..], &["--exec", "--", "sh"]].concat(),
+            "--exec",
+        ),
+        (
+            [&q[..], &["--exec", "--", "/nonexistent/handler"]].concat(),
+            "not found",
+        ),
+        (http.to_vec(), "--queue-url"),
+    ];
+    for (args, needle) in cases {
+        let (code, stderr) = run_cli(&args, &[]);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn flags_come_from_the_environment_too() {
+    // QC_BATCH_SIZE is read (and refused), proving the env mapping; flags override env.
+    let env = [
+        ("QC_QUEUE_URL", "http://127.0.0.1:1/1/q"),
+        ("QC_HTTP_URL", "http://127.0.0.1:1/m"),
+        ("QC_METRICS_ADDR", "127.0.0.1:0"),
+        ("QC_BATCH_SIZE", "12"),
+    ];
+    let (code, stderr) = run_cli(&[], &env);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--batch-size"), "{stderr}");
+    let (code, stderr) = run_cli(&["--wait-time", "21s", "--batch-size", "5"], &env);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("--wait-time"), "{stderr}");
+}
+
+#[test]
+fn copy_self_to_installs_a_runnable_copy() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("qc-worker");
+    let (code, stderr) = run_cli(&["--copy-self-to", target.to_str().unwrap()], &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let mode = std::fs::metadata(&target).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o755);
+    let out = std::process::Command::new(&target)
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("qc-worker"));
+    let (code, stderr) = run_cli(&["--copy-self-to", "/nonexistent/dir/qc-worker"], &[]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("cannot copy"), "{stderr}");
+}

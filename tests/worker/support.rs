@@ -1,0 +1,645 @@
+//! Support for the worker tests: queues on the moto server, real `qc-worker` processes, and handlers
+//! (an HTTP server in the test process, or shell scripts) that record every call so tests count effects.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use aws_sdk_sqs::types::{QueueAttributeName, SendMessageBatchRequestEntry};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::common;
+
+/// A source queue with a DLQ (redrive after `max_receive_count` receives).
+pub struct TestQueue {
+    pub client: aws_sdk_sqs::Client,
+    pub url: String,
+    pub dlq_url: String,
+    pub fifo: bool,
+}
+
+impl TestQueue {
+    pub async fn new(prefix: &str, vt_secs: u32, max_receive_count: u32, fifo: bool) -> Self {
+        let client = common::sqs_client().await;
+        let suffix = if fifo { ".fifo" } else { "" };
+        let name = common::unique_name(prefix);
+        let mut dlq = client
+            .create_queue()
+            .queue_name(format!("{name}-dlq{suffix}"));
+        if fifo {
+            dlq = dlq.attributes(QueueAttributeName::FifoQueue, "true");
+        }
+        let dlq_url = dlq.send().await.unwrap().queue_url.unwrap();
+        let dlq_arn = client
+            .get_queue_attributes()
+            .queue_url(&dlq_url)
+            .attribute_names(QueueAttributeName::QueueArn)
+            .send()
+            .await
+            .unwrap()
+            .attributes
+            .unwrap()[&QueueAttributeName::QueueArn]
+            .clone();
+        let redrive = serde_json::json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": max_receive_count});
+        let mut q = client
+            .create_queue()
+            .queue_name(format!("{name}{suffix}"))
+            .attributes(QueueAttributeName::VisibilityTimeout, vt_secs.to_string())
+            .attributes(QueueAttributeName::MaximumMessageSize, "1048576")
+            .attributes(QueueAttributeName::RedrivePolicy, redrive.to_string());
+        if fifo {
+            q = q.attributes(QueueAttributeName::FifoQueue, "true");
+        }
+        let url = q.send().await.unwrap().queue_url.unwrap();
+        TestQueue {
+            client,
+            url,
+            dlq_url,
+            fifo,
+        }
+    }
+
+    /// Sends bodies in batches of 10; on FIFO queues `group` picks each body's group.
+    pub async fn send_all(&self, bodies: &[String], group: impl Fn(usize) -> String) {
+        for (chunk_no, chunk) in bodies.chunks(10).enumerate() {
+            let mut req = self.client.send_message_batch().queue_url(&self.url);
+            for (i, body) in chunk.iter().enumerate() {
+                let n = chunk_no * 10 + i;
+                let mut e = SendMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .message_body(body);
+                if self.fifo {
+                    e = e
+                        .message_group_id(group(n))
+                        .message_deduplication_id(format!("d{n}"));
+                }
+                req = req.entries(e.build().unwrap());
+            }
+            let out = req.send().await.unwrap();
+            assert!(out.failed().is_empty(), "send failed: {:?}", out.failed());
+        }
+    }
+
+    pub async fn send_one(&self, body: &str) {
+        self.client
+            .send_message()
+            .queue_url(&self.url)
+            .message_body(body)
+            .send()
+            .await
+            .unwrap();
+    }
+
+    /// (visible, not visible, delayed) of a queue.
+    pub async fn counts_of(&self, url: &str) -> (u64, u64, u64) {
+        let attrs = self
+            .client
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::All)
+            .send()
+            .await
+            .unwrap()
+            .attributes
+            .unwrap();
+        let get = |k: QueueAttributeName| attrs.get(&k).map_or(0, |v| v.parse().unwrap());
+        (
+            get(QueueAttributeName::ApproximateNumberOfMessages),
+            get(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
+            get(QueueAttributeName::ApproximateNumberOfMessagesDelayed),
+        )
+    }
+
+    pub async fn counts(&self) -> (u64, u64, u64) {
+        self.counts_of(&self.url).await
+    }
+
+    pub async fn is_empty(&self) -> bool {
+        self.counts().await == (0, 0, 0)
+    }
+
+    pub async fn dlq_visible(&self) -> u64 {
+        self.counts_of(&self.dlq_url).await.0
+    }
+}
+
+/// Polls `check` every 100 ms until it holds or `limit` passes; panics with `what` on timeout.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running `qc-worker`.
+pub struct Worker {
+    child: Option<Child>,
+    pub metrics_addr: String,
+    pub log: PathBuf,
+    _dir: Arc<tempfile::TempDir>,
+}
+
+/// Flags every test worker gets: the moto endpoint, short polls.
+pub fn base_args(queue: &TestQueue) -> Vec<String> {
+    vec![
+        "--queue-url".into(),
+        queue.url.clone(),
+        "--endpoint-url".into(),
+        common::sqs_endpoint(),
+        "--wait-time".into(),
+        "1s".into(),
+    ]
+}
+
+impl Worker {
+    pub fn start(args: &[String]) -> Worker {
+        Self::start_in(Arc::new(tempfile::tempdir().unwrap()), args)
+    }
+
+    /// Starts a worker whose log lives in `dir` (so a restarted worker can share it).
+    pub fn start_in(dir: Arc<tempfile::TempDir>, args: &[String]) -> Worker {
+        let metrics_addr = format!("127.0.0.1:{}", free_port());
+        let n = std::fs::read_dir(dir.path()).unwrap().count();
+        let log = dir.path().join(format!("worker-{n}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let (before, after) = match args.iter().position(|a| a == "--") {
+            Some(i) => (&args[..i], &args[i..]),
+            None => (args, &[][..]),
+        };
+        let child = Command::new(env!("CARGO_BIN_EXE_qc-worker"))
+            .args(before)
+            .args(["--metrics-addr", &metrics_addr])
+            .args(after)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .expect("qc-worker starts");
+        Worker {
+            child: Some(child),
+            metrics_addr,
+            log,
+            _dir: dir,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{sig}"), &self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit; panics (after killing it) past `limit`.
+    pub async fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                return status;
+            }
+            if start.elapsed() > limit {
+                let _ = self.child.as_mut().unwrap().kill();
+                panic!(
+                    "qc-worker did not exit within {limit:?}; log:\n{}",
+                    self.log_text()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn running(&mut self) -> bool {
+        self.child.as_mut().unwrap().try_wait().unwrap().is_none()
+    }
+
+    pub fn kill9(&mut self) {
+        let child = self.child.as_mut().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The JSON log lines whose message is `message`.
+    pub fn log_lines(&self, message: &str) -> Vec<serde_json::Value> {
+        self.log_text()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["message"] == message)
+            .collect()
+    }
+
+    /// GET `path` on the probe server: (status, body).
+    pub async fn get(&self, path: &str) -> Option<(u16, String)> {
+        http_get(&self.metrics_addr, path).await
+    }
+
+    pub async fn wait_ready(&self, limit: Duration) {
+        eventually(limit, "worker /readyz = 200", || async {
+            matches!(self.get("/readyz").await, Some((200, _)))
+        })
+        .await;
+    }
+
+    /// A sample's value from /metrics (`name` may include labels, e.g. `x{a="b"}`).
+    pub async fn metric(&self, name: &str) -> Option<f64> {
+        let (_, text) = self.get("/metrics").await?;
+        parse_metric(&text, name)
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take()
+            && c.try_wait().ok().flatten().is_none()
+        {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn parse_metric(text: &str, name: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (n, v) = l.rsplit_once(' ')?;
+        (n == name).then(|| v.parse().ok()).flatten()
+    })
+}
+
+pub async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.ok()?;
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((status, body))
+}
+
+/// One call the HTTP handler received.
+#[derive(Clone, Debug)]
+pub struct Call {
+    pub id: String,
+    pub body: Vec<u8>,
+    pub receive_count: u32,
+    pub group: Option<String>,
+    pub headers: HashMap<String, String>,
+    pub started: Instant,
+    /// Set when the handler answered.
+    pub finished: Option<Instant>,
+    pub status: u16,
+}
+
+/// How the handler answers a call: status, delay before answering, optional Retry-After.
+#[derive(Clone, Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub delay: Duration,
+    pub retry_after: Option<String>,
+}
+
+impl Reply {
+    pub fn ok(delay: Duration) -> Reply {
+        Reply {
+            status: 200,
+            delay,
+            retry_after: None,
+        }
+    }
+    pub fn status(status: u16) -> Reply {
+        Reply {
+            status,
+            delay: Duration::ZERO,
+            retry_after: None,
+        }
+    }
+}
+
+type Behavior = Arc<dyn Fn(&Call) -> Reply + Send + Sync>;
+
+/// An HTTP handler in the test process.
+#[derive(Clone)]
+pub struct HttpHandler {
+    pub url: String,
+    calls: Arc<Mutex<Vec<Call>>>,
+    active: Arc<AtomicUsize>,
+    max_active: Arc<AtomicUsize>,
+}
+
+impl HttpHandler {
+    pub async fn start(behavior: impl Fn(&Call) -> Reply + Send + Sync + 'static) -> HttpHandler {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/messages", listener.local_addr().unwrap());
+        let h = HttpHandler {
+            url,
+            calls: Arc::default(),
+            active: Arc::default(),
+            max_active: Arc::default(),
+        };
+        let behavior: Behavior = Arc::new(behavior);
+        let server = h.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let server = server.clone();
+                let behavior = behavior.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                        let server = server.clone();
+                        let behavior = behavior.clone();
+                        async move { Ok::<_, Infallible>(server.serve(req, &*behavior).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        h
+    }
+
+    async fn serve(
+        &self,
+        req: Request<Incoming>,
+        behavior: &(dyn Fn(&Call) -> Reply + Send + Sync),
+    ) -> Response<Full<Bytes>> {
+        let headers: HashMap<String, String> = req
+            .headers()
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).to_string(),
+                )
+            })
+            .collect();
+        let body = req.into_body().collect().await.unwrap().to_bytes().to_vec();
+        let mut call = Call {
+            id: headers.get("ce-id").cloned().unwrap_or_default(),
+            receive_count: headers
+                .get("ce-sqsreceivecount")
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0),
+            group: headers.get("ce-sqsgroupid").cloned(),
+            headers,
+            body,
+            started: Instant::now(),
+            finished: None,
+            status: 0,
+        };
+        let now = self.active.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_active.fetch_max(now, Ordering::SeqCst);
+        let reply = behavior(&call);
+        call.status = reply.status;
+        let index = {
+            let mut calls = self.calls.lock().unwrap();
+            calls.push(call);
+            calls.len() - 1
+        };
+        tokio::time::sleep(reply.delay).await;
+        self.calls.lock().unwrap()[index].finished = Some(Instant::now());
+        self.active.fetch_sub(1, Ordering::SeqCst);
+        let mut resp = Response::new(Full::new(Bytes::new()));
+        *resp.status_mut() = hyper::StatusCode::from_u16(reply.status).unwrap();
+        if let Some(ra) = reply.retry_after {
+            resp.headers_mut()
+                .insert("retry-after", ra.parse().unwrap());
+        }
+        resp
+    }
+
+    pub fn calls(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    pub fn finished_calls(&self) -> usize {
+        self.calls().iter().filter(|c| c.finished.is_some()).count()
+    }
+
+    pub fn max_active(&self) -> usize {
+        self.max_active.load(Ordering::SeqCst)
+    }
+
+    /// Calls per body (as text).
+    pub fn counts_by_body(&self) -> HashMap<String, usize> {
+        let mut m = HashMap::new();
+        for c in self.calls() {
+            *m.entry(String::from_utf8_lossy(&c.body).to_string())
+                .or_default() += 1;
+        }
+        m
+    }
+}
+
+/// Writes an executable shell script and returns its path.
+pub fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// Bodies `{"n":0}` .. `{"n":count-1}`, optionally padded.
+pub fn numbered(count: usize) -> Vec<String> {
+    (0..count).map(|n| format!("{{\"n\":{n}}}")).collect()
+}
+
+pub fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+/// What the fault proxy does with SQS traffic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Pass requests through to the real server.
+    Forward,
+    /// Stop listening: connections are refused.
+    Refuse,
+    /// Answer every request with this HTTP status and AWS error code.
+    Fail(u16, &'static str),
+}
+
+/// A TCP proxy in front of the moto server that can refuse connections or answer with AWS errors.
+pub struct FaultProxy {
+    pub endpoint: String,
+    port: u16,
+    upstream: String,
+    state: Arc<Mutex<ProxyState>>,
+}
+
+struct ProxyState {
+    fault: Fault,
+    accept: Option<tokio::task::JoinHandle<()>>,
+    conns: Vec<tokio::task::AbortHandle>,
+}
+
+impl FaultProxy {
+    pub async fn start() -> FaultProxy {
+        let upstream = common::sqs_endpoint()
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_string();
+        let port = free_port();
+        let p = FaultProxy {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            port,
+            upstream,
+            state: Arc::new(Mutex::new(ProxyState {
+                fault: Fault::Forward,
+                accept: None,
+                conns: Vec::new(),
+            })),
+        };
+        p.set(Fault::Forward).await;
+        p
+    }
+
+    /// Switches behaviour; open connections are cut so the change applies at once.
+    pub async fn set(&self, fault: Fault) {
+        let listen = fault != Fault::Refuse;
+        let needs_bind = {
+            let mut st = self.state.lock().unwrap();
+            st.fault = fault;
+            for c in st.conns.drain(..) {
+                c.abort();
+            }
+            if !listen && let Some(a) = st.accept.take() {
+                a.abort();
+            }
+            listen && st.accept.is_none()
+        };
+        if !needs_bind {
+            return;
+        }
+        let listener = loop {
+            // The aborted accept loop may still hold the port for a moment.
+            match tokio::net::TcpListener::bind(("127.0.0.1", self.port)).await {
+                Ok(l) => break l,
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
+        let state = self.state.clone();
+        let upstream = self.upstream.clone();
+        let accept = tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    continue;
+                };
+                let fault = state.lock().unwrap().fault;
+                let upstream = upstream.clone();
+                let task = tokio::spawn(async move {
+                    match fault {
+                        Fault::Forward => {
+                            let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await
+                            else {
+                                return;
+                            };
+                            let mut client = client;
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        }
+                        Fault::Fail(status, code) => answer_errors(client, status, code).await,
+                        Fault::Refuse => {}
+                    }
+                });
+                state.lock().unwrap().conns.push(task.abort_handle());
+            }
+        });
+        self.state.lock().unwrap().accept = Some(accept);
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        if let Ok(mut st) = self.state.lock() {
+            if let Some(a) = st.accept.take() {
+                a.abort();
+            }
+            for c in st.conns.drain(..) {
+                c.abort();
+            }
+        }
+    }
+}
+
+/// Reads HTTP/1.1 requests and answers each with an AWS JSON-protocol error.
+async fn answer_errors(mut client: tokio::net::TcpStream, status: u16, code: &str) {
+    let mut buf = Vec::new();
+    loop {
+        let mut chunk = [0u8; 8192];
+        // Read one request: headers, then Content-Length bytes of body.
+        let header_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            match client.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..header_end]).to_lowercase();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        while buf.len() < header_end + len {
+            match client.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        buf.drain(..header_end + len);
+        let body = format!(
+            r#"{{"__type":"com.amazonaws.sqs#{code}","message":"injected by the test proxy"}}"#
+        );
+        let resp = format!(
+            "HTTP/1.1 {status} Injected\r\ncontent-type: application/x-amz-json-1.0\r\nx-amzn-query-error: {code};Sender\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        if client.write_all(resp.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}
