@@ -57,6 +57,10 @@ fn main() {
         let handler = start_handler(latency.as_std()).await;
         let conf = qc::aws::sdk_config(Some("us-east-1"), Some(&endpoint)).await;
         let client = aws_sdk_sqs::Client::new(&conf);
+        if std::env::var_os("QC_BENCH_SDK_PROBE").is_some() {
+            sdk_probe(&client).await;
+            return;
+        }
         let mut runs = Vec::new();
         for c in concurrencies {
             let n = (c * per_slot).max(per_slot);
@@ -176,6 +180,41 @@ async fn bench_one(
         cpu,
         peak_rss_kib,
     }
+}
+
+/// CPU of this process per SDK call (DeleteMessageBatch of 10 unknown handles; the emulator answers
+/// without work), to see how much of the worker's CPU per message the SDK itself takes.
+async fn sdk_probe(client: &aws_sdk_sqs::Client) {
+    let url = client
+        .create_queue()
+        .queue_name(format!("probe-{}", std::process::id()))
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    let calls = 2000;
+    let before = cpu_time(std::process::id());
+    let started = Instant::now();
+    for _ in 0..calls {
+        let mut req = client.delete_message_batch().queue_url(&url);
+        for i in 0..10 {
+            req = req.entries(
+                aws_sdk_sqs::types::DeleteMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(format!("bogus-handle-{i}-{}", "x".repeat(200)))
+                    .build()
+                    .unwrap(),
+            );
+        }
+        let _ = req.send().await;
+    }
+    let cpu = cpu_time(std::process::id()) - before;
+    println!(
+        "SDK DeleteMessageBatch: {:.1} µs CPU per call (client and server share the machine), {:.2} ms wall per call",
+        cpu.as_secs_f64() * 1e6 / calls as f64,
+        started.elapsed().as_secs_f64() * 1e3 / calls as f64
+    );
 }
 
 /// Visible plus in-flight messages.
