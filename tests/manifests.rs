@@ -644,9 +644,46 @@ fn dockerfile_image_holds_the_bins_and_runs_as_nonroot() {
         .map(|w| w[1].to_string())
         .collect();
     assert_eq!(built, installed, "the build step builds what is installed");
+    assert_eq!(
+        built,
+        crate_bin_targets(),
+        "the Dockerfile builds exactly the crate's bin targets: add a new [[bin]] to its --bin list and COPY lines"
+    );
 
     let ignored = read(".dockerignore");
     for must in ["target/", ".git/"] {
         assert!(ignored.lines().any(|l| l.trim() == must), "{must}");
     }
+}
+
+/// The crate's bin targets, as cargo sees them (explicit `[[bin]]` sections and `src/bin/*` alike).
+fn crate_bin_targets() -> BTreeSet<String> {
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "metadata",
+            "--no-deps",
+            "--format-version",
+            "1",
+            "--offline",
+        ])
+        .arg("--manifest-path")
+        .arg(repo("Cargo.toml"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cargo metadata: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let bins: BTreeSet<String> = meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap())
+        .filter(|t| t["kind"].as_array().unwrap().iter().any(|k| k == "bin"))
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(!bins.is_empty(), "cargo metadata lists no bin target");
+    bins
 }
