@@ -235,15 +235,10 @@ async fn python_exec_handler_with_on_poison_leave() {
     assert!(w.wait_exit(Duration::from_secs(30)).await.success());
 }
 
-/// The shell handler of scripts/demo. It lives in the lead's tree until merged; the test runs once
-/// the file is in this checkout and says so when it is not.
+/// The shell handler of scripts/demo.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shell_exec_handler_with_on_poison_delete() {
     let handler = example("exec-handler.sh");
-    if !handler.exists() {
-        eprintln!("skipped: {} is not in this checkout yet", handler.display());
-        return;
-    }
     let q = TestQueue::new("ex-sh", 5, 3, false).await;
     q.send_all(
         &args(&[r#"{"orderId":"o-1"}"#, r#"{"kind":"poison"}"#]),
