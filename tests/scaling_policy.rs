@@ -49,11 +49,14 @@ fn quiet_until(until: u64) -> Vec<Reading> {
 fn desired_is_in_flight_replicas_plus_backlog_replicas() {
     // (visible, inFlight, scaleOnInFlight) → replicas, scaling up from 1
     let cases = [
-        (0, 25, true, 3),   // ceil(25/10)
-        (300, 0, true, 1),  // 300 visible drain within 60s on one replica
-        (301, 0, true, 2),  // one more message needs another
-        (600, 20, true, 4), // 2 + 2
-        (1, 1, true, 2),    // 1 + 1
+        (0, 25, true, 3),    // ceil(25/10)
+        (300, 0, true, 1),   // 300 visible drain within 60s on one replica
+        (301, 0, true, 2),   // one more message needs another
+        (600, 20, true, 4),  // 2 + 2
+        (1, 1, true, 1),     // the in-flight replica's 9 free slots take the visible one
+        (180, 64, true, 7),  // 7 for 64 in flight; its 6 free slots drain 6 × 60 / 2 = 180 in time
+        (181, 64, true, 8),  // one more needs another replica
+        (180, 64, false, 1), // no in-flight term, no free slots to credit
         (600, 25, false, 2),
         (3000, 0, true, 10),
     ];
@@ -187,7 +190,9 @@ fn scale_up_is_immediate_even_inside_a_stabilization_window() {
     samples.push((300, 0, 10));
     samples.push((315, 2400, 40));
     let d = decide_on(&spec(), &samples, 1);
-    assert_eq!(d.replicas, 4 + 8);
+    // in-flight term: mean of (255, 315] = (0 + 0 + 10 + 40) / 4 = 12.5 → 2, leaving 7.5 slots that drain
+    // 225 in time; backlog term ceil((2400 - 225) / 300) = 8
+    assert_eq!(d.replicas, 2 + 8);
     assert_eq!(d.reason, Reason::ScaleUp);
 }
 
@@ -217,6 +222,52 @@ fn scale_down_only_to_the_highest_recommendation_of_the_window() {
             }
         );
     }
+}
+
+/// (name, inFlight at second t, replicas, limited by)
+type Case<'a> = (&'a str, &'a dyn Fn(u64) -> u64, u32, Option<Limit>);
+
+#[test]
+fn the_in_flight_term_is_the_mean_of_max_backlog_age_never_above_the_reading() {
+    // 10 min of samples every 15 s; in flight alternates 34 / 46 (mean 40) or is steady; from 6 replicas
+    let run = |readings: &dyn Fn(u64) -> u64, current: u32| {
+        let samples: Vec<Reading> = (0..=600).step_by(15).map(|t| (t, 0, readings(t))).collect();
+        decide_on(&spec(), &samples, current)
+    };
+    let cases: [Case<'_>; 4] = [
+        // the highest raw reading would hold ceil(46 / 10) = 5; the mean of 4 samples is 40 → 4
+        (
+            "alternating, last 34",
+            &|t| if t % 30 == 0 { 34 } else { 46 },
+            4,
+            None,
+        ),
+        // the floor still holds what is in flight now
+        (
+            "alternating, last 46",
+            &|t| if t % 30 == 0 { 46 } else { 34 },
+            5,
+            Some(Limit::InFlight),
+        ),
+        ("steady 46", &|_| 46, 5, None),
+        // a reading below the mean counts as itself: 0 in flight needs no replica for in-flight
+        (
+            "last 60 s quiet",
+            &|t| if t > 540 { 0 } else { 46 },
+            5,
+            Some(Limit::Stabilization),
+        ),
+    ];
+    for (name, readings, want, limit) in cases {
+        let d = run(readings, 6);
+        assert_eq!(d.replicas, want, "{name}: {d}");
+        assert_eq!(d.limited_by, limit, "{name}: {d}");
+    }
+    // the mean a sample sees: (34 + 46 + 34 + 46) / 4 with the latest at 34 → min(34, 40) = 34
+    let d = run(&|t| if t % 30 == 0 { 34 } else { 46 }, 6);
+    assert_eq!(d.terms.unwrap().in_flight_mean, 34.0);
+    let d = run(&|t| if t % 30 == 0 { 46 } else { 34 }, 6);
+    assert_eq!(d.terms.unwrap().in_flight_mean, 40.0);
 }
 
 #[test]
@@ -272,22 +323,24 @@ fn max_replicas_wins_over_the_in_flight_floor() {
 
 #[test]
 fn to_zero_only_a_full_window_after_the_last_work() {
-    // one message in flight at 0; quiet after; 5 m window
-    let mut samples = vec![(0, 0, 1)];
-    samples.extend((15..=300).step_by(15).map(|t| (t, 0, 0)));
-    let d = decide_on(&spec(), &samples, 1);
+    // sampling since 0 (quiet), one message in flight at 300, quiet after; 5 m window
+    let mut samples = quiet_until(300);
+    samples.push((300, 0, 1));
+    samples.extend((315..=600).step_by(15).map(|t| (t, 0, 0)));
+    let at_585 = &samples[..samples.len() - 1];
+    let d = decide_on(&spec(), at_585, 1);
     assert_eq!(
         d.replicas, 1,
-        "at 300 s the window [0, 300] still holds the sample at 0: {d}"
+        "at 585 s the window (285, 585] still holds the sample at 300: {d}"
     );
     assert_eq!(d.limited_by, Some(Limit::Stabilization));
-    samples.push((315, 0, 0));
+    // at 600 s the window (300, 600] has only quiet samples: zero right at the window's end
     let d = decide_on(&spec(), &samples, 1);
     assert_eq!(d.replicas, 0, "{d}");
     assert_eq!(d.reason, Reason::ScaleDown);
     assert_eq!(d.condition_reason(), "ScaledToZero");
     // a visible message keeps one replica even when nothing is in flight
-    samples.push((330, 1, 0));
+    samples.push((615, 1, 0));
     let d = decide_on(&spec(), &samples, 1);
     assert_eq!(d.replicas, 1);
 }
@@ -314,12 +367,13 @@ fn missing_or_stale_samples_hold_the_current_replicas() {
 
 #[test]
 fn history_is_ordered_and_bounded_by_the_window() {
-    let s = spec(); // 5 m window, 15 s poll: retention 315 s
+    let s = spec(); // 5 m window, 1 m maxBacklogAge (the in-flight mean's span), 15 s poll: 375 s
     let mut h = History::for_spec(&s);
+    assert_eq!(h.retention(), Duration::from_secs(375));
     for i in 0..1000 {
         h.push(sample(i * 15, i, 0)).unwrap();
     }
-    assert!(h.len() <= 315 / 15 + 2, "{} samples kept", h.len());
+    assert!(h.len() <= 375 / 15 + 2, "{} samples kept", h.len());
     assert_eq!(h.latest().unwrap().visible, 999);
     assert_eq!(h.previous().unwrap().visible, 998);
     assert!(h.covers(Timestamp::from_secs(999 * 15), Duration::from_secs(300)));
@@ -397,7 +451,7 @@ fn decision_message_carries_the_numbers() {
     let text = d.to_string();
     for needle in [
         "4 replicas",
-        "20 in flight need 2",
+        "20 in flight (mean 20.0) need 2",
         "600 visible need 2",
         "300",
     ] {

@@ -193,9 +193,11 @@ impl History {
     }
 }
 
-/// What [`History::for_spec`] retains.
+/// What [`History::for_spec`] retains: the stabilization window, plus maxBacklogAge before it (the in-flight
+/// term of its oldest sample averages that span), plus one poll interval of slack.
 pub fn retention_for(spec: &ScalingSpec) -> Duration {
     spec.scale_down_stabilization
+        .saturating_add(spec.max_backlog_age)
         .saturating_add(poll_interval(spec))
 }
 
@@ -267,13 +269,18 @@ impl Limit {
 pub struct Terms {
     pub visible: u64,
     pub in_flight: u64,
-    /// ceil(inFlight / C): replicas busy with the messages in flight.
+    /// The in-flight term's input: the lower of this sample's in-flight count and the mean of the samples
+    /// within maxBacklogAge up to this one.
+    pub in_flight_mean: f64,
+    /// ceil(mean inFlight / C): replicas busy with the messages in flight.
     pub in_flight_replicas: u32,
-    /// ceil(visible / (C × maxBacklogAge / P)): replicas that drain the visible backlog in time.
+    /// ceil(visible / (C × maxBacklogAge / P)): replicas that drain the visible backlog in time, after the
+    /// slots the in-flight term's rounding left free.
     pub backlog_replicas: u32,
     /// C × maxBacklogAge / P: messages one replica drains within maxBacklogAge at the declared P99.
     pub backlog_per_replica: f64,
-    /// Highest recommendation of the stabilization window, when a scale-down consulted it.
+    /// Highest recommendation of the stabilization window (samples newer than now − window, and the latest),
+    /// when a scale-down consulted it.
     pub window_max: Option<u32>,
 }
 
@@ -321,10 +328,11 @@ impl fmt::Display for Decision {
         };
         write!(
             f,
-            "{} replicas ({}): {} in flight need {}, {} visible need {} (a replica drains {:.0} within maxBacklogAge)",
+            "{} replicas ({}): {} in flight (mean {:.1}) need {}, {} visible need {} (a replica drains {:.0} within maxBacklogAge)",
             self.replicas,
             self.reason.as_str(),
             t.in_flight,
+            t.in_flight_mean,
             t.in_flight_replicas,
             t.visible,
             t.backlog_replicas,
@@ -362,7 +370,9 @@ pub fn decide_for(
 /// desired = ceil(inFlight / C) (if `scaleOnInFlight`) + ceil(visible / (C × maxBacklogAge / P)), clamped
 /// to [min, max]; from zero only when visible > `activationBacklog` on the latest two samples; up at once;
 /// down only to the highest recommendation of the stabilization window, and never below ceil(inFlight / C)
-/// (maxReplicas still wins); no action on a missing or stale sample.
+/// (maxReplicas still wins); no action on a missing or stale sample. The window holds the samples newer than
+/// now − window (and the latest), so a scale-down to zero lands one window after the last busy sample. A
+/// recommendation's in-flight term is the mean of maxBacklogAge of samples, see `Model::recommend`.
 pub fn decide(
     spec: &ScalingSpec,
     p99: Duration,
@@ -387,7 +397,8 @@ pub fn decide(
     }
 
     let model = Model::new(spec, p99, concurrency);
-    let rec = model.recommend(latest);
+    let samples: Vec<&Sample> = history.samples().collect();
+    let rec = model.recommend(&samples, samples.len() - 1);
     let mut terms = rec.terms;
 
     if current == 0 && model.min == 0 {
@@ -440,19 +451,21 @@ pub fn decide(
         limited_by = Some(Limit::ShortHistory);
         current
     } else {
-        let window_max = history
-            .samples()
-            .filter(|s| s.at >= since)
-            .map(|s| model.recommend(s).clamped)
+        let window_max = (0..samples.len())
+            .filter(|&i| samples[i].at > since)
+            .map(|i| model.recommend(&samples, i).clamped)
             .max()
-            .unwrap_or(rec.clamped);
+            .unwrap_or(rec.clamped)
+            .max(rec.clamped);
         terms.window_max = Some(window_max);
         if window_max > rec.clamped {
             limited_by = Some(Limit::Stabilization);
         }
         window_max.min(current)
     };
-    let floor = current.min(terms.in_flight_replicas);
+    let floor = current.min(saturate_u32(
+        latest.in_flight.div_ceil(u64::from(concurrency.max(1))),
+    ));
     if target < floor {
         target = floor;
         limited_by = Some(Limit::InFlight);
@@ -484,6 +497,8 @@ struct Model {
     age_ms: u128,
     backlog_per_replica: f64,
     scale_on_in_flight: bool,
+    /// The in-flight term averages the samples of this span (maxBacklogAge).
+    smooth_ms: u64,
 }
 
 struct Recommendation {
@@ -506,17 +521,46 @@ impl Model {
             age_ms,
             backlog_per_replica: f64::from(c) * age_ms as f64 / p99_ms as f64,
             scale_on_in_flight: spec.scale_on_in_flight,
+            smooth_ms: u64::try_from(age_ms).unwrap_or(u64::MAX),
         }
     }
 
-    fn recommend(&self, s: &Sample) -> Recommendation {
-        let in_flight_replicas = s.in_flight.div_ceil(self.concurrency);
-        // visible / (C × age / P) == visible × P / (C × age), rounded up
-        let backlog_replicas = u64::try_from(
-            (u128::from(s.visible) * self.p99_ms)
-                .div_ceil(u128::from(self.concurrency) * self.age_ms),
-        )
-        .unwrap_or(u64::MAX);
+    /// The recommendation of `samples[i]`. Two refinements inside DESIGN's formula, both pure functions of
+    /// the samples (docs/scaling.md, "Recommendation"): the in-flight term uses the mean in-flight count of
+    /// the samples within maxBacklogAge up to this one, because one reading of a busy queue jitters by
+    /// ±√n and the window's highest reading would otherwise hold one or two replicas too many; and the
+    /// backlog term first fills the slots that rounding the in-flight term up left free, so a handful of
+    /// messages caught waiting at the sample instant does not start a replica the rounding already paid for.
+    fn recommend(&self, samples: &[&Sample], i: usize) -> Recommendation {
+        let s = samples[i];
+        let from = s.at.as_millis().saturating_sub(self.smooth_ms);
+        let (mut sum, mut n) = (0u128, 0u128);
+        for x in samples[..=i].iter().rev() {
+            if n > 0 && x.at.as_millis() <= from {
+                break;
+            }
+            sum += u128::from(x.in_flight);
+            n += 1;
+        }
+        // the mean only ever lowers a reading (a sample with nothing in flight stays at 0, so the scale-down
+        // to zero is not delayed); work as n × messages to stay in integers
+        let own = u128::from(s.in_flight) * n;
+        if own < sum {
+            sum = own;
+        }
+        let c = u128::from(self.concurrency);
+        let in_flight_replicas_u = sum.div_ceil(n * c);
+        let in_flight_replicas = u64::try_from(in_flight_replicas_u).unwrap_or(u64::MAX);
+        // n × the slots left free by rounding the in-flight term up; the backlog term, in messages × P, is
+        // credited with what those slots handle within maxBacklogAge (slots × age)
+        let slack_n = if self.scale_on_in_flight {
+            in_flight_replicas_u * c * n - sum
+        } else {
+            0
+        };
+        let need = (u128::from(s.visible) * self.p99_ms * n).saturating_sub(slack_n * self.age_ms);
+        let backlog_replicas =
+            u64::try_from(need.div_ceil(c * self.age_ms * n)).unwrap_or(u64::MAX);
         let raw = if self.scale_on_in_flight {
             in_flight_replicas
         } else {
@@ -537,6 +581,7 @@ impl Model {
             terms: Terms {
                 visible: s.visible,
                 in_flight: s.in_flight,
+                in_flight_mean: sum as f64 / n as f64,
                 in_flight_replicas: saturate_u32(in_flight_replicas),
                 backlog_replicas: saturate_u32(backlog_replicas),
                 backlog_per_replica: self.backlog_per_replica,
