@@ -203,22 +203,23 @@ mod tests {
             h.record("k", &sp, &facts(1), s(6), s(6)).unwrap(),
             Recorded::Pushed
         );
-        // Retention 11s + 3 polls: the entry is touched (decisions) but sampled 16s later starts afresh.
+        // Retention 71s (window 10s + maxBacklogAge 60s + poll 1s) + 3 polls: the entry is touched
+        // (decisions) but sampled 75s later starts afresh.
         h.with_history("k", s(12), |_| ());
         assert_eq!(
-            h.record("k", &sp, &facts(1), s(22), s(22)).unwrap(),
+            h.record("k", &sp, &facts(1), s(81), s(81)).unwrap(),
             Recorded::Restarted
         );
-        let (len, covers) = h.with_history("k", s(22), |hist| {
-            (hist.len(), hist.covers(s(22), Duration::from_secs(1)))
+        let (len, covers) = h.with_history("k", s(81), |hist| {
+            (hist.len(), hist.covers(s(81), Duration::from_secs(1)))
         });
         assert_eq!((len, covers), (1, false));
-        // Untouched past the idle limit (14s) the entry was swept: a fresh history all the same.
+        // Untouched past the idle limit (74s) the entry was swept: a fresh history all the same.
         assert_eq!(
-            h.record("k", &sp, &facts(1), s(40), s(40)).unwrap(),
+            h.record("k", &sp, &facts(1), s(156), s(156)).unwrap(),
             Recorded::Pushed
         );
-        assert_eq!(h.with_history("k", s(40), |hist| hist.len()), 1);
+        assert_eq!(h.with_history("k", s(156), |hist| hist.len()), 1);
     }
 
     #[test]
@@ -245,9 +246,9 @@ mod tests {
         h.forget("gone");
         assert!(!h.contains("gone") && h.contains("kept"));
         h.record("other", &sp, &facts(1), s(5), s(5)).unwrap();
-        assert!(h.contains("kept"), "within retention + 3 polls (14s)");
-        h.record("other", &sp, &facts(1), s(15), s(15)).unwrap();
-        assert!(!h.contains("kept"), "idle past 14s: swept");
+        assert!(h.contains("kept"), "within retention + 3 polls (74s)");
+        h.record("other", &sp, &facts(1), s(75), s(75)).unwrap();
+        assert!(!h.contains("kept"), "idle past 74s: swept");
         assert_eq!(h.len(), 1);
     }
 
