@@ -11,11 +11,10 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Instant;
 
+use fake_kube::aws::{NoAlarms, context};
 use fake_kube::{FakeKube, QUEUE_CONSUMERS};
 use qc::api::QueueConsumer;
-use qc::aws::cloudwatch::{AlarmSpec, Alarms, CloudWatchError, ObservedAlarm};
 use qc::aws::{Facts, QueueFacts, StaticReader};
-use qc::controller::observe::{AwsClients, FixedProvider};
 use qc::controller::pipeline::{self, Observation, ReplicaDecision};
 use qc::controller::status::{self, AlarmStatus, StatusInputs};
 use qc::controller::{Context, reconcile};
@@ -23,24 +22,6 @@ use qc::render::RenderOptions;
 use serde_json::json;
 
 const URL: &str = "https://sqs.us-east-1.amazonaws.com/123456789012/orders";
-
-struct NoAlarms;
-
-#[async_trait::async_trait]
-impl Alarms for NoAlarms {
-    async fn describe(&self, _: &str) -> Result<Option<ObservedAlarm>, CloudWatchError> {
-        Ok(None)
-    }
-    async fn put(&self, _: &AlarmSpec) -> Result<(), CloudWatchError> {
-        Ok(())
-    }
-    async fn delete(&self, _: &str) -> Result<(), CloudWatchError> {
-        Ok(())
-    }
-    async fn oldest_message_age(&self, _: &str) -> Result<Option<i64>, CloudWatchError> {
-        Ok(None)
-    }
-}
 
 fn manifest(name: &str, exec: bool) -> serde_json::Value {
     let handler = if exec {
@@ -148,15 +129,7 @@ fn main() {
     rt.block_on(async {
         let fake = FakeKube::new();
         let reader = Arc::new(StaticReader::new().with_queue(URL, attrs()));
-        let ctx = Arc::new(Context::new(
-            fake.client(),
-            Arc::new(FixedProvider(AwsClients {
-                sqs: reader.clone(),
-                alarms: Arc::new(NoAlarms),
-            })),
-            RenderOptions::default(),
-            None,
-        ));
+        let ctx = context(&fake, reader.clone(), Arc::new(NoAlarms), None);
         for i in 0..n {
             let mut m = manifest(&format!("qc-{i}"), i % 2 == 1);
             m["metadata"].as_object_mut().unwrap().remove("uid");

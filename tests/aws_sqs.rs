@@ -55,25 +55,6 @@ async fn counting_client() -> (Client, Requests) {
     (Client::from_conf(conf), requests)
 }
 
-async fn create(client: &Client, name: &str, attrs: &[(QueueAttributeName, String)]) -> String {
-    let mut req = client.create_queue().queue_name(name);
-    for (k, v) in attrs {
-        req = req.attributes(k.clone(), v.clone());
-    }
-    req.send().await.unwrap().queue_url.unwrap()
-}
-
-async fn arn_of(client: &Client, url: &str) -> String {
-    let out = client
-        .get_queue_attributes()
-        .queue_url(url)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .unwrap();
-    out.attributes.unwrap()[&QueueAttributeName::QueueArn].clone()
-}
-
 fn redrive(arn: &str, count: &str) -> (QueueAttributeName, String) {
     (
         QueueAttributeName::RedrivePolicy,
@@ -84,15 +65,15 @@ fn redrive(arn: &str, count: &str) -> (QueueAttributeName, String) {
 #[tokio::test]
 async fn observes_a_standard_queue_and_its_dlq() {
     let (client, requests) = counting_client().await;
-    let dlq = create(
+    let dlq = common::create_queue(
         &client,
         &common::unique_name("qc-dlq"),
         &[(QueueAttributeName::MessageRetentionPeriod, "1209600".into())],
     )
     .await;
-    let dlq_arn = arn_of(&client, &dlq).await;
+    let dlq_arn = common::queue_arn(&client, &dlq).await;
     // maxReceiveCount as a JSON string, as some servers echo it.
-    let src = create(
+    let src = common::create_queue(
         &client,
         &common::unique_name("qc-src"),
         &[
@@ -185,15 +166,15 @@ async fn observes_a_standard_queue_and_its_dlq() {
 async fn observes_a_fifo_pair_without_redrive_on_the_dlq() {
     let (client, requests) = counting_client().await;
     let fifo = || (QueueAttributeName::FifoQueue, "true".to_string());
-    let dlq = create(
+    let dlq = common::create_queue(
         &client,
         &format!("{}.fifo", common::unique_name("qc-dlq")),
         &[fifo()],
     )
     .await;
-    let dlq_arn = arn_of(&client, &dlq).await;
+    let dlq_arn = common::queue_arn(&client, &dlq).await;
     // maxReceiveCount as a JSON number this time.
-    let src = create(
+    let src = common::create_queue(
         &client,
         &format!("{}.fifo", common::unique_name("qc-src")),
         &[
@@ -234,7 +215,7 @@ async fn observes_a_fifo_pair_without_redrive_on_the_dlq() {
 #[tokio::test]
 async fn queue_without_redrive_needs_one_request() {
     let (client, requests) = counting_client().await;
-    let src = create(&client, &common::unique_name("qc-plain"), &[]).await;
+    let src = common::create_queue(&client, &common::unique_name("qc-plain"), &[]).await;
     requests.take();
     let facts = observe(&SqsReader::new(client), &src).await.unwrap();
     assert_eq!(requests.take(), 1);
@@ -275,9 +256,9 @@ async fn missing_source_queue_is_queue_does_not_exist() {
 #[tokio::test]
 async fn deleted_dlq_is_missing() {
     let client = common::sqs_client().await;
-    let dlq = create(&client, &common::unique_name("qc-gone"), &[]).await;
-    let dlq_arn = arn_of(&client, &dlq).await;
-    let src = create(&client, &common::unique_name("qc-orphan"), &[]).await;
+    let dlq = common::create_queue(&client, &common::unique_name("qc-gone"), &[]).await;
+    let dlq_arn = common::queue_arn(&client, &dlq).await;
+    let src = common::create_queue(&client, &common::unique_name("qc-orphan"), &[]).await;
     client
         .set_queue_attributes()
         .queue_url(&src)
@@ -295,8 +276,8 @@ async fn deleted_dlq_is_missing() {
 #[tokio::test]
 async fn url_for_arn_resolves_or_says_none() {
     let client = common::sqs_client().await;
-    let url = create(&client, &common::unique_name("qc-byarn"), &[]).await;
-    let arn = arn_of(&client, &url).await;
+    let url = common::create_queue(&client, &common::unique_name("qc-byarn"), &[]).await;
+    let arn = common::queue_arn(&client, &url).await;
     let reader = SqsReader::new(client);
     let parsed = QueueArn::parse(&arn).unwrap();
     assert_eq!(
@@ -373,7 +354,7 @@ async fn missing_credentials_are_invalid_credentials() {
         .credentials_provider(NoCredentials)
         .retry_config(RetryConfig::disabled())
         .build();
-    let url = create(&base, &common::unique_name("qc-creds"), &[]).await;
+    let url = common::create_queue(&base, &common::unique_name("qc-creds"), &[]).await;
     let err = observe(&SqsReader::new(Client::from_conf(conf)), &url)
         .await
         .unwrap_err();

@@ -34,19 +34,12 @@ fn check(args: &[&str], endpoint_env: Option<&str>) -> (i32, String, String) {
 }
 
 async fn create(client: &aws_sdk_sqs::Client, name: &str, attrs: &[(A, &str)]) -> (String, String) {
-    let mut req = client.create_queue().queue_name(name);
-    for (k, v) in attrs {
-        req = req.attributes(k.clone(), *v);
-    }
-    let url = req.send().await.unwrap().queue_url.unwrap();
-    let arn = client
-        .get_queue_attributes()
-        .queue_url(&url)
-        .attribute_names(A::QueueArn)
-        .send()
-        .await
-        .unwrap();
-    let arn = arn.attributes.unwrap()[&A::QueueArn].clone();
+    let attrs: Vec<_> = attrs
+        .iter()
+        .map(|(k, v)| (k.clone(), v.to_string()))
+        .collect();
+    let url = common::create_queue(client, name, &attrs).await;
+    let arn = common::queue_arn(client, &url).await;
     (url, arn)
 }
 

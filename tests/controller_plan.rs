@@ -96,42 +96,23 @@ fn bad_input_exits_2_and_names_the_problem() {
 #[tokio::test]
 async fn live_reads_the_queue_and_its_dead_letter_queue() {
     let sqs = common::sqs_client().await;
-    let dlq = sqs
-        .create_queue()
-        .queue_name(common::unique_name("plan-dlq"))
-        .send()
-        .await
-        .unwrap()
-        .queue_url
-        .unwrap();
-    let dlq_arn = sqs
-        .get_queue_attributes()
-        .queue_url(&dlq)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .unwrap()
-        .attributes
-        .unwrap()[&QueueAttributeName::QueueArn]
-        .clone();
+    let dlq = common::create_queue(&sqs, &common::unique_name("plan-dlq"), &[]).await;
+    let dlq_arn = common::queue_arn(&sqs, &dlq).await;
     sqs.send_message()
         .queue_url(&dlq)
         .message_body("x")
         .send()
         .await
         .unwrap();
-    let url = sqs
-        .create_queue()
-        .queue_name(common::unique_name("plan-src"))
-        .attributes(
+    let url = common::create_queue(
+        &sqs,
+        &common::unique_name("plan-src"),
+        &[(
             QueueAttributeName::RedrivePolicy,
             json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 5}).to_string(),
-        )
-        .send()
-        .await
-        .unwrap()
-        .queue_url
-        .unwrap();
+        )],
+    )
+    .await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("qc.yaml");
     std::fs::write(

@@ -11,15 +11,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use aws_sdk_cloudwatch::types::{Dimension, MetricDatum, StandardUnit};
 use aws_sdk_sqs::types::QueueAttributeName;
+use fake_kube::aws::{TEST_WORKER_IMAGE, UnreachableCloudWatch, context};
 use fake_kube::{DEPLOYMENTS, EVENTS, FakeKube, QUEUE_CONSUMERS, Recorded};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use qc::api::QueueConsumer;
 use qc::aws::cloudwatch::{AlarmSpec, Alarms, CloudWatchAlarms, CloudWatchError, ObservedAlarm};
 use qc::aws::{SqsReader, StaticReader};
-use qc::controller::observe::{AwsClients, FixedProvider};
 use qc::controller::{Context, Error, reconcile};
-use qc::render::RenderOptions;
 use serde_json::{Value, json};
 
 const NS: &str = "shop";
@@ -71,56 +70,37 @@ async fn moto_clients() -> (aws_sdk_sqs::Client, aws_sdk_cloudwatch::Client) {
 /// A source queue with a DLQ (redrive after 5 receives) on moto, and a controller context.
 async fn env() -> Env {
     let (sqs, cw) = moto_clients().await;
-    let dlq_url = sqs
-        .create_queue()
-        .queue_name(common::unique_name("dlq"))
-        .attributes(QueueAttributeName::MessageRetentionPeriod, "1209600")
-        .send()
-        .await
-        .unwrap()
-        .queue_url
-        .unwrap();
-    let dlq_arn = sqs
-        .get_queue_attributes()
-        .queue_url(&dlq_url)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .unwrap()
-        .attributes
-        .unwrap()[&QueueAttributeName::QueueArn]
-        .clone();
-    let url = sqs
-        .create_queue()
-        .queue_name(common::unique_name("src"))
-        .attributes(QueueAttributeName::VisibilityTimeout, "60")
-        .attributes(
-            QueueAttributeName::RedrivePolicy,
-            json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 5}).to_string(),
-        )
-        .send()
-        .await
-        .unwrap()
-        .queue_url
-        .unwrap();
+    let dlq_url = common::create_queue(
+        &sqs,
+        &common::unique_name("dlq"),
+        &[(QueueAttributeName::MessageRetentionPeriod, "1209600".into())],
+    )
+    .await;
+    let dlq_arn = common::queue_arn(&sqs, &dlq_url).await;
+    let url = common::create_queue(
+        &sqs,
+        &common::unique_name("src"),
+        &[
+            (QueueAttributeName::VisibilityTimeout, "60".into()),
+            (
+                QueueAttributeName::RedrivePolicy,
+                json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 5}).to_string(),
+            ),
+        ],
+    )
+    .await;
     let fake = FakeKube::new();
     let alarms = Arc::new(CountingAlarms {
         inner: CloudWatchAlarms::new(cw.clone()),
         puts: AtomicU32::new(0),
         deletes: AtomicU32::new(0),
     });
-    let provider = FixedProvider(AwsClients {
-        sqs: Arc::new(SqsReader::new(sqs.clone())),
-        alarms: alarms.clone(),
-    });
-    let ctx = Arc::new(Context::new(
-        fake.client(),
-        Arc::new(provider),
-        RenderOptions {
-            worker_image: "qc:test".into(),
-        },
-        Some("test".into()),
-    ));
+    let ctx = context(
+        &fake,
+        Arc::new(SqsReader::new(sqs.clone())),
+        alarms.clone(),
+        Some("test"),
+    );
     Env {
         fake,
         ctx,
@@ -620,36 +600,8 @@ async fn conflicts_retry_soon() {
 fn static_env(reader: StaticReader) -> (FakeKube, Arc<Context>, Arc<StaticReader>) {
     let fake = FakeKube::new();
     let reader = Arc::new(reader);
-    let provider = FixedProvider(AwsClients {
-        sqs: reader.clone(),
-        alarms: Arc::new(NoCloudWatch),
-    });
-    let ctx = Arc::new(Context::new(
-        fake.client(),
-        Arc::new(provider),
-        RenderOptions::default(),
-        None,
-    ));
+    let ctx = context(&fake, reader.clone(), Arc::new(UnreachableCloudWatch), None);
     (fake, ctx, reader)
-}
-
-/// CloudWatch that is never reached: tests with it keep `deadLetter.alarm` off.
-struct NoCloudWatch;
-
-#[async_trait::async_trait]
-impl Alarms for NoCloudWatch {
-    async fn describe(&self, _: &str) -> Result<Option<ObservedAlarm>, CloudWatchError> {
-        panic!("unexpected CloudWatch call")
-    }
-    async fn put(&self, _: &AlarmSpec) -> Result<(), CloudWatchError> {
-        panic!("unexpected CloudWatch call")
-    }
-    async fn delete(&self, _: &str) -> Result<(), CloudWatchError> {
-        panic!("unexpected CloudWatch call")
-    }
-    async fn oldest_message_age(&self, _: &str) -> Result<Option<i64>, CloudWatchError> {
-        Ok(None)
-    }
 }
 
 const S_URL: &str = "https://sqs.us-east-1.amazonaws.com/123456789012/orders";
@@ -777,7 +729,7 @@ async fn edits_to_the_deployment_are_undone_but_replicas_stay_with_the_scaler() 
     let worker = &d.spec.template.spec.as_ref().unwrap().containers[1];
     assert_eq!(
         worker.image,
-        Some(qc::render::default_worker_image()),
+        Some(TEST_WORKER_IMAGE.to_string()),
         "edit undone"
     );
     assert_eq!(d.spec.replicas, Some(6), "replicas are the scaler's");

@@ -10,36 +10,16 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use fake_kube::aws::{NoAlarms, context as test_context};
 use fake_kube::{DEPLOYMENTS, FakeKube, LEASES, QUEUE_CONSUMERS};
 use qc::aws::StaticReader;
-use qc::aws::cloudwatch::{AlarmSpec, Alarms, CloudWatchError, ObservedAlarm};
 use qc::controller::Context;
-use qc::controller::observe::{AwsClients, FixedProvider};
 use qc::controller::run::{LeaderOptions, RunError, RunOptions, run};
-use qc::render::RenderOptions;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const URL: &str = "https://sqs.us-east-1.amazonaws.com/123456789012/orders";
 const NS: &str = "shop";
-
-struct NoAlarms;
-
-#[async_trait::async_trait]
-impl Alarms for NoAlarms {
-    async fn describe(&self, _: &str) -> Result<Option<ObservedAlarm>, CloudWatchError> {
-        Ok(None)
-    }
-    async fn put(&self, _: &AlarmSpec) -> Result<(), CloudWatchError> {
-        Ok(())
-    }
-    async fn delete(&self, _: &str) -> Result<(), CloudWatchError> {
-        Ok(())
-    }
-    async fn oldest_message_age(&self, _: &str) -> Result<Option<i64>, CloudWatchError> {
-        Ok(None)
-    }
-}
 
 fn context(fake: &FakeKube, identity: &str) -> Arc<Context> {
     let reader = StaticReader::new().with_queue(
@@ -50,15 +30,7 @@ fn context(fake: &FakeKube, identity: &str) -> Arc<Context> {
             ("ApproximateNumberOfMessagesNotVisible", "0"),
         ]),
     );
-    Arc::new(Context::new(
-        fake.client(),
-        Arc::new(FixedProvider(AwsClients {
-            sqs: Arc::new(reader),
-            alarms: Arc::new(NoAlarms),
-        })),
-        RenderOptions::default(),
-        Some(identity.into()),
-    ))
+    test_context(fake, Arc::new(reader), Arc::new(NoAlarms), Some(identity))
 }
 
 fn manifest(concurrency: u32) -> Value {

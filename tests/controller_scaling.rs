@@ -10,15 +10,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use aws_sdk_sqs::types::{QueueAttributeName, SendMessageBatchRequestEntry};
+use fake_kube::aws::{UnreachableCloudWatch, context};
 use fake_kube::{DEPLOYMENTS, EVENTS, FakeKube, QUEUE_CONSUMERS, Recorded};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use qc::api::QueueConsumer;
-use qc::aws::cloudwatch::{AlarmSpec, Alarms, CloudWatchError, ObservedAlarm};
 use qc::aws::{QueueArn, QueueReader, SqsError, SqsReader};
-use qc::controller::observe::{AwsClients, FixedProvider};
 use qc::controller::{Context, Error, reconcile};
-use qc::render::RenderOptions;
 use serde_json::{Value, json};
 
 const NS: &str = "shop";
@@ -50,25 +48,6 @@ impl QueueReader for Switchable {
     }
 }
 
-/// CloudWatch is not part of these tests: `deadLetter.alarm` is off and the queues have no DLQ.
-struct NoCloudWatch;
-
-#[async_trait::async_trait]
-impl Alarms for NoCloudWatch {
-    async fn describe(&self, _: &str) -> Result<Option<ObservedAlarm>, CloudWatchError> {
-        panic!("unexpected CloudWatch call")
-    }
-    async fn put(&self, _: &AlarmSpec) -> Result<(), CloudWatchError> {
-        panic!("unexpected CloudWatch call")
-    }
-    async fn delete(&self, _: &str) -> Result<(), CloudWatchError> {
-        panic!("unexpected CloudWatch call")
-    }
-    async fn oldest_message_age(&self, _: &str) -> Result<Option<i64>, CloudWatchError> {
-        Ok(None)
-    }
-}
-
 struct Env {
     fake: FakeKube,
     ctx: Arc<Context>,
@@ -89,15 +68,12 @@ fn closed_port() -> u16 {
 /// A queue on moto with visibility timeout `vt` seconds, and a controller context reading it.
 async fn env(vt: u32) -> Env {
     let sqs = common::sqs_client().await;
-    let url = sqs
-        .create_queue()
-        .queue_name(common::unique_name("scale"))
-        .attributes(QueueAttributeName::VisibilityTimeout, vt.to_string())
-        .send()
-        .await
-        .unwrap()
-        .queue_url
-        .unwrap();
+    let url = common::create_queue(
+        &sqs,
+        &common::unique_name("scale"),
+        &[(QueueAttributeName::VisibilityTimeout, vt.to_string())],
+    )
+    .await;
     let closed_conf = qc::aws::sdk_config(
         Some("us-east-1"),
         Some(&format!("http://127.0.0.1:{}", closed_port())),
@@ -109,17 +85,12 @@ async fn env(vt: u32) -> Env {
         broken: AtomicBool::new(false),
     });
     let fake = FakeKube::new();
-    let ctx = Arc::new(Context::new(
-        fake.client(),
-        Arc::new(FixedProvider(AwsClients {
-            sqs: reader.clone(),
-            alarms: Arc::new(NoCloudWatch),
-        })),
-        RenderOptions {
-            worker_image: "qc:test".into(),
-        },
-        Some("test".into()),
-    ));
+    let ctx = context(
+        &fake,
+        reader.clone(),
+        Arc::new(UnreachableCloudWatch),
+        Some("test"),
+    );
     Env {
         fake,
         ctx,

@@ -38,3 +38,35 @@ pub fn unique_name(prefix: &str) -> String {
         .unwrap_or(0);
     format!("{prefix}-{}-{n}-{nanos}", std::process::id())
 }
+
+/// Creates a queue on the test server with these attributes and returns its URL.
+pub async fn create_queue(
+    client: &aws_sdk_sqs::Client,
+    name: &str,
+    attributes: &[(aws_sdk_sqs::types::QueueAttributeName, String)],
+) -> String {
+    let mut req = client.create_queue().queue_name(name);
+    for (k, v) in attributes {
+        req = req.attributes(k.clone(), v);
+    }
+    let out = req
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("create queue {name}: {e:?}"));
+    out.queue_url.expect("CreateQueue answered without a URL")
+}
+
+/// The ARN of a queue on the test server.
+pub async fn queue_arn(client: &aws_sdk_sqs::Client, url: &str) -> String {
+    use aws_sdk_sqs::types::QueueAttributeName;
+    let out = client
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("queue ARN of {url}: {e:?}"));
+    out.attributes
+        .and_then(|mut a| a.remove(&QueueAttributeName::QueueArn))
+        .expect("GetQueueAttributes answered without QueueArn")
+}

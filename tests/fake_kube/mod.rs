@@ -10,6 +10,8 @@
 //! Simplification: lists are atomic for field ownership (a real server merges list-map keys).
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod aws;
+
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};

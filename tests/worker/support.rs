@@ -32,34 +32,25 @@ impl TestQueue {
         let client = common::sqs_client().await;
         let suffix = if fifo { ".fifo" } else { "" };
         let name = common::unique_name(prefix);
-        let mut dlq = client
-            .create_queue()
-            .queue_name(format!("{name}-dlq{suffix}"));
-        if fifo {
-            dlq = dlq.attributes(QueueAttributeName::FifoQueue, "true");
-        }
-        let dlq_url = dlq.send().await.unwrap().queue_url.unwrap();
-        let dlq_arn = client
-            .get_queue_attributes()
-            .queue_url(&dlq_url)
-            .attribute_names(QueueAttributeName::QueueArn)
-            .send()
-            .await
-            .unwrap()
-            .attributes
-            .unwrap()[&QueueAttributeName::QueueArn]
-            .clone();
+        let fifo_attr: Vec<_> = if fifo {
+            vec![(QueueAttributeName::FifoQueue, "true".to_string())]
+        } else {
+            Vec::new()
+        };
+        let dlq_url =
+            common::create_queue(&client, &format!("{name}-dlq{suffix}"), &fifo_attr).await;
+        let dlq_arn = common::queue_arn(&client, &dlq_url).await;
         let redrive = serde_json::json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": max_receive_count});
-        let mut q = client
-            .create_queue()
-            .queue_name(format!("{name}{suffix}"))
-            .attributes(QueueAttributeName::VisibilityTimeout, vt_secs.to_string())
-            .attributes(QueueAttributeName::MaximumMessageSize, "1048576")
-            .attributes(QueueAttributeName::RedrivePolicy, redrive.to_string());
-        if fifo {
-            q = q.attributes(QueueAttributeName::FifoQueue, "true");
-        }
-        let url = q.send().await.unwrap().queue_url.unwrap();
+        let mut attrs = vec![
+            (QueueAttributeName::VisibilityTimeout, vt_secs.to_string()),
+            (
+                QueueAttributeName::MaximumMessageSize,
+                "1048576".to_string(),
+            ),
+            (QueueAttributeName::RedrivePolicy, redrive.to_string()),
+        ];
+        attrs.extend(fifo_attr);
+        let url = common::create_queue(&client, &format!("{name}{suffix}"), &attrs).await;
         TestQueue {
             client,
             url,
