@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use aws_sdk_cloudwatch::types::{Dimension, MetricDatum, StandardUnit};
 use aws_sdk_sqs::types::QueueAttributeName;
 use fake_kube::aws::{TEST_WORKER_IMAGE, UnreachableCloudWatch, context};
+use fake_kube::rbac;
 use fake_kube::{DEPLOYMENTS, EVENTS, FakeKube, QUEUE_CONSUMERS, Recorded};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -539,6 +540,7 @@ async fn alarm_is_created_kept_and_removed_through_the_finalizer() {
         e.deployment("orders").is_none(),
         "Deployment garbage-collected"
     );
+    rbac::assert_granted(&["config/rbac/role.yaml"], &e.fake.requests());
 }
 
 #[tokio::test]

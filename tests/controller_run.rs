@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use fake_kube::aws::{NoAlarms, context as test_context};
+use fake_kube::rbac;
 use fake_kube::{DEPLOYMENTS, FakeKube, LEASES, QUEUE_CONSUMERS};
 use qc::aws::StaticReader;
 use qc::controller::Context;
@@ -131,6 +132,7 @@ async fn run_reconciles_what_it_watches_and_serves_metrics() {
     stop_tx.send(()).unwrap();
     task.await.unwrap().unwrap();
     assert!(fake.get(DEPLOYMENTS, "elsewhere", "orders").is_none());
+    rbac::assert_granted(&["config/rbac/role.yaml"], &fake.requests());
 }
 
 #[tokio::test]
@@ -234,5 +236,12 @@ async fn two_replicas_one_leader_then_failover() {
     assert!(
         matches!(result, Err(RunError::LostLease { .. })),
         "{result:?}"
+    );
+    rbac::assert_granted(
+        &[
+            "config/rbac/role.yaml",
+            "config/rbac/leader_election_role.yaml",
+        ],
+        &fake.requests(),
     );
 }

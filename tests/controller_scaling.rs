@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use aws_sdk_sqs::types::{QueueAttributeName, SendMessageBatchRequestEntry};
 use fake_kube::aws::{UnreachableCloudWatch, context};
+use fake_kube::rbac;
 use fake_kube::{DEPLOYMENTS, EVENTS, FakeKube, QUEUE_CONSUMERS, Recorded};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -375,6 +376,7 @@ async fn depth_rises_and_replicas_rise_through_the_scalers_own_apply() {
         2,
         "two replica changes written"
     );
+    rbac::assert_granted(&["config/rbac/role.yaml"], &e.fake.requests());
 }
 
 #[tokio::test]

@@ -150,13 +150,9 @@ fn expected_controller_grants() -> BTreeSet<(String, String, String)> {
         (
             "sqs.consumers.dev",
             "queueconsumers",
-            &["get", "list", "watch", "patch", "update"],
+            &["get", "list", "watch", "patch"],
         ),
-        (
-            "sqs.consumers.dev",
-            "queueconsumers/status",
-            &["get", "patch", "update"],
-        ),
+        ("sqs.consumers.dev", "queueconsumers/status", &["patch"]),
         (
             "sqs.consumers.dev",
             "queueconsumers/finalizers",
@@ -165,9 +161,7 @@ fn expected_controller_grants() -> BTreeSet<(String, String, String)> {
         (
             "apps",
             "deployments",
-            &[
-                "get", "list", "watch", "create", "patch", "update", "delete",
-            ],
+            &["get", "list", "watch", "create", "patch"],
         ),
         ("", "events", &["create", "patch"]),
         ("events.k8s.io", "events", &["create", "patch"]),

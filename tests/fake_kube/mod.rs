@@ -11,6 +11,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod aws;
+pub mod rbac;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::convert::Infallible;
@@ -447,6 +448,10 @@ impl FakeKube {
                     .clone()
                     .ok_or_else(|| err(405, "MethodNotAllowed", "patch needs a namespace"))?;
                 let body = body.ok_or_else(|| err(400, "BadRequest", "empty patch"))?;
+                // Apply creates a missing object and answers 201, as the API server does.
+                let existed = st
+                    .objects
+                    .contains_key(&(route.kind, ns.clone(), name.to_string()));
                 st.patch(
                     events,
                     route.kind,
@@ -457,7 +462,7 @@ impl FakeKube {
                     query,
                     body,
                 )
-                .map(|o| Reply::Json(200, o))
+                .map(|o| Reply::Json(if existed { 200 } else { 201 }, o))
             }
             ("DELETE", Some(name)) => {
                 let ns = route.namespace.clone().unwrap_or_default();
