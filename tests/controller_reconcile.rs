@@ -359,6 +359,7 @@ async fn dead_letter_messages_flip_health_and_back() {
         e.condition("orders", "DeadLetterQueueHealthy").status,
         "True"
     );
+    let ready_before = e.condition("orders", "Ready");
 
     e.send_to_dlq(2).await;
     // CloudWatch has the DLQ's age of oldest message (moto keeps what is put into AWS/SQS).
@@ -399,13 +400,10 @@ async fn dead_letter_messages_flip_health_and_back() {
         event_reasons(&e.fake.requests()),
         ["MessagesInDeadLetterQueue"]
     );
+    let ready = e.condition("orders", "Ready");
     assert_eq!(
-        e.condition("orders", "Ready").status,
-        e.condition("orders", "Ready").status
-    );
-    assert_ne!(
-        e.condition("orders", "Ready").reason,
-        "MessagesInDeadLetterQueue",
+        (ready.status, ready.reason),
+        (ready_before.status, ready_before.reason),
         "DLQ health does not gate Ready"
     );
 
@@ -423,6 +421,32 @@ async fn dead_letter_messages_flip_health_and_back() {
         "True"
     );
     assert_eq!(event_reasons(&e.fake.requests()), ["DeadLetterQueueEmpty"]);
+
+    // Messages again: a new Event with today's count, not the first one's series with its old note.
+    e.send_to_dlq(3).await;
+    e.next_poll().await;
+    e.fake.clear_requests();
+    e.reconcile("orders").await.unwrap();
+    let posts: Vec<Value> = e
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.targets(EVENTS))
+        .map(|r| {
+            assert_eq!(r.method, "POST", "a new Event, not a patched series");
+            r.body.unwrap()
+        })
+        .collect();
+    assert_eq!(posts.len(), 1, "{posts:?}");
+    assert_eq!(posts[0]["reason"], "MessagesInDeadLetterQueue");
+    let note = posts[0]["note"].as_str().unwrap();
+    assert!(note.contains("3 message(s)"), "{note}");
+    let events = e.fake.list(EVENTS);
+    let dlq_events = events
+        .iter()
+        .filter(|ev| ev["reason"] == "MessagesInDeadLetterQueue")
+        .count();
+    assert_eq!(dlq_events, 2, "one Event per transition");
 }
 
 #[tokio::test]

@@ -220,27 +220,37 @@ impl Context {
 }
 
 impl Context {
-    /// A `Scaled` Event of its own for each replica change. The Recorder folds repeats of a reason
+    /// An Event of its own, never folded into an earlier one. The Recorder folds repeats of a reason
     /// into one Event's series and keeps the first note, which would leave "from 1 to 3" on every
-    /// later change; each change's numbers are the point of this Event.
-    async fn scaled_event(&self, qc: &QueueConsumer, note: String) {
+    /// later replica change, or the first DLQ count on every later `MessagesInDeadLetterQueue`; for
+    /// replica changes and condition transitions the numbers in the note are the point.
+    async fn distinct_event(
+        &self,
+        qc: &QueueConsumer,
+        warning: bool,
+        action: &str,
+        reason: &str,
+        note: String,
+    ) {
         let regarding = qc.object_ref(&());
         let now = k8s_openapi::jiff::Timestamp::now();
         let ns = regarding.namespace.clone();
         let ev = k8s_openapi::api::events::v1::Event {
             metadata: kube::api::ObjectMeta {
+                // Two Events in the same nanosecond still get two names.
                 name: Some(format!(
-                    "{}.{:x}",
+                    "{}.{:x}.{}",
                     regarding.name.as_deref().unwrap_or(FIELD_MANAGER),
-                    now.as_nanosecond()
+                    now.as_nanosecond(),
+                    EVENT_SEQ.fetch_add(1, Ordering::Relaxed)
                 )),
                 namespace: ns.clone(),
                 ..Default::default()
             },
-            action: Some("Scale".into()),
-            reason: Some(SCALED.into()),
+            action: Some(action.into()),
+            reason: Some(reason.into()),
             note: Some(truncate(note, 1024)),
-            type_: Some("Normal".into()),
+            type_: Some(if warning { "Warning" } else { "Normal" }.into()),
             event_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
                 now,
             )),
@@ -257,10 +267,12 @@ impl Context {
         let events: Api<k8s_openapi::api::events::v1::Event> =
             Api::namespaced(self.client.clone(), ns.as_deref().unwrap_or("default"));
         if let Err(e) = events.create(&PostParams::default(), &ev).await {
-            tracing::warn!(error = %e, reason = SCALED, "could not publish event");
+            tracing::warn!(error = %e, reason, "could not publish event");
         }
     }
 }
+
+static EVENT_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 fn truncate(mut s: String, max: usize) -> String {
     if s.len() > max {
@@ -437,10 +449,11 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     // events, on transitions only
     for t in status::transitions(&old_status.conditions, &new_status.conditions) {
         let note = format!("{} is {}: {}", t.type_, t.status, t.message);
-        ctx.event(qc, t.warning, &t.reason, note).await;
+        ctx.distinct_event(qc, t.warning, "Reconcile", &t.reason, note)
+            .await;
     }
     if let Some(note) = scaled {
-        ctx.scaled_event(qc, note).await;
+        ctx.distinct_event(qc, false, "Scale", SCALED, note).await;
     }
     if let Some(verb) = applied {
         ctx.event(
