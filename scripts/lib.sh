@@ -85,12 +85,15 @@ validate_manifests() {
   rm -rf "$tmp"
 }
 
-# Debian's redis-server.
+# Debian's redis-server (with redis-cli), and openssl for the TLS redis test's certificates.
 ensure_redis() {
-  if ! command -v redis-server >/dev/null 2>&1; then
-    log "installing redis-server"
+  local missing=()
+  command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+  command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+  if [ "${#missing[@]}" -gt 0 ]; then
+    log "installing ${missing[*]}"
     if [ ! -f "$QC_CACHE/apt-updated" ]; then apt-get update -qq && touch "$QC_CACHE/apt-updated"; fi
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
 }
 

@@ -8,6 +8,7 @@ mod common;
 mod support;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use support::*;
@@ -1076,4 +1077,62 @@ fn copy_self_to_installs_a_runnable_copy() {
     let (code, stderr) = run_cli(&["--copy-self-to", "/nonexistent/dir/qc-worker"], &[]);
     assert_eq!(code, Some(1));
     assert!(stderr.contains("cannot copy"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_store_over_tls_dedups_and_an_untrusted_certificate_keeps_the_worker_unready() {
+    let redis = TlsRedis::start();
+    let q = TestQueue::new("redis-tls", 10, 10, false).await;
+    let bodies: Vec<String> = ["o-1", "o-1", "o-2"]
+        .iter()
+        .map(|o| format!(r#"{{"orderId":"{o}"}}"#))
+        .collect();
+    let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(20))).await;
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--idempotency-store",
+        "redis",
+        "--redis-url",
+        &redis.url(),
+        "--idempotency-key",
+        "jsonPointer:/orderId",
+        "--http-url",
+        &h.url,
+    ]));
+
+    // Without the test CA among its roots the worker cannot finish the handshake: not ready, says
+    // why, receives nothing, and still stops cleanly.
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let other = redis.other_ca_file.to_string_lossy().to_string();
+    let mut untrusted = Worker::start_with_env(dir, &a, &[("SSL_CERT_FILE", &other)]);
+    q.send_all(&bodies, |_| String::new()).await;
+    eventually(SECS(40), "the redis connect failure is logged", || {
+        let lines = untrusted.log_lines("idempotency store unreachable; not ready");
+        async move {
+            lines.iter().any(|l| {
+                let e = l["error"].as_str().unwrap_or_default();
+                e.contains("rediss://localhost") && e.contains("invalid peer certificate")
+            })
+        }
+    })
+    .await;
+    let (status, _) = untrusted.get("/readyz").await.unwrap();
+    assert_ne!(status, 200, "not ready without redis");
+    assert_eq!(q.counts().await.0, 3, "nothing received while not ready");
+    assert_eq!(h.calls().len(), 0);
+    untrusted.signal("TERM");
+    assert!(untrusted.wait_exit(SECS(20)).await.success());
+
+    // Trusting the CA (SSL_CERT_FILE, as in the image), the store works over TLS.
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let ca = redis.ca_file.to_string_lossy().to_string();
+    let mut w = Worker::start_with_env(dir, &a, &[("SSL_CERT_FILE", &ca)]);
+    eventually(SECS(60), "queue drained", || q.is_empty()).await;
+    let effects = effects_by_order(&h);
+    assert_eq!(effects.get("o-1"), Some(&1), "{effects:?}");
+    assert_eq!(effects.get("o-2"), Some(&1), "{effects:?}");
+    let name = q.url.rsplit('/').next().unwrap();
+    assert_eq!(redis.cli(&["GET", &format!("qc:idem:{name}:o-1")]), "done");
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
 }

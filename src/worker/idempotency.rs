@@ -234,6 +234,11 @@ impl RedisStore {
             url: redact(url),
             reason,
         };
+        if url.starts_with("rediss://") {
+            // Two rustls providers are compiled in (the AWS SDK's and ours), and rustls will not
+            // pick one itself; an already installed one is fine.
+            let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        }
         let client = redis::Client::open(url).map_err(|e| connect_err(e.to_string()))?;
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CALL_TIMEOUT))
@@ -467,5 +472,9 @@ mod tests {
             "redis://***@host:6379/0"
         );
         assert_eq!(redact("redis://host:6379"), "redis://host:6379");
+        assert_eq!(
+            redact("rediss://user:pw@cache.example:6380"),
+            "rediss://***@cache.example:6380"
+        );
     }
 }

@@ -177,6 +177,15 @@ impl Worker {
 
     /// Starts a worker whose log lives in `dir` (so a restarted worker can share it).
     pub fn start_in(dir: Arc<tempfile::TempDir>, args: &[String]) -> Worker {
+        Self::start_with_env(dir, args, &[])
+    }
+
+    /// Starts a worker with extra environment variables.
+    pub fn start_with_env(
+        dir: Arc<tempfile::TempDir>,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Worker {
         let metrics_addr = format!("127.0.0.1:{}", free_port());
         let n = std::fs::read_dir(dir.path()).unwrap().count();
         let log = dir.path().join(format!("worker-{n}.log"));
@@ -190,6 +199,7 @@ impl Worker {
             .args(["--metrics-addr", &metrics_addr])
             .args(after)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(file.try_clone().unwrap())
             .stderr(file)
@@ -632,5 +642,114 @@ async fn answer_errors(mut client: tokio::net::TcpStream, status: u16, code: &st
         if client.write_all(resp.as_bytes()).await.is_err() {
             return;
         }
+    }
+}
+
+/// A real redis-server with only a TLS port, its certificate signed by a CA made for the test (with
+/// the openssl command line). Killed on drop.
+pub struct TlsRedis {
+    pub port: u16,
+    pub ca_file: PathBuf,
+    /// A CA that did not sign the server's certificate.
+    pub other_ca_file: PathBuf,
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl TlsRedis {
+    pub fn start() -> TlsRedis {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        // Each command is split on spaces (no argument here has one).
+        let openssl = |command: &str| {
+            let out = Command::new("openssl")
+                .args(command.split(' '))
+                .current_dir(d)
+                .output()
+                .expect("openssl runs (scripts/test installs it)");
+            assert!(
+                out.status.success(),
+                "openssl {command}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let new_ca = |name: &str| {
+            openssl(&format!(
+                "req -x509 -newkey rsa:2048 -nodes -keyout {name}.key -out {name}.crt -days 2 -subj /CN={name}"
+            ))
+        };
+        new_ca("ca");
+        // A second CA that signed nothing: a trust store holding only it trusts no server here.
+        new_ca("other-ca");
+        openssl(
+            "req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=localhost",
+        );
+        std::fs::write(
+            d.join("ext.cnf"),
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+        )
+        .unwrap();
+        openssl(
+            "x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 2 -extfile ext.cnf",
+        );
+        let port = free_port();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                "0",
+                "--tls-port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+            ])
+            .args([
+                "--tls-cert-file",
+                "server.crt",
+                "--tls-key-file",
+                "server.key",
+            ])
+            .args(["--tls-ca-cert-file", "ca.crt", "--tls-auth-clients", "no"])
+            .args(["--save", "", "--appendonly", "no"])
+            .current_dir(d)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server starts");
+        let redis = TlsRedis {
+            port,
+            ca_file: d.join("ca.crt"),
+            other_ca_file: d.join("other-ca.crt"),
+            child,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while redis.cli(&["PING"]) != "PONG" {
+            assert!(Instant::now() < deadline, "TLS redis did not answer PING");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        redis
+    }
+
+    pub fn url(&self) -> String {
+        format!("rediss://localhost:{}", self.port)
+    }
+
+    /// One redis-cli command over TLS, trimmed output.
+    pub fn cli(&self, command: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["--tls", "--cacert"])
+            .arg(&self.ca_file)
+            .args(["-p", &self.port.to_string()])
+            .args(command)
+            .output()
+            .expect("redis-cli runs");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
