@@ -99,11 +99,12 @@ struct RunArgs {
     log_format: LogFormat,
 }
 
+/// Where `check` and `plan` take the queue's attributes from: nowhere (offline), files, or AWS.
 #[derive(Args)]
-struct PlanArgs {
-    /// Manifest file with QueueConsumers (multi-document YAML; other kinds are skipped).
-    file: PathBuf,
-    /// Read the queue, its dead-letter queue and the DLQ's oldest-message age (as the controller does).
+struct FactsArgs {
+    /// Read the queue and its dead-letter queue (region from the URL or spec.queue.region; endpoint from
+    /// spec.queue.endpoint or AWS_ENDPOINT_URL; credentials from the default chain). `plan` also reads
+    /// the DLQ's oldest-message age, as the controller does.
     #[arg(long, conflicts_with = "attributes")]
     live: bool,
     /// JSON printed by `aws sqs get-queue-attributes --attribute-names All` for the source queue.
@@ -112,6 +113,28 @@ struct PlanArgs {
     /// The same JSON for the dead-letter queue (with --attributes).
     #[arg(long, value_name = "FILE", requires = "attributes")]
     dlq_attributes: Option<PathBuf>,
+}
+
+impl FactsArgs {
+    fn source(&self) -> qc::check::FactsSource {
+        use qc::check::FactsSource;
+        match (&self.attributes, self.live) {
+            (Some(a), _) => FactsSource::Files {
+                source: a.clone(),
+                dead_letter: self.dlq_attributes.clone(),
+            },
+            (None, true) => FactsSource::Live,
+            (None, false) => FactsSource::Offline,
+        }
+    }
+}
+
+#[derive(Args)]
+struct PlanArgs {
+    /// Manifest file with QueueConsumers (multi-document YAML; other kinds are skipped).
+    file: PathBuf,
+    #[command(flatten)]
+    facts: FactsArgs,
     /// Image of the worker container, as `run --worker-image`.
     #[arg(long, env = "QC_WORKER_IMAGE", value_name = "IMAGE")]
     worker_image: Option<String>,
@@ -128,16 +151,8 @@ struct CheckArgs {
     /// Manifest files (multi-document YAML; other kinds are skipped).
     #[arg(required = true)]
     files: Vec<PathBuf>,
-    /// Read the queue and its dead-letter queue (region from the URL or spec.queue.region; endpoint from
-    /// spec.queue.endpoint or AWS_ENDPOINT_URL; credentials from the default chain).
-    #[arg(long, conflicts_with = "attributes")]
-    live: bool,
-    /// JSON printed by `aws sqs get-queue-attributes --attribute-names All` for the source queue.
-    #[arg(long, value_name = "FILE")]
-    attributes: Option<PathBuf>,
-    /// The same JSON for the dead-letter queue (with --attributes).
-    #[arg(long, value_name = "FILE", requires = "attributes")]
-    dlq_attributes: Option<PathBuf>,
+    #[command(flatten)]
+    facts: FactsArgs,
     #[arg(long, value_enum, default_value = "text")]
     output: Output,
 }
@@ -283,15 +298,7 @@ async fn shutdown_signal() {
 }
 
 fn plan(args: PlanArgs) -> ExitCode {
-    use qc::check::FactsSource;
-    let source = match (&args.attributes, args.live) {
-        (Some(a), _) => FactsSource::Files {
-            source: a.clone(),
-            dead_letter: args.dlq_attributes.clone(),
-        },
-        (None, true) => FactsSource::Live,
-        (None, false) => FactsSource::Offline,
-    };
+    let source = args.facts.source();
     let opts = qc::render::RenderOptions {
         worker_image: args
             .worker_image
@@ -358,15 +365,8 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 }
 
 fn check(args: CheckArgs) -> ExitCode {
-    use qc::check::{self, FactsSource};
-    let source = match (&args.attributes, args.live) {
-        (Some(a), _) => FactsSource::Files {
-            source: a.clone(),
-            dead_letter: args.dlq_attributes.clone(),
-        },
-        (None, true) => FactsSource::Live,
-        (None, false) => FactsSource::Offline,
-    };
+    use qc::check;
+    let source = args.facts.source();
     let rt = match runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
