@@ -37,7 +37,7 @@ fn decide_on(spec: &ScalingSpec, samples: &[Reading], current: u32) -> Decision 
         h.push(sample(t, v, f)).unwrap();
     }
     let now = Timestamp::from_secs(samples.last().map_or(0, |s| s.0));
-    decide(spec, P99, C, &h, current, now)
+    decide(spec, P99, None, C, &h, current, now)
 }
 
 /// Samples every 15 s from t=0 to `until` with no traffic, so the stabilization window is covered.
@@ -100,7 +100,7 @@ fn backlog_term_follows_p99_concurrency_and_max_backlog_age() {
         };
         let mut h = History::for_spec(&s);
         h.push(sample(0, 900, 0)).unwrap();
-        let d = decide(&s, p99, c, &h, 1, Timestamp::from_secs(0));
+        let d = decide(&s, p99, None, c, &h, 1, Timestamp::from_secs(0));
         assert_eq!(d.replicas, want, "p99 {p99}, C {c}, age {age}: {d}");
     }
 }
@@ -349,16 +349,16 @@ fn to_zero_only_a_full_window_after_the_last_work() {
 fn missing_or_stale_samples_hold_the_current_replicas() {
     let s = spec();
     let empty = History::for_spec(&s);
-    let d = decide(&s, P99, C, &empty, 7, Timestamp::from_secs(100));
+    let d = decide(&s, P99, None, C, &empty, 7, Timestamp::from_secs(100));
     assert_eq!((d.replicas, d.reason), (7, Reason::MetricsUnavailable));
     assert_eq!(d.condition_reason(), "MetricsUnavailable");
 
     let mut h = History::for_spec(&s);
     h.push(sample(0, 0, 0)).unwrap();
     // 3 poll intervals (45 s) old is still usable; older is stale
-    let fresh = decide(&s, P99, C, &h, 7, Timestamp::from_secs(45));
+    let fresh = decide(&s, P99, None, C, &h, 7, Timestamp::from_secs(45));
     assert_eq!(fresh.reason, Reason::Hold);
-    let stale = decide(&s, P99, C, &h, 7, Timestamp::from_secs(46));
+    let stale = decide(&s, P99, None, C, &h, 7, Timestamp::from_secs(46));
     assert_eq!(
         (stale.replicas, stale.reason),
         (7, Reason::MetricsUnavailable)

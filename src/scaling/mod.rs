@@ -248,6 +248,9 @@ pub enum Limit {
     InFlight,
     /// At zero, waiting for the backlog to exceed `activationBacklog` on two consecutive samples.
     Activation,
+    /// With a declared mean: a backlog waits and some replicas are not busy yet, i.e. still starting
+    /// (a ready slot takes a visible message at once); they are what will drain it, so none is removed.
+    Starting,
 }
 
 impl Limit {
@@ -259,6 +262,7 @@ impl Limit {
             Limit::ShortHistory => "ShortHistory",
             Limit::InFlight => "InFlight",
             Limit::Activation => "Activation",
+            Limit::Starting => "Starting",
         }
     }
 }
@@ -268,17 +272,23 @@ impl Limit {
 #[serde(rename_all = "camelCase")]
 pub struct Terms {
     pub visible: u64,
+    /// Of `visible`, how many are new since the previous sample (with a declared mean; else 0).
+    pub new_visible: u64,
     pub in_flight: u64,
-    /// The in-flight term's input: the lower of this sample's in-flight count and the mean of the samples
-    /// within maxBacklogAge up to this one.
+    /// The in-flight term's input: the lowest of this sample's in-flight count, the mean of the samples
+    /// within maxBacklogAge up to this one and, with a declared mean while a backlog waits, the arrivals'
+    /// share (in flight + mean × growth per unit time).
     pub in_flight_mean: f64,
-    /// ceil(mean inFlight / C): replicas busy with the messages in flight.
+    /// ceil(that / C): replicas busy with the messages in flight.
     pub in_flight_replicas: u32,
-    /// ceil(visible / (C × maxBacklogAge / P)): replicas that drain the visible backlog in time, after the
-    /// slots the in-flight term's rounding left free.
+    /// Replicas that drain the visible backlog in time, after the slots the in-flight term's rounding left
+    /// free: ceil(visible / (C × maxBacklogAge / P)), or with a declared mean
+    /// ceil(new / (C × maxBacklogAge / P) + seen / (C × (maxBacklogAge − P) / mean)).
     pub backlog_replicas: u32,
     /// C × maxBacklogAge / P: messages one replica drains within maxBacklogAge at the declared P99.
     pub backlog_per_replica: f64,
+    /// C × (maxBacklogAge − P) / mean: the same for messages already seen, with a declared mean.
+    pub seen_backlog_per_replica: Option<f64>,
     /// Highest recommendation of the stabilization window (samples newer than now − window, and the latest),
     /// when a scale-down consulted it.
     pub window_max: Option<u32>,
@@ -328,16 +338,25 @@ impl fmt::Display for Decision {
         };
         write!(
             f,
-            "{} replicas ({}): {} in flight (mean {:.1}) need {}, {} visible need {} (a replica drains {:.0} within maxBacklogAge)",
+            "{} replicas ({}): {} in flight (mean {:.1}) need {}, ",
             self.replicas,
             self.reason.as_str(),
             t.in_flight,
             t.in_flight_mean,
             t.in_flight_replicas,
-            t.visible,
-            t.backlog_replicas,
-            t.backlog_per_replica
         )?;
+        match t.seen_backlog_per_replica {
+            None => write!(
+                f,
+                "{} visible need {} (a replica drains {:.0} within maxBacklogAge)",
+                t.visible, t.backlog_replicas, t.backlog_per_replica
+            )?,
+            Some(seen) => write!(
+                f,
+                "{} visible ({} new) need {} (a replica drains {:.0} new or {:.0} seen within maxBacklogAge)",
+                t.visible, t.new_visible, t.backlog_replicas, t.backlog_per_replica, seen
+            )?,
+        }
         if let Some(w) = t.window_max {
             write!(f, "; stabilization window peak {w}")?;
         }
@@ -358,6 +377,7 @@ pub fn decide_for(
     decide(
         &spec.scaling,
         spec.processing.p99,
+        spec.processing.mean,
         spec.processing.concurrency,
         history,
         current,
@@ -376,6 +396,7 @@ pub fn decide_for(
 pub fn decide(
     spec: &ScalingSpec,
     p99: Duration,
+    mean: Option<Duration>,
     concurrency: u32,
     history: &History,
     current: u32,
@@ -396,7 +417,7 @@ pub fn decide(
         return hold(Reason::MetricsUnavailable, None, None);
     }
 
-    let model = Model::new(spec, p99, concurrency);
+    let model = Model::new(spec, p99, mean, concurrency);
     let samples: Vec<&Sample> = history.samples().collect();
     let rec = model.recommend(&samples, samples.len() - 1);
     let mut terms = rec.terms;
@@ -463,6 +484,16 @@ pub fn decide(
         }
         window_max.min(current)
     };
+    // with a mean, new messages are sized for a start-up and seen ones are not: keep the replicas asked for
+    // until they are busy, or the sizing would shrink before they could help
+    if model.mean_ms.is_some()
+        && target < current
+        && latest.visible > 0
+        && latest.in_flight < u64::from(current).saturating_mul(model.concurrency)
+    {
+        target = current;
+        limited_by = Some(Limit::Starting);
+    }
     let floor = current.min(saturate_u32(
         latest.in_flight.div_ceil(u64::from(concurrency.max(1))),
     ));
@@ -495,7 +526,13 @@ struct Model {
     /// P and maxBacklogAge in milliseconds: the backlog term is computed in integers, exactly.
     p99_ms: u128,
     age_ms: u128,
-    backlog_per_replica: f64,
+    /// The declared mean, when it refines the sizing (declared and maxBacklogAge > P); None: DESIGN's
+    /// formula exactly.
+    mean_ms: Option<u128>,
+    /// What a seen message costs a slot, and the time the seen backlog has to drain: mean and
+    /// maxBacklogAge − P with a mean, else P and maxBacklogAge.
+    seen_drain_ms: u128,
+    seen_budget_ms: u128,
     scale_on_in_flight: bool,
     /// The in-flight term averages the samples of this span (maxBacklogAge).
     smooth_ms: u64,
@@ -509,30 +546,56 @@ struct Recommendation {
 }
 
 impl Model {
-    fn new(spec: &ScalingSpec, p99: Duration, concurrency: u32) -> Model {
+    fn new(spec: &ScalingSpec, p99: Duration, mean: Option<Duration>, concurrency: u32) -> Model {
         let c = concurrency.max(1);
         let p99_ms = p99.as_millis().max(1);
         let age_ms = spec.max_backlog_age.as_millis().max(1);
+        // with maxBacklogAge ≤ P there is no time left after the tail allowance: DESIGN's formula
+        let mean_ms = mean
+            .map(|m| m.as_millis().max(1))
+            .filter(|_| age_ms > p99_ms);
+        let (seen_drain_ms, seen_budget_ms) = match mean_ms {
+            Some(m) => (m, age_ms - p99_ms),
+            None => (p99_ms, age_ms),
+        };
         Model {
             min: spec.min_replicas.min(spec.max_replicas),
             max: spec.max_replicas,
             concurrency: u64::from(c),
             p99_ms,
             age_ms,
-            backlog_per_replica: f64::from(c) * age_ms as f64 / p99_ms as f64,
+            mean_ms,
+            seen_drain_ms,
+            seen_budget_ms,
             scale_on_in_flight: spec.scale_on_in_flight,
             smooth_ms: u64::try_from(age_ms).unwrap_or(u64::MAX),
         }
     }
 
-    /// The recommendation of `samples[i]`. Two refinements inside DESIGN's formula, both pure functions of
-    /// the samples (docs/scaling.md, "Recommendation"): the in-flight term uses the mean in-flight count of
+    /// Messages one replica drains within maxBacklogAge: (new, seen) in the Display's terms.
+    fn per_replica(&self) -> (f64, Option<f64>) {
+        let c = self.concurrency as f64;
+        let new = c * self.age_ms as f64 / self.p99_ms as f64;
+        let seen = self
+            .mean_ms
+            .map(|_| c * self.seen_budget_ms as f64 / self.seen_drain_ms as f64);
+        (new, seen)
+    }
+
+    /// The recommendation of `samples[i]`. Refinements inside DESIGN's formula, all pure functions of the
+    /// samples (docs/scaling.md, "Recommendation"): the in-flight term uses the mean in-flight count of
     /// the samples within maxBacklogAge up to this one, because one reading of a busy queue jitters by
-    /// ±√n and the window's highest reading would otherwise hold one or two replicas too many; and the
+    /// ±√n and the window's highest reading would otherwise hold one or two replicas too many; the
     /// backlog term first fills the slots that rounding the in-flight term up left free, so a handful of
-    /// messages caught waiting at the sample instant does not start a replica the rounding already paid for.
+    /// messages caught waiting at the sample instant does not start a replica the rounding already paid
+    /// for. With a declared mean, two more: while a backlog waits, the in-flight count measures the
+    /// replicas' capacity rather than the arrivals, so the term takes the arrivals' share by Little's law
+    /// (in flight + mean × growth of visible + in flight per unit time); and visible messages already seen
+    /// at the previous sample drain at the mean within maxBacklogAge − P, while those new since then keep
+    /// DESIGN's P sizing (their replicas still have a whole start-up ahead).
     fn recommend(&self, samples: &[&Sample], i: usize) -> Recommendation {
         let s = samples[i];
+        let prev = i.checked_sub(1).map(|j| samples[j]);
         let from = s.at.as_millis().saturating_sub(self.smooth_ms);
         let (mut sum, mut n) = (0u128, 0u128);
         for x in samples[..=i].iter().rev() {
@@ -548,19 +611,54 @@ impl Model {
         if own < sum {
             sum = own;
         }
+        if let (Some(mean_ms), Some(p)) = (self.mean_ms, prev)
+            && s.visible > 0
+        {
+            // arrivals × mean = completions × mean + growth × mean = in flight + mean × growth / dt;
+            // like the mean, it only lowers the term (a growing backlog is the backlog term's job)
+            let dt = i128::from(s.at.as_millis().saturating_sub(p.at.as_millis()).max(1));
+            let work = |x: &Sample| i128::from(x.visible).saturating_add(i128::from(x.in_flight));
+            let growth = work(s).saturating_sub(work(p));
+            let mean = i128::try_from(mean_ms).unwrap_or(i128::MAX);
+            let arrivals_x_dt = i128::from(s.in_flight)
+                .saturating_mul(dt)
+                .saturating_add(mean.saturating_mul(growth))
+                .max(0);
+            let arrivals_n = u128::try_from(arrivals_x_dt)
+                .unwrap_or(0)
+                .saturating_mul(n)
+                .div_ceil(dt.unsigned_abs());
+            if arrivals_n < sum {
+                sum = arrivals_n;
+            }
+        }
         let c = u128::from(self.concurrency);
         let in_flight_replicas_u = sum.div_ceil(n * c);
         let in_flight_replicas = u64::try_from(in_flight_replicas_u).unwrap_or(u64::MAX);
-        // n × the slots left free by rounding the in-flight term up; the backlog term, in messages × P, is
-        // credited with what those slots handle within maxBacklogAge (slots × age)
+        // n × the slots left free by rounding the in-flight term up; the backlog term is credited with what
+        // those slots handle within its time
         let slack_n = if self.scale_on_in_flight {
             in_flight_replicas_u * c * n - sum
         } else {
             0
         };
-        let need = (u128::from(s.visible) * self.p99_ms * n).saturating_sub(slack_n * self.age_ms);
-        let backlog_replicas =
-            u64::try_from(need.div_ceil(c * self.age_ms * n)).unwrap_or(u64::MAX);
+        // slot-time in units of 1 / (seen budget × age): a new message costs P over maxBacklogAge, a seen
+        // one its drain time over its budget (the same P over maxBacklogAge without a mean)
+        let new_visible = match (self.mean_ms, prev) {
+            (None, _) => 0,
+            (Some(_), None) => s.visible,
+            (Some(_), Some(p)) => s.visible.saturating_sub(p.visible),
+        };
+        let seen_visible = s.visible - new_visible;
+        let den = self.seen_budget_ms * self.age_ms;
+        let need = u128::from(seen_visible)
+            .saturating_mul(self.seen_drain_ms * self.age_ms)
+            .saturating_add(
+                u128::from(new_visible).saturating_mul(self.p99_ms * self.seen_budget_ms),
+            )
+            .saturating_mul(n)
+            .saturating_sub(slack_n.saturating_mul(den));
+        let backlog_replicas = u64::try_from(need.div_ceil(c * den * n)).unwrap_or(u64::MAX);
         let raw = if self.scale_on_in_flight {
             in_flight_replicas
         } else {
@@ -574,17 +672,20 @@ impl Model {
         } else {
             (raw as u32, None)
         };
+        let (per_new, per_seen) = self.per_replica();
         Recommendation {
             raw,
             clamped,
             limit,
             terms: Terms {
                 visible: s.visible,
+                new_visible,
                 in_flight: s.in_flight,
                 in_flight_mean: sum as f64 / n as f64,
                 in_flight_replicas: saturate_u32(in_flight_replicas),
                 backlog_replicas: saturate_u32(backlog_replicas),
-                backlog_per_replica: self.backlog_per_replica,
+                backlog_per_replica: per_new,
+                seen_backlog_per_replica: per_seen,
                 window_max: None,
             },
         }

@@ -147,6 +147,7 @@ pub trait Scaler {
 pub struct Ours {
     scaling: ScalingSpec,
     p99: Duration,
+    mean: Option<Duration>,
     concurrency: u32,
     history: History,
     next: u64,
@@ -158,6 +159,7 @@ impl Ours {
         Ours {
             scaling: cfg.scaling.clone(),
             p99: cfg.p99,
+            mean: cfg.mean,
             concurrency: cfg.concurrency,
             history: History::for_spec(&cfg.scaling),
             next: 0,
@@ -188,6 +190,7 @@ impl Scaler for Ours {
         decide(
             &self.scaling,
             self.p99,
+            self.mean,
             self.concurrency,
             &self.history,
             current,
