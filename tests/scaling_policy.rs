@@ -458,3 +458,161 @@ fn decision_message_carries_the_numbers() {
         assert!(text.contains(needle), "{text}");
     }
 }
+
+const MEAN: Option<Duration> = Some(Duration::from_millis(800));
+
+/// Like `decide_on`, with a declared mean (or none) and a spec of its own.
+fn decide_with(
+    spec: &ScalingSpec,
+    mean: Option<Duration>,
+    samples: &[Reading],
+    current: u32,
+) -> Decision {
+    let mut h = History::for_spec(spec);
+    for &(t, v, f) in samples {
+        h.push(sample(t, v, f)).unwrap();
+    }
+    let now = Timestamp::from_secs(samples.last().map_or(0, |s| s.0));
+    decide(spec, P99, mean, C, &h, current, now)
+}
+
+#[test]
+fn with_a_declared_mean_seen_backlog_drains_at_the_mean_and_new_backlog_at_p99() {
+    // P 2s, mean 0.8s, C 10, T 60s: a replica drains 10 × 60 / 2 = 300 new messages, or
+    // 10 × (60 − 2) / 0.8 = 725 seen ones, within maxBacklogAge. (previous visible, visible) → replicas
+    // from 1, nothing in flight; the previous sample is 5 s earlier.
+    let cases = [
+        (None, 725, 725, 3),    // no mean: DESIGN exactly, ceil(725 / 300)
+        (MEAN, 725, 725, 1),    // all seen: 725 / 725
+        (MEAN, 726, 726, 2),    // one more seen message needs another replica
+        (MEAN, 0, 725, 3),      // all new: P sizing, as DESIGN
+        (MEAN, 0, 300, 1),      // new boundary
+        (MEAN, 0, 301, 2),      //
+        (MEAN, 725, 1025, 2),   // 725 seen + 300 new = 1 + 1
+        (MEAN, 725, 1026, 3),   // one more new message
+        (MEAN, 2000, 725, 1),   // a shrinking backlog is all seen
+        (MEAN, 3000, 2900, 4),  // 2900 / 725
+        (None, 3000, 2900, 10), // DESIGN: 2900 / 300
+    ];
+    for (mean, before, visible, want) in cases {
+        let d = decide_with(&spec(), mean, &[(0, before, 0), (5, visible, 0)], 1);
+        assert_eq!(d.replicas, want, "mean {mean:?}, {before} → {visible}: {d}");
+        let t = d.terms.unwrap();
+        assert_eq!(t.backlog_per_replica, 300.0);
+        assert_eq!(t.seen_backlog_per_replica, mean.map(|_| 725.0));
+        let new = if mean.is_some() {
+            visible.saturating_sub(before)
+        } else {
+            0
+        };
+        assert_eq!(t.new_visible, new);
+    }
+    // the first sample has nothing before it: everything is new
+    let d = decide_with(&spec(), MEAN, &[(0, 725, 0)], 1);
+    assert_eq!((d.replicas, d.terms.unwrap().new_visible), (3, 725));
+    let text = decide_with(&spec(), MEAN, &[(0, 725, 0), (5, 1025, 0)], 1).to_string();
+    assert!(
+        text.contains("1025 visible (300 new) need 2 (a replica drains 300 new or 725 seen"),
+        "{text}"
+    );
+}
+
+#[test]
+fn with_a_declared_mean_the_tail_allowance_needs_max_backlog_age_above_p99() {
+    // 60 visible, seen at the previous sample too; (maxBacklogAge, mean) → replicas
+    let cases = [
+        (Duration::from_secs(2), MEAN, 6), // T = P: no time after the tail, DESIGN: 60 / (10 × 2 / 2)
+        (Duration::from_secs(2), None, 6),
+        (Duration::from_millis(1999), MEAN, 7), // T < P: DESIGN, 60 × 2 / (10 × 1.999) = 6.003
+        (Duration::from_secs(3), MEAN, 5),      // 1 s after the tail: 60 × 0.8 / (10 × 1) = 4.8
+        (Duration::from_secs(3), None, 4), // DESIGN: 60 × 2 / (10 × 3) = 4; the tail costs here
+    ];
+    for (age, mean, want) in cases {
+        let s = ScalingSpec {
+            max_backlog_age: age,
+            ..spec()
+        };
+        let d = decide_with(&s, mean, &[(0, 60, 0), (5, 60, 0)], 1);
+        assert_eq!(d.replicas, want, "maxBacklogAge {age}, mean {mean:?}: {d}");
+        let mean_used = d.terms.unwrap().seen_backlog_per_replica.is_some();
+        assert_eq!(mean_used, mean.is_some() && age > P99, "{d}");
+    }
+}
+
+#[test]
+fn with_a_declared_mean_the_in_flight_term_takes_the_arrivals_share_while_a_backlog_waits() {
+    // samples 5 s apart, 100 in flight at both; (mean, previous visible, visible) → (replicas, in-flight
+    // term's input) from 1
+    let cases = [
+        // draining 60/s: arrivals × mean = 100 + 0.8 × (−300 / 5) = 52 → 6 replicas, whose 8 free slots
+        // drain 8 × 58 / 0.8 = 580 of the 700 seen; the other 120 need one more
+        (MEAN, 1000, 700, 7, 52.0),
+        (None, 1000, 700, 13, 100.0), // DESIGN: 10 + ceil(700 / 300)
+        // growing: the arrivals exceed what is in flight, the in-flight term keeps the reading; 700 seen
+        // (9.7 slots) + 300 new (10 slots) → 2
+        (MEAN, 700, 1000, 12, 100.0),
+        // draining faster than anything arrives: 100 − 0.8 × 200 < 0 → 0; 1000 seen → 2
+        (MEAN, 2000, 1000, 2, 0.0),
+        // nothing visible now: the count is the arrivals' (no backlog to saturate the slots)
+        (MEAN, 1000, 0, 10, 100.0),
+    ];
+    for (mean, before, visible, want, input) in cases {
+        let d = decide_with(&spec(), mean, &[(0, before, 100), (5, visible, 100)], 1);
+        assert_eq!(d.replicas, want, "mean {mean:?}, {before} → {visible}: {d}");
+        assert_eq!(d.terms.unwrap().in_flight_mean, input, "{d}");
+    }
+    // scaling down, the in-flight floor still holds the replicas that are busy now
+    let s = ScalingSpec {
+        scale_down_stabilization: Duration::from_secs(0),
+        ..spec()
+    };
+    let d = decide_with(&s, MEAN, &[(0, 2000, 100), (5, 1000, 100)], 10);
+    assert_eq!(
+        (d.replicas, d.limited_by),
+        (10, Some(Limit::InFlight)),
+        "{d}"
+    );
+}
+
+#[test]
+fn with_a_declared_mean_starting_replicas_stay_while_a_backlog_waits() {
+    // a burst: 3000 new at t=5 scales 2 → 11 (1 for 10 in flight + 3000 / 300); at t=10 the backlog is
+    // seen and needs 5 — but 10 of the 11 replicas are not busy yet (10 in flight < 11 × 10): still
+    // starting, so none goes. Window 0 s, so only this rule holds them. (mean, t=10 reading, current)
+    let s = ScalingSpec {
+        scale_down_stabilization: Duration::from_secs(0),
+        ..spec()
+    };
+    let burst = |mean, visible, in_flight, current| {
+        decide_with(
+            &s,
+            mean,
+            &[(0, 0, 10), (5, 3000, 10), (10, visible, in_flight)],
+            current,
+        )
+    };
+    let d = decide_with(&s, MEAN, &[(0, 0, 10), (5, 3000, 10)], 2);
+    assert_eq!((d.replicas, d.reason), (11, Reason::ScaleUp), "{d}");
+    let cases = [
+        // the recommendation is 5 (see below): without the rule it would go there
+        (MEAN, 2990, 10, 11, 11, Some(Limit::Starting)),
+        // half of them busy: the rest still starting
+        (MEAN, 2990, 50, 11, 11, Some(Limit::Starting)),
+        // nothing visible: nothing to wait for; the floor holds the 3 busy ones
+        (MEAN, 0, 30, 11, 3, Some(Limit::InFlight)),
+        // every slot busy: nothing is starting (the floor then holds them all)
+        (MEAN, 2000, 110, 11, 11, Some(Limit::InFlight)),
+        // no mean: DESIGN has no such rule; 600 visible need 2, 10 in flight 1
+        (None, 600, 10, 11, 3, None),
+        (MEAN, 600, 10, 11, 11, Some(Limit::Starting)),
+    ];
+    for (mean, visible, in_flight, current, want, limit) in cases {
+        let d = burst(mean, visible, in_flight, current);
+        assert_eq!(
+            (d.replicas, d.limited_by),
+            (want, limit),
+            "mean {mean:?}, {visible} visible, {in_flight} in flight: {d}"
+        );
+    }
+    assert_eq!(burst(MEAN, 2990, 10, 11).recommended, 5);
+}

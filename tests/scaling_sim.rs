@@ -164,13 +164,15 @@ fn a_lone_message_ours_activates_on_the_second_sample_keda_on_its_first_poll() {
 
 #[test]
 fn keda_with_queue_length_5_runs_about_twice_the_replicas_ours_needs_at_steady_load() {
-    // 20 minutes at 50/s with C = 10 (~40 in flight): ours ≈ ceil(40/10), KEDA ≈ ceil(40/5)
+    // 20 minutes at 50/s with C = 10 (~40 in flight): ours ≈ ceil(40/10), KEDA ≈ ceil(40/5); the start
+    // from zero (~3000 queued before a replica is ready) widens it: with the declared mean, ours drains
+    // that backlog at the mean, KEDA at 5 messages per pod
     let cfg = cfg();
     let trace = Trace::from_counts(vec![50; 1200]);
     let out = sim::run_all(&cfg, &trace, &[Policy::Ours, Policy::Keda]);
     let (ours, keda) = (&out[0], &out[1]);
     let ratio = keda.replica_seconds / ours.replica_seconds;
-    assert!((1.5..2.5).contains(&ratio), "keda/ours {ratio}");
+    assert!((1.5..3.0).contains(&ratio), "keda/ours {ratio}");
     assert_eq!(ours.over_target_share, 0.0);
 }
 
