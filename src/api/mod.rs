@@ -100,7 +100,7 @@ pub struct QueueSpec {
 pub struct ProcessingSpec {
     /// Declared P99 time to handle ONE message. Required.
     pub p99: Duration,
-    /// Declared mean time to handle one message; enables the 6x-mean rule.
+    /// Declared mean time to handle one message; enables the 6x-mean rule and mean-sized scaling of the seen backlog.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mean: Option<Duration>,
     /// Hard per-message handler timeout.

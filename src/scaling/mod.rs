@@ -393,6 +393,12 @@ pub fn decide_for(
 /// (maxReplicas still wins); no action on a missing or stale sample. The window holds the samples newer than
 /// now − window (and the latest), so a scale-down to zero lands one window after the last busy sample. A
 /// recommendation's in-flight term is the mean of maxBacklogAge of samples, see `Model::recommend`.
+///
+/// With a declared `mean` (and maxBacklogAge > P) the backlog term is refined (docs/scaling.md, "With a
+/// declared mean"): messages already seen at the previous sample drain at the mean within
+/// maxBacklogAge − P, new ones keep P over maxBacklogAge; while a backlog waits the in-flight term takes
+/// the arrivals' share; and replicas still starting while a backlog waits are not removed
+/// ([`Limit::Starting`]). Without a mean the formula is DESIGN's exactly.
 pub fn decide(
     spec: &ScalingSpec,
     p99: Duration,
