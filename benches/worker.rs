@@ -58,7 +58,7 @@ fn main() {
         let conf = qc::aws::sdk_config(Some("us-east-1"), Some(&endpoint)).await;
         let client = aws_sdk_sqs::Client::new(&conf);
         if std::env::var_os("QC_BENCH_SDK_PROBE").is_some() {
-            sdk_probe(&client).await;
+            sdk_probe(&client, &conf).await;
             return;
         }
         let mut runs = Vec::new();
@@ -182,9 +182,9 @@ async fn bench_one(
     }
 }
 
-/// CPU of this process per SDK call (DeleteMessageBatch of 10 unknown handles; the emulator answers
-/// without work), to see how much of the worker's CPU per message the SDK itself takes.
-async fn sdk_probe(client: &aws_sdk_sqs::Client) {
+/// CPU of this process per DeleteMessageBatch of 10 unknown handles (the emulator answers without
+/// work), through the SDK and through the worker's own client, side by side.
+async fn sdk_probe(client: &aws_sdk_sqs::Client, conf: &aws_config::SdkConfig) {
     let url = client
         .create_queue()
         .queue_name(format!("probe-{}", std::process::id()))
@@ -212,6 +212,25 @@ async fn sdk_probe(client: &aws_sdk_sqs::Client) {
     let cpu = cpu_time(std::process::id()) - before;
     println!(
         "SDK DeleteMessageBatch: {:.1} µs CPU per call (client and server share the machine), {:.2} ms wall per call",
+        cpu.as_secs_f64() * 1e6 / calls as f64,
+        started.elapsed().as_secs_f64() * 1e3 / calls as f64
+    );
+    let metrics = std::sync::Arc::new(qc::worker::metrics::Metrics::default());
+    let sqs = qc::worker::sqs::Sqs::new(conf, &url, metrics).await.unwrap();
+    let entries: Vec<qc::worker::sqs::Entry> = (0..10)
+        .map(|i| qc::worker::sqs::Entry {
+            message_id: i.to_string(),
+            receipt_handle: format!("bogus-handle-{i}-{}", "x".repeat(200)),
+        })
+        .collect();
+    let before = cpu_time(std::process::id());
+    let started = Instant::now();
+    for _ in 0..calls {
+        let _ = sqs.delete_batch(&entries).await;
+    }
+    let cpu = cpu_time(std::process::id()) - before;
+    println!(
+        "worker client DeleteMessageBatch: {:.1} µs CPU per call, {:.2} ms wall per call",
         cpu.as_secs_f64() * 1e6 / calls as f64,
         started.elapsed().as_secs_f64() * 1e3 / calls as f64
     );

@@ -35,6 +35,8 @@ pub const MEMORY_STORE_CAPACITY: usize = 100_000;
 pub enum WorkerError {
     #[error("invalid {flag}: {reason}")]
     ValidateFlags { flag: &'static str, reason: String },
+    #[error("cannot set up the SQS client: {reason}")]
+    SetUpSqs { reason: String },
     #[error(transparent)]
     StartTelemetry(#[from] TelemetryError),
     #[error(transparent)]
@@ -195,15 +197,10 @@ pub async fn run(
         .clone()
         .or_else(|| sqs::region_from_url(&config.queue_url));
     let sdk = crate::aws::sdk_config(region.as_deref(), config.endpoint_url.as_deref()).await;
-    let sqs_conf = aws_sdk_sqs::config::Builder::from(&sdk)
-        // Retries are ours: each one is counted, backed off with jitter, and never blocks a slot.
-        .retry_config(aws_sdk_sqs::config::retry::RetryConfig::disabled())
-        .build();
-    let sqs = Sqs::new(
-        aws_sdk_sqs::Client::from_conf(sqs_conf),
-        &config.queue_url,
-        metrics.clone(),
-    );
+    // Retries are ours: each one is counted, backed off with jitter, and never blocks a slot.
+    let sqs = Sqs::new(&sdk, &config.queue_url, metrics.clone())
+        .await
+        .map_err(|reason| WorkerError::SetUpSqs { reason })?;
 
     let queue = QueueContext {
         url: config.queue_url.clone(),

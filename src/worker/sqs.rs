@@ -5,12 +5,27 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
-use aws_sdk_sqs::types::{
-    ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry,
-    MessageSystemAttributeName, QueueAttributeName,
-};
+use std::time::SystemTime;
+
+use aws_credential_types::provider::error::CredentialsError;
+use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
+use aws_credential_types::Credentials;
+use aws_sdk_sqs::config::endpoint::{DefaultResolver, Params as EndpointParams, ResolveEndpoint};
+use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
+use aws_sigv4::sign::v4;
+use aws_types::service_config::ServiceConfigKey;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::header::{CONTENT_TYPE, HOST, HeaderValue};
+use hyper::{Method, Request, Uri};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 
 use super::metrics::Metrics;
 
@@ -147,43 +162,6 @@ fn classify_code(code: &str) -> Option<ErrorKind> {
     })
 }
 
-fn classify<E>(
-    action: Action,
-    err: SdkError<E, aws_sdk_sqs::config::http::HttpResponse>,
-) -> SqsError
-where
-    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-{
-    let kind = match &err {
-        SdkError::TimeoutError(_) => ErrorKind::Timeout,
-        SdkError::DispatchFailure(d) if d.is_timeout() => ErrorKind::Timeout,
-        SdkError::DispatchFailure(_) => ErrorKind::EndpointUnreachable,
-        SdkError::ServiceError(s) => {
-            let status = s.raw().status().as_u16();
-            match err.code().and_then(classify_code) {
-                Some(kind) => kind,
-                None if status == 403 => ErrorKind::AccessDenied,
-                None if status == 429 => ErrorKind::Throttled,
-                None if status >= 500 => ErrorKind::ServerError,
-                None => ErrorKind::Other,
-            }
-        }
-        SdkError::ResponseError(r) => {
-            if r.raw().status().as_u16() >= 500 {
-                ErrorKind::ServerError
-            } else {
-                ErrorKind::Other
-            }
-        }
-        _ => ErrorKind::Other,
-    };
-    SqsError {
-        action,
-        kind,
-        detail: DisplayErrorContext(&err).to_string(),
-    }
-}
-
 /// A received message, with what the handlers and the idempotency key need.
 #[derive(Clone, Debug)]
 pub struct Message {
@@ -217,37 +195,44 @@ impl Message {
             .map(|(_, v)| v)
     }
 
-    fn from_sdk(m: aws_sdk_sqs::types::Message, received_at: Instant) -> Option<Message> {
+    fn from_wire(m: WireMessage, received_at: Instant) -> Option<Message> {
         let id = m.message_id?;
         let receipt_handle = m.receipt_handle?;
-        let sys = m.attributes.unwrap_or_default();
-        let get = |k: MessageSystemAttributeName| sys.get(&k).cloned();
+        let mut sys = m.attributes.unwrap_or_default();
         let mut attributes: Vec<(String, AttributeValue)> = m
             .message_attributes
             .unwrap_or_default()
             .into_iter()
             .map(|(name, v)| {
+                let binary = v.binary_value.and_then(|b| match BASE64.decode(b.as_bytes()) {
+                    Ok(bytes) => Some(bytes),
+                    Err(e) => {
+                        // Keep the message: a handler without this attribute beats losing it.
+                        tracing::warn!(message_id = %id, attribute = %name, error = %e, "binary attribute is not base64; passed on without it");
+                        None
+                    }
+                });
                 let value = AttributeValue {
                     data_type: v.data_type,
                     string: v.string_value,
-                    binary: v.binary_value.map(|b| b.into_inner()),
+                    binary,
                 };
                 (name, value)
             })
             .collect();
         attributes.sort_by(|a, b| a.0.cmp(&b.0));
         Some(Message {
+            receive_count: sys
+                .get("ApproximateReceiveCount")
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(1),
+            group_id: sys.remove("MessageGroupId"),
+            deduplication_id: sys.remove("MessageDeduplicationId"),
+            sequence_number: sys.remove("SequenceNumber"),
+            sent_timestamp: sys.get("SentTimestamp").and_then(|t| t.parse().ok()),
             id,
             receipt_handle,
             body: Bytes::from(m.body.unwrap_or_default().into_bytes()),
-            receive_count: get(MessageSystemAttributeName::ApproximateReceiveCount)
-                .and_then(|c| c.parse().ok())
-                .unwrap_or(1),
-            group_id: get(MessageSystemAttributeName::MessageGroupId),
-            deduplication_id: get(MessageSystemAttributeName::MessageDeduplicationId),
-            sequence_number: get(MessageSystemAttributeName::SequenceNumber),
-            sent_timestamp: get(MessageSystemAttributeName::SentTimestamp)
-                .and_then(|t| t.parse().ok()),
             attributes,
             received_at,
         })
@@ -279,40 +264,121 @@ pub struct QueueInfo {
     pub max_receive_count: Option<u32>,
 }
 
-/// The SDK client bound to one queue, counting each request.
+/// A lean SQS client bound to one queue: the AWS JSON 1.0 protocol over a pooled hyper connection,
+/// signed with SigV4; each request is counted by action.
 #[derive(Clone)]
 pub struct Sqs {
-    client: aws_sdk_sqs::Client,
-    url: Arc<str>,
+    inner: Arc<Inner>,
     metrics: Arc<Metrics>,
 }
 
-/// Bound on calls other than the long poll: SDK retries are off, so a hung connection must not block.
+struct Inner {
+    http: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    endpoint: Uri,
+    /// The Host header, as signed (no default port).
+    host: HeaderValue,
+    region: String,
+    url: String,
+    credentials: CredentialsCache,
+}
+
+/// Bound on calls other than the long poll: there are no hidden retries, so a hung connection must not block.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Idle connections are closed after this; shorter than the usual server-side idle limits.
+const POOL_IDLE: Duration = Duration::from_secs(30);
+const SIGNING_NAME: &str = "sqs";
+const CONTENT_TYPE_JSON: &str = "application/x-amz-json-1.0";
 
 impl Sqs {
-    pub fn new(client: aws_sdk_sqs::Client, url: &str, metrics: Arc<Metrics>) -> Self {
-        Sqs {
-            client,
-            url: url.into(),
+    /// Binds to `url`, with the endpoint, region and credentials of `sdk` resolved as the SDK's SQS
+    /// client would: `--endpoint-url`, `AWS_ENDPOINT_URL_SQS`/`AWS_ENDPOINT_URL` or the profile's
+    /// `endpoint_url`, else the regional endpoint (FIPS and dual-stack honoured).
+    pub async fn new(
+        sdk: &aws_types::SdkConfig,
+        url: &str,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, String> {
+        let region = sdk
+            .region()
+            .map(|r| r.as_ref().to_string())
+            .ok_or("no AWS region: pass --region, use an SQS queue URL, or set AWS_REGION")?;
+        let override_url = if sdk.get_origin("endpoint_url").is_client_config() {
+            sdk.endpoint_url().map(str::to_string)
+        } else {
+            sdk.service_config()
+                .and_then(|c| {
+                    c.load_config(
+                        ServiceConfigKey::builder()
+                            .service_id("SQS")
+                            .env("AWS_ENDPOINT_URL")
+                            .profile("endpoint_url")
+                            .build()
+                            .ok()?,
+                    )
+                })
+                .or_else(|| sdk.endpoint_url().map(str::to_string))
+        };
+        let params = EndpointParams::builder()
+            .region(region.clone())
+            .set_use_fips(sdk.use_fips())
+            .set_use_dual_stack(sdk.use_dual_stack())
+            .set_endpoint(override_url)
+            .build()
+            .map_err(|e| format!("invalid SQS endpoint parameters: {e}"))?;
+        let endpoint = DefaultResolver::new()
+            .resolve_endpoint(&params)
+            .await
+            .map_err(|e| format!("cannot resolve the SQS endpoint: {e}"))?;
+        let endpoint: Uri = endpoint
+            .url()
+            .parse()
+            .map_err(|e| format!("SQS endpoint {:?} is not a URL: {e}", endpoint.url()))?;
+        let host = host_header(&endpoint)
+            .ok_or_else(|| format!("SQS endpoint {endpoint} has no host"))?;
+        let provider = sdk
+            .credentials_provider()
+            .ok_or("no AWS credentials provider configured")?;
+
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(Duration::from_secs(5)));
+        http.enforce_http(false);
+        // The TLS stack the SDK already brings (rustls with aws-lc), with the system's roots.
+        let connector = HttpsConnectorBuilder::new()
+            .with_provider_and_native_roots(rustls::crypto::aws_lc_rs::default_provider())
+            .map_err(|e| format!("cannot load TLS root certificates: {e}"))?
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(POOL_IDLE)
+            .build(connector);
+        Ok(Sqs {
+            inner: Arc::new(Inner {
+                http: client,
+                endpoint,
+                host,
+                region,
+                url: url.to_string(),
+                credentials: CredentialsCache::new(provider),
+            }),
             metrics,
-        }
+        })
     }
 
     pub fn url(&self) -> &str {
-        &self.url
+        &self.inner.url
     }
 
-    /// Counts, bounds and logs one call. SDK futures are ~12 KiB: callers box them where they are
-    /// made, so every future that makes a call (and each per-message task) stays small to move.
-    async fn call<T>(
+    /// Counts, bounds and logs one call; Ok carries the answer's body.
+    async fn call(
         &self,
         action: Action,
         timeout: Duration,
-        fut: futures::future::BoxFuture<'_, Result<T, SqsError>>,
-    ) -> Result<T, SqsError> {
+        body: Vec<u8>,
+    ) -> Result<Bytes, SqsError> {
         self.metrics.sqs_requests[action.index()].inc();
-        let result = match tokio::time::timeout(timeout, fut).await {
+        let result = match tokio::time::timeout(timeout, self.send(action, body)).await {
             Ok(r) => r,
             Err(_) => Err(SqsError {
                 action,
@@ -327,30 +393,68 @@ impl Sqs {
         result
     }
 
+    async fn send(&self, action: Action, body: Vec<u8>) -> Result<Bytes, SqsError> {
+        let fail = |kind, detail: String| SqsError {
+            action,
+            kind,
+            detail,
+        };
+        let inner = &*self.inner;
+        let creds = inner
+            .credentials
+            .get()
+            .await
+            .map_err(|(kind, detail)| fail(kind, detail))?;
+        let req = signed_request(
+            &inner.endpoint,
+            &inner.host,
+            &inner.region,
+            &creds,
+            action,
+            body,
+            SystemTime::now(),
+        )
+        .map_err(|detail| fail(ErrorKind::Other, detail))?;
+        let resp = inner.http.request(req).await.map_err(|e| {
+            fail(
+                ErrorKind::EndpointUnreachable,
+                format!("{} {e}: {}", inner.endpoint, error_chain(&e)),
+            )
+        })?;
+        let status = resp.status().as_u16();
+        let query_error = resp
+            .headers()
+            .get("x-amzn-query-error")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| {
+                fail(
+                    ErrorKind::EndpointUnreachable,
+                    format!("reading the answer: {e}"),
+                )
+            })?
+            .to_bytes();
+        if (200..300).contains(&status) {
+            Ok(body)
+        } else {
+            let (kind, detail) = service_error(status, query_error.as_deref(), &body);
+            Err(fail(kind, detail))
+        }
+    }
+
     pub async fn queue_info(&self) -> Result<QueueInfo, SqsError> {
         let action = Action::GetQueueAttributes;
-        let out = self
-            .call(
-                action,
-                CALL_TIMEOUT,
-                Box::pin(async move {
-                    self.client
-                        .get_queue_attributes()
-                        .queue_url(&*self.url)
-                        .attribute_names(QueueAttributeName::All)
-                        .send()
-                        .await
-                        .map_err(|e| classify(action, e))
-                }),
-            )
-            .await?;
-        let attrs: HashMap<String, String> = out
-            .attributes
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| (k.as_str().to_string(), v))
-            .collect();
-        parse_queue_info(&attrs).map_err(|detail| SqsError {
+        let body = encode(&GetQueueAttributesInput {
+            queue_url: self.url(),
+            attribute_names: &["All"],
+        });
+        let out: GetQueueAttributesOutput =
+            decode(action, &self.call(action, CALL_TIMEOUT, body).await?)?;
+        parse_queue_info(&out.attributes.unwrap_or_default()).map_err(|detail| SqsError {
             action,
             kind: ErrorKind::Other,
             detail,
@@ -359,38 +463,13 @@ impl Sqs {
 
     pub async fn receive(&self, max: u32, wait: Duration) -> Result<Vec<Message>, SqsError> {
         let action = Action::ReceiveMessage;
-        let wait_secs = i32::try_from(wait.as_secs().min(20)).unwrap_or(20);
-        let out = self
-            .call(
-                action,
-                wait + CALL_TIMEOUT,
-                Box::pin(async move {
-                    self.client
-                        .receive_message()
-                        .queue_url(&*self.url)
-                        .max_number_of_messages(i32::try_from(max.clamp(1, 10)).unwrap_or(10))
-                        .wait_time_seconds(wait_secs)
-                        // Only what the worker uses: less to send and to parse than All.
-                        .message_system_attribute_names(
-                            MessageSystemAttributeName::ApproximateReceiveCount,
-                        )
-                        .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
-                        .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
-                        .message_system_attribute_names(
-                            MessageSystemAttributeName::MessageDeduplicationId,
-                        )
-                        .message_system_attribute_names(MessageSystemAttributeName::SequenceNumber)
-                        .message_attribute_names("All")
-                        .send()
-                        .await
-                        .map_err(|e| classify(action, e))
-                }),
-            )
-            .await?;
+        let body = receive_body(self.url(), max, wait);
+        let answer = self.call(action, wait + CALL_TIMEOUT, body).await?;
+        let out: ReceiveMessageOutput = decode(action, &answer)?;
         let now = Instant::now();
         let mut messages = Vec::new();
         for m in out.messages.unwrap_or_default() {
-            match Message::from_sdk(m, now) {
+            match Message::from_wire(m, now) {
                 Some(msg) => messages.push(msg),
                 None => tracing::warn!("received a message without id or receipt handle; ignored"),
             }
@@ -400,28 +479,7 @@ impl Sqs {
 
     /// DeleteMessageBatch (≤ 10 entries); Ok carries the entries that failed.
     pub async fn delete_batch(&self, entries: &[Entry]) -> Result<Vec<EntryFailure>, SqsError> {
-        let action = Action::DeleteMessageBatch;
-        let mut req = self.client.delete_message_batch().queue_url(&*self.url);
-        for (i, e) in entries.iter().enumerate() {
-            let entry = DeleteMessageBatchRequestEntry::builder()
-                .id(i.to_string())
-                .receipt_handle(&e.receipt_handle)
-                .build()
-                .map_err(|err| SqsError {
-                    action,
-                    kind: ErrorKind::Other,
-                    detail: err.to_string(),
-                })?;
-            req = req.entries(entry);
-        }
-        let out = self
-            .call(
-                action,
-                CALL_TIMEOUT,
-                Box::pin(async move { req.send().await.map_err(|e| classify(action, e)) }),
-            )
-            .await?;
-        Ok(batch_failures(out.failed(), entries.len()))
+        self.batch(Action::DeleteMessageBatch, entries, None).await
     }
 
     /// ChangeMessageVisibilityBatch (≤ 10 entries) to `secs`; Ok carries the entries that failed.
@@ -430,71 +488,372 @@ impl Sqs {
         entries: &[Entry],
         secs: i32,
     ) -> Result<Vec<EntryFailure>, SqsError> {
-        let action = Action::ChangeMessageVisibilityBatch;
-        let mut req = self
-            .client
-            .change_message_visibility_batch()
-            .queue_url(&*self.url);
-        for (i, e) in entries.iter().enumerate() {
-            let entry = ChangeMessageVisibilityBatchRequestEntry::builder()
-                .id(i.to_string())
-                .receipt_handle(&e.receipt_handle)
-                .visibility_timeout(secs)
-                .build()
-                .map_err(|err| SqsError {
-                    action,
-                    kind: ErrorKind::Other,
-                    detail: err.to_string(),
-                })?;
-            req = req.entries(entry);
-        }
-        let out = self
-            .call(
-                action,
-                CALL_TIMEOUT,
-                Box::pin(async move { req.send().await.map_err(|e| classify(action, e)) }),
-            )
-            .await?;
-        Ok(batch_failures(out.failed(), entries.len()))
+        self.batch(Action::ChangeMessageVisibilityBatch, entries, Some(secs))
+            .await
+    }
+
+    /// One batch call; the two batch actions differ only in the visibility each entry carries.
+    async fn batch(
+        &self,
+        action: Action,
+        entries: &[Entry],
+        visibility: Option<i32>,
+    ) -> Result<Vec<EntryFailure>, SqsError> {
+        let body = batch_body(self.url(), entries, visibility);
+        let out: BatchOutput = decode(action, &self.call(action, CALL_TIMEOUT, body).await?)?;
+        Ok(batch_failures(out.failed.unwrap_or_default(), entries.len()))
     }
 
     pub async fn change_visibility(&self, receipt_handle: &str, secs: i32) -> Result<(), SqsError> {
         let action = Action::ChangeMessageVisibility;
-        self.call(
-            action,
-            CALL_TIMEOUT,
-            Box::pin(async move {
-                self.client
-                    .change_message_visibility()
-                    .queue_url(&*self.url)
-                    .receipt_handle(receipt_handle)
-                    .visibility_timeout(secs)
-                    .send()
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| classify(action, e))
-            }),
-        )
-        .await
+        let body = encode(&ChangeMessageVisibilityInput {
+            queue_url: self.url(),
+            receipt_handle,
+            visibility_timeout: secs,
+        });
+        self.call(action, CALL_TIMEOUT, body).await.map(|_| ())
     }
 }
 
-fn batch_failures(
-    failed: &[aws_sdk_sqs::types::BatchResultErrorEntry],
-    len: usize,
-) -> Vec<EntryFailure> {
-    failed
+/// The Host header the signature covers and hyper sends: the host, with the port unless it is the scheme's default.
+fn host_header(uri: &Uri) -> Option<HeaderValue> {
+    let host = uri.host()?;
+    let default_port = match uri.scheme_str() {
+        Some("https") => 443,
+        _ => 80,
+    };
+    let value = match uri.port_u16() {
+        Some(p) if p != default_port => format!("{host}:{p}"),
+        _ => host.to_string(),
+    };
+    HeaderValue::from_str(&value).ok()
+}
+
+/// Builds the POST for `action` and signs it with SigV4 (content type, host and target are signed).
+fn signed_request(
+    endpoint: &Uri,
+    host: &HeaderValue,
+    region: &str,
+    creds: &Credentials,
+    action: Action,
+    body: Vec<u8>,
+    now: SystemTime,
+) -> Result<Request<Full<Bytes>>, String> {
+    let target = format!("AmazonSQS.{}", action.as_str());
+    let host_str = host.to_str().map_err(|e| e.to_string())?;
+    let headers = [
+        ("content-type", CONTENT_TYPE_JSON),
+        ("host", host_str),
+        ("x-amz-target", target.as_str()),
+    ];
+    let uri = endpoint.to_string();
+    let identity = creds.clone().into();
+    let params = v4::SigningParams::builder()
+        .identity(&identity)
+        .region(region)
+        .name(SIGNING_NAME)
+        .time(now)
+        .settings(SigningSettings::default())
+        .build()
+        .map_err(|e| format!("signing parameters: {e}"))?
+        .into();
+    let signable = SignableRequest::new(
+        "POST",
+        uri.as_str(),
+        headers.iter().copied(),
+        SignableBody::Bytes(&body),
+    )
+    .map_err(|e| format!("signing: {e}"))?;
+    let (instructions, _signature) = sign(signable, &params)
+        .map_err(|e| format!("signing: {e}"))?
+        .into_parts();
+    let mut req = Request::new(Full::new(Bytes::from(body)));
+    *req.method_mut() = Method::POST;
+    *req.uri_mut() = endpoint.clone();
+    let h = req.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE_JSON));
+    h.insert(HOST, host.clone());
+    h.insert(
+        "x-amz-target",
+        HeaderValue::from_str(&target).map_err(|e| e.to_string())?,
+    );
+    instructions.apply_to_request_http1x(&mut req);
+    Ok(req)
+}
+
+/// Credentials from the SDK's provider chain (env, profile, web identity, ECS, IMDS), kept until
+/// shortly before they expire so a request does not cost a provider call.
+struct CredentialsCache {
+    provider: SharedCredentialsProvider,
+    cached: std::sync::Mutex<Option<(Credentials, Instant)>>,
+    refresh: tokio::sync::Mutex<()>,
+}
+
+/// Refresh this long before the credentials expire.
+const CREDENTIALS_BUFFER: Duration = Duration::from_secs(300);
+/// Credentials without an expiry are asked for again after this.
+const CREDENTIALS_DEFAULT_TTL: Duration = Duration::from_secs(900);
+
+impl CredentialsCache {
+    fn new(provider: SharedCredentialsProvider) -> Self {
+        CredentialsCache {
+            provider,
+            cached: std::sync::Mutex::new(None),
+            refresh: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn current(&self) -> Option<Credentials> {
+        let guard = self.cached.lock().ok()?;
+        let (creds, until) = guard.as_ref()?;
+        (Instant::now() < *until).then(|| creds.clone())
+    }
+
+    async fn get(&self) -> Result<Credentials, (ErrorKind, String)> {
+        if let Some(c) = self.current() {
+            return Ok(c);
+        }
+        // One refresh at a time; the others then find it cached.
+        let _refreshing = self.refresh.lock().await;
+        if let Some(c) = self.current() {
+            return Ok(c);
+        }
+        let creds = self.provider.provide_credentials().await.map_err(|e| {
+            let kind = match e {
+                CredentialsError::ProviderTimedOut(_) => ErrorKind::Timeout,
+                _ => ErrorKind::InvalidCredentials,
+            };
+            (
+                kind,
+                format!("loading credentials: {}", error_chain(&e)),
+            )
+        })?;
+        let until = cache_until(creds.expiry(), SystemTime::now(), Instant::now());
+        if let Ok(mut guard) = self.cached.lock() {
+            *guard = Some((creds.clone(), until));
+        }
+        Ok(creds)
+    }
+}
+
+/// Until when credentials expiring at `expiry` are reused: `CREDENTIALS_BUFFER` before the expiry,
+/// but at least a few seconds (credentials about to expire are still better than a provider call per request).
+fn cache_until(expiry: Option<SystemTime>, now: SystemTime, now_instant: Instant) -> Instant {
+    let Some(expiry) = expiry else {
+        return now_instant + CREDENTIALS_DEFAULT_TTL;
+    };
+    let left = expiry.duration_since(now).unwrap_or(Duration::ZERO);
+    let keep = left
+        .saturating_sub(CREDENTIALS_BUFFER)
+        .max(left.min(Duration::from_secs(5)));
+    now_instant + keep
+}
+
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// Classifies a non-2xx answer: the awsQuery-compatible code header first (what SQS sends), then the
+/// JSON `__type`/`code`, then the status.
+fn service_error(status: u16, query_error: Option<&str>, body: &[u8]) -> (ErrorKind, String) {
+    let parsed: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    let field = |names: &[&str]| -> Option<String> {
+        let obj = parsed.as_ref()?.as_object()?;
+        names
+            .iter()
+            .find_map(|n| obj.get(*n)?.as_str().map(str::to_string))
+    };
+    let code = query_error
+        .and_then(|h| h.split(';').next())
+        .map(str::to_string)
+        .filter(|c| !c.is_empty())
+        .or_else(|| field(&["__type", "code", "Code"]).map(|t| sanitize_code(&t).to_string()));
+    let message = field(&["message", "Message"]);
+    let kind = match code.as_deref().and_then(classify_code) {
+        Some(kind) => kind,
+        None if status == 403 => ErrorKind::AccessDenied,
+        None if status == 429 => ErrorKind::Throttled,
+        None if status >= 500 => ErrorKind::ServerError,
+        None => ErrorKind::Other,
+    };
+    let detail = match (code, message) {
+        (Some(c), Some(m)) => format!("{c}: {m} (HTTP {status})"),
+        (Some(c), None) => format!("{c} (HTTP {status})"),
+        (None, _) => {
+            let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
+            format!("HTTP {status}: {text:?}")
+        }
+    };
+    (kind, detail)
+}
+
+/// `com.amazonaws.sqs#QueueDoesNotExist:http://...` → `QueueDoesNotExist`.
+fn sanitize_code(t: &str) -> &str {
+    let t = t.rsplit_once('#').map_or(t, |(_, c)| c);
+    t.split_once(':').map_or(t, |(c, _)| c)
+}
+
+fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    // Serializing these structs of strings and numbers cannot fail.
+    serde_json::to_vec(v).unwrap_or_default()
+}
+
+fn decode<T: DeserializeOwned>(action: Action, body: &[u8]) -> Result<T, SqsError> {
+    // An empty 200 body is an empty answer.
+    let body = if body.iter().all(u8::is_ascii_whitespace) {
+        b"{}".as_slice()
+    } else {
+        body
+    };
+    serde_json::from_slice(body).map_err(|e| SqsError {
+        action,
+        kind: ErrorKind::Other,
+        detail: format!("malformed answer: {e}"),
+    })
+}
+
+/// Only the system attributes the worker uses: less to send and to parse than All.
+const SYSTEM_ATTRIBUTES: [&str; 5] = [
+    "ApproximateReceiveCount",
+    "SentTimestamp",
+    "MessageGroupId",
+    "MessageDeduplicationId",
+    "SequenceNumber",
+];
+
+fn receive_body(url: &str, max: u32, wait: Duration) -> Vec<u8> {
+    encode(&ReceiveMessageInput {
+        queue_url: url,
+        max_number_of_messages: max.clamp(1, 10),
+        wait_time_seconds: wait.as_secs().min(20),
+        message_system_attribute_names: &SYSTEM_ATTRIBUTES,
+        message_attribute_names: &["All"],
+    })
+}
+
+fn batch_body(url: &str, entries: &[Entry], visibility: Option<i32>) -> Vec<u8> {
+    let entries: Vec<BatchEntry<'_>> = entries
         .iter()
+        .enumerate()
+        .map(|(i, e)| BatchEntry {
+            id: i.to_string(),
+            receipt_handle: &e.receipt_handle,
+            visibility_timeout: visibility,
+        })
+        .collect();
+    encode(&BatchInput {
+        queue_url: url,
+        entries,
+    })
+}
+
+fn batch_failures(failed: Vec<WireFailure>, len: usize) -> Vec<EntryFailure> {
+    failed
+        .into_iter()
         .filter_map(|f| {
-            let index: usize = f.id().parse().ok()?;
+            let index: usize = f.id.parse().ok()?;
             (index < len).then(|| EntryFailure {
                 index,
-                code: f.code().to_string(),
-                sender_fault: f.sender_fault(),
-                message: f.message().unwrap_or_default().to_string(),
+                code: f.code.unwrap_or_default(),
+                sender_fault: f.sender_fault.unwrap_or(false),
+                message: f.message.unwrap_or_default(),
             })
         })
         .collect()
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct GetQueueAttributesInput<'a> {
+    queue_url: &'a str,
+    attribute_names: &'a [&'a str],
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct GetQueueAttributesOutput {
+    attributes: Option<HashMap<String, String>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct ReceiveMessageInput<'a> {
+    queue_url: &'a str,
+    max_number_of_messages: u32,
+    wait_time_seconds: u64,
+    message_system_attribute_names: &'a [&'a str],
+    message_attribute_names: &'a [&'a str],
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct ReceiveMessageOutput {
+    messages: Option<Vec<WireMessage>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct WireMessage {
+    message_id: Option<String>,
+    receipt_handle: Option<String>,
+    body: Option<String>,
+    attributes: Option<HashMap<String, String>>,
+    message_attributes: Option<HashMap<String, WireAttribute>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct WireAttribute {
+    data_type: String,
+    string_value: Option<String>,
+    /// Base64 in the JSON protocol.
+    binary_value: Option<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct BatchInput<'a> {
+    queue_url: &'a str,
+    entries: Vec<BatchEntry<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct BatchEntry<'a> {
+    id: String,
+    receipt_handle: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    visibility_timeout: Option<i32>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct BatchOutput {
+    failed: Option<Vec<WireFailure>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct WireFailure {
+    id: String,
+    sender_fault: Option<bool>,
+    code: Option<String>,
+    message: Option<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct ChangeMessageVisibilityInput<'a> {
+    queue_url: &'a str,
+    receipt_handle: &'a str,
+    visibility_timeout: i32,
 }
 
 /// Reads what the worker needs from GetQueueAttributes(All).
