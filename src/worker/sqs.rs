@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use std::time::SystemTime;
 
+use aws_credential_types::Credentials;
 use aws_credential_types::provider::error::CredentialsError;
 use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
-use aws_credential_types::Credentials;
 use aws_sdk_sqs::config::endpoint::{DefaultResolver, Params as EndpointParams, ResolveEndpoint};
 use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
 use aws_sigv4::sign::v4;
@@ -333,8 +333,8 @@ impl Sqs {
             .url()
             .parse()
             .map_err(|e| format!("SQS endpoint {:?} is not a URL: {e}", endpoint.url()))?;
-        let host = host_header(&endpoint)
-            .ok_or_else(|| format!("SQS endpoint {endpoint} has no host"))?;
+        let host =
+            host_header(&endpoint).ok_or_else(|| format!("SQS endpoint {endpoint} has no host"))?;
         let provider = sdk
             .credentials_provider()
             .ok_or("no AWS credentials provider configured")?;
@@ -501,7 +501,10 @@ impl Sqs {
     ) -> Result<Vec<EntryFailure>, SqsError> {
         let body = batch_body(self.url(), entries, visibility);
         let out: BatchOutput = decode(action, &self.call(action, CALL_TIMEOUT, body).await?)?;
-        Ok(batch_failures(out.failed.unwrap_or_default(), entries.len()))
+        Ok(batch_failures(
+            out.failed.unwrap_or_default(),
+            entries.len(),
+        ))
     }
 
     pub async fn change_visibility(&self, receipt_handle: &str, secs: i32) -> Result<(), SqsError> {
@@ -623,10 +626,7 @@ impl CredentialsCache {
                 CredentialsError::ProviderTimedOut(_) => ErrorKind::Timeout,
                 _ => ErrorKind::InvalidCredentials,
             };
-            (
-                kind,
-                format!("loading credentials: {}", error_chain(&e)),
-            )
+            (kind, format!("loading credentials: {}", error_chain(&e)))
         })?;
         let until = cache_until(creds.expiry(), SystemTime::now(), Instant::now());
         if let Ok(mut guard) = self.cached.lock() {
@@ -958,5 +958,281 @@ mod tests {
         assert!(ErrorKind::AccessDenied.is_configuration());
         assert!(!ErrorKind::Throttled.is_configuration());
         assert_eq!(classify_code("SomethingNew"), None);
+    }
+
+    fn json(bytes: &[u8]) -> serde_json::Value {
+        serde_json::from_slice(bytes).unwrap()
+    }
+
+    #[test]
+    fn receive_body_asks_only_for_what_the_worker_uses() {
+        let v = json(&receive_body("http://q/1/a", 25, Duration::from_secs(30)));
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "QueueUrl": "http://q/1/a",
+                "MaxNumberOfMessages": 10,
+                "WaitTimeSeconds": 20,
+                "MessageSystemAttributeNames": ["ApproximateReceiveCount", "SentTimestamp", "MessageGroupId", "MessageDeduplicationId", "SequenceNumber"],
+                "MessageAttributeNames": ["All"],
+            })
+        );
+        let v = json(&receive_body("u", 0, Duration::ZERO));
+        assert_eq!(v["MaxNumberOfMessages"], 1);
+        assert_eq!(v["WaitTimeSeconds"], 0);
+    }
+
+    #[test]
+    fn batch_bodies_number_entries_and_carry_visibility_only_for_releases() {
+        let entries = vec![
+            Entry {
+                message_id: "m1".into(),
+                receipt_handle: "rh-1".into(),
+            },
+            Entry {
+                message_id: "m2".into(),
+                receipt_handle: "rh-\"2\"".into(),
+            },
+        ];
+        assert_eq!(
+            json(&batch_body("u", &entries, None)),
+            serde_json::json!({"QueueUrl": "u", "Entries": [
+                {"Id": "0", "ReceiptHandle": "rh-1"},
+                {"Id": "1", "ReceiptHandle": "rh-\"2\""},
+            ]})
+        );
+        assert_eq!(
+            json(&batch_body("u", &entries, Some(0)))["Entries"][1],
+            serde_json::json!({"Id": "1", "ReceiptHandle": "rh-\"2\"", "VisibilityTimeout": 0})
+        );
+    }
+
+    #[test]
+    fn received_messages_keep_attributes_and_bytes() {
+        let answer = br#"{"Messages":[
+            {"MessageId":"id-1","ReceiptHandle":"rh","MD5OfBody":"x","Body":"{\"a\":1} \u00e9",
+             "Attributes":{"ApproximateReceiveCount":"3","SentTimestamp":"1700000000123","MessageGroupId":"g","SequenceNumber":"7"},
+             "MessageAttributes":{"z":{"DataType":"String","StringValue":"last"},"bin":{"DataType":"Binary","BinaryValue":"AAEC"},"bad":{"DataType":"Binary","BinaryValue":"%%"}}},
+            {"ReceiptHandle":"no-id"}
+        ]}"#;
+        let out: ReceiveMessageOutput = decode(Action::ReceiveMessage, answer).unwrap();
+        let now = Instant::now();
+        let msgs: Vec<Message> = out
+            .messages
+            .unwrap()
+            .into_iter()
+            .filter_map(|m| Message::from_wire(m, now))
+            .collect();
+        assert_eq!(msgs.len(), 1, "a message without id is ignored");
+        let m = &msgs[0];
+        assert_eq!(m.id, "id-1");
+        assert_eq!(m.receipt_handle, "rh");
+        assert_eq!(&m.body[..], "{\"a\":1} é".as_bytes());
+        assert_eq!(m.receive_count, 3);
+        assert_eq!(m.sent_timestamp, Some(1_700_000_000_123));
+        assert_eq!(m.group_id.as_deref(), Some("g"));
+        assert_eq!(m.sequence_number.as_deref(), Some("7"));
+        assert_eq!(m.deduplication_id, None);
+        let names: Vec<&str> = m.attributes.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["bad", "bin", "z"]);
+        assert_eq!(
+            m.attribute("bin").unwrap().binary.as_deref(),
+            Some(&[0u8, 1, 2][..])
+        );
+        assert_eq!(m.attribute("bad").unwrap().binary, None);
+        assert_eq!(m.attribute("z").unwrap().string.as_deref(), Some("last"));
+
+        let empty: ReceiveMessageOutput = decode(Action::ReceiveMessage, b"{}").unwrap();
+        assert!(empty.messages.is_none());
+    }
+
+    #[test]
+    fn malformed_answers_are_classified_errors() {
+        for body in [
+            &b"<xml/>"[..],
+            b"{\"Messages\":5}",
+            b"{\"Messages\":[{\"MessageId\":1}]}",
+            b"\xff",
+        ] {
+            let e = decode::<ReceiveMessageOutput>(Action::ReceiveMessage, body)
+                .err()
+                .unwrap();
+            assert_eq!(e.kind, ErrorKind::Other);
+            assert!(e.detail.starts_with("malformed answer"), "{}", e.detail);
+        }
+        let out: BatchOutput = decode(Action::DeleteMessageBatch, b"").unwrap();
+        assert!(out.failed.is_none());
+        let out: GetQueueAttributesOutput = decode(Action::GetQueueAttributes, b"{}").unwrap();
+        assert!(parse_queue_info(&out.attributes.unwrap_or_default()).is_err());
+    }
+
+    #[test]
+    fn batch_failures_keep_known_entries_only() {
+        let out: BatchOutput = decode(
+            Action::DeleteMessageBatch,
+            br#"{"Successful":[{"Id":"0"}],"Failed":[
+                {"Id":"1","SenderFault":true,"Code":"ReceiptHandleIsInvalid","Message":"bad"},
+                {"Id":"2","Code":"InternalError"},
+                {"Id":"9","SenderFault":false,"Code":"X"},
+                {"Id":"x","Code":"Y"}]}"#,
+        )
+        .unwrap();
+        let f = batch_failures(out.failed.unwrap(), 3);
+        assert_eq!(f.len(), 2);
+        assert_eq!(
+            (f[0].index, f[0].sender_fault, f[0].code.as_str()),
+            (1, true, "ReceiptHandleIsInvalid")
+        );
+        assert_eq!(f[0].message, "bad");
+        assert_eq!(
+            (f[1].index, f[1].sender_fault, f[1].message.as_str()),
+            (2, false, "")
+        );
+    }
+
+    #[test]
+    fn service_errors_map_like_the_sdk() {
+        let (kind, detail) = service_error(
+            400,
+            Some("AWS.SimpleQueueService.NonExistentQueue;Sender"),
+            br#"{"__type":"com.amazonaws.sqs#QueueDoesNotExist","message":"The specified queue does not exist."}"#,
+        );
+        assert_eq!(kind, ErrorKind::QueueDoesNotExist);
+        assert!(
+            detail.contains("The specified queue does not exist"),
+            "{detail}"
+        );
+        let (kind, _) = service_error(
+            400,
+            None,
+            br#"{"__type":"com.amazon.coral.service#UnrecognizedClientException","message":"bad token"}"#,
+        );
+        assert_eq!(kind, ErrorKind::InvalidCredentials);
+        let (kind, _) = service_error(400, None, br#"{"__type":"QueueDoesNotExist:http://x"}"#);
+        assert_eq!(kind, ErrorKind::QueueDoesNotExist);
+        let (kind, _) = service_error(400, None, br#"{"code":"ThrottlingException"}"#);
+        assert_eq!(kind, ErrorKind::Throttled);
+        assert_eq!(service_error(403, None, b"").0, ErrorKind::AccessDenied);
+        assert_eq!(service_error(429, None, b"nope").0, ErrorKind::Throttled);
+        let (kind, detail) = service_error(503, None, b"<html>busy</html>");
+        assert_eq!(kind, ErrorKind::ServerError);
+        assert!(
+            detail.contains("503") && detail.contains("busy"),
+            "{detail}"
+        );
+        assert_eq!(
+            service_error(400, None, br#"{"__type":"Novel"}"#).0,
+            ErrorKind::Other
+        );
+        assert_eq!(service_error(400, Some(";"), b"[1]").0, ErrorKind::Other);
+    }
+
+    #[test]
+    fn host_header_drops_default_ports() {
+        let h = |u: &str| host_header(&u.parse().unwrap()).unwrap();
+        assert_eq!(
+            h("https://sqs.eu-west-1.amazonaws.com"),
+            "sqs.eu-west-1.amazonaws.com"
+        );
+        assert_eq!(
+            h("https://sqs.eu-west-1.amazonaws.com:443/"),
+            "sqs.eu-west-1.amazonaws.com"
+        );
+        assert_eq!(h("http://127.0.0.1:4566"), "127.0.0.1:4566");
+        assert_eq!(h("http://localhost:80"), "localhost");
+        assert!(host_header(&"/just/a/path".parse().unwrap()).is_none());
+    }
+
+    #[test]
+    fn credentials_are_reused_until_shortly_before_expiry() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let at = Instant::now();
+        assert_eq!(cache_until(None, now, at), at + CREDENTIALS_DEFAULT_TTL);
+        let hour = now + Duration::from_secs(3600);
+        assert_eq!(
+            cache_until(Some(hour), now, at),
+            at + Duration::from_secs(3300)
+        );
+        // Nearly expired: reused for a few seconds rather than fetched per request.
+        let soon = now + Duration::from_secs(60);
+        assert_eq!(
+            cache_until(Some(soon), now, at),
+            at + Duration::from_secs(5)
+        );
+        assert_eq!(cache_until(Some(now - Duration::from_secs(1)), now, at), at);
+    }
+
+    /// SigV4 computed here step by step, independently of aws-sigv4: the request's signature must match.
+    #[test]
+    fn requests_are_signed_over_target_host_and_body() {
+        use hmac::{Hmac, KeyInit, Mac};
+        use sha2::{Digest, Sha256};
+        fn hmac(key: &[u8], data: &str) -> Vec<u8> {
+            let mut m = Hmac::<Sha256>::new_from_slice(key).unwrap();
+            m.update(data.as_bytes());
+            m.finalize().into_bytes().to_vec()
+        }
+        let endpoint: Uri = "https://sqs.eu-west-1.amazonaws.com".parse().unwrap();
+        let host = host_header(&endpoint).unwrap();
+        let creds = Credentials::new("AKIDEXAMPLE", "secret/key", None, None, "test");
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000); // 2023-11-14T22:13:20Z
+        let body = br#"{"QueueUrl":"u","Entries":[]}"#.to_vec();
+        let req = signed_request(
+            &endpoint,
+            &host,
+            "eu-west-1",
+            &creds,
+            Action::DeleteMessageBatch,
+            body.clone(),
+            now,
+        )
+        .unwrap();
+        assert_eq!(req.method(), Method::POST);
+        let h = req.headers();
+        assert_eq!(h["x-amz-target"], "AmazonSQS.DeleteMessageBatch");
+        assert_eq!(h["content-type"], "application/x-amz-json-1.0");
+        assert_eq!(h["host"], "sqs.eu-west-1.amazonaws.com");
+        assert_eq!(h["x-amz-date"], "20231114T221320Z");
+        assert!(h.get("x-amz-security-token").is_none());
+
+        let canonical = format!(
+            "POST\n/\n\ncontent-type:application/x-amz-json-1.0\nhost:sqs.eu-west-1.amazonaws.com\nx-amz-date:20231114T221320Z\nx-amz-target:AmazonSQS.DeleteMessageBatch\n\ncontent-type;host;x-amz-date;x-amz-target\n{}",
+            hex::encode(Sha256::digest(&body))
+        );
+        let scope = "20231114/eu-west-1/sqs/aws4_request";
+        let to_sign = format!(
+            "AWS4-HMAC-SHA256\n20231114T221320Z\n{scope}\n{}",
+            hex::encode(Sha256::digest(canonical.as_bytes()))
+        );
+        let key = hmac(b"AWS4secret/key", "20231114");
+        let key = hmac(&key, "eu-west-1");
+        let key = hmac(&key, "sqs");
+        let key = hmac(&key, "aws4_request");
+        let signature = hex::encode(hmac(&key, &to_sign));
+        assert_eq!(
+            h["authorization"].to_str().unwrap(),
+            format!(
+                "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/{scope}, SignedHeaders=content-type;host;x-amz-date;x-amz-target, Signature={signature}"
+            )
+        );
+
+        let temporary = Credentials::new("ASIA", "s", Some("token/+=".into()), None, "test");
+        let req = signed_request(
+            &endpoint,
+            &host,
+            "eu-west-1",
+            &temporary,
+            Action::ReceiveMessage,
+            b"{}".to_vec(),
+            now,
+        )
+        .unwrap();
+        assert_eq!(req.headers()["x-amz-security-token"], "token/+=");
+        assert!(
+            req.headers()["authorization"]
+                .to_str()
+                .unwrap()
+                .contains("x-amz-security-token")
+        );
     }
 }
