@@ -343,13 +343,14 @@ impl Sqs {
         http.set_nodelay(true);
         http.set_connect_timeout(Some(Duration::from_secs(5)));
         http.enforce_http(false);
-        // The TLS stack the SDK already brings (rustls with aws-lc), with the system's roots.
-        let connector = HttpsConnectorBuilder::new()
+        // The TLS stack the SDK already brings (rustls with aws-lc), with the system's roots (the SDK's
+        // own client, which aws-config uses for credentials, needs them too).
+        let tls = HttpsConnectorBuilder::new()
             .with_provider_and_native_roots(rustls::crypto::aws_lc_rs::default_provider())
-            .map_err(|e| format!("cannot load TLS root certificates: {e}"))?
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
+            .map_err(|e| {
+                format!("cannot load TLS root certificates: {e} (install a CA bundle or set SSL_CERT_FILE)")
+            })?;
+        let connector = tls.https_or_http().enable_http1().wrap_connector(http);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(POOL_IDLE)
             .build(connector);
@@ -418,7 +419,7 @@ impl Sqs {
         let resp = inner.http.request(req).await.map_err(|e| {
             fail(
                 ErrorKind::EndpointUnreachable,
-                format!("{} {e}: {}", inner.endpoint, error_chain(&e)),
+                format!("{}: {}", inner.endpoint, error_chain(&e)),
             )
         })?;
         let status = resp.status().as_u16();
