@@ -240,9 +240,14 @@ impl RedisStore {
             let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
         }
         let client = redis::Client::open(url).map_err(|e| connect_err(e.to_string()))?;
+        // Few, quick reconnect attempts: the caller retries with its own backoff, and the manager's
+        // default (6 attempts, up to 3.2 s apart) would outlast the connect timeout below and hide the
+        // real reason ("invalid peer certificate", "connection refused") behind "timed out".
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CALL_TIMEOUT))
-            .set_response_timeout(Some(CALL_TIMEOUT));
+            .set_response_timeout(Some(CALL_TIMEOUT))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
         let conn = tokio::time::timeout(
             CALL_TIMEOUT * 2,
             redis::aio::ConnectionManager::new_with_config(client, config),
