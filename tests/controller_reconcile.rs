@@ -123,7 +123,9 @@ fn qc_manifest(name: &str, url: &str, alarm: bool) -> Value {
             "processing": {"p99": "2s", "timeout": "10s", "waitTime": "1s"},
             "handler": {"http": {"port": 8080, "path": "/messages"}},
             "template": {"spec": {"containers": [{"name": "app", "image": "shop/orders:1"}]}},
-            "scaling": {"pollInterval": "1s"},
+            // One replica throughout, so these tests see the Deployment, not the scaler (that is
+            // tests/controller_scaling.rs and `a_new_consumer_on_an_idle_queue_starts_at_zero` below).
+            "scaling": {"pollInterval": "1s", "minReplicas": 1},
             "deadLetter": {"alarm": alarm}
         }
     })
@@ -291,6 +293,33 @@ async fn create_applies_the_rendered_deployment_with_owner_and_status() {
     assert_eq!(e.condition("orders", "Ready").status, "True");
     assert_eq!(e.qc("orders").status.unwrap().replicas, Some(1));
     assert_eq!(event_reasons(&e.fake.requests()), ["Available"]);
+    assert!(deployment_writes(&e.fake.requests()).is_empty());
+}
+
+#[tokio::test]
+async fn a_new_consumer_on_an_idle_queue_starts_at_zero() {
+    let e = env().await;
+    let mut m = qc_manifest("orders", &e.url, false);
+    m["spec"]["scaling"]["minReplicas"] = json!(0);
+    e.fake.create(QUEUE_CONSUMERS, m);
+    e.reconcile("orders").await.unwrap();
+    // The Deployment (the API server defaults it to 1 replica), then the scaler's 0 at once: no pod
+    // exists yet, so there is nothing for the short-history hold to protect.
+    let reqs = e.fake.requests();
+    let writes = deployment_writes(&reqs);
+    assert_eq!(writes.len(), 2);
+    assert_eq!(writes[0].field_manager(), Some("qc-operator"));
+    assert_eq!(writes[1].field_manager(), Some("qc-operator-scaler"));
+    assert_eq!(writes[1].body.as_ref().unwrap()["spec"]["replicas"], 0);
+    assert_eq!(e.deployment("orders").unwrap().spec.replicas, Some(0));
+    assert_eq!(
+        e.condition("orders", "ScalingActive").reason,
+        "ScaledToZero"
+    );
+    // Found again later (as after a controller restart), nothing more is written.
+    e.next_poll().await;
+    e.fake.clear_requests();
+    e.reconcile("orders").await.unwrap();
     assert!(deployment_writes(&e.fake.requests()).is_empty());
 }
 

@@ -292,23 +292,32 @@ async fn depth_rises_and_replicas_rise_through_the_scalers_own_apply() {
             json!({"minReplicas": 0, "maxReplicas": 4, "scaleDownStabilization": "1m"}),
         ),
     );
-    // Empty queue: the Deployment is created (the API server's 1 replica) and a fresh history does not
-    // scale down on one reading.
+    // Empty queue: the Deployment is created (the API server's 1 replica) and, since no pod of it
+    // exists yet, the scaler takes it to 0 at once rather than hold the default for a window.
     let action = e.reconcile().await.unwrap();
     assert_eq!(
         action,
         kube::runtime::controller::Action::requeue(std::time::Duration::from_secs(1)),
         "a good reconcile comes back after pollInterval"
     );
-    assert_eq!(e.replicas(), Some(1));
-    assert!(scaler_writes(&e.fake.requests()).is_empty());
-    let (status, reason, message) = e.scaling_active();
-    assert_eq!((status.as_str(), reason.as_str()), ("True", "Scaling"));
-    assert!(message.contains("ShortHistory"), "{message}");
-    assert_eq!(e.qc().status.unwrap().desired_replicas, Some(1));
-    assert_eq!(e.qc().status.unwrap().last_scale_time, None);
+    assert_eq!(e.replicas(), Some(0));
+    let reqs = e.fake.requests();
+    let writes = scaler_writes(&reqs);
+    assert_eq!(writes.len(), 1);
+    assert_scaler_apply(writes[0], 0);
+    let (status, reason, _) = e.scaling_active();
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "ScaledToZero"));
+    assert_eq!(e.qc().status.unwrap().desired_replicas, Some(0));
 
+    // Messages arrive: activation from zero needs the backlog on two consecutive samples.
     e.send(3).await;
+    e.next_poll().await;
+    let mark = e.mark();
+    e.reconcile().await.unwrap();
+    assert!(scaler_writes(&e.requests_since(mark)).is_empty());
+    assert_eq!(e.replicas(), Some(0));
+    let (_, _, message) = e.scaling_active();
+    assert!(message.contains("Activation"), "{message}");
     e.next_poll().await;
     let mark = e.mark();
     e.reconcile().await.unwrap();
@@ -320,14 +329,14 @@ async fn depth_rises_and_replicas_rise_through_the_scalers_own_apply() {
     assert_eq!(e.replicas(), Some(3));
     let notes = scaled_events(&reqs);
     assert_eq!(notes.len(), 1, "{notes:?}");
-    assert!(notes[0].contains("from 1 to 3"), "{}", notes[0]);
+    assert!(notes[0].contains("from 0 to 3"), "{}", notes[0]);
     assert!(notes[0].contains("3 visible need 3"), "{}", notes[0]);
     let st = e.qc().status.unwrap();
     assert_eq!(st.desired_replicas, Some(3));
     assert!(st.last_scale_time.is_some());
     let (status, reason, message) = e.scaling_active();
     assert_eq!((status.as_str(), reason.as_str()), ("True", "Scaling"));
-    assert!(message.starts_with("3 replicas (ScaleUp)"), "{message}");
+    assert!(message.starts_with("3 replicas (Activate)"), "{message}");
 
     // A reconcile from a watch event (before the next poll) reuses the cached read: no new sample, no write.
     let mark = e.mark();
@@ -373,8 +382,8 @@ async fn depth_rises_and_replicas_rise_through_the_scalers_own_apply() {
     assert_managers_apart(&e);
     assert_eq!(
         e.ctx.metrics.scale_writes.load(Ordering::Relaxed),
-        2,
-        "two replica changes written"
+        3,
+        "three replica changes written: 0, 3, 4"
     );
     rbac::assert_granted(&["config/rbac/role.yaml"], &e.fake.requests());
 }

@@ -391,7 +391,14 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     // scale: the policy on the Deployment as it is now; replicas go out as their own manager's apply
     let now = observe::wall_clock();
     let replicas = ctx.scaling.with_history(&scale::key(qc), now, |h| {
-        pipeline::decide_replicas(qc, &decision.rollout, deployment.as_ref(), h, now)
+        pipeline::decide_replicas(
+            qc,
+            &decision.rollout,
+            deployment.as_ref(),
+            applied == Some("Created"),
+            h,
+            now,
+        )
     });
     let mut scaled = None;
     if let (Some(n), ReplicaDecision::Scale { current, decision }) = (replicas.write(), &replicas) {

@@ -184,16 +184,27 @@ pub fn decide_replicas(
     qc: &QueueConsumer,
     rollout: &Rollout,
     deployment: Option<&Deployment>,
+    created: bool,
     history: &History,
     now: Timestamp,
 ) -> ReplicaDecision {
     match (rollout, deployment) {
         (Rollout::Apply, Some(d)) => {
             let current = current_replicas(d);
-            ReplicaDecision::Scale {
-                current,
-                decision: scaling::decide_for(&qc.spec, history, current, now),
+            let mut decision = scaling::decide_for(&qc.spec, history, current, now);
+            // The short-history hold keeps replicas that may be busy after a controller restart. A
+            // Deployment this reconcile created has no pod yet: when the queue is idle and minReplicas
+            // allows it, decide as from zero, rather than keep the API server's default replica for a
+            // whole window.
+            if created && decision.limited_by == Some(scaling::Limit::ShortHistory) {
+                let from_zero = scaling::decide_for(&qc.spec, history, 0, now);
+                if from_zero.replicas == 0
+                    && from_zero.reason != scaling::Reason::MetricsUnavailable
+                {
+                    decision = from_zero;
+                }
             }
+            ReplicaDecision::Scale { current, decision }
         }
         _ => ReplicaDecision::Keep,
     }
@@ -241,21 +252,78 @@ mod tests {
             Rollout::HeldByValidation,
             Rollout::HeldForeignDeployment,
         ] {
-            let r = decide_replicas(&q, &held, Some(&d), &h, now);
+            let r = decide_replicas(&q, &held, Some(&d), false, &h, now);
             assert_eq!(r, ReplicaDecision::Keep, "{held:?}");
             assert_eq!(r.write(), None);
         }
         assert_eq!(
-            decide_replicas(&q, &Rollout::Apply, None, &h, now),
+            decide_replicas(&q, &Rollout::Apply, None, false, &h, now),
             ReplicaDecision::Keep
         );
         // 900 visible at 300 per replica: 3, from 1.
-        let r = decide_replicas(&q, &Rollout::Apply, Some(&d), &h, now);
+        let r = decide_replicas(&q, &Rollout::Apply, Some(&d), false, &h, now);
         assert_eq!(r.write(), Some(3));
         // Already at 3: nothing to write.
-        let r = decide_replicas(&q, &Rollout::Apply, Some(&deployment(Some(3))), &h, now);
+        let r = decide_replicas(
+            &q,
+            &Rollout::Apply,
+            Some(&deployment(Some(3))),
+            false,
+            &h,
+            now,
+        );
         assert!(matches!(r, ReplicaDecision::Scale { current: 3, .. }));
         assert_eq!(r.write(), None);
+    }
+
+    #[test]
+    fn a_deployment_just_created_on_an_idle_queue_goes_to_zero_at_once() {
+        let mut q = qc();
+        q.spec.scaling.min_replicas = 0;
+        let sample = |visible, in_flight| {
+            let mut h = History::new(crate::api::Duration::from_secs(600));
+            h.push(Sample {
+                visible,
+                in_flight,
+                delayed: 0,
+                at: Timestamp::from_secs(10),
+            })
+            .unwrap();
+            h
+        };
+        let now = Timestamp::from_secs(11);
+        // The API server defaulted the new Deployment to 1 replica.
+        let d = deployment(None);
+        let idle = sample(0, 0);
+        let r = decide_replicas(&q, &Rollout::Apply, Some(&d), true, &idle, now);
+        assert_eq!(r.write(), Some(0), "{r:?}");
+        // The same Deployment found (not created) after a restart: held for the window.
+        let r = decide_replicas(&q, &Rollout::Apply, Some(&d), false, &idle, now);
+        assert_eq!(r.write(), None, "{r:?}");
+        assert!(matches!(
+            &r,
+            ReplicaDecision::Scale { decision, .. }
+                if decision.limited_by == Some(scaling::Limit::ShortHistory)
+        ));
+        // Work in flight or waiting: the new replica stays.
+        for h in [sample(0, 3), sample(2, 0)] {
+            let r = decide_replicas(&q, &Rollout::Apply, Some(&d), true, &h, now);
+            assert_ne!(r.write(), Some(0), "{r:?}");
+        }
+        // minReplicas 2: up to 2 as before, created or not.
+        q.spec.scaling.min_replicas = 2;
+        let r = decide_replicas(&q, &Rollout::Apply, Some(&d), true, &idle, now);
+        assert_eq!(r.write(), Some(2));
+        // No usable sample: nothing written.
+        let stale = decide_replicas(
+            &q,
+            &Rollout::Apply,
+            Some(&d),
+            true,
+            &idle,
+            Timestamp::from_secs(100_000),
+        );
+        assert_eq!(stale.write(), None, "{stale:?}");
     }
 
     #[test]
