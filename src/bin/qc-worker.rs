@@ -204,12 +204,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // An I/O-bound worker needs few threads; TOKIO_WORKER_THREADS overrides.
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        builder.worker_threads(cores.clamp(1, 4));
-    }
+    // One thread: the worker waits on I/O almost all the time, and on one thread its tasks never
+    // wake each other across threads (a third fewer CPU per message than 2 worker threads, measured in
+    // docs/benchmarks.md; one core still handles far more messages than one consumer gets).
+    // TOKIO_WORKER_THREADS=N asks for a multi-threaded runtime with N threads instead.
+    let mut builder = if std::env::var_os("TOKIO_WORKER_THREADS").is_some() {
+        tokio::runtime::Builder::new_multi_thread()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
     let runtime = match builder.enable_all().build() {
         Ok(r) => r,
         Err(e) => {
