@@ -703,34 +703,12 @@ fn changed_paths(old: &Value, new: &Value) -> BTreeSet<Path> {
         .collect()
 }
 
+/// RFC 3339 in UTC at second precision, as the API server writes timestamps.
 fn now() -> String {
-    // RFC 3339 in UTC, second precision, without a date crate: derived from the Unix time.
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
+    let now = k8s_openapi::jiff::Timestamp::now();
+    k8s_openapi::jiff::Timestamp::from_second(now.as_second())
         .unwrap()
-        .as_secs() as i64;
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
-}
-
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
+        .to_string()
 }
 
 /// The API server's defaults for the Deployment fields the controller renders.
