@@ -92,21 +92,16 @@ impl TestQueue {
 
     /// (visible, not visible, delayed) of a queue.
     pub async fn counts_of(&self, url: &str) -> (u64, u64, u64) {
-        let attrs = self
-            .client
-            .get_queue_attributes()
-            .queue_url(url)
-            .attribute_names(QueueAttributeName::All)
-            .send()
+        use qc::aws::QueueReader;
+        let attrs = qc::aws::SqsReader::new(self.client.clone())
+            .attributes(url)
             .await
-            .unwrap()
-            .attributes
             .unwrap();
-        let get = |k: QueueAttributeName| attrs.get(&k).map_or(0, |v| v.parse().unwrap());
+        let get = |k: &str| attrs.get(k).map_or(0, |v| v.parse().unwrap());
         (
-            get(QueueAttributeName::ApproximateNumberOfMessages),
-            get(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
-            get(QueueAttributeName::ApproximateNumberOfMessagesDelayed),
+            get("ApproximateNumberOfMessages"),
+            get("ApproximateNumberOfMessagesNotVisible"),
+            get("ApproximateNumberOfMessagesDelayed"),
         )
     }
 
