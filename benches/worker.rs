@@ -4,6 +4,12 @@
 //! SQS server); `cargo test --all-targets` only builds it.
 #![allow(clippy::unwrap_used)]
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+// The worker tests' probe and port helpers (and `common`, which they build on).
+#[path = "../tests/worker/support.rs"]
+mod support;
+
 use std::convert::Infallible;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -13,7 +19,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use support::{free_port, http_get, parse_metric};
 
 struct Run {
     concurrency: usize,
@@ -136,14 +142,15 @@ async fn bench_one(
     for _ in 0..100 {
         metrics = http_get(&metrics_addr, "/metrics")
             .await
+            .map(|(_, body)| body)
             .unwrap_or_default();
-        if metric(&metrics, "qc_worker_messages_deleted_total") >= messages as f64 {
+        if metric_or_zero(&metrics, "qc_worker_messages_deleted_total") >= messages as f64 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(
-        metric(&metrics, "qc_worker_messages_deleted_total"),
+        metric_or_zero(&metrics, "qc_worker_messages_deleted_total"),
         messages as f64,
         "every message deleted once"
     );
@@ -154,7 +161,7 @@ async fn bench_one(
     let _ = client.delete_queue().queue_url(&url).send().await;
 
     let action = |a: &str| {
-        metric(
+        metric_or_zero(
             &metrics,
             &format!("qc_worker_sqs_requests_total{{action=\"{a}\"}}"),
         )
@@ -376,31 +383,7 @@ async fn start_handler(latency: Duration) -> String {
     url
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| {
-            let (n, v) = l.rsplit_once(' ')?;
-            (n == name).then(|| v.parse().ok()).flatten()
-        })
-        .unwrap_or(0.0)
-}
-
-async fn http_get(addr: &str, path: &str) -> Option<String> {
-    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await.ok()?;
-    let text = String::from_utf8_lossy(&buf).to_string();
-    text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+/// A counter the worker has not exported yet reads 0.
+fn metric_or_zero(text: &str, name: &str) -> f64 {
+    parse_metric(text, name).unwrap_or(0.0)
 }
