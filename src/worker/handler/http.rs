@@ -1,28 +1,30 @@
 //! HTTP handler: POST each message in CloudEvents binary mode to the handler container on localhost.
 //! The body goes out as the exact bytes SQS returned; metadata travels in `ce-*` and `x-sqs-*` headers.
 
+use std::io::Write as _;
 use std::time::{Duration, SystemTime};
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
-use hyper::{Method, Request, Uri};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper::Uri;
 
+use super::wire::{Pool, WireError};
 use super::{HandlerError, QueueContext, Verdict, rfc3339_millis, verdict_for_status};
 use crate::worker::sqs::Message;
 
 /// `ce-type` of every event the worker sends.
 pub const CE_TYPE: &str = "dev.consumers.sqs.message";
 
+/// Idle connections to the handler are closed after this.
+const POOL_IDLE: Duration = Duration::from_secs(60);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 pub struct HttpHandler {
     uri: Uri,
     authority: String,
-    client: Client<HttpConnector, Full<Bytes>>,
-    source: HeaderValue,
-    queue_url: HeaderValue,
+    /// `POST <path> HTTP/1.1` and the Host header: the same for every request.
+    request_line: Vec<u8>,
+    pool: Pool,
+    source: String,
+    queue_url: String,
 }
 
 impl HttpHandler {
@@ -37,36 +39,35 @@ impl HttpHandler {
                 "only http:// is supported (the handler runs in the same pod)",
             ));
         }
-        let authority = uri
-            .authority()
-            .ok_or_else(|| err("no host"))?
-            .as_str()
-            .to_string();
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(5)));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(pool)
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build(connector);
+        let host = uri.host().ok_or_else(|| err("no host"))?;
+        let authority = format!("{host}:{}", uri.port_u16().unwrap_or(80));
+        let path = uri.path_and_query().map_or("/", |p| p.as_str());
+        let mut request_line = Vec::with_capacity(64);
+        // The Host header names the port only when it is not the default, like every HTTP client.
+        let host_header = uri.authority().map_or(host, |a| a.as_str());
+        let _ = write!(
+            request_line,
+            "POST {path} HTTP/1.1\r\nhost: {host_header}\r\n"
+        );
         let source = if queue.arn.is_empty() {
             &queue.url
         } else {
             &queue.arn
         };
         Ok(HttpHandler {
+            pool: Pool::new(authority.clone(), pool, POOL_IDLE, CONNECT_TIMEOUT),
             uri,
             authority,
-            client,
-            source: header_value(source),
-            queue_url: header_value(&queue.url),
+            request_line,
+            source: source.clone(),
+            queue_url: queue.url.clone(),
         })
     }
 
     /// `ce-source` is the queue ARN; the URL stands in until the ARN is known.
     pub fn set_queue_arn(&mut self, arn: &str) {
         if !arn.is_empty() {
-            self.source = header_value(arn);
+            self.source = arn.to_string();
         }
     }
 
@@ -75,77 +76,70 @@ impl HttpHandler {
     }
 
     pub async fn handle(&self, msg: &Message) -> Verdict {
-        let req = self.request(msg);
-        let resp = match self.client.request(req).await {
-            Ok(r) => r,
-            Err(e) if e.is_connect() => {
-                return Verdict::Unreachable(format!("cannot connect to {}: {e}", self.uri));
+        let head = self.head(msg);
+        match self.pool.send(&head, &msg.body).await {
+            Ok(answer) => verdict_for_status(
+                answer.status,
+                answer.retry_after.as_deref(),
+                SystemTime::now(),
+            ),
+            Err(e @ WireError::Connect { .. }) => {
+                Verdict::Unreachable(format!("{e} ({})", self.uri))
             }
-            Err(e) => {
-                return Verdict::Transient {
-                    reason: format!("no answer from {}: {e}", self.uri),
-                    retry_after: None,
-                };
-            }
-        };
-        let status = resp.status().as_u16();
-        let retry_after = resp
-            .headers()
-            .get(RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        // Drain the body so the connection goes back to the pool.
-        let mut body = resp.into_body();
-        while let Some(frame) = body.frame().await {
-            if frame.is_err() {
-                break;
-            }
+            Err(e) => Verdict::Transient {
+                reason: format!("no answer from {}: {e}", self.uri),
+                retry_after: None,
+            },
         }
-        verdict_for_status(status, retry_after.as_deref(), SystemTime::now())
     }
 
-    fn request(&self, msg: &Message) -> Request<Full<Bytes>> {
-        let mut req = Request::new(Full::new(msg.body.clone()));
-        *req.method_mut() = Method::POST;
-        *req.uri_mut() = self.uri.clone();
-        let h = req.headers_mut();
-        h.insert("ce-specversion", HeaderValue::from_static("1.0"));
-        h.insert("ce-id", header_value(&msg.id));
-        h.insert("ce-source", self.source.clone());
-        h.insert("ce-type", HeaderValue::from_static(CE_TYPE));
+    /// The request head: the body goes out as the exact bytes SQS returned, the metadata in
+    /// CloudEvents binary-mode `ce-*` headers and `x-sqs-*` headers.
+    fn head(&self, msg: &Message) -> Vec<u8> {
+        let mut h = Vec::with_capacity(512 + self.source.len() + self.queue_url.len());
+        h.extend_from_slice(&self.request_line);
+        let _ = write!(h, "content-length: {}\r\n", msg.body.len());
+        h.extend_from_slice(b"ce-specversion: 1.0\r\n");
+        header(&mut h, "ce-id", &msg.id);
+        header(&mut h, "ce-source", &self.source);
+        header(&mut h, "ce-type", CE_TYPE);
         if let Some(t) = msg.sent_timestamp {
-            h.insert("ce-time", header_value(&rfc3339_millis(t)));
+            header(&mut h, "ce-time", &rfc3339_millis(t));
         }
-        h.insert("ce-sqsreceivecount", HeaderValue::from(msg.receive_count));
+        let _ = write!(h, "ce-sqsreceivecount: {}\r\n", msg.receive_count);
         if let Some(g) = &msg.group_id {
-            h.insert("ce-sqsgroupid", header_value(g));
+            header(&mut h, "ce-sqsgroupid", g);
         }
         if let Some(d) = &msg.deduplication_id {
-            h.insert("ce-sqsdeduplicationid", header_value(d));
+            header(&mut h, "ce-sqsdeduplicationid", d);
         }
         if let Some(s) = &msg.sequence_number {
-            h.insert("ce-sqssequencenumber", header_value(s));
+            header(&mut h, "ce-sqssequencenumber", s);
         }
-        h.insert("x-sqs-queue-url", self.queue_url.clone());
+        header(&mut h, "x-sqs-queue-url", &self.queue_url);
         let mut content_type = None;
         for (name, value) in &msg.attributes {
-            let Ok(header) = HeaderName::from_bytes(format!("x-sqs-attribute-{name}").as_bytes())
-            else {
+            if name.is_empty() || !name.bytes().all(is_token) {
                 continue;
-            };
+            }
             let text = match (&value.string, &value.binary) {
-                (Some(s), _) => s.clone(),
-                (None, Some(b)) => base64_encode(b),
+                (Some(s), _) => std::borrow::Cow::Borrowed(s.as_str()),
+                (None, Some(b)) => std::borrow::Cow::Owned(base64_encode(b)),
                 (None, None) => continue,
             };
             if name.eq_ignore_ascii_case("content-type") {
                 content_type = Some(text.clone());
             }
-            h.append(header, header_value(&text));
+            h.extend_from_slice(b"x-sqs-attribute-");
+            h.extend(name.bytes().map(|b| b.to_ascii_lowercase()));
+            h.extend_from_slice(b": ");
+            value_into(&mut h, &text);
+            h.extend_from_slice(b"\r\n");
         }
         let content_type = content_type.unwrap_or_else(|| guess_content_type(&msg.body).into());
-        h.insert(CONTENT_TYPE, header_value(&content_type));
-        req
+        header(&mut h, "content-type", &content_type);
+        h.extend_from_slice(b"\r\n");
+        h
     }
 
     /// Waits until the handler's port accepts a TCP connection, logging while it does not.
@@ -174,22 +168,32 @@ impl HttpHandler {
     }
 }
 
+fn header(out: &mut Vec<u8>, name: &str, value: &str) {
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b": ");
+    value_into(out, value);
+    out.extend_from_slice(b"\r\n");
+}
+
 /// A header value for arbitrary text: printable ASCII as is, anything else percent-encoded as UTF-8
-/// (the CloudEvents HTTP binding's rule for `ce-*` values).
-fn header_value(s: &str) -> HeaderValue {
-    let plain = s.bytes().all(|b| (0x20..0x7f).contains(&b) && b != b'%');
-    if plain && let Ok(v) = HeaderValue::from_str(s) {
-        return v;
-    }
-    let mut out = String::with_capacity(s.len() * 3);
-    for b in s.bytes() {
-        if (0x20..0x7f).contains(&b) && b != b'%' {
-            out.push(b as char);
+/// (the CloudEvents HTTP binding's rule for `ce-*` values). Leading and trailing spaces, which HTTP
+/// would strip, are encoded too.
+fn value_into(out: &mut Vec<u8>, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let last = s.len().saturating_sub(1);
+    for (i, b) in s.bytes().enumerate() {
+        let edge_space = b == b' ' && (i == 0 || i == last);
+        if (0x20..0x7f).contains(&b) && b != b'%' && !edge_space {
+            out.push(b);
         } else {
-            out.push_str(&format!("%{b:02X}"));
+            out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
         }
     }
-    HeaderValue::from_str(&out).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// An HTTP token character (RFC 9110 `tchar`): what a header name may hold.
+fn is_token(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
 fn guess_content_type(body: &[u8]) -> &'static str {
@@ -208,11 +212,19 @@ fn base64_encode(data: &[u8]) -> String {
 mod tests {
     use super::*;
 
+    fn value(s: &str) -> String {
+        let mut out = Vec::new();
+        value_into(&mut out, s);
+        String::from_utf8(out).unwrap()
+    }
+
     #[test]
     fn header_values_percent_encode_what_http_cannot_carry() {
-        assert_eq!(header_value("plain text").to_str().unwrap(), "plain text");
-        assert_eq!(header_value("100%").to_str().unwrap(), "100%25");
-        assert_eq!(header_value("é\n").to_str().unwrap(), "%C3%A9%0A");
+        assert_eq!(value("plain text"), "plain text");
+        assert_eq!(value("100%"), "100%25");
+        assert_eq!(value("é\n"), "%C3%A9%0A");
+        assert_eq!(value(" padded "), "%20padded%20");
+        assert_eq!(value(""), "");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 mod exec;
 mod http;
+mod wire;
 
 use std::time::{Duration, SystemTime};
 
