@@ -5,9 +5,11 @@ pub mod backoff;
 pub mod batcher;
 pub mod dispatch;
 pub mod handler;
+pub mod http1;
 pub mod idempotency;
 pub mod message;
 pub mod metrics;
+pub mod sigv4;
 pub mod sqs;
 
 use std::sync::Arc;

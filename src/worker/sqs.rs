@@ -11,23 +11,20 @@ use aws_credential_types::Credentials;
 use aws_credential_types::provider::error::CredentialsError;
 use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
 use aws_sdk_sqs::config::endpoint::{DefaultResolver, Params as EndpointParams, ResolveEndpoint};
-use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
-use aws_sigv4::sign::v4;
 use aws_types::service_config::ServiceConfigKey;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::header::{CONTENT_TYPE, HOST, HeaderValue};
-use hyper::{Method, Request, Uri};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper::Uri;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use tokio_rustls::TlsConnector;
+use tokio_rustls::rustls::pki_types::ServerName;
+use tokio_rustls::rustls::{ClientConfig, RootCertStore};
 
+use super::http1::{Pool, Tls};
 use super::metrics::Metrics;
+use super::sigv4::Signer;
 
 /// The SQS actions the worker uses; metrics are labelled with these names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -60,6 +57,17 @@ impl Action {
 
     pub fn index(&self) -> usize {
         *self as usize
+    }
+
+    /// The `X-Amz-Target` of the action.
+    pub fn target(&self) -> &'static str {
+        match self {
+            Action::ReceiveMessage => "AmazonSQS.ReceiveMessage",
+            Action::DeleteMessageBatch => "AmazonSQS.DeleteMessageBatch",
+            Action::ChangeMessageVisibility => "AmazonSQS.ChangeMessageVisibility",
+            Action::ChangeMessageVisibilityBatch => "AmazonSQS.ChangeMessageVisibilityBatch",
+            Action::GetQueueAttributes => "AmazonSQS.GetQueueAttributes",
+        }
     }
 }
 
@@ -264,8 +272,8 @@ pub struct QueueInfo {
     pub max_receive_count: Option<u32>,
 }
 
-/// A lean SQS client bound to one queue: the AWS JSON 1.0 protocol over a pooled hyper connection,
-/// signed with SigV4; each request is counted by action.
+/// A lean SQS client bound to one queue: the AWS JSON 1.0 protocol over pooled HTTP/1.1 connections
+/// (TLS for https endpoints), signed with SigV4; each request is counted by action.
 #[derive(Clone)]
 pub struct Sqs {
     inner: Arc<Inner>,
@@ -273,11 +281,13 @@ pub struct Sqs {
 }
 
 struct Inner {
-    http: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    pool: Pool,
     endpoint: Uri,
+    /// `POST <path> HTTP/1.1` and the Host header, the same for every request.
+    request_line: Vec<u8>,
     /// The Host header, as signed (no default port).
-    host: HeaderValue,
-    region: String,
+    host: String,
+    signer: Signer,
     url: String,
     credentials: CredentialsCache,
 }
@@ -286,6 +296,9 @@ struct Inner {
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Idle connections are closed after this; shorter than the usual server-side idle limits.
 const POOL_IDLE: Duration = Duration::from_secs(30);
+/// Idle connections kept at most (receives, batch flushes and heartbeats run in parallel).
+const POOL_MAX_IDLE: usize = 256;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const SIGNING_NAME: &str = "sqs";
 const CONTENT_TYPE_JSON: &str = "application/x-amz-json-1.0";
 
@@ -339,27 +352,30 @@ impl Sqs {
             .credentials_provider()
             .ok_or("no AWS credentials provider configured")?;
 
-        let mut http = HttpConnector::new();
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(Duration::from_secs(5)));
-        http.enforce_http(false);
-        // The TLS stack the SDK already brings (rustls with aws-lc), with the system's roots (the SDK's
-        // own client, which aws-config uses for credentials, needs them too).
-        let tls = HttpsConnectorBuilder::new()
-            .with_provider_and_native_roots(rustls::crypto::aws_lc_rs::default_provider())
-            .map_err(|e| {
-                format!("cannot load TLS root certificates: {e} (install a CA bundle or set SSL_CERT_FILE)")
-            })?;
-        let connector = tls.https_or_http().enable_http1().wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(POOL_IDLE)
-            .build(connector);
+        let tls = match endpoint.scheme_str() {
+            Some("https") => Some(tls_for(&endpoint)?),
+            Some("http") => None,
+            other => {
+                return Err(format!(
+                    "SQS endpoint {endpoint} has scheme {other:?}; use https:// (or http:// for a local emulator)"
+                ));
+            }
+        };
+        let authority = connect_authority(&endpoint)?;
+        let mut request_line = Vec::with_capacity(64);
+        let path = match endpoint.path() {
+            "" => "/",
+            p => p,
+        };
+        request_line
+            .extend_from_slice(format!("POST {path} HTTP/1.1\r\nhost: {host}\r\n").as_bytes());
         Ok(Sqs {
             inner: Arc::new(Inner {
-                http: client,
+                pool: Pool::new(authority, tls, POOL_MAX_IDLE, POOL_IDLE, CONNECT_TIMEOUT),
+                signer: Signer::new(&region, SIGNING_NAME, path),
                 endpoint,
+                request_line,
                 host,
-                region,
                 url: url.to_string(),
                 credentials: CredentialsCache::new(provider),
             }),
@@ -406,43 +422,27 @@ impl Sqs {
             .get()
             .await
             .map_err(|(kind, detail)| fail(kind, detail))?;
-        let req = signed_request(
-            &inner.endpoint,
+        let head = request_head(
+            &inner.request_line,
             &inner.host,
-            &inner.region,
+            &inner.signer,
             &creds,
             action,
-            body,
+            &body,
             SystemTime::now(),
         )
-        .map_err(|detail| fail(ErrorKind::Other, detail))?;
-        let resp = inner.http.request(req).await.map_err(|e| {
+        .map_err(|detail| fail(ErrorKind::InvalidCredentials, detail))?;
+        let answer = inner.pool.send(&head, &body, true).await.map_err(|e| {
             fail(
                 ErrorKind::EndpointUnreachable,
                 format!("{}: {}", inner.endpoint, error_chain(&e)),
             )
         })?;
-        let status = resp.status().as_u16();
-        let query_error = resp
-            .headers()
-            .get("x-amzn-query-error")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| {
-                fail(
-                    ErrorKind::EndpointUnreachable,
-                    format!("reading the answer: {e}"),
-                )
-            })?
-            .to_bytes();
-        if (200..300).contains(&status) {
-            Ok(body)
+        if (200..300).contains(&answer.status) {
+            Ok(Bytes::from(answer.body))
         } else {
-            let (kind, detail) = service_error(status, query_error.as_deref(), &body);
+            let (kind, detail) =
+                service_error(answer.status, answer.query_error.as_deref(), &answer.body);
             Err(fail(kind, detail))
         }
     }
@@ -519,70 +519,117 @@ impl Sqs {
     }
 }
 
-/// The Host header the signature covers and hyper sends: the host, with the port unless it is the scheme's default.
-fn host_header(uri: &Uri) -> Option<HeaderValue> {
+/// The Host header the signature covers and the request carries: the host, with the port unless
+/// it is the scheme's default.
+fn host_header(uri: &Uri) -> Option<String> {
     let host = uri.host()?;
     let default_port = match uri.scheme_str() {
         Some("https") => 443,
         _ => 80,
     };
-    let value = match uri.port_u16() {
+    Some(match uri.port_u16() {
         Some(p) if p != default_port => format!("{host}:{p}"),
         _ => host.to_string(),
-    };
-    HeaderValue::from_str(&value).ok()
+    })
 }
 
-/// Builds the POST for `action` and signs it with SigV4 (content type, host and target are signed).
-fn signed_request(
-    endpoint: &Uri,
-    host: &HeaderValue,
-    region: &str,
+/// host:port to connect to.
+fn connect_authority(uri: &Uri) -> Result<String, String> {
+    let host = uri
+        .host()
+        .ok_or_else(|| format!("SQS endpoint {uri} has no host"))?;
+    let port = uri.port_u16().unwrap_or(match uri.scheme_str() {
+        Some("https") => 443,
+        _ => 80,
+    });
+    Ok(format!("{host}:{port}"))
+}
+
+/// TLS to the endpoint's host: rustls with aws-lc (the stack the SDK already brings) and the
+/// system's roots (`SSL_CERT_FILE` and `SSL_CERT_DIR` honoured), HTTP/1.1 by ALPN.
+fn tls_for(endpoint: &Uri) -> Result<Tls, String> {
+    let host = endpoint
+        .host()
+        .ok_or_else(|| format!("SQS endpoint {endpoint} has no host"))?;
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let server_name = ServerName::try_from(bare.to_string())
+        .map_err(|e| format!("SQS endpoint host {host:?} cannot be checked by TLS: {e}"))?;
+    let loaded = rustls_native_certs::load_native_certs();
+    let mut roots = RootCertStore::empty();
+    let (added, _ignored) = roots.add_parsable_certificates(loaded.certs);
+    if added == 0 {
+        let why = loaded
+            .errors
+            .first()
+            .map_or_else(|| "none found".to_string(), |e| e.to_string());
+        return Err(format!(
+            "cannot load TLS root certificates ({why}): install a CA bundle or set SSL_CERT_FILE"
+        ));
+    }
+    let provider = Arc::new(tokio_rustls::rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS configuration: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Tls {
+        connector: TlsConnector::from(Arc::new(config)),
+        server_name,
+    })
+}
+
+/// The request head for `action`, signed with SigV4 (content type, host, target, date and any
+/// session token are signed); the body follows it.
+fn request_head(
+    request_line: &[u8],
+    host: &str,
+    signer: &Signer,
     creds: &Credentials,
     action: Action,
-    body: Vec<u8>,
+    body: &[u8],
     now: SystemTime,
-) -> Result<Request<Full<Bytes>>, String> {
-    let target = format!("AmazonSQS.{}", action.as_str());
-    let host_str = host.to_str().map_err(|e| e.to_string())?;
-    let headers = [
-        ("content-type", CONTENT_TYPE_JSON),
-        ("host", host_str),
-        ("x-amz-target", target.as_str()),
-    ];
-    let uri = endpoint.to_string();
-    let identity = creds.clone().into();
-    let params = v4::SigningParams::builder()
-        .identity(&identity)
-        .region(region)
-        .name(SIGNING_NAME)
-        .time(now)
-        .settings(SigningSettings::default())
-        .build()
-        .map_err(|e| format!("signing parameters: {e}"))?
-        .into();
-    let signable = SignableRequest::new(
-        "POST",
-        uri.as_str(),
-        headers.iter().copied(),
-        SignableBody::Bytes(&body),
-    )
-    .map_err(|e| format!("signing: {e}"))?;
-    let (instructions, _signature) = sign(signable, &params)
-        .map_err(|e| format!("signing: {e}"))?
-        .into_parts();
-    let mut req = Request::new(Full::new(Bytes::from(body)));
-    *req.method_mut() = Method::POST;
-    *req.uri_mut() = endpoint.clone();
-    let h = req.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE_JSON));
-    h.insert(HOST, host.clone());
-    h.insert(
-        "x-amz-target",
-        HeaderValue::from_str(&target).map_err(|e| e.to_string())?,
+) -> Result<Vec<u8>, String> {
+    let token = creds.session_token();
+    // Credentials go into headers: a control character would end the header early.
+    let clean = |s: &str| s.bytes().all(|b| (0x21..0x7f).contains(&b));
+    if !clean(creds.access_key_id()) || !token.is_none_or(clean) {
+        return Err(
+            "the AWS access key id or session token holds spaces or control characters; check the credentials' source"
+                .into(),
+        );
+    }
+    let target = action.target();
+    let signed = signer.sign(
+        creds.access_key_id(),
+        creds.secret_access_key(),
+        token,
+        &[
+            ("content-type", CONTENT_TYPE_JSON),
+            ("host", host),
+            ("x-amz-target", target),
+        ],
+        body,
+        now,
     );
-    instructions.apply_to_request_http1x(&mut req);
-    Ok(req)
+    let mut head = Vec::with_capacity(request_line.len() + 320 + token.map_or(0, str::len));
+    head.extend_from_slice(request_line);
+    for (name, value) in [
+        ("content-type", CONTENT_TYPE_JSON),
+        ("x-amz-target", target),
+        ("x-amz-date", signed.amz_date.as_str()),
+    ]
+    .into_iter()
+    .chain(token.map(|t| ("x-amz-security-token", t)))
+    .chain([("authorization", signed.authorization.as_str())])
+    {
+        head.extend_from_slice(name.as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(value.as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
+    head.extend_from_slice(format!("content-length: {}\r\n\r\n", body.len()).as_bytes());
+    Ok(head)
 }
 
 /// Credentials from the SDK's provider chain (env, profile, web identity, ECS, IMDS), kept until
@@ -1173,28 +1220,52 @@ mod tests {
             m.update(data.as_bytes());
             m.finalize().into_bytes().to_vec()
         }
+        /// The head's headers by name, the request line checked.
+        fn headers(head: &[u8]) -> HashMap<String, String> {
+            let mut parsed = [httparse::EMPTY_HEADER; 16];
+            let mut req = httparse::Request::new(&mut parsed);
+            assert_eq!(
+                req.parse(head).unwrap(),
+                httparse::Status::Complete(head.len())
+            );
+            assert_eq!(
+                (req.method, req.path, req.version),
+                (Some("POST"), Some("/"), Some(1))
+            );
+            req.headers
+                .iter()
+                .map(|h| {
+                    (
+                        h.name.to_string(),
+                        String::from_utf8(h.value.to_vec()).unwrap(),
+                    )
+                })
+                .collect()
+        }
         let endpoint: Uri = "https://sqs.eu-west-1.amazonaws.com".parse().unwrap();
         let host = host_header(&endpoint).unwrap();
+        let line = format!("POST / HTTP/1.1\r\nhost: {host}\r\n");
+        let signer = Signer::new("eu-west-1", SIGNING_NAME, "/");
         let creds = Credentials::new("AKIDEXAMPLE", "secret/key", None, None, "test");
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000); // 2023-11-14T22:13:20Z
         let body = br#"{"QueueUrl":"u","Entries":[]}"#.to_vec();
-        let req = signed_request(
-            &endpoint,
+        let head = request_head(
+            line.as_bytes(),
             &host,
-            "eu-west-1",
+            &signer,
             &creds,
             Action::DeleteMessageBatch,
-            body.clone(),
+            &body,
             now,
         )
         .unwrap();
-        assert_eq!(req.method(), Method::POST);
-        let h = req.headers();
+        let h = headers(&head);
         assert_eq!(h["x-amz-target"], "AmazonSQS.DeleteMessageBatch");
         assert_eq!(h["content-type"], "application/x-amz-json-1.0");
         assert_eq!(h["host"], "sqs.eu-west-1.amazonaws.com");
         assert_eq!(h["x-amz-date"], "20231114T221320Z");
-        assert!(h.get("x-amz-security-token").is_none());
+        assert_eq!(h["content-length"], body.len().to_string());
+        assert!(!h.contains_key("x-amz-security-token"));
 
         let canonical = format!(
             "POST\n/\n\ncontent-type:application/x-amz-json-1.0\nhost:sqs.eu-west-1.amazonaws.com\nx-amz-date:20231114T221320Z\nx-amz-target:AmazonSQS.DeleteMessageBatch\n\ncontent-type;host;x-amz-date;x-amz-target\n{}",
@@ -1211,29 +1282,39 @@ mod tests {
         let key = hmac(&key, "aws4_request");
         let signature = hex::encode(hmac(&key, &to_sign));
         assert_eq!(
-            h["authorization"].to_str().unwrap(),
+            h["authorization"],
             format!(
                 "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/{scope}, SignedHeaders=content-type;host;x-amz-date;x-amz-target, Signature={signature}"
             )
         );
 
         let temporary = Credentials::new("ASIA", "s", Some("token/+=".into()), None, "test");
-        let req = signed_request(
-            &endpoint,
+        let head = request_head(
+            line.as_bytes(),
             &host,
-            "eu-west-1",
+            &signer,
             &temporary,
             Action::ReceiveMessage,
-            b"{}".to_vec(),
+            b"{}",
             now,
         )
         .unwrap();
-        assert_eq!(req.headers()["x-amz-security-token"], "token/+=");
-        assert!(
-            req.headers()["authorization"]
-                .to_str()
-                .unwrap()
-                .contains("x-amz-security-token")
-        );
+        let h = headers(&head);
+        assert_eq!(h["x-amz-security-token"], "token/+=");
+        assert!(h["authorization"].contains("x-amz-security-token"));
+
+        // A token with a line break would smuggle a header: refused, naming the credentials.
+        let broken = Credentials::new("ASIA", "s", Some("tok\r\nx-evil: 1".into()), None, "test");
+        let e = request_head(
+            line.as_bytes(),
+            &host,
+            &signer,
+            &broken,
+            Action::ReceiveMessage,
+            b"{}",
+            now,
+        )
+        .unwrap_err();
+        assert!(e.contains("session token"), "{e}");
     }
 }

@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime};
 
 use hyper::Uri;
 
-use super::wire::{Pool, WireError};
 use super::{HandlerError, QueueContext, Verdict, rfc3339_millis, verdict_for_status};
+use crate::worker::http1::{Pool, WireError};
 use crate::worker::sqs::Message;
 
 /// `ce-type` of every event the worker sends.
@@ -55,7 +55,7 @@ impl HttpHandler {
             &queue.arn
         };
         Ok(HttpHandler {
-            pool: Pool::new(authority.clone(), pool, POOL_IDLE, CONNECT_TIMEOUT),
+            pool: Pool::new(authority.clone(), None, pool, POOL_IDLE, CONNECT_TIMEOUT),
             uri,
             authority,
             request_line,
@@ -77,7 +77,7 @@ impl HttpHandler {
 
     pub async fn handle(&self, msg: &Message) -> Verdict {
         let head = self.head(msg);
-        match self.pool.send(&head, &msg.body).await {
+        match self.pool.send(&head, &msg.body, false).await {
             Ok(answer) => verdict_for_status(
                 answer.status,
                 answer.retry_after.as_deref(),

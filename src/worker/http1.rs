@@ -1,17 +1,23 @@
-//! A small HTTP/1.1 client for the handler next to the worker: each exchange runs inside the
-//! message's own task (no connection task, no channel hop, no header map), over keep-alive
-//! connections kept in a LIFO pool. It reads any well-formed HTTP/1.x answer: Content-Length,
-//! chunked or close-delimited bodies, 1xx answers skipped, `Connection: close` and HTTP/1.0 honoured.
+//! The worker's HTTP/1.1 client, for the handler next to it and for SQS (plain TCP or TLS): each
+//! exchange runs inside the calling task (no connection task, no channel hop, no header map), over
+//! keep-alive connections kept in a LIFO pool. It reads any well-formed HTTP/1.x answer:
+//! Content-Length, chunked or close-delimited bodies, 1xx answers skipped, `Connection: close` and
+//! HTTP/1.0 honoured. Callers write the request head themselves.
 //!
-//! Why not hyper's pooled client: per message it costs a spawned connection task, two channel hops
+//! Why not hyper's pooled client: per request it costs a spawned connection task, two channel hops
 //! and a header map, about as much CPU as the rest of the worker together (docs/benchmarks.md).
 
 use std::io::{self, IoSlice};
+use std::pin::Pin;
 use std::sync::Mutex;
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::rustls::pki_types::ServerName;
 
 /// Longest answer head accepted.
 const MAX_HEAD: usize = 64 * 1024;
@@ -21,12 +27,17 @@ const MAX_LINE: usize = 4096;
 const READ_CHUNK: usize = 4096;
 /// Read buffers above this are not kept with an idle connection.
 const KEEP_BUFFER: usize = 16 * 1024;
+/// Largest body collected (ten 1 MiB SQS messages, JSON-escaped, fit well inside).
+const MAX_BODY: u64 = 64 * 1024 * 1024;
 
-/// What the worker needs from an answer: its status and Retry-After.
-#[derive(Debug, PartialEq, Eq)]
+/// What the worker needs from an answer: its status, two headers and, if asked for, its body.
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct Answer {
     pub status: u16,
     pub retry_after: Option<String>,
+    /// SQS's `x-amzn-query-error` (the error code in the awsQuery spelling).
+    pub query_error: Option<String>,
+    pub body: Vec<u8>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +45,11 @@ pub enum WireError {
     /// The handler's port did not accept a connection.
     #[error("cannot connect to {authority}: {source}")]
     Connect {
+        authority: String,
+        source: io::Error,
+    },
+    #[error("TLS handshake with {authority}: {source}")]
+    Handshake {
         authority: String,
         source: io::Error,
     },
@@ -65,13 +81,85 @@ impl Failure {
     }
 }
 
+/// TLS for a pool: the connector and the name the server's certificate must carry.
+#[derive(Clone)]
+pub struct Tls {
+    pub connector: TlsConnector,
+    pub server_name: ServerName<'static>,
+}
+
+enum Stream {
+    Tcp(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Stream::Tcp(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
 struct Conn {
-    stream: TcpStream,
+    stream: Stream,
     buf: Vec<u8>,
 }
 
 pub struct Pool {
+    /// host:port to connect to.
     authority: String,
+    tls: Option<Tls>,
     idle: Mutex<Vec<(Conn, Instant)>>,
     max_idle: usize,
     idle_timeout: Duration,
@@ -81,12 +169,14 @@ pub struct Pool {
 impl Pool {
     pub fn new(
         authority: String,
+        tls: Option<Tls>,
         max_idle: usize,
         idle_timeout: Duration,
         connect_timeout: Duration,
     ) -> Pool {
         Pool {
             authority,
+            tls,
             idle: Mutex::new(Vec::new()),
             max_idle,
             idle_timeout,
@@ -98,9 +188,10 @@ impl Pool {
     ///
     /// A kept-alive connection the handler closed while it sat idle fails before any byte of an
     /// answer arrives; the request is then sent once more on a new connection, as HTTP clients do.
-    pub async fn send(&self, head: &[u8], body: &[u8]) -> Result<Answer, WireError> {
+    /// `collect`: keep the answer's body (else it is read and dropped).
+    pub async fn send(&self, head: &[u8], body: &[u8], collect: bool) -> Result<Answer, WireError> {
         if let Some(conn) = self.checkout() {
-            match exchange(conn, head, body).await {
+            match exchange(conn, head, body, collect).await {
                 Ok((answer, keep)) => {
                     self.checkin(keep);
                     return Ok(answer);
@@ -110,7 +201,9 @@ impl Pool {
             }
         }
         let conn = self.connect().await?;
-        let (answer, keep) = exchange(conn, head, body).await.map_err(|f| f.error)?;
+        let (answer, keep) = exchange(conn, head, body, collect)
+            .await
+            .map_err(|f| f.error)?;
         self.checkin(keep);
         Ok(answer)
     }
@@ -133,6 +226,26 @@ impl Pool {
         })?
         .map_err(err)?;
         stream.set_nodelay(true).map_err(err)?;
+        let stream = match &self.tls {
+            None => Stream::Tcp(stream),
+            Some(tls) => {
+                let handshake = tls.connector.connect(tls.server_name.clone(), stream);
+                let tls_stream = tokio::time::timeout(self.connect_timeout, handshake)
+                    .await
+                    .map_err(|_| WireError::Handshake {
+                        authority: self.authority.clone(),
+                        source: io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("no handshake within {:?}", self.connect_timeout),
+                        ),
+                    })?
+                    .map_err(|source| WireError::Handshake {
+                        authority: self.authority.clone(),
+                        source,
+                    })?;
+                Stream::Tls(Box::new(tls_stream))
+            }
+        };
         Ok(Conn {
             stream,
             buf: Vec::with_capacity(READ_CHUNK),
@@ -143,7 +256,8 @@ impl Pool {
     fn checkout(&self) -> Option<Conn> {
         let mut idle = self.idle.lock().ok()?;
         while let Some((conn, since)) = idle.pop() {
-            if since.elapsed() < self.idle_timeout && still_open(&conn.stream) {
+            let mut conn = conn;
+            if since.elapsed() < self.idle_timeout && still_open(&mut conn.stream) {
                 return Some(conn);
             }
         }
@@ -163,12 +277,15 @@ impl Pool {
     }
 }
 
-/// An idle connection is usable if reading it would block: a close (EOF) or stray bytes mean it is not.
-/// Tokio answers from the readiness it already knows, so this costs no system call unless the
-/// socket was flagged readable.
-fn still_open(stream: &TcpStream) -> bool {
+/// An idle connection is usable if reading it would block: a close (EOF), an error or stray bytes
+/// mean it is not. Tokio answers from the readiness it already knows, so this costs no system call
+/// unless the socket was flagged readable; over TLS, records without data (session tickets) are
+/// consumed and the answer is still "would block".
+fn still_open(stream: &mut Stream) -> bool {
     let mut probe = [0u8; 1];
-    matches!(stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    let mut buf = ReadBuf::new(&mut probe);
+    let mut cx = Context::from_waker(Waker::noop());
+    matches!(Pin::new(stream).poll_read(&mut cx, &mut buf), Poll::Pending)
 }
 
 /// How the answer's body ends.
@@ -188,6 +305,7 @@ struct Head {
     framing: Framing,
     keep_alive: bool,
     retry_after: Option<String>,
+    query_error: Option<String>,
 }
 
 /// Writes the request and reads the answer; Ok carries the connection if it can be used again.
@@ -195,6 +313,7 @@ async fn exchange(
     mut conn: Conn,
     head: &[u8],
     body: &[u8],
+    collect: bool,
 ) -> Result<(Answer, Option<Conn>), Failure> {
     conn.buf.clear();
     write_all(&mut conn.stream, head, body)
@@ -213,13 +332,23 @@ async fn exchange(
             continue;
         }
         let pos = h.len;
+        let mut out = collect.then(Vec::new);
         let end = match h.framing {
             Framing::None => pos,
-            Framing::Length(n) => skip_bytes(&mut conn, pos, n).await?,
-            Framing::Chunked => skip_chunked(&mut conn, pos).await?,
+            Framing::Length(n) => {
+                if n > MAX_BODY && out.is_some() {
+                    return Err(Failure::protocol(format!("body of {n} bytes")));
+                }
+                if let Some(o) = out.as_mut() {
+                    o.reserve_exact(n as usize);
+                }
+                skip_bytes(&mut conn, pos, n, out.as_mut()).await?
+            }
+            Framing::Chunked => skip_chunked(&mut conn, pos, out.as_mut()).await?,
             Framing::UntilClose => {
-                skip_to_close(&mut conn).await?;
-                conn.buf.len()
+                let pos = skip_to_close(&mut conn, pos, out.as_mut()).await?;
+                conn.buf.truncate(pos);
+                pos
             }
         };
         // Bytes past the answer were never asked for: the connection is not trusted again.
@@ -227,12 +356,14 @@ async fn exchange(
         let answer = Answer {
             status: h.status,
             retry_after: h.retry_after,
+            query_error: h.query_error,
+            body: out.unwrap_or_default(),
         };
         return Ok((answer, reusable.then_some(conn)));
     }
 }
 
-async fn write_all(stream: &mut TcpStream, head: &[u8], body: &[u8]) -> io::Result<()> {
+async fn write_all(stream: &mut Stream, head: &[u8], body: &[u8]) -> io::Result<()> {
     let total = head.len() + body.len();
     let mut off = 0;
     while off < total {
@@ -248,7 +379,8 @@ async fn write_all(stream: &mut TcpStream, head: &[u8], body: &[u8]) -> io::Resu
         }
         off += n;
     }
-    Ok(())
+    // TLS buffers records until flushed; TCP's flush does nothing.
+    stream.flush().await
 }
 
 /// Reads more bytes into the buffer; EOF is an error (`answered` if any answer byte came before).
@@ -299,6 +431,7 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, Failure> {
     let mut other_coding = false;
     let mut keep_alive_token = false;
     let mut retry_after = None;
+    let mut query_error = None;
     for h in resp.headers.iter() {
         let value = std::str::from_utf8(h.value).unwrap_or("");
         if h.name.eq_ignore_ascii_case("content-length") {
@@ -324,6 +457,8 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, Failure> {
             }
         } else if h.name.eq_ignore_ascii_case("retry-after") {
             retry_after = Some(value.to_string());
+        } else if h.name.eq_ignore_ascii_case("x-amzn-query-error") {
+            query_error = Some(value.to_string());
         }
     }
     let framing = if (100..200).contains(&status) || status == 204 || status == 304 {
@@ -345,15 +480,30 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, Failure> {
         framing,
         keep_alive: !close && !other_coding && (http11 || keep_alive_token),
         retry_after,
+        query_error,
     }))
 }
 
-/// Skips `n` body bytes starting at `pos`; returns the position after them.
-async fn skip_bytes(conn: &mut Conn, mut pos: usize, mut n: u64) -> Result<usize, Failure> {
+/// Reads past `n` body bytes starting at `pos`, into `out` if given; returns the position after them.
+async fn skip_bytes(
+    conn: &mut Conn,
+    mut pos: usize,
+    mut n: u64,
+    mut out: Option<&mut Vec<u8>>,
+) -> Result<usize, Failure> {
     loop {
         let avail = (conn.buf.len() - pos) as u64;
+        let take = avail.min(n) as usize;
+        if let Some(o) = out.as_deref_mut() {
+            if o.len() as u64 + take as u64 > MAX_BODY {
+                return Err(Failure::protocol(format!(
+                    "body longer than {MAX_BODY} bytes"
+                )));
+            }
+            o.extend_from_slice(&conn.buf[pos..pos + take]);
+        }
         if avail >= n {
-            return Ok(pos + n as usize);
+            return Ok(pos + take);
         }
         n -= avail;
         conn.buf.clear();
@@ -377,8 +527,13 @@ async fn line_end(conn: &mut Conn, pos: usize) -> Result<usize, Failure> {
     }
 }
 
-/// Skips a chunked body starting at `pos`, trailers included; returns the position after it.
-async fn skip_chunked(conn: &mut Conn, mut pos: usize) -> Result<usize, Failure> {
+/// Reads past a chunked body starting at `pos`, trailers included, its data into `out` if given;
+/// returns the position after it.
+async fn skip_chunked(
+    conn: &mut Conn,
+    mut pos: usize,
+    mut out: Option<&mut Vec<u8>>,
+) -> Result<usize, Failure> {
     loop {
         // Keep the buffer small: drop what was consumed before reading a long body.
         if pos > 0 {
@@ -399,7 +554,7 @@ async fn skip_chunked(conn: &mut Conn, mut pos: usize) -> Result<usize, Failure>
                 }
             }
         }
-        pos = skip_bytes(conn, pos, size).await?;
+        pos = skip_bytes(conn, pos, size, out.as_deref_mut()).await?;
         let end = line_end(conn, pos).await?;
         if end != pos {
             return Err(Failure::protocol("chunk longer than its size"));
@@ -414,12 +569,26 @@ fn chunk_size(line: &[u8]) -> Result<u64, Failure> {
     u64::from_str_radix(digits, 16).map_err(|_| Failure::protocol(format!("chunk size {digits:?}")))
 }
 
-async fn skip_to_close(conn: &mut Conn) -> Result<(), Failure> {
+/// Reads the body up to the close, into `out` if given; returns the end of the buffer.
+async fn skip_to_close(
+    conn: &mut Conn,
+    mut pos: usize,
+    mut out: Option<&mut Vec<u8>>,
+) -> Result<usize, Failure> {
     loop {
+        if let Some(o) = out.as_deref_mut() {
+            if (o.len() + conn.buf.len() - pos) as u64 > MAX_BODY {
+                return Err(Failure::protocol(format!(
+                    "body longer than {MAX_BODY} bytes"
+                )));
+            }
+            o.extend_from_slice(&conn.buf[pos..]);
+        }
         conn.buf.clear();
+        pos = 0;
         conn.buf.reserve(READ_CHUNK);
         match conn.stream.read_buf(&mut conn.buf).await {
-            Ok(0) => return Ok(()),
+            Ok(0) => return Ok(0),
             Ok(_) => {}
             Err(e) => return Err(Failure::io(e, true)),
         }
@@ -526,6 +695,7 @@ mod tests {
     fn pool(addr: &str) -> Pool {
         Pool::new(
             addr.to_string(),
+            None,
             4,
             Duration::from_secs(60),
             Duration::from_secs(1),
@@ -542,18 +712,29 @@ mod tests {
         ])
         .await;
         let p = pool(&addr);
-        let statuses = [200, 503, 204, 422];
-        for (i, want) in statuses.into_iter().enumerate() {
-            let a = p.send(REQ, b"end").await.unwrap();
-            assert_eq!(a.status, want, "answer {i}");
-            let req = reqs.recv().await.unwrap();
-            assert_eq!(req, [REQ, b"end"].concat());
-            if want == 503 {
-                assert_eq!(a.retry_after.as_deref(), Some("3"));
+        let want = [
+            (200, "hello"),
+            (503, "hello"),
+            (204, ""),
+            (422, "the rest until close"),
+        ];
+        // Bodies are kept when asked for, read and dropped otherwise; the framing is the same. After
+        // the close-delimited answer the server starts over on a new connection.
+        for collect in [true, false] {
+            for (i, (status, body)) in want.iter().enumerate() {
+                let a = p.send(REQ, b"end", collect).await.unwrap();
+                assert_eq!(a.status, *status, "answer {i}");
+                let expected = if collect { *body } else { "" };
+                assert_eq!(String::from_utf8_lossy(&a.body), expected, "answer {i}");
+                let req = reqs.recv().await.unwrap();
+                assert_eq!(req, [REQ, b"end"].concat());
+                if *status == 503 {
+                    assert_eq!(a.retry_after.as_deref(), Some("3"));
+                }
+                // One connection serves the first three; the close-delimited answer is not kept.
+                let idle = p.idle.lock().unwrap().len();
+                assert_eq!(idle, usize::from(i < 3), "idle after answer {i}");
             }
-            // One connection serves the first three; the close-delimited answer is not kept.
-            let idle = p.idle.lock().unwrap().len();
-            assert_eq!(idle, usize::from(i < 3), "idle after answer {i}");
         }
     }
 
@@ -563,7 +744,7 @@ mod tests {
         let (addr, mut reqs) = server(vec!["HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"]).await;
         let p = pool(&addr);
         for _ in 0..3 {
-            assert_eq!(p.send(REQ, b"end").await.unwrap().status, 200);
+            assert_eq!(p.send(REQ, b"end", false).await.unwrap().status, 200);
             reqs.recv().await.unwrap();
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -581,15 +762,15 @@ mod tests {
         ])
         .await;
         let p = pool(&addr);
-        assert_eq!(p.send(REQ, b"end").await.unwrap().status, 200);
+        assert_eq!(p.send(REQ, b"end", false).await.unwrap().status, 200);
         // The kept connection reads the second request and closes: it is sent again, once.
-        assert_eq!(p.send(REQ, b"end").await.unwrap().status, 200);
+        assert_eq!(p.send(REQ, b"end", false).await.unwrap().status, 200);
         for _ in 0..3 {
             reqs.recv().await.unwrap();
         }
         // On a new connection a hang-up is an error, not a loop.
         let (addr, _reqs) = server(vec![HANG_UP]).await;
-        let e = pool(&addr).send(REQ, b"end").await.unwrap_err();
+        let e = pool(&addr).send(REQ, b"end", false).await.unwrap_err();
         assert!(matches!(e, WireError::Io(_)), "{e}");
     }
 
@@ -597,13 +778,13 @@ mod tests {
     async fn truncated_answers_and_refused_connections_are_errors() {
         let (addr, _reqs) =
             server(vec!["HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort"]).await;
-        let e = pool(&addr).send(REQ, b"end").await.unwrap_err();
+        let e = pool(&addr).send(REQ, b"end", false).await.unwrap_err();
         assert!(matches!(e, WireError::Io(_)), "{e}");
 
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let closed = listener.local_addr().unwrap().to_string();
         drop(listener);
-        let e = pool(&closed).send(REQ, b"end").await.unwrap_err();
+        let e = pool(&closed).send(REQ, b"end", false).await.unwrap_err();
         assert!(matches!(e, WireError::Connect { .. }), "{e}");
     }
 }
