@@ -1103,7 +1103,7 @@ async fn redis_store_over_tls_dedups_and_an_untrusted_certificate_keeps_the_work
     // Without the test CA among its roots the worker cannot finish the handshake: not ready, says
     // why, receives nothing, and still stops cleanly.
     let dir = Arc::new(tempfile::tempdir().unwrap());
-    let other = redis.other_ca_file.to_string_lossy().to_string();
+    let other = redis.certs.other_ca_file.to_string_lossy().to_string();
     let mut untrusted = Worker::start_with_env(dir, &a, &[("SSL_CERT_FILE", &other)]);
     q.send_all(&bodies, |_| String::new()).await;
     eventually(SECS(40), "the redis connect failure is logged", || {
@@ -1125,7 +1125,7 @@ async fn redis_store_over_tls_dedups_and_an_untrusted_certificate_keeps_the_work
 
     // Trusting the CA (SSL_CERT_FILE, as in the image), the store works over TLS.
     let dir = Arc::new(tempfile::tempdir().unwrap());
-    let ca = redis.ca_file.to_string_lossy().to_string();
+    let ca = redis.certs.ca_file.to_string_lossy().to_string();
     let mut w = Worker::start_with_env(dir, &a, &[("SSL_CERT_FILE", &ca)]);
     eventually(SECS(60), "queue drained", || q.is_empty()).await;
     let effects = effects_by_order(&h);
@@ -1133,6 +1133,69 @@ async fn redis_store_over_tls_dedups_and_an_untrusted_certificate_keeps_the_work
     assert_eq!(effects.get("o-2"), Some(&1), "{effects:?}");
     let name = q.url.rsplit('/').next().unwrap();
     assert_eq!(redis.cli(&["GET", &format!("qc:idem:{name}:o-1")]), "done");
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+/// SQS over https: the worker's own client (rustls, roots from SSL_CERT_FILE as in the image) against
+/// a moto serving a test CA's certificate. Without that CA among its roots the worker is not ready,
+/// says why and receives nothing; with it, every message is handled once and deleted.
+#[tokio::test]
+async fn sqs_over_https_trusts_the_given_roots_and_refuses_an_unknown_issuer() {
+    let moto = TlsMoto::start();
+    let q = TestQueue::on(moto.client().await, "https", 10, 10, false).await;
+    let bodies = numbered(30);
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(5))).await;
+    let a = args(&[
+        "--queue-url",
+        &q.url,
+        "--endpoint-url",
+        &moto.endpoint,
+        "--wait-time",
+        "1s",
+        "--http-url",
+        &h.url,
+    ]);
+
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let other = moto.certs.other_ca_file.to_string_lossy().to_string();
+    let mut untrusted = Worker::start_with_env(dir, &a, &[("SSL_CERT_FILE", &other)]);
+    eventually(SECS(40), "the certificate failure is logged", || {
+        let lines = untrusted.log_lines("cannot read the queue; retrying");
+        async move {
+            lines.iter().any(|l| {
+                let e = l["error"].as_str().unwrap_or_default();
+                e.contains("https://localhost") && e.contains("invalid peer certificate")
+            })
+        }
+    })
+    .await;
+    let (status, _) = untrusted.get("/readyz").await.unwrap();
+    assert_ne!(
+        status, 200,
+        "not ready while the endpoint's certificate is not trusted"
+    );
+    assert_eq!(h.calls().len(), 0);
+    untrusted.signal("TERM");
+    assert!(untrusted.wait_exit(SECS(20)).await.success());
+    assert_eq!(q.counts().await.0, 30, "nothing received");
+
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let ca = moto.certs.ca_file.to_string_lossy().to_string();
+    let mut w = Worker::start_with_env(dir, &a, &[("SSL_CERT_FILE", &ca)]);
+    eventually(SECS(60), "queue drained over https", || q.is_empty()).await;
+    let counts = h.counts_by_body();
+    assert_eq!(counts.len(), bodies.len(), "every message handled");
+    assert!(counts.values().all(|&n| n == 1), "each once: {counts:?}");
+    let deletes = w
+        .metric("qc_worker_sqs_requests_total{action=\"DeleteMessageBatch\"}")
+        .await
+        .unwrap_or(0.0);
+    assert!(
+        deletes >= 3.0,
+        "deletes went out in batches over TLS: {deletes}"
+    );
     w.signal("TERM");
     assert!(w.wait_exit(SECS(20)).await.success());
 }

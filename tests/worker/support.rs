@@ -29,7 +29,24 @@ pub struct TestQueue {
 
 impl TestQueue {
     pub async fn new(prefix: &str, vt_secs: u32, max_receive_count: u32, fifo: bool) -> Self {
-        let client = common::sqs_client().await;
+        Self::on(
+            common::sqs_client().await,
+            prefix,
+            vt_secs,
+            max_receive_count,
+            fifo,
+        )
+        .await
+    }
+
+    /// A queue on the server `client` talks to.
+    pub async fn on(
+        client: aws_sdk_sqs::Client,
+        prefix: &str,
+        vt_secs: u32,
+        max_receive_count: u32,
+        fifo: bool,
+    ) -> Self {
         let suffix = if fifo { ".fifo" } else { "" };
         let name = common::unique_name(prefix);
         let fifo_attr: Vec<_> = if fifo {
@@ -642,17 +659,19 @@ async fn answer_errors(mut client: tokio::net::TcpStream, status: u16, code: &st
 
 /// A real redis-server with only a TLS port, its certificate signed by a CA made for the test (with
 /// the openssl command line). Killed on drop.
-pub struct TlsRedis {
-    pub port: u16,
+/// A test CA, a second CA that signed nothing, and a server certificate for localhost and
+/// 127.0.0.1 signed by the first, made by openssl in a temporary directory.
+pub struct TestCerts {
     pub ca_file: PathBuf,
     /// A CA that did not sign the server's certificate.
     pub other_ca_file: PathBuf,
-    child: std::process::Child,
-    _dir: tempfile::TempDir,
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    dir: tempfile::TempDir,
 }
 
-impl TlsRedis {
-    pub fn start() -> TlsRedis {
+impl TestCerts {
+    pub fn new() -> TestCerts {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         // Each command is split on spaces (no argument here has one).
@@ -687,6 +706,30 @@ impl TlsRedis {
         openssl(
             "x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 2 -extfile ext.cnf",
         );
+        TestCerts {
+            ca_file: d.join("ca.crt"),
+            other_ca_file: d.join("other-ca.crt"),
+            cert_file: d.join("server.crt"),
+            key_file: d.join("server.key"),
+            dir,
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// A redis-server with only a TLS port, its certificate signed by a test CA.
+pub struct TlsRedis {
+    pub port: u16,
+    pub certs: TestCerts,
+    child: std::process::Child,
+}
+
+impl TlsRedis {
+    pub fn start() -> TlsRedis {
+        let certs = TestCerts::new();
         let port = free_port();
         let child = Command::new("redis-server")
             .args([
@@ -705,18 +748,12 @@ impl TlsRedis {
             ])
             .args(["--tls-ca-cert-file", "ca.crt", "--tls-auth-clients", "no"])
             .args(["--save", "", "--appendonly", "no"])
-            .current_dir(d)
+            .current_dir(certs.dir())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server starts");
-        let redis = TlsRedis {
-            port,
-            ca_file: d.join("ca.crt"),
-            other_ca_file: d.join("other-ca.crt"),
-            child,
-            _dir: dir,
-        };
+        let redis = TlsRedis { port, certs, child };
         let deadline = Instant::now() + Duration::from_secs(20);
         while redis.cli(&["PING"]) != "PONG" {
             assert!(Instant::now() < deadline, "TLS redis did not answer PING");
@@ -733,12 +770,80 @@ impl TlsRedis {
     pub fn cli(&self, command: &[&str]) -> String {
         let out = Command::new("redis-cli")
             .args(["--tls", "--cacert"])
-            .arg(&self.ca_file)
+            .arg(&self.certs.ca_file)
             .args(["-p", &self.port.to_string()])
             .args(command)
             .output()
             .expect("redis-cli runs");
         String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
+/// A second moto server, serving https only with a certificate from a test CA (moto's `-c`/`-k`).
+pub struct TlsMoto {
+    pub endpoint: String,
+    pub certs: TestCerts,
+    child: std::process::Child,
+}
+
+impl TlsMoto {
+    pub fn start() -> TlsMoto {
+        let bin = std::env::var("QC_TEST_MOTO_SERVER").expect(
+            "QC_TEST_MOTO_SERVER is not set: run `bash scripts/test`, or export it as the path of moto_server",
+        );
+        let certs = TestCerts::new();
+        let port = free_port();
+        let child = Command::new(bin)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .arg("-c")
+            .arg(&certs.cert_file)
+            .arg("-k")
+            .arg(&certs.key_file)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("moto_server starts");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "TLS moto did not listen");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        TlsMoto {
+            endpoint: format!("https://localhost:{port}"),
+            certs,
+            child,
+        }
+    }
+
+    /// An SDK client that trusts only the test CA.
+    pub async fn client(&self) -> aws_sdk_sqs::Client {
+        use aws_smithy_http_client::tls::{self, TlsContext, TrustStore};
+        let ca = std::fs::read(&self.certs.ca_file).unwrap();
+        let http = aws_smithy_http_client::Builder::new()
+            .tls_provider(tls::Provider::Rustls(
+                tls::rustls_provider::CryptoMode::AwsLc,
+            ))
+            .tls_context(
+                TlsContext::builder()
+                    .with_trust_store(TrustStore::empty().with_pem_certificate(ca))
+                    .build()
+                    .unwrap(),
+            )
+            .build_https();
+        let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new("us-east-1"))
+            .endpoint_url(&self.endpoint)
+            .http_client(http)
+            .load()
+            .await;
+        aws_sdk_sqs::Client::new(&conf)
+    }
+}
+
+impl Drop for TlsMoto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
