@@ -257,7 +257,9 @@ mod tests {
 
     #[test]
     fn signatures_match_the_sdk_signer() {
-        let cases: [(&str, &str, Option<&str>, &[u8], u64); 5] = [
+        // (endpoint, region, session token, body, Unix time)
+        type Case<'a> = (&'a str, &'a str, Option<&'a str>, &'a [u8], u64);
+        let cases: [Case; 5] = [
             (
                 "https://sqs.eu-west-1.amazonaws.com",
                 "eu-west-1",
