@@ -24,6 +24,8 @@ pub enum IdempotencyError {
     ConnectRedis { url: String, reason: String },
     #[error("redis call {step} failed: {reason}")]
     CallRedis { step: &'static str, reason: String },
+    #[error("the store did not answer the claim within the handler timeout plus 10s")]
+    TimedOut,
 }
 
 /// The message's idempotency key according to `--idempotency-key`.

@@ -13,7 +13,7 @@ use crate::api::{IdempotencyKey, OnPoison};
 use super::backoff::{retry_delay, visibility_secs};
 use super::batcher::Batcher;
 use super::handler::{Handler, Verdict};
-use super::idempotency::{Claim, Store, key_of};
+use super::idempotency::{Claim, IdempotencyError, Store, key_of};
 use super::metrics::{Metrics, OutcomeLabel};
 use super::sqs::{Entry, ErrorKind, Message, Sqs};
 
@@ -200,23 +200,40 @@ struct Beat {
 }
 
 impl Beat {
-    /// Runs `work` while keeping the message's lease alive. A beat is awaited before `work` is
-    /// polled again, so no visibility change is in flight when this returns.
-    async fn during<T>(
+    /// Runs `work` while keeping the message's lease alive, giving up on it at `deadline` (None).
+    /// A beat is awaited before `work` is polled again, so no visibility change is in flight when
+    /// this returns. One timer serves the beats and the deadline, reset in place.
+    async fn until<T>(
         &mut self,
         p: &Processor,
         msg: &Message,
+        deadline: Option<Instant>,
         work: impl std::future::Future<Output = T>,
-    ) -> T {
+    ) -> Option<T> {
+        let due = |next: Option<Instant>| match (next, deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let Some(first) = due(self.next) else {
+            return Some(work.await);
+        };
         tokio::pin!(work);
+        let timer = tokio::time::sleep_until(first);
+        tokio::pin!(timer);
         loop {
-            let Some(at) = self.next else {
-                return work.await;
-            };
             tokio::select! {
                 biased;
-                out = &mut work => return out,
-                _ = tokio::time::sleep_until(at) => self.run(p, &msg.receipt_handle, &msg.id).await,
+                out = &mut work => return Some(out),
+                _ = &mut timer => {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return None;
+                    }
+                    self.run(p, &msg.receipt_handle, &msg.id).await;
+                    match due(self.next) {
+                        Some(at) => timer.as_mut().reset(at),
+                        None => return Some(work.await),
+                    }
+                }
             }
         }
     }
@@ -348,8 +365,14 @@ impl Processor {
                 }
                 Ok(key) => match lease
                     .beat
-                    .during(self, &lease.msg, store.claim(&key, self.claim_lease()))
+                    .until(
+                        self,
+                        &lease.msg,
+                        Some(Instant::now() + self.claim_lease()),
+                        store.claim(&key, self.claim_lease()),
+                    )
                     .await
+                    .unwrap_or(Err(IdempotencyError::TimedOut))
                 {
                     Ok(Claim::Acquired { token }) => claimed = Some((key, token)),
                     Ok(Claim::Done) => {
@@ -378,8 +401,13 @@ impl Processor {
         }
 
         let started = Instant::now();
-        let call = tokio::time::timeout(self.timeout, self.handler.handle(&lease.msg));
-        let verdict = lease.beat.during(self, &lease.msg, call).await;
+        let deadline = started + self.timeout;
+        let call = self.handler.handle(&lease.msg);
+        let verdict = lease
+            .beat
+            .until(self, &lease.msg, Some(deadline), call)
+            .await
+            .ok_or(());
         let latency = started.elapsed();
         lease.latency = Some(latency);
         m.handler_seconds.observe(latency.as_secs_f64());

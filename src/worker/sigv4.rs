@@ -55,7 +55,7 @@ impl Signer {
         headers: &[(&str, &str)],
         body: &[u8],
         now: SystemTime,
-    ) -> Signed {
+    ) -> Result<Signed, String> {
         let secs = now
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -95,34 +95,34 @@ impl Signer {
         let _ = write!(to_sign, "{ALGORITHM}\n{amz_date}\n{scope}\n");
         push_hex(&mut to_sign, &Sha256::digest(canonical.as_bytes()));
 
-        let key = self.day_key(date, secret);
+        let key = self.day_key(date, secret)?;
         let mut authorization = String::with_capacity(256);
         let _ = write!(
             authorization,
             "{ALGORITHM} Credential={access_key}/{scope}, SignedHeaders={signed_headers}, Signature="
         );
-        push_hex(&mut authorization, &hmac(&key, to_sign.as_bytes()));
-        Signed {
+        push_hex(&mut authorization, &hmac(&key, to_sign.as_bytes())?);
+        Ok(Signed {
             amz_date,
             authorization,
-        }
+        })
     }
 
-    fn day_key(&self, date: &str, secret: &str) -> [u8; 32] {
+    fn day_key(&self, date: &str, secret: &str) -> Result<[u8; 32], String> {
         if let Ok(cached) = self.key.lock()
             && let Some(k) = cached.as_ref()
             && k.date == date
             && k.secret == secret
         {
-            return k.key;
+            return Ok(k.key);
         }
         let mut secret_key = String::with_capacity(4 + secret.len());
         secret_key.push_str("AWS4");
         secret_key.push_str(secret);
-        let k = hmac(secret_key.as_bytes(), date.as_bytes());
-        let k = hmac(&k, self.region.as_bytes());
-        let k = hmac(&k, self.service.as_bytes());
-        let key = hmac(&k, b"aws4_request");
+        let k = hmac(secret_key.as_bytes(), date.as_bytes())?;
+        let k = hmac(&k, self.region.as_bytes())?;
+        let k = hmac(&k, self.service.as_bytes())?;
+        let key = hmac(&k, b"aws4_request")?;
         if let Ok(mut cached) = self.key.lock() {
             *cached = Some(DayKey {
                 date: date.to_string(),
@@ -130,15 +130,14 @@ impl Signer {
                 key,
             });
         }
-        key
+        Ok(key)
     }
 }
 
-fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
-    // HMAC takes keys of any length.
-    let mut m = <Hmac as KeyInit>::new_from_slice(key).unwrap_or_else(|_| unreachable!());
+fn hmac(key: &[u8], data: &[u8]) -> Result<[u8; 32], String> {
+    let mut m = <Hmac as KeyInit>::new_from_slice(key).map_err(|e| format!("HMAC key: {e}"))?;
     m.update(data);
-    m.finalize().into_bytes().into()
+    Ok(m.finalize().into_bytes().into())
 }
 
 fn push_hex(out: &mut String, bytes: &[u8]) {
@@ -315,14 +314,16 @@ mod tests {
             let signer = Signer::new(region, "sqs", uri.path());
             // Twice: the second signature comes from the cached day key.
             for _ in 0..2 {
-                let ours = signer.sign(
-                    "AKIDEXAMPLE",
-                    "wJalr/K7MDENG+bPxRfi",
-                    token,
-                    &headers,
-                    body,
-                    now,
-                );
+                let ours = signer
+                    .sign(
+                        "AKIDEXAMPLE",
+                        "wJalr/K7MDENG+bPxRfi",
+                        token,
+                        &headers,
+                        body,
+                        now,
+                    )
+                    .unwrap();
                 let sdk = sdk_signature(url, region, &creds, &headers, body, now);
                 assert_eq!((ours.amz_date, ours.authorization), sdk, "{url}");
             }
@@ -334,12 +335,15 @@ mod tests {
         let signer = Signer::new("us-east-1", "sqs", "/");
         let headers = [("host", "h")];
         let day = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        let a = signer.sign("A", "s1", None, &headers, b"", day);
-        let b = signer.sign("A", "s2", None, &headers, b"", day);
+        let a = signer.sign("A", "s1", None, &headers, b"", day).unwrap();
+        let b = signer.sign("A", "s2", None, &headers, b"", day).unwrap();
         let next_day = day + Duration::from_secs(86_400);
-        let c = signer.sign("A", "s2", None, &headers, b"", next_day);
-        let fresh =
-            Signer::new("us-east-1", "sqs", "/").sign("A", "s2", None, &headers, b"", next_day);
+        let c = signer
+            .sign("A", "s2", None, &headers, b"", next_day)
+            .unwrap();
+        let fresh = Signer::new("us-east-1", "sqs", "/")
+            .sign("A", "s2", None, &headers, b"", next_day)
+            .unwrap();
         assert_ne!(a.authorization, b.authorization);
         assert_eq!(c, fresh);
     }

@@ -611,7 +611,7 @@ fn request_head(
         ],
         body,
         now,
-    );
+    )?;
     let mut head = Vec::with_capacity(request_line.len() + 320 + token.map_or(0, str::len));
     head.extend_from_slice(request_line);
     for (name, value) in [

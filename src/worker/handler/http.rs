@@ -180,10 +180,17 @@ fn header(out: &mut Vec<u8>, name: &str, value: &str) {
 /// would strip, are encoded too.
 fn value_into(out: &mut Vec<u8>, s: &str) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    let last = s.len().saturating_sub(1);
-    for (i, b) in s.bytes().enumerate() {
-        let edge_space = b == b' ' && (i == 0 || i == last);
-        if (0x20..0x7f).contains(&b) && b != b'%' && !edge_space {
+    let plain = |b: u8| (0x20..0x7f).contains(&b) && b != b'%';
+    let bytes = s.as_bytes();
+    let edge_space = bytes.first() == Some(&b' ') || bytes.last() == Some(&b' ');
+    if !edge_space && bytes.iter().all(|&b| plain(b)) {
+        // The usual case (ids, ARNs, URLs, timestamps): one copy.
+        out.extend_from_slice(bytes);
+        return;
+    }
+    let last = bytes.len().saturating_sub(1);
+    for (i, &b) in bytes.iter().enumerate() {
+        if plain(b) && !(b == b' ' && (i == 0 || i == last)) {
             out.push(b);
         } else {
             out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
