@@ -130,15 +130,21 @@ impl Dispatcher {
                         lease.release().await;
                     }
                 }
-                Some(freed) = self.freed.recv() => {
-                    in_flight = in_flight.saturating_sub(1);
-                    if let Some(l) = freed.latency {
-                        let l = l.as_secs_f64();
-                        latency_ewma = Some(latency_ewma.map_or(l, |e| e * 0.8 + l * 0.2));
-                    }
-                    if freed.unreachable && paused.is_none() && !draining {
-                        let p = p.clone();
-                        paused = Some(Box::pin(async move { p.handler.wait_reachable().await }));
+                Some(first) = self.freed.recv() => {
+                    // Slots free up in bursts (a batch received together ends together): take
+                    // every one already sent before deciding on receives again.
+                    let mut next = Some(first);
+                    while let Some(freed) = next {
+                        in_flight = in_flight.saturating_sub(1);
+                        if let Some(l) = freed.latency {
+                            let l = l.as_secs_f64();
+                            latency_ewma = Some(latency_ewma.map_or(l, |e| e * 0.8 + l * 0.2));
+                        }
+                        if freed.unreachable && paused.is_none() && !draining {
+                            let p = p.clone();
+                            paused = Some(Box::pin(async move { p.handler.wait_reachable().await }));
+                        }
+                        next = self.freed.try_recv().ok();
                     }
                 }
                 Some(joined) = receives.join_next_with_id(), if !receives.is_empty() => {
@@ -199,7 +205,9 @@ impl Dispatcher {
                         }
                     }
                 }
-                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {
+                    while tasks.try_join_next().is_some() {}
+                }
                 _ = sleep_until_opt(fill_at), if fill_at.is_some() && !fill_ready => {
                     fill_ready = true;
                 }

@@ -369,7 +369,7 @@ impl Processor {
                         self,
                         &lease.msg,
                         Some(Instant::now() + self.claim_lease()),
-                        store.claim(&key, self.claim_lease()),
+                        Box::pin(store.claim(&key, self.claim_lease())),
                     )
                     .await
                     .unwrap_or(Err(IdempotencyError::TimedOut))
@@ -402,7 +402,8 @@ impl Processor {
 
         let started = Instant::now();
         let deadline = started + self.timeout;
-        let call = self.handler.handle(&lease.msg);
+        // Boxed, like the SQS calls: keeps the message task's future small to spawn.
+        let call = Box::pin(self.handler.handle(&lease.msg));
         let verdict = lease
             .beat
             .until(self, &lease.msg, Some(deadline), call)
@@ -499,7 +500,7 @@ where
     Fut: std::future::Future<Output = Result<(), super::idempotency::IdempotencyError>>,
 {
     match &p.store {
-        Some(s) => f(s).await,
+        Some(s) => Box::pin(f(s)).await,
         None => Ok(()),
     }
 }

@@ -206,7 +206,7 @@ impl Message {
     fn from_wire(m: WireMessage, received_at: Instant) -> Option<Message> {
         let id = m.message_id?;
         let receipt_handle = m.receipt_handle?;
-        let mut sys = m.attributes.unwrap_or_default();
+        let sys = m.attributes.unwrap_or_default();
         let mut attributes: Vec<(String, AttributeValue)> = m
             .message_attributes
             .unwrap_or_default()
@@ -231,13 +231,13 @@ impl Message {
         attributes.sort_by(|a, b| a.0.cmp(&b.0));
         Some(Message {
             receive_count: sys
-                .get("ApproximateReceiveCount")
+                .approximate_receive_count
                 .and_then(|c| c.parse().ok())
                 .unwrap_or(1),
-            group_id: sys.remove("MessageGroupId"),
-            deduplication_id: sys.remove("MessageDeduplicationId"),
-            sequence_number: sys.remove("SequenceNumber"),
-            sent_timestamp: sys.get("SentTimestamp").and_then(|t| t.parse().ok()),
+            group_id: sys.message_group_id,
+            deduplication_id: sys.message_deduplication_id,
+            sequence_number: sys.sequence_number,
+            sent_timestamp: sys.sent_timestamp.and_then(|t| t.parse().ok()),
             id,
             receipt_handle,
             body: Bytes::from(m.body.unwrap_or_default().into_bytes()),
@@ -395,7 +395,9 @@ impl Sqs {
         body: Vec<u8>,
     ) -> Result<Bytes, SqsError> {
         self.metrics.sqs_requests[action.index()].inc();
-        let result = match tokio::time::timeout(timeout, self.send(action, body)).await {
+        // Boxed: the call's state (HTTP exchange, TLS) would otherwise sit inside every message
+        // task's future, which is copied whole when the task is spawned.
+        let result = match tokio::time::timeout(timeout, Box::pin(self.send(action, body))).await {
             Ok(r) => r,
             Err(_) => Err(SqsError {
                 action,
@@ -852,8 +854,19 @@ struct WireMessage {
     message_id: Option<String>,
     receipt_handle: Option<String>,
     body: Option<String>,
-    attributes: Option<HashMap<String, String>>,
+    attributes: Option<SystemAttributes>,
     message_attributes: Option<HashMap<String, WireAttribute>>,
+}
+
+/// The system attributes the worker asks for (SYSTEM_ATTRIBUTES), as fields: no map per message.
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct SystemAttributes {
+    approximate_receive_count: Option<String>,
+    sent_timestamp: Option<String>,
+    message_group_id: Option<String>,
+    message_deduplication_id: Option<String>,
+    sequence_number: Option<String>,
 }
 
 #[derive(Deserialize)]
