@@ -235,6 +235,63 @@ mod tests {
     }
 
     #[test]
+    fn the_head_carries_cloudevents_and_sqs_headers_and_nothing_unsafe() {
+        use crate::worker::sqs::AttributeValue;
+        let queue = QueueContext {
+            url: "http://q/1/orders".into(),
+            arn: "arn:aws:sqs:us-east-1:1:orders".into(),
+        };
+        let h = HttpHandler::new("http://127.0.0.1:8080/messages?x=1", &queue, 4).unwrap();
+        let attr = |s: &str| AttributeValue {
+            data_type: "String".into(),
+            string: Some(s.into()),
+            binary: None,
+        };
+        let msg = Message {
+            id: "m-1".into(),
+            receipt_handle: "rh".into(),
+            body: bytes::Bytes::from_static(b"<xml/>"),
+            receive_count: 3,
+            group_id: Some("g\r\nx-evil: 1".into()),
+            deduplication_id: None,
+            sequence_number: None,
+            sent_timestamp: Some(951_782_400_123),
+            attributes: vec![
+                ("Content-Type".into(), attr("application/xml")),
+                ("OrderId".into(), attr(" o-77")),
+                ("bad name".into(), attr("dropped")),
+            ],
+            received_at: std::time::Instant::now(),
+        };
+        let head = String::from_utf8(h.head(&msg)).unwrap();
+        let lines: Vec<&str> = head.split("\r\n").collect();
+        assert_eq!(lines[0], "POST /messages?x=1 HTTP/1.1");
+        assert!(head.ends_with("\r\n\r\n"));
+        for want in [
+            "host: 127.0.0.1:8080",
+            "content-length: 6",
+            "ce-specversion: 1.0",
+            "ce-id: m-1",
+            "ce-source: arn:aws:sqs:us-east-1:1:orders",
+            "ce-type: dev.consumers.sqs.message",
+            "ce-time: 2000-02-29T00:00:00.123Z",
+            "ce-sqsreceivecount: 3",
+            "ce-sqsgroupid: g%0D%0Ax-evil: 1",
+            "x-sqs-queue-url: http://q/1/orders",
+            "x-sqs-attribute-content-type: application/xml",
+            "x-sqs-attribute-orderid: %20o-77",
+            "content-type: application/xml",
+        ] {
+            assert!(lines.contains(&want), "{want:?} in {head}");
+        }
+        assert!(
+            !head.contains("dropped"),
+            "a name that is no HTTP token is left out"
+        );
+        assert!(!lines.iter().any(|l| l.starts_with("x-evil")));
+    }
+
+    #[test]
     fn content_type_guess() {
         assert_eq!(guess_content_type(b"  {\"a\":1}"), "application/json");
         assert_eq!(guess_content_type(b"[1]"), "application/json");
