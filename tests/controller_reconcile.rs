@@ -147,13 +147,7 @@ impl Env {
     }
 
     fn condition(&self, name: &str, type_: &str) -> Condition {
-        self.qc(name)
-            .status
-            .unwrap()
-            .conditions
-            .into_iter()
-            .find(|c| c.type_ == type_)
-            .unwrap()
+        fake_kube::condition_of(self.qc(name), type_)
     }
 
     /// Past the 1s poll interval, so the next reconcile reads the queue again.

@@ -140,13 +140,7 @@ impl Env {
     }
 
     fn condition(&self, type_: &str) -> Condition {
-        self.qc()
-            .status
-            .unwrap()
-            .conditions
-            .into_iter()
-            .find(|c| c.type_ == type_)
-            .unwrap()
+        fake_kube::condition_of(self.qc(), type_)
     }
 
     fn scaling_active(&self) -> (String, String, String) {

@@ -1405,3 +1405,16 @@ fn check_precondition(live: &Value, body: &Value) -> Result<(), ApiError> {
         _ => Ok(()),
     }
 }
+
+/// The status condition of `type_` (panics, as a test failure, if the consumer has none).
+pub fn condition_of(
+    qc: qc::api::QueueConsumer,
+    type_: &str,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    qc.status
+        .expect("the consumer has a status")
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition"))
+}
