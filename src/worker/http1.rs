@@ -319,8 +319,9 @@ async fn exchange(
     write_all(&mut conn.stream, head, body)
         .await
         .map_err(|e| Failure::io(e, false))?;
+    let mut interim = false;
     loop {
-        let h = read_head(&mut conn).await?;
+        let h = read_head(&mut conn, interim).await?;
         if (100..200).contains(&h.status) {
             if h.status == 101 {
                 return Err(Failure::protocol(
@@ -329,6 +330,7 @@ async fn exchange(
             }
             // An interim answer (100 Continue, 103 Early Hints): the final one follows.
             conn.buf.drain(..h.len);
+            interim = true;
             continue;
         }
         let pos = h.len;
@@ -399,7 +401,8 @@ async fn fill(conn: &mut Conn, answered: bool) -> Result<(), Failure> {
     }
 }
 
-async fn read_head(conn: &mut Conn) -> Result<Head, Failure> {
+/// `interim`: an interim answer came before, so the server has answered whatever happens now.
+async fn read_head(conn: &mut Conn, interim: bool) -> Result<Head, Failure> {
     loop {
         if let Some(h) = parse_head(&conn.buf)? {
             return Ok(h);
@@ -409,7 +412,7 @@ async fn read_head(conn: &mut Conn) -> Result<Head, Failure> {
                 "answer head longer than {MAX_HEAD} bytes"
             )));
         }
-        let answered = !conn.buf.is_empty();
+        let answered = interim || !conn.buf.is_empty();
         fill(conn, answered).await?;
     }
 }
@@ -768,6 +771,22 @@ mod tests {
         for _ in 0..3 {
             reqs.recv().await.unwrap();
         }
+        // A close after an interim answer is not a stale connection: an error, not a resend.
+        let (addr2, mut reqs2) = server(vec![
+            "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.1 100 Continue\r\n\r\n",
+        ])
+        .await;
+        let p2 = pool(&addr2);
+        assert_eq!(p2.send(REQ, b"end", false).await.unwrap().status, 200);
+        let e = p2.send(REQ, b"end", false).await.unwrap_err();
+        assert!(matches!(e, WireError::Io(_)), "{e}");
+        for _ in 0..2 {
+            reqs2.recv().await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(reqs2.try_recv().is_err(), "not sent a third time");
+
         // On a new connection a hang-up is an error, not a loop.
         let (addr, _reqs) = server(vec![HANG_UP]).await;
         let e = pool(&addr).send(REQ, b"end", false).await.unwrap_err();
