@@ -9,6 +9,11 @@ use clap::{ArgAction, Parser};
 use qc::api::{Duration, HeartbeatInterval, IdempotencyKey, IdempotencyStore, OnPoison};
 use qc::worker::{Config, HandlerConfig};
 
+/// mimalloc instead of the C library's malloc: allocation was an eighth of the worker's CPU per
+/// message with glibc's (docs/benchmarks.md), and the image's musl malloc is slower still.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "qc-worker",
