@@ -1106,16 +1106,13 @@ async fn redis_store_over_tls_dedups_and_an_untrusted_certificate_keeps_the_work
     let other = redis.certs.other_ca_file.to_string_lossy().to_string();
     let mut untrusted = Worker::start_with_env(dir, &a, &[("SSL_CERT_FILE", &other)]);
     q.send_all(&bodies, |_| String::new()).await;
-    eventually(SECS(40), "the redis connect failure is logged", || {
-        let lines = untrusted.log_lines("idempotency store unreachable; not ready");
-        async move {
-            lines.iter().any(|l| {
-                let e = l["error"].as_str().unwrap_or_default();
-                e.contains("rediss://localhost") && e.contains("invalid peer certificate")
-            })
-        }
-    })
-    .await;
+    untrusted
+        .wait_error_logged(
+            SECS(40),
+            "idempotency store unreachable; not ready",
+            &["rediss://localhost", "invalid peer certificate"],
+        )
+        .await;
     let (status, _) = untrusted.get("/readyz").await.unwrap();
     assert_ne!(status, 200, "not ready without redis");
     assert_eq!(q.counts().await.0, 3, "nothing received while not ready");
@@ -1161,16 +1158,13 @@ async fn sqs_over_https_trusts_the_given_roots_and_refuses_an_unknown_issuer() {
     let dir = Arc::new(tempfile::tempdir().unwrap());
     let other = moto.certs.other_ca_file.to_string_lossy().to_string();
     let mut untrusted = Worker::start_with_env(dir, &a, &[("SSL_CERT_FILE", &other)]);
-    eventually(SECS(40), "the certificate failure is logged", || {
-        let lines = untrusted.log_lines("cannot read the queue; retrying");
-        async move {
-            lines.iter().any(|l| {
-                let e = l["error"].as_str().unwrap_or_default();
-                e.contains("https://localhost") && e.contains("invalid peer certificate")
-            })
-        }
-    })
-    .await;
+    untrusted
+        .wait_error_logged(
+            SECS(40),
+            "cannot read the queue; retrying",
+            &["https://localhost", "invalid peer certificate"],
+        )
+        .await;
     let (status, _) = untrusted.get("/readyz").await.unwrap();
     assert_ne!(
         status, 200,

@@ -278,6 +278,19 @@ impl Worker {
             .collect()
     }
 
+    /// Waits until a log line `message` carries an `error` holding every one of `needles`.
+    pub async fn wait_error_logged(&self, limit: Duration, message: &str, needles: &[&str]) {
+        let what = format!("{message:?} logged with an error holding {needles:?}");
+        eventually(limit, &what, || {
+            let hit = self.log_lines(message).iter().any(|l| {
+                let e = l["error"].as_str().unwrap_or_default();
+                needles.iter().all(|n| e.contains(n))
+            });
+            async move { hit }
+        })
+        .await;
+    }
+
     /// GET `path` on the probe server: (status, body).
     pub async fn get(&self, path: &str) -> Option<(u16, String)> {
         http_get(&self.metrics_addr, path).await
