@@ -104,7 +104,8 @@ free_port() {
 QC_PIDS=()
 stop_services() {
   for pid in "${QC_PIDS[@]:-}"; do
-    [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+    # A killed service exits 143; that must not become the script's status under set -e.
+    [ -n "$pid" ] && kill "$pid" 2>/dev/null && { wait "$pid" 2>/dev/null || true; }
   done
   QC_PIDS=()
 }
