@@ -200,39 +200,30 @@ struct Beat {
 }
 
 impl Beat {
-    /// Runs `work` while keeping the message's lease alive, giving up on it at `deadline` (None).
+    /// Runs `work` while keeping the message's lease alive; None if it is still running at `deadline`.
     /// A beat is awaited before `work` is polled again, so no visibility change is in flight when
     /// this returns. One timer serves the beats and the deadline, reset in place.
     async fn until<T>(
         &mut self,
         p: &Processor,
         msg: &Message,
-        deadline: Option<Instant>,
+        deadline: Instant,
         work: impl std::future::Future<Output = T>,
     ) -> Option<T> {
-        let due = |next: Option<Instant>| match (next, deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let Some(first) = due(self.next) else {
-            return Some(work.await);
-        };
+        let due = |next: Option<Instant>| next.map_or(deadline, |n| n.min(deadline));
         tokio::pin!(work);
-        let timer = tokio::time::sleep_until(first);
+        let timer = tokio::time::sleep_until(due(self.next));
         tokio::pin!(timer);
         loop {
             tokio::select! {
                 biased;
                 out = &mut work => return Some(out),
                 _ = &mut timer => {
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                    if Instant::now() >= deadline {
                         return None;
                     }
                     self.run(p, &msg.receipt_handle, &msg.id).await;
-                    match due(self.next) {
-                        Some(at) => timer.as_mut().reset(at),
-                        None => return Some(work.await),
-                    }
+                    timer.as_mut().reset(due(self.next));
                 }
             }
         }
@@ -368,7 +359,7 @@ impl Processor {
                     .until(
                         self,
                         &lease.msg,
-                        Some(Instant::now() + self.claim_lease()),
+                        Instant::now() + self.claim_lease(),
                         Box::pin(store.claim(&key, self.claim_lease())),
                     )
                     .await
@@ -404,18 +395,14 @@ impl Processor {
         let deadline = started + self.timeout;
         // Boxed, like the SQS calls: keeps the message task's future small to spawn.
         let call = Box::pin(self.handler.handle(&lease.msg));
-        let verdict = lease
-            .beat
-            .until(self, &lease.msg, Some(deadline), call)
-            .await
-            .ok_or(());
+        let verdict = lease.beat.until(self, &lease.msg, deadline, call).await;
         let latency = started.elapsed();
         lease.latency = Some(latency);
         m.handler_seconds.observe(latency.as_secs_f64());
 
         let (verdict, timed_out) = match verdict {
-            Ok(v) => (v, false),
-            Err(_) => (
+            Some(v) => (v, false),
+            None => (
                 Verdict::Transient {
                     reason: format!(
                         "handler timed out after {}",
