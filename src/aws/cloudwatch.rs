@@ -6,6 +6,8 @@ use std::time::{Duration, SystemTime};
 use aws_sdk_cloudwatch::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_cloudwatch::types::{ComparisonOperator, Dimension, StandardUnit, Statistic, Tag};
 
+use super::error_chain;
+
 /// SQS metrics namespace and the metrics the controller reads or alarms on.
 pub const SQS_NAMESPACE: &str = "AWS/SQS";
 pub const METRIC_VISIBLE: &str = "ApproximateNumberOfMessagesVisible";
@@ -156,17 +158,6 @@ fn classify<E: ProvideErrorMetadata + std::error::Error + 'static, R: std::fmt::
         }
         _ => ("AwsError", error_chain(e)),
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(inner) = cur {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        cur = inner.source();
-    }
-    s
 }
 
 fn dimension(queue_name: &str) -> Dimension {

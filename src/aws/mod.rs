@@ -20,3 +20,16 @@ pub async fn sdk_config(region: Option<&str>, endpoint: Option<&str>) -> aws_con
     }
     loader.load().await
 }
+
+/// An error and its sources, joined with `: ` (the SDK's and our HTTP client's errors keep the
+/// useful part, such as "invalid peer certificate", in a source).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}

@@ -25,6 +25,7 @@ use tokio_rustls::rustls::{ClientConfig, RootCertStore};
 use super::http1::{Pool, Tls};
 use super::metrics::Metrics;
 use super::sigv4::Signer;
+use crate::aws::error_chain;
 
 /// The SQS actions the worker uses; metrics are labelled with these names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -697,17 +698,6 @@ fn cache_until(expiry: Option<SystemTime>, now: SystemTime, now_instant: Instant
         .saturating_sub(CREDENTIALS_BUFFER)
         .max(left.min(Duration::from_secs(5)));
     now_instant + keep
-}
-
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 /// Classifies a non-2xx answer: the awsQuery-compatible code header first (what SQS sends), then the
