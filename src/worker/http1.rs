@@ -81,6 +81,23 @@ impl Failure {
     }
 }
 
+/// The scheme's default port: 443 for https, 80 otherwise.
+pub fn default_port(uri: &hyper::Uri) -> u16 {
+    match uri.scheme_str() {
+        Some("https") => 443,
+        _ => 80,
+    }
+}
+
+/// host:port to connect to, the scheme's default port when the URI names none; None without a host.
+pub fn connect_authority(uri: &hyper::Uri) -> Option<String> {
+    let host = uri.host()?;
+    Some(format!(
+        "{host}:{}",
+        uri.port_u16().unwrap_or(default_port(uri))
+    ))
+}
+
 /// TLS for a pool: the connector and the name the server's certificate must carry.
 #[derive(Clone)]
 pub struct Tls {

@@ -22,7 +22,7 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_rustls::rustls::{ClientConfig, RootCertStore};
 
-use super::http1::{Pool, Tls};
+use super::http1::{Pool, Tls, connect_authority, default_port};
 use super::metrics::Metrics;
 use super::sigv4::Signer;
 use crate::aws::error_chain;
@@ -362,7 +362,8 @@ impl Sqs {
                 ));
             }
         };
-        let authority = connect_authority(&endpoint)?;
+        let authority = connect_authority(&endpoint)
+            .ok_or_else(|| format!("SQS endpoint {endpoint} has no host"))?;
         let mut request_line = Vec::with_capacity(64);
         let path = match endpoint.path() {
             "" => "/",
@@ -526,26 +527,10 @@ impl Sqs {
 /// it is the scheme's default.
 fn host_header(uri: &Uri) -> Option<String> {
     let host = uri.host()?;
-    let default_port = match uri.scheme_str() {
-        Some("https") => 443,
-        _ => 80,
-    };
     Some(match uri.port_u16() {
-        Some(p) if p != default_port => format!("{host}:{p}"),
+        Some(p) if p != default_port(uri) => format!("{host}:{p}"),
         _ => host.to_string(),
     })
-}
-
-/// host:port to connect to.
-fn connect_authority(uri: &Uri) -> Result<String, String> {
-    let host = uri
-        .host()
-        .ok_or_else(|| format!("SQS endpoint {uri} has no host"))?;
-    let port = uri.port_u16().unwrap_or(match uri.scheme_str() {
-        Some("https") => 443,
-        _ => 80,
-    });
-    Ok(format!("{host}:{port}"))
 }
 
 /// TLS to the endpoint's host: rustls with aws-lc (the stack the SDK already brings) and the

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use hyper::Uri;
 
 use super::{HandlerError, QueueContext, Verdict, rfc3339_millis, verdict_for_status};
-use crate::worker::http1::{Pool, WireError};
+use crate::worker::http1::{Pool, WireError, connect_authority};
 use crate::worker::sqs::Message;
 
 /// `ce-type` of every event the worker sends.
@@ -40,7 +40,7 @@ impl HttpHandler {
             ));
         }
         let host = uri.host().ok_or_else(|| err("no host"))?;
-        let authority = format!("{host}:{}", uri.port_u16().unwrap_or(80));
+        let authority = connect_authority(&uri).ok_or_else(|| err("no host"))?;
         let path = uri.path_and_query().map_or("/", |p| p.as_str());
         let mut request_line = Vec::with_capacity(64);
         // The Host header names the port only when it is not the default, like every HTTP client.
