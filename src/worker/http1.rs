@@ -504,6 +504,19 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, Failure> {
     }))
 }
 
+/// Appends body bytes to `out` if the body is being collected, within MAX_BODY.
+fn keep(out: Option<&mut Vec<u8>>, bytes: &[u8]) -> Result<(), Failure> {
+    if let Some(o) = out {
+        if (o.len() + bytes.len()) as u64 > MAX_BODY {
+            return Err(Failure::protocol(format!(
+                "body longer than {MAX_BODY} bytes"
+            )));
+        }
+        o.extend_from_slice(bytes);
+    }
+    Ok(())
+}
+
 /// Reads past `n` body bytes starting at `pos`, into `out` if given; returns the position after them.
 async fn skip_bytes(
     conn: &mut Conn,
@@ -514,14 +527,7 @@ async fn skip_bytes(
     loop {
         let avail = (conn.buf.len() - pos) as u64;
         let take = avail.min(n) as usize;
-        if let Some(o) = out.as_deref_mut() {
-            if o.len() as u64 + take as u64 > MAX_BODY {
-                return Err(Failure::protocol(format!(
-                    "body longer than {MAX_BODY} bytes"
-                )));
-            }
-            o.extend_from_slice(&conn.buf[pos..pos + take]);
-        }
+        keep(out.as_deref_mut(), &conn.buf[pos..pos + take])?;
         if avail >= n {
             return Ok(pos + take);
         }
@@ -596,14 +602,7 @@ async fn skip_to_close(
     mut out: Option<&mut Vec<u8>>,
 ) -> Result<usize, Failure> {
     loop {
-        if let Some(o) = out.as_deref_mut() {
-            if (o.len() + conn.buf.len() - pos) as u64 > MAX_BODY {
-                return Err(Failure::protocol(format!(
-                    "body longer than {MAX_BODY} bytes"
-                )));
-            }
-            o.extend_from_slice(&conn.buf[pos..]);
-        }
+        keep(out.as_deref_mut(), &conn.buf[pos..])?;
         conn.buf.clear();
         pos = 0;
         conn.buf.reserve(READ_CHUNK);
