@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use aws_sdk_sqs::types::{QueueAttributeName, SendMessageBatchRequestEntry};
 use fake_kube::aws::{UnreachableCloudWatch, context};
 use fake_kube::rbac;
-use fake_kube::{DEPLOYMENTS, EVENTS, FakeKube, QUEUE_CONSUMERS, Recorded};
+use fake_kube::{DEPLOYMENTS, EVENTS, FakeKube, PODS, QUEUE_CONSUMERS, Recorded};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use qc::api::QueueConsumer;
@@ -431,6 +431,94 @@ async fn drained_queue_goes_back_to_min_after_the_stabilization_window() {
     let (status, reason, _) = e.scaling_active();
     assert_eq!((status.as_str(), reason.as_str()), ("True", "Scaling"));
     assert_eq!(e.qc().status.unwrap().desired_replicas, Some(1));
+    assert_managers_apart(&e);
+}
+
+/// A worker pod of the QueueConsumer "orders" (the Deployment's selector labels) that became Ready
+/// `took` after its creation.
+fn ready_pod(e: &Env, name: &str, took: std::time::Duration) {
+    let mut labels = serde_json::Map::new();
+    for (k, v) in qc::render::selector_labels("orders") {
+        labels.insert(k, json!(v));
+    }
+    let created = e.fake.create(
+        PODS,
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NS, "labels": labels},
+            "spec": {"containers": [{"name": "worker", "image": "qc-worker"}]}}),
+    );
+    let at: k8s_openapi::jiff::Timestamp = created["metadata"]["creationTimestamp"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let ready = at + k8s_openapi::jiff::SignedDuration::try_from(took).unwrap();
+    e.fake.update(PODS, NS, name, |p| {
+        p["status"] = json!({"conditions": [
+            {"type": "Ready", "status": "True", "lastTransitionTime": ready.to_string()}]});
+    });
+}
+
+#[tokio::test]
+async fn auto_stabilization_holds_for_the_pods_measured_start_up() {
+    let e = env(60).await;
+    e.send(3).await;
+    // No scaleDownStabilization: `auto`. The pods start in 2-3s (one slow outlier), so the hold is
+    // about 3s, not the 30s `auto` holds until a start-up is measured.
+    e.fake.create(
+        QUEUE_CONSUMERS,
+        manifest(&e.url, json!({"minReplicas": 0, "maxReplicas": 5})),
+    );
+    assert_eq!(
+        e.qc().spec.scaling.scale_down_stabilization,
+        qc::api::Stabilization::Auto
+    );
+    for (name, took) in [("orders-a", 2), ("orders-b", 3), ("orders-c", 300)] {
+        ready_pod(&e, name, std::time::Duration::from_secs(took));
+    }
+    e.reconcile().await.unwrap();
+    assert_eq!(e.replicas(), Some(3), "scale-up at once");
+    let key = qc::controller::scale::key(&e.qc());
+    assert_eq!(
+        e.ctx.scaling.startup(&key),
+        Some(qc::api::Duration::from_secs(3)),
+        "the median of the pods' creation → Ready"
+    );
+    let lists: Vec<_> = e
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "GET" && r.path.ends_with("/pods"))
+        .collect();
+    assert_eq!(lists.len(), 1, "{lists:#?}");
+    assert_eq!(
+        lists[0].query.get("labelSelector").map(String::as_str),
+        Some(qc::render::selector_string("orders").as_str()),
+        "only the consumer's pods"
+    );
+
+    e.sqs.purge_queue().queue_url(&e.url).send().await.unwrap();
+    e.next_poll().await;
+    e.reconcile().await.unwrap();
+    assert_eq!(e.replicas(), Some(3), "within the hold the peak stays");
+    // To zero after the measured hold: well before the 30s `auto` would hold unmeasured.
+    let started = std::time::Instant::now();
+    while e.replicas() != Some(0) && started.elapsed() < std::time::Duration::from_secs(20) {
+        e.next_poll().await;
+        e.reconcile().await.unwrap();
+    }
+    assert_eq!(e.replicas(), Some(0), "to zero after the hold");
+    let pod_lists = e
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "GET" && r.path.ends_with("/pods"))
+        .count();
+    assert_eq!(
+        pod_lists, 1,
+        "the start-up is measured again only after 5 minutes"
+    );
+    rbac::assert_granted(&["config/rbac/role.yaml"], &e.fake.requests());
     assert_managers_apart(&e);
 }
 

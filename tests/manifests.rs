@@ -165,6 +165,8 @@ fn expected_controller_grants() -> BTreeSet<(String, String, String)> {
         ),
         ("", "events", &["create", "patch"]),
         ("events.k8s.io", "events", &["create", "patch"]),
+        // the worker pods' start-up, for scaleDownStabilization: auto
+        ("", "pods", &["list"]),
     ];
     spec.iter()
         .flat_map(|(g, r, verbs)| {

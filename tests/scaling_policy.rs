@@ -1,19 +1,23 @@
 //! Table tests of the replica policy (src/scaling): one table per clause of DESIGN "Scaling".
 #![allow(clippy::unwrap_used)]
 
-use qc::api::{Duration, ScalingSpec};
+use qc::api::{Duration, ScalingSpec, Stabilization};
 use qc::scaling::{
-    Decision, History, Limit, MAX_SAMPLES, Reason, Sample, ScalingError, Timestamp, decide,
+    Decision, History, Limit, MAX_SAMPLES, MAX_STARTUP, Reason, Sample, ScalingError, Timestamp,
+    decide, measured_startup,
 };
 
 const P99: Duration = Duration::from_secs(2);
 const C: u32 = 10;
 // C × maxBacklogAge / P = 10 × 60 / 2 = 300 visible messages per replica
 
+/// The tables below are worked out for a fixed 5 m window (the `auto` window has its own tests).
 fn spec() -> ScalingSpec {
     ScalingSpec {
         min_replicas: 0,
         max_replicas: 20,
+        poll_interval: Duration::from_secs(15),
+        scale_down_stabilization: Duration::from_secs(300).into(),
         ..ScalingSpec::default()
     }
 }
@@ -32,7 +36,7 @@ type Reading = (u64, u64, u64);
 
 /// A history of readings, and a decision at the last one's time.
 fn decide_on(spec: &ScalingSpec, samples: &[Reading], current: u32) -> Decision {
-    let mut h = History::for_spec(spec);
+    let mut h = History::for_spec(spec, None);
     for &(t, v, f) in samples {
         h.push(sample(t, v, f)).unwrap();
     }
@@ -98,7 +102,7 @@ fn backlog_term_follows_p99_concurrency_and_max_backlog_age() {
             max_backlog_age: age,
             ..spec()
         };
-        let mut h = History::for_spec(&s);
+        let mut h = History::for_spec(&s, None);
         h.push(sample(0, 900, 0)).unwrap();
         let d = decide(&s, p99, None, c, &h, 1, Timestamp::from_secs(0));
         assert_eq!(d.replicas, want, "p99 {p99}, C {c}, age {age}: {d}");
@@ -346,14 +350,85 @@ fn to_zero_only_a_full_window_after_the_last_work() {
 }
 
 #[test]
+fn auto_holds_for_the_measured_start_up_and_30s_until_measured() {
+    // one message in flight at 300 s, quiet after, samples every 5 s; `auto` window
+    let s = ScalingSpec {
+        poll_interval: Duration::from_secs(5),
+        scale_down_stabilization: Stabilization::Auto,
+        ..spec()
+    };
+    assert_eq!(
+        ScalingSpec::default().scale_down_stabilization,
+        Stabilization::Auto
+    );
+    let mut samples: Vec<Reading> = (0..300).step_by(5).map(|t| (t, 0, 0)).collect();
+    samples.push((300, 0, 1));
+    samples.extend((305..=400).step_by(5).map(|t| (t, 0, 0)));
+    // (measured start-up, last time still held at 1, first time at 0)
+    for (startup, held_until, zero_at) in [(None, 325, 330), (Some(45), 340, 345)] {
+        let startup = startup.map(Duration::from_secs);
+        let at = |t: u64| {
+            let mut h = History::for_spec(&s, startup);
+            for &(ts, v, f) in samples.iter().take_while(|r| r.0 <= t) {
+                h.push(sample(ts, v, f)).unwrap();
+            }
+            decide(&s, P99, None, C, &h, 1, Timestamp::from_secs(t))
+        };
+        let held = at(held_until);
+        assert_eq!(held.replicas, 1, "{startup:?} at {held_until}: {held}");
+        assert_eq!(held.limited_by, Some(Limit::Stabilization), "{held}");
+        let gone = at(zero_at);
+        assert_eq!(gone.replicas, 0, "{startup:?} at {zero_at}: {gone}");
+    }
+    // a duration still overrides whatever was measured
+    let fixed = ScalingSpec {
+        scale_down_stabilization: Duration::from_secs(10).into(),
+        ..s.clone()
+    };
+    let mut h = History::for_spec(&fixed, Some(Duration::from_secs(45)));
+    for &(t, v, f) in samples.iter().take_while(|r| r.0 <= 310) {
+        h.push(sample(t, v, f)).unwrap();
+    }
+    let d = decide(&fixed, P99, None, C, &h, 1, Timestamp::from_secs(310));
+    assert_eq!(d.replicas, 0, "{d}");
+}
+
+#[test]
+fn measured_start_up_is_the_median_of_the_recent_pods() {
+    let pod = |created: u64, took: u64| {
+        (
+            Timestamp::from_secs(created),
+            Timestamp::from_secs(created + took),
+        )
+    };
+    assert_eq!(measured_startup(&[]), None);
+    assert_eq!(
+        measured_startup(&[pod(0, 12)]),
+        Some(Duration::from_secs(12))
+    );
+    // one pod that waited for a node does not set the hold of all
+    let d = measured_startup(&[pod(0, 10), pod(5, 400), pod(9, 12)]);
+    assert_eq!(d, Some(Duration::from_secs(12)));
+    // only the 10 most recently created count: 20 old slow pods, then 10 fast new ones
+    let mut pods: Vec<_> = (0..20).map(|i| pod(i, 90)).collect();
+    pods.extend((100..110).map(|i| pod(i, 8)));
+    pods.reverse();
+    assert_eq!(measured_startup(&pods), Some(Duration::from_secs(8)));
+    // capped, and a Ready before creation (clock skew) counts as zero
+    assert_eq!(measured_startup(&[pod(0, 7200)]), Some(MAX_STARTUP));
+    let skewed = (Timestamp::from_secs(10), Timestamp::from_secs(5));
+    assert_eq!(measured_startup(&[skewed]), Some(Duration::ZERO));
+}
+
+#[test]
 fn missing_or_stale_samples_hold_the_current_replicas() {
     let s = spec();
-    let empty = History::for_spec(&s);
+    let empty = History::for_spec(&s, None);
     let d = decide(&s, P99, None, C, &empty, 7, Timestamp::from_secs(100));
     assert_eq!((d.replicas, d.reason), (7, Reason::MetricsUnavailable));
     assert_eq!(d.condition_reason(), "MetricsUnavailable");
 
-    let mut h = History::for_spec(&s);
+    let mut h = History::for_spec(&s, None);
     h.push(sample(0, 0, 0)).unwrap();
     // 3 poll intervals (45 s) old is still usable; older is stale
     let fresh = decide(&s, P99, None, C, &h, 7, Timestamp::from_secs(45));
@@ -368,7 +443,7 @@ fn missing_or_stale_samples_hold_the_current_replicas() {
 #[test]
 fn history_is_ordered_and_bounded_by_the_window() {
     let s = spec(); // 5 m window, 1 m maxBacklogAge (the in-flight mean's span), 15 s poll: 375 s
-    let mut h = History::for_spec(&s);
+    let mut h = History::for_spec(&s, None);
     assert_eq!(h.retention(), Duration::from_secs(375));
     for i in 0..1000 {
         h.push(sample(i * 15, i, 0)).unwrap();
@@ -377,7 +452,7 @@ fn history_is_ordered_and_bounded_by_the_window() {
     assert_eq!(h.latest().unwrap().visible, 999);
     assert_eq!(h.previous().unwrap().visible, 998);
     assert!(h.covers(Timestamp::from_secs(999 * 15), Duration::from_secs(300)));
-    assert!(!History::for_spec(&s).covers(Timestamp::from_secs(999), Duration::ZERO));
+    assert!(!History::for_spec(&s, None).covers(Timestamp::from_secs(999), Duration::ZERO));
     let err = h.push(sample(999 * 15, 0, 0)).unwrap_err();
     assert!(matches!(err, ScalingError::PushOutOfOrder { .. }));
     assert!(err.to_string().contains("time order"));
@@ -386,7 +461,7 @@ fn history_is_ordered_and_bounded_by_the_window() {
     let poll = Duration::from_secs(15);
     assert!(h.is_due(Timestamp::from_secs(999 * 15 + 15), poll));
     assert!(!h.is_due(Timestamp::from_secs(999 * 15 + 14), poll));
-    assert!(History::for_spec(&s).is_due(Timestamp::from_secs(0), poll));
+    assert!(History::for_spec(&s, None).is_due(Timestamp::from_secs(0), poll));
 
     // even a tiny poll interval with a long window stays under the hard cap
     let mut h = History::new(Duration::from_secs(24 * 3600));
@@ -468,7 +543,7 @@ fn decide_with(
     samples: &[Reading],
     current: u32,
 ) -> Decision {
-    let mut h = History::for_spec(spec);
+    let mut h = History::for_spec(spec, None);
     for &(t, v, f) in samples {
         h.push(sample(t, v, f)).unwrap();
     }
@@ -563,7 +638,7 @@ fn with_a_declared_mean_the_in_flight_term_takes_the_arrivals_share_while_a_back
     }
     // scaling down, the in-flight floor still holds the replicas that are busy now
     let s = ScalingSpec {
-        scale_down_stabilization: Duration::from_secs(0),
+        scale_down_stabilization: Duration::from_secs(0).into(),
         ..spec()
     };
     let d = decide_with(&s, MEAN, &[(0, 2000, 100), (5, 1000, 100)], 10);
@@ -580,7 +655,7 @@ fn with_a_declared_mean_starting_replicas_stay_while_a_backlog_waits() {
     // seen and needs 5 — but 10 of the 11 replicas are not busy yet (10 in flight < 11 × 10): still
     // starting, so none goes. Window 0 s, so only this rule holds them. (mean, t=10 reading, current)
     let s = ScalingSpec {
-        scale_down_stabilization: Duration::from_secs(0),
+        scale_down_stabilization: Duration::from_secs(0).into(),
         ..spec()
     };
     let burst = |mean, visible, in_flight, current| {

@@ -6,14 +6,13 @@ use qc::api::{Duration, ScalingSpec};
 use qc::scaling::sim::engine::Engine;
 use qc::scaling::sim::{self, Msg, Ours, Policy, Scaler, SimConfig, Trace};
 
-/// The benchmark spec with the API's default pollInterval (15 s) and scaleDownStabilization (5 m), which the
-/// numbers below are worked out for (the benchmark itself tunes both for cost).
+/// The benchmark spec with a 15 s pollInterval and a fixed 5 m scaleDownStabilization, which the numbers
+/// below are worked out for (the benchmark itself runs the API defaults).
 fn cfg() -> SimConfig {
     let spec = sim::load_spec(include_str!("../benches/scaling/spec.yaml")).unwrap();
     let mut cfg = SimConfig::from_spec(&spec, Duration::from_secs(30), 1);
-    let defaults = ScalingSpec::default();
-    cfg.scaling.poll_interval = defaults.poll_interval;
-    cfg.scaling.scale_down_stabilization = defaults.scale_down_stabilization;
+    cfg.scaling.poll_interval = Duration::from_secs(15);
+    cfg.scaling.scale_down_stabilization = Duration::from_secs(300).into();
     cfg
 }
 
@@ -183,7 +182,7 @@ fn a_shorter_stabilization_window_scales_in_sooner_and_costs_less() {
     let five = sim::run(&cfg(), &trace, Policy::Ours);
     let one_minute = SimConfig {
         scaling: ScalingSpec {
-            scale_down_stabilization: Duration::from_secs(60),
+            scale_down_stabilization: Duration::from_secs(60).into(),
             ..cfg().scaling
         },
         ..cfg()
@@ -226,7 +225,7 @@ fn ours_never_scales_below_the_in_flight_replicas_even_with_no_window() {
     // long messages keep replicas busy after arrivals stop; with a zero window only the floor holds them
     let cfg = SimConfig {
         scaling: ScalingSpec {
-            scale_down_stabilization: Duration::from_secs(0),
+            scale_down_stabilization: Duration::from_secs(0).into(),
             scale_on_in_flight: false,
             ..cfg().scaling
         },

@@ -3,8 +3,12 @@
 
 pub mod conditions;
 mod duration;
+mod stabilization;
 
 pub use duration::{DURATION_PATTERN, Duration, DurationError};
+pub use stabilization::{
+    DEFAULT_STARTUP, STABILIZATION_PATTERN, Stabilization, StabilizationError,
+};
 
 use std::fmt;
 use std::str::FromStr;
@@ -466,8 +470,11 @@ pub struct ScalingSpec {
     pub activation_backlog: u32,
     #[serde(default = "defaults::poll_interval")]
     pub poll_interval: Duration,
-    #[serde(default = "defaults::scale_down_stabilization")]
-    pub scale_down_stabilization: Duration,
+    /// Scale down only to the highest recommendation of this window: `auto` (the default) holds an idle
+    /// replica about as long as starting one again costs, the consumer's pods' measured start-up
+    /// (creation to Ready; 30s until measured); a duration overrides it.
+    #[serde(default)]
+    pub scale_down_stabilization: Stabilization,
 }
 
 impl Default for ScalingSpec {
@@ -479,7 +486,7 @@ impl Default for ScalingSpec {
             scale_on_in_flight: true,
             activation_backlog: 0,
             poll_interval: defaults::poll_interval(),
-            scale_down_stabilization: defaults::scale_down_stabilization(),
+            scale_down_stabilization: Stabilization::Auto,
         }
     }
 }
@@ -648,9 +655,6 @@ pub mod defaults {
     }
     pub fn poll_interval() -> Duration {
         Duration::from_secs(15)
-    }
-    pub fn scale_down_stabilization() -> Duration {
-        Duration::from_secs(300)
     }
 }
 

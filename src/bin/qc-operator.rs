@@ -42,7 +42,8 @@ struct SimulateArgs {
     /// Policy to run; repeat for several (default: ours, keda and oracle).
     #[arg(long, value_enum)]
     policy: Vec<PolicyArg>,
-    /// Pod start-up delay: from creation to receiving messages.
+    /// Pod start-up delay: from creation to receiving messages; also the window of
+    /// `scaleDownStabilization: auto`, as the controller measures it from the pods.
     #[arg(long, default_value = "30s", value_name = "DURATION")]
     startup: qc::api::Duration,
     #[arg(long, value_enum, default_value = "text")]

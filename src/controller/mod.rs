@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Resource, ResourceExt};
@@ -389,6 +390,9 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     }
 
     // scale: the policy on the Deployment as it is now; replicas go out as their own manager's apply
+    if deployment.is_some() {
+        measure_startup(qc, ctx, &ns, &name).await;
+    }
     let now = observe::wall_clock();
     let replicas = ctx.scaling.with_history(&scale::key(qc), now, |h| {
         pipeline::decide_replicas(
@@ -522,6 +526,31 @@ fn record_sample(qc: &QueueConsumer, ctx: &Context, o: &observe::Observed) {
         // SQS left a count out: nothing is pushed, and the policy holds replicas on what it last saw.
         Err(e) => tracing::warn!(queueconsumer = %key, error = %e, "queue not sampled for scaling"),
     }
+}
+
+/// `scaleDownStabilization: auto` holds for the pods' start-up: list the consumer's worker pods now and
+/// then ([`scale::STARTUP_REFRESH`]) and keep the median creation → Ready of the recent ones. A failed
+/// read (e.g. an install whose role cannot list pods) keeps what was known, 30s until then: the hold
+/// never blocks a reconcile.
+async fn measure_startup(qc: &QueueConsumer, ctx: &Context, ns: &str, name: &str) {
+    let key = scale::key(qc);
+    let now = observe::wall_clock();
+    if !qc.spec.scaling.scale_down_stabilization.is_auto() || !ctx.scaling.startup_due(&key, now) {
+        return;
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let selector = crate::render::selector_string(name);
+    let measured = match pods.list(&ListParams::default().labels(&selector)).await {
+        Ok(list) => {
+            let pairs: Vec<_> = list.items.iter().filter_map(scale::pod_startup).collect();
+            crate::scaling::measured_startup(&pairs)
+        }
+        Err(e) => {
+            tracing::warn!(queueconsumer = %key, error = %e, "pods not listed: the scale-down hold keeps its last start-up (30s until one is measured)");
+            None
+        }
+    };
+    ctx.scaling.set_startup(&key, &qc.spec, measured, now);
 }
 
 /// Deletion: remove the alarm, then the finalizer. The Deployment goes by garbage collection.

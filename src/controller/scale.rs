@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use crate::api::{Duration, QueueConsumer, QueueConsumerSpec};
@@ -30,7 +31,15 @@ struct Tracked {
     touched: Timestamp,
     /// How long the entry may sit untouched: its retention plus the staleness bound.
     idle_limit: Duration,
+    /// The pods' measured start-up (`scaleDownStabilization: auto`), kept across history restarts, and
+    /// when it was last measured.
+    startup: Option<Duration>,
+    startup_measured: Option<Timestamp>,
 }
+
+/// How often the pods' start-up is measured again once known, and while none is known yet.
+pub const STARTUP_REFRESH: Duration = Duration::from_secs(300);
+pub const STARTUP_RETRY: Duration = Duration::from_secs(60);
 
 /// Histories of every QueueConsumer this controller reconciles. Critical sections are short and never
 /// await, so concurrent reconciles of different QueueConsumers only contend for microseconds.
@@ -48,8 +57,8 @@ pub fn key(qc: &QueueConsumer) -> String {
     }
 }
 
-fn idle_limit(spec: &QueueConsumerSpec) -> Duration {
-    scaling::retention_for(&spec.scaling).saturating_add(
+fn idle_limit(spec: &QueueConsumerSpec, startup: Option<Duration>) -> Duration {
+    scaling::retention_for(&spec.scaling, startup).saturating_add(
         spec.scaling
             .poll_interval
             .max(Duration::from_secs(1))
@@ -80,21 +89,18 @@ impl Histories {
         now: Timestamp,
     ) -> Result<Recorded, ScalingError> {
         let sample = Sample::from_facts(facts, at)?;
-        let retention = scaling::retention_for(&spec.scaling);
         let mut entries = self.lock();
         sweep(&mut entries, now);
-        let tracked = entries.entry(key.to_string()).or_insert_with(|| Tracked {
-            history: History::new(retention),
-            touched: now,
-            idle_limit: idle_limit(spec),
-        });
+        let tracked = entry(&mut entries, key, spec, now);
+        let startup = tracked.startup;
+        let retention = scaling::retention_for(&spec.scaling, startup);
         tracked.touched = now;
-        tracked.idle_limit = idle_limit(spec);
+        tracked.idle_limit = idle_limit(spec, startup);
         // A spec change (window, poll interval) takes effect on the next push.
         tracked.history.set_retention(retention);
         let outcome = match tracked.history.latest() {
             Some(latest) if latest.at.saturating_add(tracked.idle_limit) < at => {
-                tracked.history = History::new(retention);
+                tracked.history = History::for_spec(&spec.scaling, startup);
                 Recorded::Restarted
             }
             _ if !tracked.history.is_due(at, spec.scaling.poll_interval) => {
@@ -119,6 +125,46 @@ impl Histories {
         }
     }
 
+    /// Whether the pods' start-up should be measured (again) at `now`: never measured, or measured longer
+    /// than [`STARTUP_REFRESH`] ago ([`STARTUP_RETRY`] while no pod had become Ready).
+    pub fn startup_due(&self, key: &str, now: Timestamp) -> bool {
+        let entries = self.lock();
+        let Some(t) = entries.get(key) else {
+            return true;
+        };
+        let every = if t.startup.is_some() {
+            STARTUP_REFRESH
+        } else {
+            STARTUP_RETRY
+        };
+        t.startup_measured
+            .is_none_or(|at| at.saturating_add(every) <= now)
+    }
+
+    /// Record a measurement of the pods' start-up made at `now` (`None`: no pod to measure; an earlier
+    /// measurement stays). `scaleDownStabilization: auto` holds for it from the next decision.
+    pub fn set_startup(
+        &self,
+        key: &str,
+        spec: &QueueConsumerSpec,
+        startup: Option<Duration>,
+        now: Timestamp,
+    ) {
+        let mut entries = self.lock();
+        let tracked = entry(&mut entries, key, spec, now);
+        tracked.startup_measured = Some(now);
+        if startup.is_some() {
+            tracked.startup = startup;
+            tracked.history.set_startup(startup);
+            tracked.idle_limit = idle_limit(spec, startup);
+        }
+    }
+
+    /// The start-up `auto` holds for now (None: not measured, 30s).
+    pub fn startup(&self, key: &str) -> Option<Duration> {
+        self.lock().get(key).and_then(|t| t.startup)
+    }
+
     /// Drop a QueueConsumer's history (it is being deleted).
     pub fn forget(&self, key: &str) {
         self.lock().remove(key);
@@ -136,6 +182,37 @@ impl Histories {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// When a pod was created and when it last became Ready (its Ready condition, status True), for
+/// [`scaling::measured_startup`]; None for a pod that is not Ready.
+pub fn pod_startup(pod: &Pod) -> Option<(Timestamp, Timestamp)> {
+    let created = pod.metadata.creation_timestamp.as_ref()?;
+    let ready = pod
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == "True")?
+        .last_transition_time
+        .as_ref()?;
+    Some((Timestamp::from_k8s(created), Timestamp::from_k8s(ready)))
+}
+
+fn entry<'a>(
+    entries: &'a mut HashMap<String, Tracked>,
+    key: &str,
+    spec: &QueueConsumerSpec,
+    now: Timestamp,
+) -> &'a mut Tracked {
+    entries.entry(key.to_string()).or_insert_with(|| Tracked {
+        history: History::for_spec(&spec.scaling, None),
+        touched: now,
+        idle_limit: idle_limit(spec, None),
+        startup: None,
+        startup_measured: None,
+    })
 }
 
 /// Drop entries nobody reconciled for longer than their idle limit: a QueueConsumer deleted without a

@@ -109,6 +109,9 @@ pub struct History {
     samples: VecDeque<Sample>,
     retention: Duration,
     first_at: Option<Timestamp>,
+    /// The consumer's pods' measured start-up (creation to Ready), which `scaleDownStabilization: auto`
+    /// holds for; None until measured.
+    startup: Option<Duration>,
 }
 
 impl History {
@@ -118,12 +121,26 @@ impl History {
             samples: VecDeque::new(),
             retention,
             first_at: None,
+            startup: None,
         }
     }
 
-    /// Retention for `spec`: its stabilization window plus one poll interval of slack.
-    pub fn for_spec(spec: &ScalingSpec) -> Self {
-        History::new(retention_for(spec))
+    /// A history for `spec` whose pods start in `startup` (None: not measured yet), with the retention
+    /// of [`retention_for`].
+    pub fn for_spec(spec: &ScalingSpec, startup: Option<Duration>) -> Self {
+        let mut h = History::new(retention_for(spec, startup));
+        h.startup = startup;
+        h
+    }
+
+    /// The pods' measured start-up, for `scaleDownStabilization: auto` (retention follows on the next
+    /// push when the caller also sets it).
+    pub fn set_startup(&mut self, startup: Option<Duration>) {
+        self.startup = startup;
+    }
+
+    pub fn startup(&self) -> Option<Duration> {
+        self.startup
     }
 
     /// Adjust retention after a spec change; samples are kept, pruning happens on the next push.
@@ -193,16 +210,42 @@ impl History {
     }
 }
 
-/// What [`History::for_spec`] retains: the stabilization window, plus maxBacklogAge before it (the in-flight
-/// term of its oldest sample averages that span), plus one poll interval of slack.
-pub fn retention_for(spec: &ScalingSpec) -> Duration {
+/// What [`History::for_spec`] retains: the stabilization window in force (`auto`: `startup`, see
+/// [`ScalingSpec::scale_down_stabilization`]), plus maxBacklogAge before it (the in-flight term of its
+/// oldest sample averages that span), plus one poll interval of slack.
+pub fn retention_for(spec: &ScalingSpec, startup: Option<Duration>) -> Duration {
     spec.scale_down_stabilization
+        .window(startup)
         .saturating_add(spec.max_backlog_age)
         .saturating_add(poll_interval(spec))
 }
 
 fn poll_interval(spec: &ScalingSpec) -> Duration {
     spec.poll_interval.max(Duration::from_secs(1))
+}
+
+/// [`measured_startup`] looks at the most recently created pods, this many.
+pub const STARTUP_PODS: usize = 10;
+/// A measured start-up above this is taken as this (an image pull stuck for an hour must not make
+/// `auto` hold idle replicas for an hour, nor the history grow past [`MAX_SAMPLES`]).
+pub const MAX_STARTUP: Duration = Duration::from_secs(600);
+
+/// The pods' start-up that `scaleDownStabilization: auto` holds for, from (created, became Ready) pairs of
+/// the consumer's worker pods: the median over the [`STARTUP_PODS`] most recently created (the upper
+/// median of an even count), capped at [`MAX_STARTUP`]. A median, because one pod that waited for a node
+/// or crash-looped before Ready must not set the hold of all; the most recent, because start-ups change
+/// with images and nodes. None without a pod that became Ready (`auto` then holds 30s). Pairs where
+/// Ready is not after creation count as zero.
+pub fn measured_startup(pods: &[(Timestamp, Timestamp)]) -> Option<Duration> {
+    let mut recent: Vec<&(Timestamp, Timestamp)> = pods.iter().collect();
+    recent.sort_by_key(|(created, _)| std::cmp::Reverse(*created));
+    recent.truncate(STARTUP_PODS);
+    let mut took: Vec<Duration> = recent
+        .iter()
+        .map(|(created, ready)| ready.since(*created))
+        .collect();
+    took.sort();
+    took.get(took.len() / 2).map(|d| (*d).min(MAX_STARTUP))
 }
 
 /// A sample older than this many poll intervals is stale: the policy holds rather than act on it.
@@ -471,7 +514,7 @@ pub fn decide(
     }
 
     // Scale-down path: the recommendation is below what runs now.
-    let window = spec.scale_down_stabilization;
+    let window = spec.scale_down_stabilization.window(history.startup());
     let since = now.saturating_sub(window);
     let mut limited_by = rec.limit;
     let mut target = if !history.covers(now, window) {

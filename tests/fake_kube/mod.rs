@@ -73,7 +73,21 @@ pub const LEASES: Kind = Kind {
     kind: "Lease",
     status_subresource: false,
 };
-const KINDS: [Kind; 5] = [QUEUE_CONSUMERS, DEPLOYMENTS, EVENTS, CORE_EVENTS, LEASES];
+pub const PODS: Kind = Kind {
+    group: "",
+    version: "v1",
+    plural: "pods",
+    kind: "Pod",
+    status_subresource: true,
+};
+const KINDS: [Kind; 6] = [
+    QUEUE_CONSUMERS,
+    DEPLOYMENTS,
+    EVENTS,
+    CORE_EVENTS,
+    LEASES,
+    PODS,
+];
 
 impl Kind {
     pub fn api_version(&self) -> String {

@@ -78,4 +78,7 @@ reads its redis URL Secret through the pod's env (valueFrom), so the controller 
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
 {{- end }}

@@ -161,7 +161,7 @@ impl Ours {
             p99: cfg.p99,
             mean: cfg.mean,
             concurrency: cfg.concurrency,
-            history: History::for_spec(&cfg.scaling),
+            history: History::for_spec(&cfg.scaling, Some(cfg.startup)),
             next: 0,
             poll_ms: u64::try_from(cfg.scaling.poll_interval.as_millis())
                 .unwrap_or(u64::MAX)
