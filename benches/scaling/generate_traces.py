@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the five benchmark traces (CSV `second,arrivals`) into traces/ next to this script.
+"""Writes the eight benchmark traces (CSV `second,arrivals`) into traces/ next to this script.
 
 Deterministic: a fixed seed per trace, Python's Mersenne Twister (stable across Python versions).
 The committed CSVs are what the benchmark reads; rerun this only to change the traffic on purpose.
@@ -84,6 +84,43 @@ def idle():
     return counts
 
 
+def surge():
+    """A sudden 20x spike with a long tail: 5/s, then 100/s for 2 min falling back over ~20 min."""
+    rng = random.Random(6)
+    counts = []
+    for s in range(5400):
+        if s < 1200 or s >= 4800:
+            lam = 5.0 if s < 4800 else 0.0
+        elif s < 1320:
+            lam = 100.0
+        else:
+            lam = 5.0 + 95.0 * math.exp(-(s - 1320) / 400.0)
+        counts.append(poisson(rng, lam))
+    return counts
+
+
+def ramps():
+    """Repeated ramps: 0 to 80/s over 10 min, a sudden stop, 3 min idle; five times."""
+    rng = random.Random(7)
+    counts = []
+    for _ in range(5):
+        counts += [poisson(rng, 80.0 * s / 600) for s in range(600)]
+        counts += [0] * 180
+    counts += [0] * 600
+    return counts
+
+
+def night():
+    """A near-idle night: 8 h with single messages every few minutes (exponential gaps, mean 4 min)."""
+    rng = random.Random(8)
+    counts = [0] * 28800
+    s = int(rng.expovariate(1 / 240))
+    while s < 28200:
+        counts[s] += 1
+        s += 1 + int(rng.expovariate(1 / 240))
+    return counts
+
+
 if __name__ == "__main__":
     os.makedirs(HERE, exist_ok=True)
     write("step", step(), "step: idle 10 min, 30/s for 15 min, 150/s for 15 min, 30/s for 15 min, idle 20 min")
@@ -91,3 +128,6 @@ if __name__ == "__main__":
     write("diurnal", diurnal(), "diurnal: 24 h, 2/s at midnight to 50/s at noon, +-10 % per minute")
     write("spiky", spiky(), "spiky: 20/s with 10-60 s spikes of 3-8x every 2-8 min, 110 min; idle 10 min")
     write("idle", idle(), "idle: 6 h with 1-3 messages every ~20 min (exponential gaps)")
+    write("surge", surge(), "surge: 5/s, at 20 min a 20x spike (100/s for 2 min) with a tail back to 5/s over ~20 min, 80 min; idle 10 min")
+    write("ramps", ramps(), "ramps: five times 0 to 80/s over 10 min then a sudden stop and 3 min idle; idle 10 min")
+    write("night", night(), "night: 8 h with single messages every ~4 min (exponential gaps)")
