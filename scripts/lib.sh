@@ -102,12 +102,17 @@ free_port() {
 }
 
 QC_PIDS=()
+QC_RUN_DIRS=()
 stop_services() {
   for pid in "${QC_PIDS[@]:-}"; do
     # A killed service exits 143; that must not become the script's status under set -e.
     [ -n "$pid" ] && kill "$pid" 2>/dev/null && { wait "$pid" 2>/dev/null || true; }
   done
   QC_PIDS=()
+  for dir in "${QC_RUN_DIRS[@]:-}"; do
+    [ -n "$dir" ] && rm -rf "$dir"
+  done
+  QC_RUN_DIRS=()
 }
 
 wait_http() { # url, seconds
@@ -143,4 +148,90 @@ start_redis() {
   done
   export QC_TEST_REDIS_URL="redis://127.0.0.1:$port"
   log "redis on $QC_TEST_REDIS_URL"
+}
+
+# A real Kubernetes API server for the QueueConsumer CRD (upstream apiextensions-apiserver with etcd),
+# from the shared k8s directory beside the clone (../shared/k8s; QC_SHARED_K8S overrides). That directory
+# may be read-only: binaries are unpacked (or built) under $QC_CACHE/k8s. Sets QC_CRDSERVER_BIN and
+# QC_ETCD_BIN, or says why not and returns 1.
+QC_SHARED_K8S="${QC_SHARED_K8S:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/shared/k8s}"
+ensure_crdserver() {
+  local k8s=$QC_CACHE/k8s shared=$QC_SHARED_K8S
+  mkdir -p "$k8s"
+  if [ -f "$shared/crdserver.xz" ] && [ -f "$shared/crdserver.sha256" ]; then
+    local sum; sum=$(cut -c1-16 "$shared/crdserver.sha256")
+    QC_CRDSERVER_BIN=$k8s/crdserver-$sum/crdserver
+    if [ ! -x "$QC_CRDSERVER_BIN" ]; then
+      log "unpacking $shared/crdserver.xz into $k8s/crdserver-$sum"
+      mkdir -p "$k8s/crdserver-$sum"
+      xz -dc "$shared/crdserver.xz" > "$QC_CRDSERVER_BIN.new"
+      mv "$QC_CRDSERVER_BIN.new" "$QC_CRDSERVER_BIN"
+      if ! (cd "$k8s/crdserver-$sum" && sha256sum -c --quiet "$shared/crdserver.sha256"); then
+        rm -f "$QC_CRDSERVER_BIN"; log "crdserver: checksum mismatch"; return 1
+      fi
+      chmod +x "$QC_CRDSERVER_BIN"
+    fi
+  elif [ -x "$k8s/build/bin/crdserver" ]; then
+    QC_CRDSERVER_BIN=$k8s/build/bin/crdserver
+  elif [ -f "$shared/build-crdserver.sh" ] && [ -f "$shared/crdserver-main.go" ]; then
+    # About 6 minutes on 2 cores, once: the result stays in the cache.
+    log "building the CRD server from Debian's Go sources into $k8s/build (once)"
+    bash "$shared/build-crdserver.sh" "$k8s/build" "$shared/crdserver-main.go" >"$k8s/build.log" 2>&1 \
+      || { log "building the CRD server failed: see $k8s/build.log"; return 1; }
+    QC_CRDSERVER_BIN=$k8s/build/bin/crdserver
+    [ -x "$k8s/build/root/usr/bin/etcd" ] && QC_ETCD_BIN=$k8s/build/root/usr/bin/etcd
+  else
+    log "no CRD server: neither $shared/crdserver.xz nor $shared/build-crdserver.sh"
+    return 1
+  fi
+  [ -f "$shared/start-crdserver.sh" ] || { log "no $shared/start-crdserver.sh"; return 1; }
+  if [ -z "${QC_ETCD_BIN:-}" ]; then
+    QC_ETCD_BIN=$(command -v etcd || true)
+  fi
+  if [ -z "$QC_ETCD_BIN" ]; then
+    QC_ETCD_BIN=$k8s/etcd/usr/bin/etcd
+    if [ ! -x "$QC_ETCD_BIN" ]; then
+      # Debian's etcd-server, unpacked rather than installed: no service gets started.
+      log "unpacking Debian's etcd-server into $k8s/etcd"
+      rm -rf "$k8s/etcd" && mkdir -p "$k8s/etcd"
+      (cd "$k8s/etcd" && apt-get -q download etcd-server >/dev/null 2>&1 && dpkg-deb -x etcd-server_*.deb .) \
+        || { log "cannot get Debian's etcd-server package"; return 1; }
+    fi
+  fi
+}
+
+# Starts the CRD server on loopback and exports QC_TEST_KUBECONFIG (cluster admin by client certificate).
+# The server's etcd listens on PORT+10000 and PORT+10001, so the port is picked below 55000.
+start_crdserver() {
+  ensure_crdserver || return 1
+  local port run i
+  for i in $(seq 1 50); do
+    port=$(free_port)
+    [ "$port" -lt 55000 ] && ! (exec 3<>"/dev/tcp/127.0.0.1/$((port + 10000))") 2>/dev/null \
+      && ! (exec 3<>"/dev/tcp/127.0.0.1/$((port + 10001))") 2>/dev/null && break
+    port=
+  done
+  [ -n "$port" ] || { log "no free port for the CRD server"; return 1; }
+  run=$(mktemp -d "$QC_CACHE/k8s/run.XXXXXX")
+  QC_RUN_DIRS+=("$run")
+  if ! CRDSERVER=$QC_CRDSERVER_BIN ETCD=$QC_ETCD_BIN bash "$QC_SHARED_K8S/start-crdserver.sh" "$run" "$port" >/dev/null; then
+    for f in apiserver.pid etcd.pid; do [ -f "$run/$f" ] && QC_PIDS+=("$(cat "$run/$f")"); done
+    tail -20 "$run/apiserver.log" >&2 || true
+    return 1
+  fi
+  QC_PIDS+=("$(cat "$run/apiserver.pid")" "$(cat "$run/etcd.pid")")
+  # The start script's client certificate is X.509 v1, which kubectl accepts and rustls (kube-rs)
+  # refuses (UnsupportedCertVersion): a v3 one from the same CA, in a kubeconfig of our own.
+  (
+    cd "$run/pki" &&
+      openssl req -newkey rsa:2048 -nodes -keyout qc-admin.key -out qc-admin.csr \
+        -subj "/O=system:masters/CN=qc-admin" 2>/dev/null &&
+      printf 'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n' >v3.ext &&
+      openssl x509 -req -in qc-admin.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out qc-admin.crt \
+        -days 30 -extfile v3.ext 2>/dev/null
+  ) || { log "cannot make a client certificate for the CRD server"; return 1; }
+  sed -e "s#$run/pki/admin.crt#$run/pki/qc-admin.crt#" -e "s#$run/pki/admin.key#$run/pki/qc-admin.key#" \
+    "$run/kubeconfig" >"$run/kubeconfig-v3"
+  export QC_TEST_KUBECONFIG=$run/kubeconfig-v3
+  log "CRD server (apiextensions-apiserver + etcd) on https://127.0.0.1:$port, kubeconfig $QC_TEST_KUBECONFIG"
 }

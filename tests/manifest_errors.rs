@@ -1,6 +1,14 @@
-//! Bad QueueConsumer documents are rejected with the field named, never a panic.
+//! Bad QueueConsumer documents are rejected with the field named, never a panic; the real Kubernetes
+//! API server (the CRD's schema and CEL rules) rejects each of them for the same field.
+#![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::k8s;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::core::{ApiResource, GroupVersionKind};
 use qc::manifest::{Document, load_str};
+use serde_json::{Value, json};
 
 const BASE: &str = "apiVersion: sqs.consumers.dev/v1alpha1\nkind: QueueConsumer\nmetadata: {name: x}\nspec:\n  queue: {url: https://sqs.us-east-1.amazonaws.com/1/q}\n";
 
@@ -13,83 +21,86 @@ fn errors(extra: &str) -> Vec<String> {
     }
 }
 
+/// Bad fields: what follows `spec:` after the queue, and what `check` must say about it.
+/// `the_real_api_server_rejects_the_same_field` below sends each to the real API server too.
+const BAD_FIELDS: &[(&str, &str)] = &[
+    (
+        "  handler: {http: {}}\n  processing: {p99: 2x}\n",
+        "spec.processing.p99: invalid duration",
+    ),
+    (
+        "  handler: {http: {}}\n  processing: {p99: 2s, bogus: 1}\n",
+        "spec.processing.bogus: unknown field `bogus`",
+    ),
+    (
+        "  handler: {http: {}}\n  processing: {p99: 40s}\n",
+        "spec.processing: processing.p99 must not exceed processing.timeout",
+    ),
+    (
+        "  handler: {http: {}}\n  processing: {p99: 1s, batchSize: 11}\n",
+        "processing.batchSize must be between 1 and 10",
+    ),
+    (
+        "  handler: {http: {}}\n  processing: {p99: 1s, batchSize: 0}\n",
+        "processing.batchSize must be between 1 and 10",
+    ),
+    (
+        "  handler: {http: {}}\n  processing: {p99: 1s, waitTime: 21s}\n",
+        "processing.waitTime must be at most 20s",
+    ),
+    (
+        "  handler: {http: {}}\n  processing: {p99: 1s, concurrency: 0}\n",
+        "processing.concurrency must be at least 1",
+    ),
+    (
+        "  handler: {}\n  processing: {p99: 1s}\n",
+        "spec.handler: handler must set exactly one of http or exec",
+    ),
+    (
+        "  handler: {http: {}, exec: {command: [a]}}\n  processing: {p99: 1s}\n",
+        "exactly one of http or exec",
+    ),
+    (
+        "  handler: {exec: {command: []}}\n  processing: {p99: 1s}\n",
+        "spec.handler.exec.command: must name a program",
+    ),
+    (
+        "  handler: {http: {path: messages}}\n  processing: {p99: 1s}\n",
+        "spec.handler.http.path: must start with /",
+    ),
+    (
+        "  handler: {http: {port: 70000}}\n  processing: {p99: 1s}\n",
+        "spec.handler.http.port",
+    ),
+    (
+        "  handler: {http: {}}\n  processing: {p99: 1s}\n  scaling: {minReplicas: 3, maxReplicas: 2}\n",
+        "scaling.minReplicas must not exceed scaling.maxReplicas",
+    ),
+    (
+        "  handler: {http: {}}\n  processing: {p99: 1s}\n  idempotency: {store: redis}\n",
+        "idempotency.store redis needs idempotency.redis.urlSecretRef",
+    ),
+    (
+        "  handler: {http: {}}\n  processing: {p99: 1s}\n  idempotency: {key: jsonPointer:orderId}\n",
+        "spec.idempotency.key: invalid idempotency key",
+    ),
+    (
+        "  handler: {http: {}}\n  processing: {p99: 1s, heartbeat: {interval: sometimes}}\n",
+        "spec.processing.heartbeat.interval: invalid duration",
+    ),
+    (
+        "  handler: {http: {}}\n  processing: {p99: 1s, onPoison: drop}\n",
+        "spec.processing.onPoison: unknown variant `drop`",
+    ),
+    (
+        "  handler: {http: {}}\n",
+        "spec: missing field `processing`",
+    ),
+];
+
 #[test]
 fn each_bad_field_is_named() {
-    let cases: &[(&str, &str)] = &[
-        (
-            "  handler: {http: {}}\n  processing: {p99: 2x}\n",
-            "spec.processing.p99: invalid duration",
-        ),
-        (
-            "  handler: {http: {}}\n  processing: {p99: 2s, bogus: 1}\n",
-            "spec.processing.bogus: unknown field `bogus`",
-        ),
-        (
-            "  handler: {http: {}}\n  processing: {p99: 40s}\n",
-            "spec.processing: processing.p99 must not exceed processing.timeout",
-        ),
-        (
-            "  handler: {http: {}}\n  processing: {p99: 1s, batchSize: 11}\n",
-            "processing.batchSize must be between 1 and 10",
-        ),
-        (
-            "  handler: {http: {}}\n  processing: {p99: 1s, batchSize: 0}\n",
-            "processing.batchSize must be between 1 and 10",
-        ),
-        (
-            "  handler: {http: {}}\n  processing: {p99: 1s, waitTime: 21s}\n",
-            "processing.waitTime must be at most 20s",
-        ),
-        (
-            "  handler: {http: {}}\n  processing: {p99: 1s, concurrency: 0}\n",
-            "processing.concurrency must be at least 1",
-        ),
-        (
-            "  handler: {}\n  processing: {p99: 1s}\n",
-            "spec.handler: handler must set exactly one of http or exec",
-        ),
-        (
-            "  handler: {http: {}, exec: {command: [a]}}\n  processing: {p99: 1s}\n",
-            "exactly one of http or exec",
-        ),
-        (
-            "  handler: {exec: {command: []}}\n  processing: {p99: 1s}\n",
-            "spec.handler.exec.command: must name a program",
-        ),
-        (
-            "  handler: {http: {path: messages}}\n  processing: {p99: 1s}\n",
-            "spec.handler.http.path: must start with /",
-        ),
-        (
-            "  handler: {http: {port: 70000}}\n  processing: {p99: 1s}\n",
-            "spec.handler.http.port",
-        ),
-        (
-            "  handler: {http: {}}\n  processing: {p99: 1s}\n  scaling: {minReplicas: 3, maxReplicas: 2}\n",
-            "scaling.minReplicas must not exceed scaling.maxReplicas",
-        ),
-        (
-            "  handler: {http: {}}\n  processing: {p99: 1s}\n  idempotency: {store: redis}\n",
-            "idempotency.store redis needs idempotency.redis.urlSecretRef",
-        ),
-        (
-            "  handler: {http: {}}\n  processing: {p99: 1s}\n  idempotency: {key: jsonPointer:orderId}\n",
-            "spec.idempotency.key: invalid idempotency key",
-        ),
-        (
-            "  handler: {http: {}}\n  processing: {p99: 1s, heartbeat: {interval: sometimes}}\n",
-            "spec.processing.heartbeat.interval: invalid duration",
-        ),
-        (
-            "  handler: {http: {}}\n  processing: {p99: 1s, onPoison: drop}\n",
-            "spec.processing.onPoison: unknown variant `drop`",
-        ),
-        (
-            "  handler: {http: {}}\n",
-            "spec: missing field `processing`",
-        ),
-    ];
-    for (extra, expected) in cases {
+    for (extra, expected) in BAD_FIELDS {
         let got = errors(extra);
         assert!(
             got.iter().any(|e| e.contains(expected)),
@@ -172,4 +183,98 @@ fn garbage_never_panics() {
     ] {
         let _ = load_str(text);
     }
+}
+
+/// The fields `check` names for a document (a missing field counts as the field itself).
+fn check_fields(text: &str) -> Vec<String> {
+    let docs = load_str(text).expect("yaml parses");
+    let Some(Document::Invalid { errors, .. }) =
+        docs.iter().find(|d| !matches!(d, Document::Other { .. }))
+    else {
+        panic!("`check` accepts {text}")
+    };
+    errors
+        .iter()
+        .map(|e| match e.message.strip_prefix("missing field `") {
+            Some(rest) => format!("{}.{}", e.path, rest.split('`').next().unwrap_or("")),
+            None => e.path.clone(),
+        })
+        .collect()
+}
+
+/// The fields the API server names when it refuses an object: the causes of a 422, or the field of
+/// a strict-decoding error (an unknown field).
+fn server_fields(status: &kube::core::Status) -> Vec<String> {
+    let mut out: Vec<String> = status
+        .details
+        .iter()
+        .flat_map(|d| d.causes.iter())
+        .map(|c| c.field.clone())
+        .collect();
+    // create/update with fieldValidation=Strict: `unknown field "spec.x"`
+    for part in status.message.split("unknown field \"").skip(1) {
+        out.push(part.split('"').next().unwrap_or("").to_string());
+    }
+    // server-side apply: `failed to create typed patch object (...): .spec.x: field not declared in schema`
+    if let Some((head, _)) = status.message.split_once(": field not declared in schema") {
+        let field = head.rsplit(' ').next().unwrap_or("");
+        out.push(field.trim_start_matches('.').to_string());
+    }
+    out
+}
+
+#[tokio::test]
+async fn the_real_api_server_rejects_the_same_field() {
+    let test = "the_real_api_server_rejects_the_same_field";
+    let Some(real) = k8s::connect(test).await else {
+        return;
+    };
+    let gvk = GroupVersionKind::gvk("sqs.consumers.dev", "v1alpha1", "QueueConsumer");
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        real.client.clone(),
+        &real.namespace,
+        &ApiResource::from_gvk(&gvk),
+    );
+    let mut cases: Vec<(String, String)> = BAD_FIELDS
+        .iter()
+        .map(|(extra, _)| ((*extra).to_string(), format!("{BASE}{extra}")))
+        .collect();
+    cases.push((
+        "tests/data/invalid.yaml".into(),
+        std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/invalid.yaml"
+        ))
+        .unwrap(),
+    ));
+    let mut failures = Vec::new();
+    for (label, text) in &cases {
+        let check = check_fields(text);
+        let docs: Vec<Value> = serde_saphyr::from_multiple(text).unwrap();
+        let mut doc = docs
+            .into_iter()
+            .find(|d| d["kind"] == "QueueConsumer")
+            .unwrap();
+        doc["metadata"]["namespace"] = json!(real.namespace);
+        let name = doc["metadata"]["name"].as_str().unwrap().to_string();
+        // As `kubectl apply --server-side` sends it: strict field validation; a dry run.
+        let mut pp = PatchParams::apply("kubectl").validation_strict();
+        pp.dry_run = true;
+        match api.patch(&name, &pp, &Patch::Apply(&doc)).await {
+            Ok(_) => failures.push(format!(
+                "{label:?}: the server accepts it; `check` names {check:?}"
+            )),
+            Err(kube::Error::Api(status)) => {
+                let server = server_fields(&status);
+                if !check.iter().any(|c| server.contains(c)) {
+                    failures.push(format!(
+                        "{label:?}: `check` names {check:?}, the server {server:?} ({})",
+                        status.message
+                    ));
+                }
+            }
+            Err(e) => panic!("{label:?}: {e}"),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

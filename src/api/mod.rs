@@ -16,6 +16,7 @@ use std::str::FromStr;
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
+use schemars::transform::RecursiveTransform;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -45,6 +46,7 @@ pub const API_VERSION: &str = "sqs.consumers.dev/v1alpha1";
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = RecursiveTransform(kubernetes_integers))]
 pub struct QueueConsumerSpec {
     /// The SQS queue to consume.
     pub queue: QueueSpec,
@@ -68,6 +70,32 @@ pub struct QueueConsumerSpec {
     /// How rule findings affect rollout.
     #[serde(default)]
     pub validation: ValidationSpec,
+}
+
+/// Kubernetes knows the integer formats `int32` and `int64` only: the API server warns
+/// `unrecognized format "uint32"` on a CRD that uses schemars' unsigned formats. Per the Kubernetes API
+/// conventions an unsigned Rust integer becomes a plain `integer` bounded by `minimum`/`maximum`, so the
+/// API server rejects exactly the values the Rust type cannot hold (and `kubectl explain` shows the range).
+fn kubernetes_integers(schema: &mut Schema) {
+    let Some(obj) = schema.as_object_mut() else {
+        return;
+    };
+    let type_max: u64 = match obj.get("format").and_then(serde_json::Value::as_str) {
+        Some("uint8") => u8::MAX.into(),
+        Some("uint16") => u16::MAX.into(),
+        Some("uint32") => u32::MAX.into(),
+        Some("uint64" | "uint") => u64::MAX,
+        _ => return,
+    };
+    obj.remove("format");
+    let declared_min = obj.get("minimum").and_then(serde_json::Value::as_f64);
+    if declared_min.is_none_or(|m| m < 0.0) {
+        obj.insert("minimum".into(), 0.into());
+    }
+    let declared_max = obj.get("maximum").and_then(serde_json::Value::as_f64);
+    if declared_max.is_none_or(|m| m > type_max as f64) {
+        obj.insert("maximum".into(), type_max.into());
+    }
 }
 
 /// The pod template is kept open in the CRD schema: the full PodTemplateSpec schema would push the CRD
@@ -516,6 +544,7 @@ pub struct ValidationSpec {
 /// Observed state, written by the controller.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = RecursiveTransform(kubernetes_integers))]
 pub struct QueueConsumerStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

@@ -230,6 +230,10 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     use anyhow::Context as _;
     use qc::controller::run::{LeaderOptions, RunOptions};
     init_logs(args.log_format);
+    // Two rustls crypto providers are compiled in (kube's and the AWS SDK's) and rustls then picks
+    // none by itself: without this the first TLS connection to the API server panics. Already
+    // installed is fine.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let identity = identity();
     let leader = if args.leader_election {
         let lease_namespace = args.lease_namespace.clone().context(

@@ -1,6 +1,8 @@
 //! Shared helpers of the integration tests: the real servers started by `scripts/test`.
 #![allow(dead_code)]
 
+pub mod k8s;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// The moto server's URL, exported by `scripts/test` as QC_TEST_SQS_ENDPOINT.

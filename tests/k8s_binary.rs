@@ -1,0 +1,101 @@
+//! `qc-operator run`, the binary, against the real Kubernetes API server `scripts/test` starts: over TLS
+//! with a client certificate from a kubeconfig, as on a cluster.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::k8s;
+use kube::api::{Api, PostParams};
+use qc::api::QueueConsumer;
+use serde_json::json;
+
+fn free_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+fn manifest() -> QueueConsumer {
+    serde_json::from_value(json!({
+        "apiVersion": "sqs.consumers.dev/v1alpha1", "kind": "QueueConsumer",
+        "metadata": {"name": "orders"},
+        "spec": {
+            "queue": {"url": "https://sqs.us-east-1.amazonaws.com/123456789012/orders"},
+            "processing": {"p99": "1s"},
+            "handler": {"exec": {"command": ["/h"]}},
+            "deadLetter": {"alarm": false}
+        }
+    }))
+    .unwrap()
+}
+
+/// The binary itself against a real API server over TLS with a client certificate (the kubeconfig
+/// way): it must connect, watch and reconcile (the reconcile then fails reading the Deployment, which
+/// the CRD server does not serve). Before the crypto provider was chosen in `run`, it panicked on the
+/// first TLS connection.
+#[tokio::test]
+async fn qc_operator_run_connects_to_a_real_api_server() {
+    let test = "qc_operator_run_connects_to_a_real_api_server";
+    let Some(real) = k8s::connect(test).await else {
+        return;
+    };
+    let addr = free_addr();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_qc-operator"))
+        .args([
+            "run",
+            "--namespace",
+            &real.namespace,
+            "--metrics-addr",
+            &addr.to_string(),
+            "--log-format",
+            "text",
+        ])
+        .env("KUBECONFIG", &real.kubeconfig)
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ACCESS_KEY_ID", "testing")
+        .env("AWS_SECRET_ACCESS_KEY", "testing")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let qcs: Api<QueueConsumer> = Api::namespaced(real.client.clone(), &real.namespace);
+    qcs.create(&PostParams::default(), &manifest())
+        .await
+        .unwrap();
+    let metrics = || async {
+        let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+            return String::new();
+        };
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let _ = s
+            .write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await;
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out).await;
+        out
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("qc-operator exited: {status}");
+        }
+        let m = metrics().await;
+        let reconciled = m
+            .lines()
+            .find_map(|l| l.strip_prefix("qc_reconciles_total "))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        if reconciled >= 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no reconcile through the watch: {m}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    child.kill().await.unwrap();
+}

@@ -1,0 +1,347 @@
+//! The QueueConsumer CRD on a real Kubernetes API server (the upstream apiextensions-apiserver that
+//! `scripts/test` starts): it installs without warnings, the server defaults every sample and valid
+//! manifest exactly as the Rust types do, and `kubectl get qc` and `kubectl explain` work.
+//! The invalid manifests (server and `check` naming the same field) are in tests/manifest_errors.rs.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::Path;
+
+use common::k8s;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use qc::api::QueueConsumer;
+use qc::manifest::{Document, load_str};
+use serde_json::{Value, json};
+
+fn repo(path: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(repo(path)).unwrap()
+}
+
+/// The CRD document with its group renamed to one no other test uses: a create of a CRD that does not
+/// exist yet is where the API server reports every schema warning (an update warns only about what
+/// the update adds), and a dry run leaves nothing behind.
+fn renamed(crd_yaml: &str, group: &str) -> String {
+    let mut crd: Value = serde_saphyr::from_str(crd_yaml).unwrap();
+    crd["spec"]["group"] = json!(group);
+    crd["metadata"]["name"] = json!(format!("queueconsumers.{group}"));
+    serde_json::to_string(&crd).unwrap()
+}
+
+/// The chart's copy of the CRD as helm renders it.
+fn chart_crd() -> Option<String> {
+    let helm = [
+        std::env::var_os("HOME")
+            .map(|h| Path::new(&h).join(".cache/queue-consumer-operator/bin/helm")),
+        Some("helm".into()),
+    ]
+    .into_iter()
+    .flatten()
+    .find(|p| {
+        std::process::Command::new(p)
+            .arg("version")
+            .output()
+            .is_ok()
+    })?;
+    let out = std::process::Command::new(helm)
+        .args([
+            "template",
+            "qc",
+            "charts/queue-consumer-operator",
+            "--show-only",
+            "templates/crd.yaml",
+        ])
+        .current_dir(repo(""))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(String::from_utf8(out.stdout).unwrap())
+}
+
+#[test]
+fn the_crd_and_the_charts_copy_install_without_warnings() {
+    let test = "the_crd_and_the_charts_copy_install_without_warnings";
+    let Some(kubeconfig) = k8s::kubeconfig(test) else {
+        return;
+    };
+    let Some(kubectl) = k8s::kubectl(test) else {
+        return;
+    };
+    let mut copies = vec![("crds/", read("crds/queueconsumers.sqs.consumers.dev.yaml"))];
+    match chart_crd() {
+        Some(c) => copies.push(("the chart", c)),
+        None => assert!(
+            std::env::var("QC_REQUIRE_HELM").as_deref() != Ok("1"),
+            "helm is required (QC_REQUIRE_HELM=1) but not found"
+        ),
+    }
+    for (i, (which, yaml)) in copies.iter().enumerate() {
+        let group = format!("c{}x{i}.sqs.consumers.dev", std::process::id());
+        let (ok, out, err) = k8s::run_kubectl(
+            &kubectl,
+            &kubeconfig,
+            &["create", "--dry-run=server", "-f", "-"],
+            Some(&renamed(yaml, &group)),
+        );
+        assert!(ok, "{which}: the API server refused the CRD: {err}");
+        assert!(out.contains("created (server dry run)"), "{which}: {out}");
+        assert!(
+            !err.contains("Warning"),
+            "{which}: the API server warns about the CRD:\n{err}"
+        );
+    }
+    // And installed for real, as the README tells a user to.
+    let (ok, _, err) = k8s::run_kubectl(
+        &kubectl,
+        &kubeconfig,
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            repo("crds/queueconsumers.sqs.consumers.dev.yaml")
+                .to_str()
+                .unwrap(),
+        ],
+        None,
+    );
+    assert!(ok && !err.contains("Warning"), "{err}");
+    let (ok, _, err) = k8s::run_kubectl(
+        &kubectl,
+        &kubeconfig,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=30s",
+            "crd/queueconsumers.sqs.consumers.dev",
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+}
+
+/// Every QueueConsumer the repository ships or the tests call valid: the samples, the scaling
+/// benchmark's spec, and the smallest manifests of the tests.
+fn valid_manifests() -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut samples: Vec<_> = std::fs::read_dir(repo("config/samples"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "yaml") && !p.ends_with("kustomization.yaml")
+        })
+        .collect();
+    samples.sort();
+    assert!(samples.len() >= 3, "{samples:?}");
+    for p in samples.iter().chain([&repo("benches/scaling/spec.yaml")]) {
+        out.push((
+            p.strip_prefix(repo("")).unwrap().display().to_string(),
+            std::fs::read_to_string(p).unwrap(),
+        ));
+    }
+    let base = "apiVersion: sqs.consumers.dev/v1alpha1\nkind: QueueConsumer\nmetadata: {name: x}\nspec:\n  queue: {url: https://sqs.us-east-1.amazonaws.com/1/q}\n";
+    for (name, extra) in [
+        (
+            "minimal http (tests/manifest_errors.rs)",
+            "  handler: {http: {}}\n  processing: {p99: 1s}\n",
+        ),
+        (
+            "exec with alarm off (tests/controller_run.rs)",
+            "  processing: {p99: 1s, concurrency: 4}\n  handler: {exec: {command: [/h]}}\n  template: {spec: {containers: [{name: app, image: 'app:1'}]}}\n  deadLetter: {alarm: false}\n",
+        ),
+        (
+            "every section set (tests/controller_reconcile.rs)",
+            "  processing: {p99: 2s, timeout: 10s, waitTime: 1s}\n  handler: {http: {port: 8080, path: /messages}}\n  template: {spec: {containers: [{name: app, image: 'shop/orders:1'}]}}\n  scaling: {pollInterval: 1s, minReplicas: 1}\n  deadLetter: {alarm: true}\n",
+        ),
+    ] {
+        out.push((name.to_string(), format!("{base}{extra}")));
+    }
+    out
+}
+
+/// Leaf paths (dot-joined) where two JSON values differ; durations compare by value ("90s" = "1m30s").
+fn differences(path: &str, a: Option<&Value>, b: Option<&Value>, out: &mut Vec<String>) {
+    match (a, b) {
+        (Some(Value::Object(x)), Some(Value::Object(y))) => {
+            let keys: std::collections::BTreeSet<_> = x.keys().chain(y.keys()).collect();
+            for k in keys {
+                differences(&format!("{path}.{k}"), x.get(k), y.get(k), out);
+            }
+        }
+        (Some(Value::Array(x)), Some(Value::Array(y))) if x.len() == y.len() => {
+            for (i, (p, q)) in x.iter().zip(y).enumerate() {
+                differences(&format!("{path}[{i}]"), Some(p), Some(q), out);
+            }
+        }
+        (Some(Value::String(x)), Some(Value::String(y)))
+            if x.parse::<qc::api::Duration>().ok().is_some()
+                && x.parse::<qc::api::Duration>().ok() == y.parse::<qc::api::Duration>().ok() => {}
+        (a, b) if a == b => {}
+        (a, b) => out.push(format!("{path}: server {a:?}, Rust {b:?}")),
+    }
+}
+
+#[tokio::test]
+async fn the_server_defaults_every_valid_manifest_as_the_rust_types_do() {
+    let test = "the_server_defaults_every_valid_manifest_as_the_rust_types_do";
+    let Some(real) = k8s::connect(test).await else {
+        return;
+    };
+    let gvk = GroupVersionKind::gvk("sqs.consumers.dev", "v1alpha1", "QueueConsumer");
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        real.client.clone(),
+        &real.namespace,
+        &ApiResource::from_gvk(&gvk),
+    );
+    let mut failures = Vec::new();
+    for (name, text) in valid_manifests() {
+        let docs = load_str(&text).unwrap();
+        let [Document::Valid(rust)] = docs.as_slice() else {
+            panic!("{name}: `check` does not find it valid: {docs:?}")
+        };
+        let mut sent: Value = serde_saphyr::from_str(&text).unwrap();
+        sent["metadata"]["namespace"] = json!(real.namespace);
+        let obj_name = sent["metadata"]["name"].as_str().unwrap().to_string();
+        // As `kubectl apply --server-side` sends it: strict field validation, and a dry run.
+        let mut pp = PatchParams::apply("kubectl").validation_strict();
+        pp.dry_run = true;
+        let served = api
+            .patch(&obj_name, &pp, &Patch::Apply(&sent))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: the API server rejects it: {e}"));
+        let served = serde_json::to_value(&served).unwrap();
+        // Field by field: every field the Rust defaults fill, the server fills with the same value,
+        // and the server adds nothing the Rust types do not know.
+        let rust_spec = serde_json::to_value(&rust.spec).unwrap();
+        let mut diff = Vec::new();
+        differences("spec", served.get("spec"), Some(&rust_spec), &mut diff);
+        // The pod template is open in the schema (x-kubernetes-preserve-unknown-fields): the server
+        // keeps it as sent; the Rust side parses it as a PodTemplateSpec.
+        diff.retain(|d| !d.starts_with("spec.template"));
+        if !diff.is_empty() {
+            failures.push(format!("{name}:\n  {}", diff.join("\n  ")));
+        }
+        // And what the server stored reads back into the same Rust value.
+        let back: QueueConsumer = serde_json::from_value(served.clone())
+            .unwrap_or_else(|e| panic!("{name}: the served object does not parse: {e}"));
+        assert_eq!(back.spec, rust.spec, "{name}");
+    }
+    assert!(
+        failures.is_empty(),
+        "server defaults differ from the Rust defaults:\n{}",
+        failures.join("\n")
+    );
+}
+
+#[tokio::test]
+async fn kubectl_get_shows_the_columns_and_explain_the_fields() {
+    let test = "kubectl_get_shows_the_columns_and_explain_the_fields";
+    let Some(real) = k8s::connect(test).await else {
+        return;
+    };
+    let Some(kubectl) = k8s::kubectl(test) else {
+        return;
+    };
+    let api: Api<QueueConsumer> = Api::namespaced(real.client.clone(), &real.namespace);
+    let qc: QueueConsumer = serde_json::from_value(json!({
+        "apiVersion": "sqs.consumers.dev/v1alpha1", "kind": "QueueConsumer",
+        "metadata": {"name": "orders"},
+        "spec": {"queue": {"url": "https://sqs.us-east-1.amazonaws.com/1/orders"},
+                 "processing": {"p99": "1s"}, "handler": {"http": {}}}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &qc).await.unwrap();
+    api.patch_status(
+        "orders",
+        &PatchParams::apply("qc-operator").force(),
+        &Patch::Apply(json!({
+            "apiVersion": "sqs.consumers.dev/v1alpha1", "kind": "QueueConsumer",
+            "metadata": {"name": "orders"},
+            "status": {
+                "replicas": 3, "queue": {"visible": 42, "inFlight": 7},
+                "deadLetter": {"visible": 2},
+                "conditions": [{"type": "Ready", "status": "True", "reason": "Available",
+                                "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+            }
+        })),
+    )
+    .await
+    .unwrap();
+    let ns = real.namespace.as_str();
+    // By the short name and the category too.
+    for resource in ["queueconsumers", "qc", "sqs"] {
+        let (ok, out, err) = k8s::run_kubectl(
+            &kubectl,
+            &real.kubeconfig,
+            &["get", resource, "-n", ns],
+            None,
+        );
+        assert!(ok, "{resource}: {err}");
+        let lines: Vec<Vec<&str>> = out
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            lines[0],
+            [
+                "NAME", "READY", "REPLICAS", "VISIBLE", "INFLIGHT", "DLQ", "AGE"
+            ],
+            "{resource}: {out}"
+        );
+        assert_eq!(
+            lines[1][..6],
+            ["orders", "True", "3", "42", "7", "2"],
+            "{resource}: {out}"
+        );
+    }
+    let (ok, out, err) = k8s::run_kubectl(
+        &kubectl,
+        &real.kubeconfig,
+        &["explain", "qc.spec.processing.batchSize"],
+        None,
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("FIELD: batchSize <integer>"), "{out}");
+    assert!(out.contains("MaxNumberOfMessages"), "{out}");
+    let (ok, out, err) = k8s::run_kubectl(
+        &kubectl,
+        &real.kubeconfig,
+        &[
+            "explain",
+            "queueconsumers.status.conditions",
+            "--api-version=sqs.consumers.dev/v1alpha1",
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("lastTransitionTime"), "{out}");
+    let (ok, out, err) = k8s::run_kubectl(
+        &kubectl,
+        &real.kubeconfig,
+        &["explain", "qc", "--recursive"],
+        None,
+    );
+    assert!(ok, "{err}");
+    for field in [
+        "queue",
+        "processing",
+        "handler",
+        "scaling",
+        "deadLetter",
+        "observedGeneration",
+    ] {
+        assert!(
+            out.contains(field),
+            "explain --recursive lacks {field}: {out}"
+        );
+    }
+}
