@@ -79,6 +79,11 @@ struct Cli {
     #[arg(long, env = "QC_REDIS_URL")]
     redis_url: Option<String>,
 
+    /// Cap of the HTTP handler's request head (bytes, or with KiB/MiB); attributes that do not fit are
+    /// left out and named in the x-qc-omitted-attributes header.
+    #[arg(long, env = "QC_MAX_REQUEST_HEAD", default_value = "8KiB", value_parser = parse_size)]
+    max_request_head: usize,
+
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "QC_METRICS_ADDR", default_value = "0.0.0.0:9090")]
     metrics_addr: String,
@@ -103,6 +108,26 @@ fn parse_on_poison(s: &str) -> Result<OnPoison, String> {
         "leave" => Ok(OnPoison::Leave),
         _ => Err(format!("{s:?}: use delete or leave")),
     }
+}
+
+/// A byte size: `8192`, `8KiB`, `1MiB`.
+fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (digits, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => t.split_at(i),
+        None => (t, ""),
+    };
+    let factor = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1024,
+        "MiB" => 1024 * 1024,
+        _ => return Err(format!("{s:?}: use bytes, KiB or MiB, e.g. 8KiB")),
+    };
+    digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(factor))
+        .ok_or_else(|| format!("{s:?}: use bytes, KiB or MiB, e.g. 8KiB"))
 }
 
 fn parse_store(s: &str) -> Result<IdempotencyStore, String> {
@@ -149,6 +174,7 @@ fn config(cli: Cli) -> anyhow::Result<Config> {
         idempotency_ttl: cli.idempotency_ttl,
         redis_url: cli.redis_url,
         metrics_addr: cli.metrics_addr,
+        max_request_head: cli.max_request_head,
         shutdown_timeout: cli.shutdown_timeout,
         handler,
     })
@@ -186,6 +212,20 @@ async fn signalled() {
     }
 }
 
+/// TOKIO_WORKER_THREADS: unset for one thread, else a whole number of threads from 1 to 1024.
+fn worker_threads(value: Option<std::ffi::OsString>) -> Result<Option<usize>, String> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let text = value.to_string_lossy();
+    match text.trim().parse::<usize>() {
+        Ok(n @ 1..=1024) => Ok(Some(n)),
+        _ => Err(format!(
+            "invalid TOKIO_WORKER_THREADS={text:?}: give a whole number of threads from 1 to 1024 (e.g. 2), or unset it for the default single-threaded runtime"
+        )),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(to) = &cli.copy_self_to {
@@ -213,10 +253,19 @@ fn main() -> ExitCode {
     // wake each other across threads (a third fewer CPU per message than 2 worker threads, measured in
     // docs/benchmarks.md; one core still handles far more messages than one consumer gets).
     // TOKIO_WORKER_THREADS=N asks for a multi-threaded runtime with N threads instead.
-    let mut builder = if std::env::var_os("TOKIO_WORKER_THREADS").is_some() {
-        tokio::runtime::Builder::new_multi_thread()
-    } else {
-        tokio::runtime::Builder::new_current_thread()
+    let mut builder = match worker_threads(std::env::var_os("TOKIO_WORKER_THREADS")) {
+        Ok(None) => tokio::runtime::Builder::new_current_thread(),
+        Ok(Some(n)) => {
+            // Set explicitly, so tokio does not read (and panic on) the variable itself.
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "invalid environment");
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
     };
     let runtime = match builder.enable_all().build() {
         Ok(r) => r,

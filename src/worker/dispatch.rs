@@ -142,7 +142,15 @@ impl Dispatcher {
                         }
                         if freed.unreachable && paused.is_none() && !draining {
                             let p = p.clone();
+                            metrics.set_readiness(Readiness::Failing(format!("handler unreachable ({})", p.handler.describe())));
+                            ready = false;
                             paused = Some(Box::pin(async move { p.handler.wait_reachable().await }));
+                        }
+                        if freed.store_down && paused.is_none() && !draining {
+                            let p = p.clone();
+                            metrics.set_readiness(Readiness::Failing("idempotency store unreachable".into()));
+                            ready = false;
+                            paused = Some(Box::pin(async move { wait_store(&p).await }));
                         }
                         next = self.freed.try_recv().ok();
                     }
@@ -216,6 +224,11 @@ impl Dispatcher {
                 }
                 _ = async { if let Some(f) = paused.as_mut() { f.await } }, if paused.is_some() => {
                     paused = None;
+                    if !draining {
+                        tracing::info!("receiving again");
+                        metrics.set_readiness(Readiness::Ready);
+                        ready = true;
+                    }
                 }
                 _ = tokio::time::sleep_until(drain_deadline), if draining => {
                     tracing::warn!(in_flight, receiving = receives.len(), "shutdown budget spent; abandoning handlers still running and releasing their messages");
@@ -226,6 +239,26 @@ impl Dispatcher {
                     drop(take_all(&groups));
                     break;
                 }
+            }
+        }
+    }
+}
+
+/// Returns once the idempotency store answers again, probing with backoff.
+async fn wait_store(p: &Processor) {
+    let Some(store) = &p.store else { return };
+    let mut attempt = 0u32;
+    loop {
+        match store.ping().await {
+            Ok(()) => {
+                tracing::info!(after_attempts = attempt, "idempotency store answers again");
+                return;
+            }
+            Err(e) => {
+                attempt += 1;
+                let delay = error_backoff(attempt, fastrand::f64());
+                tracing::error!(error = %e, attempt, retry_in_ms = delay.as_millis() as u64, "idempotency store unreachable; not receiving");
+                tokio::time::sleep(delay).await;
             }
         }
     }

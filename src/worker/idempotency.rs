@@ -20,6 +20,8 @@ pub enum IdempotencyError {
     MissingAttribute { name: String },
     #[error("attribute {name} is binary; idempotency keys need a String or Number attribute")]
     BinaryAttribute { name: String },
+    #[error("the key from {key_source} is empty or only whitespace")]
+    EmptyKey { key_source: String },
     #[error("cannot connect to redis at {url}: {reason} (check --redis-url)")]
     ConnectRedis { url: String, reason: String },
     #[error("redis call {step} failed: {reason}")]
@@ -28,8 +30,19 @@ pub enum IdempotencyError {
     TimedOut,
 }
 
-/// The message's idempotency key according to `--idempotency-key`.
+/// The message's idempotency key according to `--idempotency-key`. An empty or whitespace-only key
+/// is an error, never a key: messages sharing it would all count as duplicates of the first.
 pub fn key_of(spec: &IdempotencyKey, msg: &Message) -> Result<String, IdempotencyError> {
+    let key = raw_key(spec, msg)?;
+    if key.trim().is_empty() {
+        return Err(IdempotencyError::EmptyKey {
+            key_source: spec.to_string(),
+        });
+    }
+    Ok(key)
+}
+
+fn raw_key(spec: &IdempotencyKey, msg: &Message) -> Result<String, IdempotencyError> {
     match spec {
         IdempotencyKey::MessageId => Ok(msg.id.clone()),
         IdempotencyKey::JsonPointer(pointer) => {
@@ -91,6 +104,14 @@ impl Store {
                 Ok(())
             }
             Store::Redis(r) => r.complete(key, ttl).await,
+        }
+    }
+
+    /// Checks that the store answers (redis PING); the memory store always does.
+    pub async fn ping(&self) -> Result<(), IdempotencyError> {
+        match self {
+            Store::Memory(_) => Ok(()),
+            Store::Redis(r) => r.ping().await,
         }
     }
 
@@ -320,6 +341,11 @@ impl RedisStore {
         Ok(Claim::InProgress)
     }
 
+    async fn ping(&self) -> Result<(), IdempotencyError> {
+        let _: String = self.call("PING", redis::cmd("PING")).await?;
+        Ok(())
+    }
+
     async fn complete(&self, key: &str, ttl: Duration) -> Result<(), IdempotencyError> {
         let ttl_ms = ttl.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
         let mut set = redis::cmd("SET");
@@ -393,6 +419,24 @@ mod tests {
             ],
             received_at: Instant::now(),
         }
+    }
+
+    #[test]
+    fn empty_and_blank_keys_are_no_keys() {
+        let p = IdempotencyKey::JsonPointer("/orderId".into());
+        for body in [
+            r#"{"orderId":""}"#,
+            r#"{"orderId":"  "}"#,
+            "{\"orderId\":\"\\t\\n\"}",
+        ] {
+            match key_of(&p, &msg(body)) {
+                Err(IdempotencyError::EmptyKey { key_source }) => {
+                    assert_eq!(key_source, "jsonPointer:/orderId")
+                }
+                other => panic!("{body}: {other:?}"),
+            }
+        }
+        assert_eq!(key_of(&p, &msg(r#"{"orderId":" o-1 "}"#)).unwrap(), " o-1 ");
     }
 
     #[test]

@@ -21,7 +21,10 @@ use super::sqs::{Entry, ErrorKind, Message, Sqs};
 #[derive(Debug)]
 pub struct Freed {
     pub latency: Option<Duration>,
+    /// The handler could not be reached: pause receiving until it can.
     pub unreachable: bool,
+    /// The idempotency store did not answer: pause receiving until it does.
+    pub store_down: bool,
 }
 
 /// Everything a message needs, shared by all in-flight messages.
@@ -77,6 +80,7 @@ pub struct Lease {
     settled: bool,
     latency: Option<Duration>,
     unreachable: bool,
+    store_down: bool,
 }
 
 impl Lease {
@@ -94,6 +98,7 @@ impl Lease {
             settled: false,
             latency: None,
             unreachable: false,
+            store_down: false,
         }
     }
 
@@ -184,6 +189,7 @@ impl Drop for Lease {
         let _ = self.processor.freed.send(Freed {
             latency: self.latency,
             unreachable: self.unreachable,
+            store_down: self.store_down,
         });
     }
 }
@@ -352,7 +358,8 @@ impl Processor {
         if let Some(store) = &self.store {
             match key_of(&self.key, &lease.msg) {
                 Err(e) => {
-                    tracing::warn!(message_id = %lease.msg.id, error = %e, "no idempotency key; handling the message without de-duplication");
+                    m.idempotency_key_missing.inc();
+                    tracing::warn!(message_id = %lease.msg.id, key_source = %self.key, error = %e, "no idempotency key; handling the message without de-duplication");
                 }
                 Ok(key) => match lease
                     .beat
@@ -380,7 +387,8 @@ impl Processor {
                     }
                     Err(e) => {
                         m.idempotency_errors.inc();
-                        tracing::warn!(message_id = %lease.msg.id, error = %e, "idempotency store unavailable; retrying the message later");
+                        tracing::warn!(message_id = %lease.msg.id, error = %e, "idempotency store unavailable; retrying the message later and pausing receives until the store answers");
+                        lease.store_down = true;
                         m.outcome(OutcomeLabel::Transient);
                         let delay =
                             retry_delay(self.retry_base, self.retry_max, lease.msg.receive_count);
@@ -459,9 +467,13 @@ impl Processor {
                 } else {
                     OutcomeLabel::Transient
                 });
-                let delay = retry_after.unwrap_or_else(|| {
-                    retry_delay(self.retry_base, self.retry_max, msg.receive_count)
-                });
+                // A handler's Retry-After is honoured up to --retry-max: a typo of a few digits
+                // must not hide the message for 12 hours.
+                let delay = retry_after
+                    .map(|d| d.min(self.retry_max))
+                    .unwrap_or_else(|| {
+                        retry_delay(self.retry_base, self.retry_max, msg.receive_count)
+                    });
                 tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, reason = %reason, retry_in_s = visibility_secs(delay), "handler failed; retrying later");
                 lease.back_off(delay).await;
                 Ended::Kept

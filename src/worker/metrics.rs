@@ -64,6 +64,7 @@ pub struct Metrics {
     pub sqs_requests: [Counter; 5],
     pub sqs_errors: [Counter; 5],
     pub idempotency_errors: Counter,
+    pub idempotency_key_missing: Counter,
     readiness: Mutex<Readiness>,
 }
 
@@ -83,6 +84,7 @@ impl Default for Metrics {
             sqs_requests: Default::default(),
             sqs_errors: Default::default(),
             idempotency_errors: Counter::default(),
+            idempotency_key_missing: Counter::default(),
             readiness: Mutex::new(Readiness::Starting("reading queue attributes".into())),
         }
     }
@@ -197,6 +199,11 @@ impl Metrics {
             "qc_worker_idempotency_errors_total",
             "Idempotency store calls that failed.",
             &[(&[], self.idempotency_errors.get())],
+        );
+        e.counter(
+            "qc_worker_idempotency_key_missing_total",
+            "Messages handled without de-duplication: their idempotency key was missing, empty or unreadable.",
+            &[(&[], self.idempotency_key_missing.get())],
         );
         let ready = i64::from(self.readiness() == Readiness::Ready);
         e.gauge(

@@ -29,6 +29,11 @@ use sqs::{QueueInfo, Sqs};
 
 /// Deletes and releases wait at most this long for a batch of 10 to fill.
 pub const FLUSH_INTERVAL: StdDuration = StdDuration::from_millis(20);
+/// Messages one worker handles at once, at most: every slot holds a message, a task and buffers.
+pub const MAX_CONCURRENCY: u32 = 10_000;
+/// Bounds of `--max-request-head`: below 1 KiB the fixed CloudEvents headers may not fit.
+pub const MIN_REQUEST_HEAD: usize = 1024;
+pub const MAX_REQUEST_HEAD: usize = 1024 * 1024;
 /// Keys the memory store keeps at most.
 pub const MEMORY_STORE_CAPACITY: usize = 100_000;
 
@@ -74,6 +79,8 @@ pub struct Config {
     pub idempotency_ttl: Duration,
     pub redis_url: Option<String>,
     pub metrics_addr: String,
+    /// Cap of the HTTP handler's request head in bytes; attributes that do not fit are left out.
+    pub max_request_head: usize,
     /// Default: `timeout` + 5s.
     pub shutdown_timeout: Option<Duration>,
     pub handler: HandlerConfig,
@@ -91,8 +98,36 @@ impl Config {
         if self.queue_url.trim().is_empty() {
             return bad("--queue-url", "must not be empty");
         }
+        if self
+            .queue_url
+            .chars()
+            .any(|c| c.is_control() || c.is_whitespace())
+        {
+            return bad(
+                "--queue-url",
+                "must not hold spaces or control characters (CR, LF, tab); give the URL SQS printed",
+            );
+        }
+        if let Some(r) = &self.region
+            && (r.is_empty()
+                || r.len() > 64
+                || !r
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'))
+        {
+            return bad(
+                "--region",
+                "must be an AWS region name of lowercase letters, digits and dashes, e.g. us-east-1",
+            );
+        }
         if self.concurrency == 0 {
             return bad("--concurrency", "must be at least 1");
+        }
+        if self.concurrency > MAX_CONCURRENCY {
+            return bad(
+                "--concurrency",
+                "must be at most 10000 per worker; run more replicas for more",
+            );
         }
         if !(1..=10).contains(&self.batch_size) {
             return bad(
@@ -133,6 +168,12 @@ impl Config {
             return bad(
                 "--redis-url",
                 "is required with --idempotency-store redis (e.g. redis://redis:6379/0)",
+            );
+        }
+        if !(MIN_REQUEST_HEAD..=MAX_REQUEST_HEAD).contains(&self.max_request_head) {
+            return bad(
+                "--max-request-head",
+                "must be between 1KiB and 1MiB (the default 8KiB fits nginx's and most frameworks' limits)",
             );
         }
         if self.idempotency_store != IdempotencyStore::None && self.idempotency_ttl.is_zero() {
@@ -213,8 +254,17 @@ pub async fn run(
             url,
             &queue,
             config.concurrency as usize,
+            config.max_request_head,
         )?)),
         HandlerConfig::Exec { command } => Handler::Exec(ExecHandler::new(command, &queue)?),
+    };
+
+    let reaper = match &handler {
+        Handler::Exec(h) => {
+            h.reaper().start();
+            Some(h.reaper().clone())
+        }
+        Handler::Http(_) => None,
     };
 
     let Some(info) = read_queue(&sqs, &metrics, signalled()).await else {
@@ -321,6 +371,9 @@ pub async fn run(
         tracing::error!(
             "shutdown budget spent before all deletes were sent; those messages will be delivered again"
         );
+    }
+    if let Some(r) = &reaper {
+        r.kill_strays().await;
     }
     let _ = probes_stop.send(());
     let s = summary(&metrics);
@@ -498,6 +551,7 @@ mod tests {
             idempotency_ttl: Duration::from_secs(86_400),
             redis_url: None,
             metrics_addr: "127.0.0.1:0".into(),
+            max_request_head: handler::DEFAULT_MAX_HEAD,
             shutdown_timeout: None,
             handler: HandlerConfig::Http {
                 url: "http://127.0.0.1:8080/messages".into(),
@@ -520,6 +574,15 @@ mod tests {
             (Box::new(|c| c.batch_size = 11), "--batch-size"),
             (Box::new(|c| c.batch_size = 0), "--batch-size"),
             (Box::new(|c| c.concurrency = 0), "--concurrency"),
+            (Box::new(|c| c.concurrency = u32::MAX), "--concurrency"),
+            (
+                Box::new(|c| c.region = Some("us-east-1\r\nx: y".into())),
+                "--region",
+            ),
+            (
+                Box::new(|c| c.queue_url = "http://h/1/q\r\nx: y".into()),
+                "--queue-url",
+            ),
             (
                 Box::new(|c| c.wait_time = Duration::from_secs(21)),
                 "--wait-time",
@@ -540,6 +603,11 @@ mod tests {
             (
                 Box::new(|c| c.heartbeat_interval = HeartbeatInterval::Fixed(Duration::ZERO)),
                 "--heartbeat-interval",
+            ),
+            (Box::new(|c| c.max_request_head = 100), "--max-request-head"),
+            (
+                Box::new(|c| c.max_request_head = 2 * MAX_REQUEST_HEAD),
+                "--max-request-head",
             ),
         ];
         for (mutate, flag) in cases {

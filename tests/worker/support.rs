@@ -198,6 +198,17 @@ impl Worker {
         args: &[String],
         env: &[(&str, &str)],
     ) -> Worker {
+        Self::start_program(dir, &[env!("CARGO_BIN_EXE_qc-worker")], args, env)
+    }
+
+    /// Starts the worker through `program` (a wrapper that execs the worker binary with the arguments
+    /// it is given after its own).
+    pub fn start_program(
+        dir: Arc<tempfile::TempDir>,
+        program: &[&str],
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Worker {
         let metrics_addr = format!("127.0.0.1:{}", free_port());
         let n = std::fs::read_dir(dir.path()).unwrap().count();
         let log = dir.path().join(format!("worker-{n}.log"));
@@ -206,7 +217,8 @@ impl Worker {
             Some(i) => (&args[..i], &args[i..]),
             None => (args, &[][..]),
         };
-        let child = Command::new(env!("CARGO_BIN_EXE_qc-worker"))
+        let child = Command::new(program[0])
+            .args(&program[1..])
             .args(before)
             .args(["--metrics-addr", &metrics_addr])
             .args(after)

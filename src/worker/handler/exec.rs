@@ -1,8 +1,11 @@
 //! Exec handler: one process per message, body on stdin, metadata in `QC_*` environment variables.
-//! Each child leads its own process group, so a timeout kills the whole tree the command started.
+//! Each child leads its own process group, killed when the child exits, times out or is abandoned at
+//! shutdown; orphans re-parented to the worker (PID 1 in the exec layout) are reaped by `Reaper`.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 
 use tokio::io::AsyncWriteExt;
 
@@ -14,20 +17,152 @@ pub struct ExecHandler {
     args: Vec<String>,
     command: Vec<String>,
     queue: QueueContext,
+    reaper: Arc<Reaper>,
 }
 
 /// Kills the child's process group when the handler future is dropped (timeout, shutdown abort).
+/// The leader is not reaped before the kill, so its id still names this group and no other.
 struct GroupGuard {
     pgid: Option<rustix::process::Pid>,
+    reaper: Arc<Reaper>,
 }
 
-impl Drop for GroupGuard {
-    fn drop(&mut self) {
-        if let Some(pgid) = self.pgid.take() {
+impl GroupGuard {
+    /// Kills the group; the leader must not be reaped yet.
+    fn kill(&self) {
+        if let Some(pgid) = self.pgid {
             // The group may already be gone; nothing to do then.
             let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
         }
     }
+
+    /// The leader was reaped: its id may be reused from now on, so never signal it, and the reaper
+    /// may collect a process with that id again.
+    fn reaped(&mut self) {
+        if let Some(pgid) = self.pgid.take() {
+            self.reaper.forget(pgid.as_raw_nonzero().get());
+        }
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        // Dropped unreaped (timeout, shutdown abort): the group goes, and tokio or the reaper
+        // collects the leader.
+        self.kill();
+        self.reaped();
+    }
+}
+
+/// Reaps the worker's children that no handler call waits for: processes a handler left behind
+/// that were re-parented to the worker (it is PID 1 in the exec layout, and a child subreaper
+/// elsewhere). Without it they stay zombies for the pod's lifetime.
+#[derive(Default)]
+pub struct Reaper {
+    /// Handler processes whose exit status a handler call collects itself.
+    own: Mutex<HashSet<i32>>,
+}
+
+impl Reaper {
+    /// Makes the worker the reaper of its descendants' orphans and reaps them on every SIGCHLD
+    /// (and every few seconds, in case signals were coalesced) until the runtime stops.
+    pub fn start(self: &Arc<Self>) {
+        if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
+            tracing::warn!(error = %e, "cannot become a child subreaper; orphans of handlers are reaped only when the worker is PID 1");
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            use tokio::signal::unix::{SignalKind, signal};
+            let mut sigchld = signal(SignalKind::child()).ok();
+            loop {
+                me.reap();
+                let tick = tokio::time::sleep(std::time::Duration::from_secs(5));
+                match sigchld.as_mut() {
+                    Some(s) => {
+                        tokio::select! {
+                            _ = s.recv() => {}
+                            _ = tick => {}
+                        }
+                    }
+                    None => tick.await,
+                }
+            }
+        });
+    }
+
+    fn forget(&self, pid: i32) {
+        if let Ok(mut own) = self.own.lock() {
+            own.remove(&pid);
+        }
+    }
+
+    /// Reaps every exited child that is not a running handler call's own process.
+    pub fn reap(&self) -> usize {
+        let Ok(own) = self.own.lock() else { return 0 };
+        let mut reaped = 0;
+        for pid in children() {
+            if own.contains(&pid) {
+                continue;
+            }
+            if let Some(p) = rustix::process::Pid::from_raw(pid)
+                && let Ok(Some(_)) =
+                    rustix::process::waitpid(Some(p), rustix::process::WaitOptions::NOHANG)
+            {
+                reaped += 1;
+            }
+        }
+        reaped
+    }
+
+    /// Kills and reaps every child left (at shutdown, after the handler calls ended), a few rounds so
+    /// that grandchildren re-parented meanwhile go too.
+    pub async fn kill_strays(&self) {
+        for _ in 0..5 {
+            let strays: Vec<i32> = {
+                let Ok(own) = self.own.lock() else { return };
+                children()
+                    .into_iter()
+                    .filter(|p| !own.contains(p))
+                    .collect()
+            };
+            if strays.is_empty() {
+                return;
+            }
+            tracing::warn!(
+                count = strays.len(),
+                "killing processes handlers left behind"
+            );
+            for pid in strays {
+                if let Some(p) = rustix::process::Pid::from_raw(pid) {
+                    let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            self.reap();
+        }
+    }
+}
+
+/// The worker's child processes, from /proc (the 4th field of /proc/PID/stat is the parent).
+fn children() -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| parent_of(&stat))
+                == Some(me)
+        })
+        .collect()
+}
+
+/// The parent id in a /proc/PID/stat line; the command name in parentheses may hold anything.
+fn parent_of(stat: &str) -> Option<i32> {
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(1)?.parse().ok()
 }
 
 impl ExecHandler {
@@ -42,6 +177,7 @@ impl ExecHandler {
             args: command[1..].to_vec(),
             command: command.to_vec(),
             queue: queue.clone(),
+            reaper: Arc::new(Reaper::default()),
         })
     }
 
@@ -51,6 +187,10 @@ impl ExecHandler {
 
     pub fn command(&self) -> &[String] {
         &self.command
+    }
+
+    pub fn reaper(&self) -> &Arc<Reaper> {
+        &self.reaper
     }
 
     pub async fn handle(&self, msg: &Message) -> Verdict {
@@ -82,7 +222,18 @@ impl ExecHandler {
                 cmd.env(attribute_env_name(name), s);
             }
         }
-        let mut child = match cmd.spawn() {
+        let spawned = {
+            // Registered under the lock, so the reaper never collects this child's exit status.
+            let mut own = self.reaper.own.lock().unwrap_or_else(|e| e.into_inner());
+            let spawned = cmd.spawn();
+            if let Ok(c) = &spawned
+                && let Some(id) = c.id()
+            {
+                own.insert(id as i32);
+            }
+            spawned
+        };
+        let mut child = match spawned {
             Ok(c) => c,
             Err(e) => {
                 return Verdict::Transient {
@@ -91,10 +242,12 @@ impl ExecHandler {
                 };
             }
         };
+        let pid = child
+            .id()
+            .and_then(|id| rustix::process::Pid::from_raw(id as i32));
         let mut guard = GroupGuard {
-            pgid: child
-                .id()
-                .and_then(|id| rustix::process::Pid::from_raw(id as i32)),
+            pgid: pid,
+            reaper: self.reaper.clone(),
         };
         let stdin = child.stdin.take();
         let body = msg.body.clone();
@@ -105,9 +258,27 @@ impl ExecHandler {
                 let _ = stdin.shutdown().await;
             }
         };
-        let (_, status) = tokio::join!(feed, child.wait());
-        // Reaped: the group id may be reused from now on, so never signal it.
-        guard.pgid = None;
+        let status = match pid.and_then(exit_watch) {
+            Some(watch) => {
+                // Wait for the exit without reaping, kill what the child left in its group, then reap.
+                // A child that exits without reading all its input ends the feeding.
+                let exit = watch.readable();
+                tokio::pin!(exit);
+                tokio::select! {
+                    _ = &mut exit => {}
+                    _ = feed => { let _ = exit.await; }
+                }
+                guard.kill();
+                let status = child.wait().await;
+                guard.reaped();
+                status
+            }
+            None => {
+                let (_, status) = tokio::join!(feed, child.wait());
+                guard.reaped();
+                status
+            }
+        };
         match status {
             Ok(status) => {
                 use std::os::unix::process::ExitStatusExt;
@@ -119,6 +290,16 @@ impl ExecHandler {
             },
         }
     }
+}
+
+/// A pidfd of the process: readable once it has exited, without reaping it (the zombie keeps its
+/// group id reserved, so the group can still be killed safely). None without pidfd support.
+fn exit_watch(pid: rustix::process::Pid) -> Option<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
+    let fd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()?;
+    // Deprecated because a borrowed descriptor could be closed while registered; this one is owned
+    // by the AsyncFd and closed only when it is dropped (the safe replacement is an `unsafe fn`).
+    #[allow(deprecated)]
+    tokio::io::unix::AsyncFd::with_interest(fd, tokio::io::Interest::READABLE).ok()
 }
 
 /// `QC_ATTR_` plus the attribute name upper-cased, with anything but letters and digits as `_`.
@@ -165,6 +346,13 @@ mod tests {
     fn attribute_names_become_env_names() {
         assert_eq!(attribute_env_name("tenant-id"), "QC_ATTR_TENANT_ID");
         assert_eq!(attribute_env_name("a.b_C"), "QC_ATTR_A_B_C");
+    }
+
+    #[test]
+    fn the_parent_is_read_after_the_command_name() {
+        assert_eq!(parent_of("42 (sh) S 7 42 42 0"), Some(7));
+        assert_eq!(parent_of("42 (a) b) (c) Z 9 1 1"), Some(9));
+        assert_eq!(parent_of("garbage"), None);
     }
 
     #[test]

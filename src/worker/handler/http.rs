@@ -13,6 +13,11 @@ use crate::worker::sqs::Message;
 /// `ce-type` of every event the worker sends.
 pub const CE_TYPE: &str = "dev.consumers.sqs.message";
 
+/// Names the message attributes left out of a request because the head would have outgrown its cap.
+pub const OMITTED_HEADER: &str = "x-qc-omitted-attributes";
+/// The request head's default cap: nginx's and most frameworks' limit for one header buffer.
+pub const DEFAULT_MAX_HEAD: usize = 8 * 1024;
+
 /// Idle connections to the handler are closed after this.
 const POOL_IDLE: Duration = Duration::from_secs(60);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -25,10 +30,17 @@ pub struct HttpHandler {
     pool: Pool,
     source: String,
     queue_url: String,
+    /// The request head never exceeds this many bytes (unless the fixed headers alone do).
+    max_head: usize,
 }
 
 impl HttpHandler {
-    pub fn new(url: &str, queue: &QueueContext, pool: usize) -> Result<Self, HandlerError> {
+    pub fn new(
+        url: &str,
+        queue: &QueueContext,
+        pool: usize,
+        max_head: usize,
+    ) -> Result<Self, HandlerError> {
         let err = |reason: &str| HandlerError::ParseHttpUrl {
             url: url.to_string(),
             reason: reason.to_string(),
@@ -61,6 +73,7 @@ impl HttpHandler {
             request_line,
             source: source.clone(),
             queue_url: queue.url.clone(),
+            max_head,
         })
     }
 
@@ -118,6 +131,7 @@ impl HttpHandler {
         }
         header(&mut h, "x-sqs-queue-url", &self.queue_url);
         let mut content_type = None;
+        let mut lines: Vec<(&str, Vec<u8>)> = Vec::with_capacity(msg.attributes.len());
         for (name, value) in &msg.attributes {
             if name.is_empty() || !name.bytes().all(is_token) {
                 continue;
@@ -127,17 +141,27 @@ impl HttpHandler {
                 (None, Some(b)) => std::borrow::Cow::Owned(base64_encode(b)),
                 (None, None) => continue,
             };
-            if name.eq_ignore_ascii_case("content-type") {
+            if name.eq_ignore_ascii_case("content-type") && text.len() <= MAX_CONTENT_TYPE {
                 content_type = Some(text.clone());
             }
-            h.extend_from_slice(b"x-sqs-attribute-");
-            h.extend(name.bytes().map(|b| b.to_ascii_lowercase()));
-            h.extend_from_slice(b": ");
-            value_into(&mut h, &text);
-            h.extend_from_slice(b"\r\n");
+            let mut line = Vec::with_capacity(20 + name.len() + text.len());
+            line.extend_from_slice(b"x-sqs-attribute-");
+            line.extend(name.bytes().map(|b| b.to_ascii_lowercase()));
+            line.extend_from_slice(b": ");
+            value_into(&mut line, &text);
+            line.extend_from_slice(b"\r\n");
+            lines.push((name.as_str(), line));
         }
         let content_type = content_type.unwrap_or_else(|| guess_content_type(&msg.body).into());
         header(&mut h, "content-type", &content_type);
+        let omitted = fit_attributes(&mut lines, self.max_head.saturating_sub(h.len() + 2));
+        for (_, line) in &lines {
+            h.extend_from_slice(line);
+        }
+        if !omitted.is_empty() {
+            tracing::warn!(message_id = %msg.id, omitted = %omitted, max_request_head = self.max_head, "message attributes left out of the handler request: the request head would exceed its cap (--max-request-head)");
+            header(&mut h, OMITTED_HEADER, &omitted);
+        }
         h.extend_from_slice(b"\r\n");
         h
     }
@@ -166,6 +190,62 @@ impl HttpHandler {
             delay = (delay * 2).min(Duration::from_secs(2));
         }
     }
+}
+
+/// A Content-Type attribute longer than this is sent as an attribute only (if it fits), not as the type.
+const MAX_CONTENT_TYPE: usize = 256;
+
+/// Keeps the attribute header lines that fit in `budget` bytes together with the header naming the
+/// ones left out, and returns those names (comma-separated, in message order; empty if all fit).
+/// Attributes are kept in message order while they fit; if the omitted-names header then does not fit,
+/// the largest kept lines give way until it does.
+fn fit_attributes(lines: &mut Vec<(&str, Vec<u8>)>, budget: usize) -> String {
+    let total: usize = lines.iter().map(|(_, l)| l.len()).sum();
+    if total <= budget {
+        return String::new();
+    }
+    let mut keep = vec![false; lines.len()];
+    let mut used = 0;
+    for (i, (_, line)) in lines.iter().enumerate() {
+        if used + line.len() <= budget {
+            keep[i] = true;
+            used += line.len();
+        }
+    }
+    let names = |keep: &[bool]| {
+        lines
+            .iter()
+            .zip(keep)
+            .filter(|(_, k)| !**k)
+            .map(|((n, _), _)| *n)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let line_len = |names: &str| OMITTED_HEADER.len() + 4 + names.len();
+    loop {
+        let omitted = names(&keep);
+        if used + line_len(&omitted) <= budget {
+            break;
+        }
+        let largest = lines
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| keep[*i])
+            .max_by_key(|(_, (_, l))| l.len())
+            .map(|(i, _)| i);
+        match largest {
+            Some(i) => {
+                keep[i] = false;
+                used -= lines[i].1.len();
+            }
+            // Not even the names fit: they go out anyway, the fixed headers alone are over the cap.
+            None => break,
+        }
+    }
+    let omitted = names(&keep);
+    let mut k = keep.iter();
+    lines.retain(|_| k.next().copied().unwrap_or(false));
+    omitted
 }
 
 fn header(out: &mut Vec<u8>, name: &str, value: &str) {
@@ -241,7 +321,13 @@ mod tests {
             url: "http://q/1/orders".into(),
             arn: "arn:aws:sqs:us-east-1:1:orders".into(),
         };
-        let h = HttpHandler::new("http://127.0.0.1:8080/messages?x=1", &queue, 4).unwrap();
+        let h = HttpHandler::new(
+            "http://127.0.0.1:8080/messages?x=1",
+            &queue,
+            4,
+            DEFAULT_MAX_HEAD,
+        )
+        .unwrap();
         let attr = |s: &str| AttributeValue {
             data_type: "String".into(),
             string: Some(s.into()),
@@ -289,6 +375,59 @@ mod tests {
             "a name that is no HTTP token is left out"
         );
         assert!(!lines.iter().any(|l| l.starts_with("x-evil")));
+    }
+
+    #[test]
+    fn attributes_that_do_not_fit_the_head_cap_are_left_out_and_named() {
+        use crate::worker::sqs::AttributeValue;
+        let queue = QueueContext {
+            url: "http://q/1/orders".into(),
+            arn: String::new(),
+        };
+        let attr = |s: String| AttributeValue {
+            data_type: "String".into(),
+            string: Some(s),
+            binary: None,
+        };
+        let msg = |attributes| Message {
+            id: "m-1".into(),
+            receipt_handle: "rh".into(),
+            body: bytes::Bytes::from_static(b"{}"),
+            receive_count: 1,
+            group_id: None,
+            deduplication_id: None,
+            sequence_number: None,
+            sent_timestamp: None,
+            attributes,
+            received_at: std::time::Instant::now(),
+        };
+        for cap in [1024, DEFAULT_MAX_HEAD, 64 * 1024] {
+            let h = HttpHandler::new("http://127.0.0.1:8080/m", &queue, 1, cap).unwrap();
+            let m = msg(vec![
+                ("small".into(), attr("s".into())),
+                ("big".into(), attr("x".repeat(20_000))),
+                ("wide".into(), attr("é".repeat(500))),
+                ("tail".into(), attr("t".into())),
+            ]);
+            let head = String::from_utf8(h.head(&m)).unwrap();
+            assert!(head.len() <= cap, "{cap}: {} bytes", head.len());
+            assert!(head.ends_with("\r\n\r\n"));
+            assert!(head.contains("x-sqs-attribute-small: s\r\n"), "{cap}");
+            assert!(head.contains("x-sqs-attribute-tail: t\r\n"), "{cap}");
+            let omitted = head
+                .lines()
+                .find_map(|l| l.strip_prefix("x-qc-omitted-attributes: "));
+            let expected = match cap {
+                1024 => Some("big,wide"),
+                DEFAULT_MAX_HEAD => Some("big"),
+                _ => None,
+            };
+            assert_eq!(omitted, expected, "{cap}");
+        }
+        // Everything fits: no omitted header at all.
+        let h = HttpHandler::new("http://127.0.0.1:8080/m", &queue, 1, DEFAULT_MAX_HEAD).unwrap();
+        let head = String::from_utf8(h.head(&msg(vec![("a".into(), attr("1".into()))]))).unwrap();
+        assert!(!head.contains(OMITTED_HEADER));
     }
 
     #[test]

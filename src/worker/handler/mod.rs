@@ -7,7 +7,7 @@ mod http;
 use std::time::{Duration, SystemTime};
 
 pub use exec::ExecHandler;
-pub use http::HttpHandler;
+pub use http::{DEFAULT_MAX_HEAD, HttpHandler, OMITTED_HEADER};
 
 use super::sqs::Message;
 

@@ -1,0 +1,395 @@
+//! Data-safety drills of `qc-worker` (issue #11): each reproduces a way a default lost, skipped or
+//! double-handled a message, against the moto server, redis and real processes. docs/reliability.md
+//! records each drill with its counts.
+#![allow(clippy::unwrap_used)]
+
+#[path = "common/mod.rs"]
+mod common;
+#[path = "worker/support.rs"]
+mod support;
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_sqs::types::MessageAttributeValue;
+use support::*;
+
+const SECS: fn(u64) -> Duration = Duration::from_secs;
+
+fn string_attr(v: &str) -> MessageAttributeValue {
+    MessageAttributeValue::builder()
+        .data_type("String")
+        .string_value(v)
+        .build()
+        .unwrap()
+}
+
+/// Item 3: three different orders whose `orderId` is empty were one handled, two deleted as duplicates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_idempotency_keys_are_handled_without_dedup_and_counted() {
+    let q = TestQueue::new("empty-key", 5, 5, false).await;
+    let bodies = vec![
+        r#"{"orderId":"","item":"a"}"#.to_string(),
+        r#"{"orderId":"","item":"b"}"#.to_string(),
+        r#"{"orderId":"   ","item":"c"}"#.to_string(),
+        r#"{"orderId":"o-1","item":"d"}"#.to_string(),
+        r#"{"orderId":"o-1","item":"d"}"#.to_string(),
+    ];
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--idempotency-store",
+        "memory",
+        "--idempotency-key",
+        "jsonPointer:/orderId",
+        "--concurrency",
+        "1",
+        "--http-url",
+        &h.url,
+    ]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(60), "queue drained", || q.is_empty()).await;
+    let counts = h.counts_by_body();
+    for b in &bodies[..3] {
+        assert_eq!(counts.get(b), Some(&1), "{b} handled once: {counts:?}");
+    }
+    // The real key still dedups: o-1 twice is handled once.
+    assert_eq!(counts.get(&bodies[3]), Some(&1), "{counts:?}");
+    assert_eq!(
+        w.metric("qc_worker_idempotency_key_missing_total").await,
+        Some(3.0)
+    );
+    assert_eq!(
+        w.metric("qc_worker_messages_processed_total{outcome=\"duplicate\"}")
+            .await,
+        Some(1.0)
+    );
+    let warned = w.log_lines("no idempotency key; handling the message without de-duplication");
+    assert_eq!(warned.len(), 3, "{}", w.log_text());
+    assert!(
+        warned
+            .iter()
+            .all(|l| l["key_source"] == "jsonPointer:/orderId")
+    );
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+/// nginx's default `large_client_header_buffers 4 8k`: a request line or header line longer than
+/// 8 KiB, or a head over 32 KiB, gets 400 (which the worker reads as poison).
+fn nginx_would_reject(c: &Call) -> bool {
+    let lines: Vec<usize> = c
+        .headers
+        .iter()
+        .map(|(k, v)| k.len() + 2 + v.len())
+        .collect();
+    lines.iter().any(|&l| l > 8192) || lines.iter().map(|l| l + 2).sum::<usize>() > 32 * 1024
+}
+
+/// Item 2: a 20 KB attribute made a 60 KB request head, the handler answered 400 and the message
+/// was deleted as poison.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_20_kb_attribute_is_left_out_and_named_so_a_size_limited_handler_takes_the_message() {
+    let q = TestQueue::new("big-attr", 5, 5, false).await;
+    let h = HttpHandler::start(|c| {
+        if nginx_would_reject(c) {
+            Reply::status(400)
+        } else {
+            Reply::ok(Duration::ZERO)
+        }
+    })
+    .await;
+    q.client
+        .send_message()
+        .queue_url(&q.url)
+        .message_body(r#"{"order":1}"#)
+        .message_attributes("tenant", string_attr("t-1"))
+        .message_attributes("blob", string_attr(&"x".repeat(20_000)))
+        .message_attributes("note", string_attr(&"é".repeat(4_000)))
+        .send()
+        .await
+        .unwrap();
+    let mut a = base_args(&q);
+    a.extend(args(&["--on-poison", "delete", "--http-url", &h.url]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(30), "handler called", || async {
+        !h.calls().is_empty()
+    })
+    .await;
+    eventually(SECS(30), "queue drained", || q.is_empty()).await;
+    let calls = h.calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let c = &calls[0];
+    assert_eq!(c.status, 200, "the handler accepted the request");
+    assert_eq!(c.headers["x-sqs-attribute-tenant"], "t-1");
+    assert_eq!(c.headers["x-qc-omitted-attributes"], "blob,note");
+    assert!(!c.headers.contains_key("x-sqs-attribute-blob"));
+    let head: usize = c.headers.iter().map(|(k, v)| k.len() + v.len() + 4).sum();
+    assert!(head <= 8192, "head of {head} bytes");
+    assert_eq!(
+        w.metric("qc_worker_messages_processed_total{outcome=\"poison\"}")
+            .await,
+        Some(0.0)
+    );
+    assert_eq!(
+        w.metric("qc_worker_messages_processed_total{outcome=\"success\"}")
+            .await,
+        Some(1.0)
+    );
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+/// A redis server of this test's own, so it can be stopped and started again on the same port.
+struct OwnRedis {
+    port: u16,
+    child: Option<std::process::Child>,
+}
+
+impl OwnRedis {
+    fn start() -> OwnRedis {
+        let mut r = OwnRedis {
+            port: free_port(),
+            child: None,
+        };
+        r.up();
+        r
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn up(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server starts");
+        self.child = Some(child);
+        let started = std::time::Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(started.elapsed() < SECS(10), "redis did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn down(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.down();
+    }
+}
+
+/// Item 5: while redis was down, every receive failed its claim and backed the message off, so the
+/// backlog cycled through its receives into the DLQ without one handler call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_outage_makes_the_worker_unready_and_stops_receiving_until_it_returns() {
+    let q = TestQueue::new("store-outage", 2, 3, false).await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
+    let mut redis = OwnRedis::start();
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--idempotency-store",
+        "redis",
+        "--redis-url",
+        &redis.url(),
+        "--retry-base",
+        "1s",
+        "--http-url",
+        &h.url,
+    ]));
+    let mut w = Worker::start(&a);
+    w.wait_ready(SECS(30)).await;
+    redis.down();
+    let bodies = numbered(20);
+    q.send_all(&bodies, |_| String::new()).await;
+    eventually(SECS(30), "worker unready", || async {
+        matches!(w.get("/readyz").await, Some((503, _)))
+    })
+    .await;
+    // Long enough for the old behaviour to take every message through 3 receives into the DLQ.
+    tokio::time::sleep(SECS(15)).await;
+    let received_during = w.metric("qc_worker_messages_received_total").await.unwrap();
+    assert!(
+        matches!(w.get("/readyz").await, Some((503, _))),
+        "still unready while the store is down"
+    );
+    assert_eq!(q.dlq_visible().await, 0, "nothing reached the DLQ");
+    assert!(h.calls().is_empty(), "no handler call without a claim");
+    redis.up();
+    eventually(SECS(60), "queue drained after the store returned", || {
+        q.is_empty()
+    })
+    .await;
+    w.wait_ready(SECS(10)).await;
+    let counts = h.counts_by_body();
+    for b in &bodies {
+        assert_eq!(counts.get(b), Some(&1), "{b} handled once: {counts:?}");
+    }
+    assert_eq!(q.dlq_visible().await, 0);
+    eprintln!(
+        "drill store-outage: sent {}, handled {}, received while down {received_during}, received in all {:?}, deleted {:?}, dlq {}",
+        bodies.len(),
+        h.calls().len(),
+        w.metric("qc_worker_messages_received_total").await,
+        w.metric("qc_worker_messages_deleted_total").await,
+        q.dlq_visible().await
+    );
+    // At most one receive per slot was spent while the store was down.
+    assert!(
+        received_during <= 10.0,
+        "received {received_during} while the store was down"
+    );
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+/// The worker's child processes: (pid, state, command line).
+fn children_of(pid: u32) -> Vec<(u32, char, String)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        let Some(close) = stat.rfind(')') else {
+            continue;
+        };
+        let mut f = stat[close + 1..].split_whitespace();
+        let state = f.next().and_then(|s| s.chars().next()).unwrap_or('?');
+        let ppid: u32 = f.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+        if ppid == pid {
+            let cmd = std::fs::read(format!("/proc/{p}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+                .unwrap_or_default();
+            out.push((p, state, cmd));
+        }
+    }
+    out
+}
+
+/// Processes anywhere whose command line holds `marker`.
+fn processes_with(marker: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(c) = std::fs::read(format!("/proc/{p}/cmdline"))
+            && String::from_utf8_lossy(&c).contains(marker)
+        {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Item 8: in the exec layout the worker is PID 1, so whatever a handler leaves behind becomes its
+/// child. Reproduced with the worker made a child subreaper before it starts (the kernel keeps the
+/// attribute across exec), which gives it PID 1's duty without a PID namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_handlers_leave_no_zombies_or_strays_after_timeouts_and_forks() {
+    let q = TestQueue::new("exec-reap", 30, 10, false).await;
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let marker = format!("qcstray{}", std::process::id());
+    // `sleep` under a name of its own, so a stray is found by name.
+    let stray = dir.path().join(&marker);
+    std::os::unix::fs::symlink(
+        Command::new("sh")
+            .args(["-c", "command -v sleep"])
+            .output()
+            .map(|o| String::from_utf8(o.stdout).unwrap().trim().to_string())
+            .unwrap(),
+        &stray,
+    )
+    .unwrap();
+    let handler = script(
+        dir.path(),
+        "handle.sh",
+        &format!(
+            r#"body=$(cat)
+case "$body" in
+  slow*) sleep 1000 & sleep 1001 & exec sleep 1002 ;;
+  fork*) {stray} 300 & exit 0 ;;
+  *) exit 0 ;;
+esac"#,
+            stray = stray.display()
+        ),
+    );
+    let bodies = ["slow-1", "slow-2", "slow-3", "fork-1", "fork-2", "ok-1"];
+    for b in bodies {
+        q.send_one(b).await;
+    }
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--timeout",
+        "1s",
+        "--retry-base",
+        "900s",
+        "--concurrency",
+        "2",
+        "--exec",
+        "--",
+        handler.to_str().unwrap(),
+    ]));
+    // python3 sets PR_SET_CHILD_SUBREAPER (36) and execs the worker: PID 1's duty, as in the pod.
+    let worker = env!("CARGO_BIN_EXE_qc-worker");
+    let wrapper = dir.path().join("as-pid1.py");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "import ctypes, os, sys\nctypes.CDLL(None).prctl(36, 1, 0, 0, 0)\nos.execv({worker:?}, [{worker:?}] + sys.argv[1:])\n"
+        ),
+    )
+    .unwrap();
+    let mut w = Worker::start_program(
+        dir.clone(),
+        &["python3", wrapper.to_str().unwrap()],
+        &a,
+        &[],
+    );
+    eventually(SECS(60), "3 timeouts and 3 successes", || async {
+        w.metric("qc_worker_messages_processed_total{outcome=\"timeout\"}")
+            .await
+            == Some(3.0)
+            && w.metric("qc_worker_messages_processed_total{outcome=\"success\"}")
+                .await
+                == Some(3.0)
+    })
+    .await;
+    // The reaper runs on SIGCHLD; give the last exits a moment.
+    let pid = w.pid();
+    let started = std::time::Instant::now();
+    while !children_of(pid).is_empty() && started.elapsed() < SECS(10) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let left = children_of(pid);
+    let zombies = left.iter().filter(|c| c.1 == 'Z').count();
+    assert!(
+        left.is_empty(),
+        "{zombies} zombies among {} children left: {left:?}",
+        left.len()
+    );
+    let strays = processes_with(&marker);
+    assert!(
+        strays.is_empty(),
+        "{} processes forked by the handler outlived it",
+        strays.len()
+    );
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
