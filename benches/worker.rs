@@ -223,9 +223,7 @@ async fn sdk_probe(client: &aws_sdk_sqs::Client, conf: &aws_config::SdkConfig) {
         started.elapsed().as_secs_f64() * 1e3 / calls as f64
     );
     let metrics = std::sync::Arc::new(qc::worker::metrics::Metrics::default());
-    let sqs = qc::worker::sqs::Sqs::new(conf, &url, metrics)
-        .await
-        .unwrap();
+    let sqs = qc::worker::sqs::Sqs::new(conf, &url, metrics).unwrap();
     let entries: Vec<qc::worker::sqs::Entry> = (0..10)
         .map(|i| qc::worker::sqs::Entry {
             message_id: i.to_string(),

@@ -134,6 +134,8 @@ start_moto() {
   export QC_TEST_MOTO_SERVER="$QC_VENV/bin/moto_server"
   export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1
   unset AWS_SESSION_TOKEN AWS_PROFILE
+  # The SDK clients honour HTTP(S)_PROXY: behind an egress proxy, loopback still goes direct.
+  export NO_PROXY="${NO_PROXY:+$NO_PROXY,}127.0.0.1,localhost" no_proxy="${no_proxy:+$no_proxy,}127.0.0.1,localhost"
   log "moto on $QC_TEST_SQS_ENDPOINT"
 }
 

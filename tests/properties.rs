@@ -36,7 +36,6 @@ async fn exchange(answer: Vec<u8>) -> Result<qc::worker::http1::Answer, String> 
     });
     let pool = Pool::new(
         authority.clone(),
-        None,
         1,
         StdDuration::from_secs(5),
         StdDuration::from_secs(5),

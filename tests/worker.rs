@@ -1193,3 +1193,125 @@ async fn sqs_over_https_trusts_the_given_roots_and_refuses_an_unknown_issuer() {
     w.signal("TERM");
     assert!(w.wait_exit(SECS(20)).await.success());
 }
+
+/// The proxy variables every proxy-aware tool reads, pointing at `proxy` (both spellings, so an
+/// ambient lower-case variable cannot win), with no bypass.
+fn proxy_env(var: &'static str, proxy: &str) -> Vec<(&'static str, String)> {
+    let lower: &'static str = if var == "HTTP_PROXY" {
+        "http_proxy"
+    } else {
+        "https_proxy"
+    };
+    vec![
+        (var, proxy.to_string()),
+        (lower, proxy.to_string()),
+        ("NO_PROXY", "example.invalid".to_string()),
+        ("no_proxy", "example.invalid".to_string()),
+    ]
+}
+
+/// An egress proxy from the environment (HTTP_PROXY, plain HTTP to moto): every SQS call goes
+/// through it (the proxy counts as many requests per action as the worker sent), the queue drains
+/// with each message handled once, and the handler call on loopback does not use the proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_calls_go_through_the_http_proxy_from_the_environment() {
+    let q = TestQueue::new("proxied", 10, 10, false).await;
+    let bodies = numbered(40);
+    q.send_all(&bodies, |_| String::new()).await;
+    let proxy = EgressProxy::start().await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(5))).await;
+    let a = args(&[
+        "--queue-url",
+        &q.url,
+        "--endpoint-url",
+        &common::sqs_endpoint(),
+        "--wait-time",
+        "1s",
+        "--http-url",
+        &h.url,
+    ]);
+    let env = proxy_env("HTTP_PROXY", &proxy.url);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut w = Worker::start_with_env(Arc::new(tempfile::tempdir().unwrap()), &a, &env);
+    eventually(SECS(60), "queue drained through the proxy", || q.is_empty()).await;
+    let counts = h.counts_by_body();
+    assert_eq!(counts.len(), bodies.len(), "every message handled");
+    assert!(counts.values().all(|&n| n == 1), "each once: {counts:?}");
+
+    // Read the worker's counts first: the proxy has then seen at least as many.
+    let mut sent = Vec::new();
+    for action in ["GetQueueAttributes", "ReceiveMessage", "DeleteMessageBatch"] {
+        let n = w
+            .metric(&format!(
+                "qc_worker_sqs_requests_total{{action=\"{action}\"}}"
+            ))
+            .await
+            .unwrap();
+        sent.push((action, n as usize));
+    }
+    let moto = common::sqs_endpoint();
+    let moto_authority = moto.trim_start_matches("http://").trim_end_matches('/');
+    for (action, n) in sent {
+        let through = proxy.forwarded(&format!("AmazonSQS.{action}"));
+        assert!(n >= 1, "{action}: the worker counted no request");
+        assert!(
+            through >= n,
+            "{action}: {through} through the proxy, {n} sent"
+        );
+    }
+    let seen = proxy.seen();
+    assert!(
+        seen.iter().all(
+            |p| matches!(p, Proxied::Forwarded { authority, .. } if authority == moto_authority)
+        ),
+        "only SQS calls to moto went through the proxy (not the handler's): {seen:?}"
+    );
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+/// HTTPS_PROXY with an https endpoint: the SQS calls are tunnelled with CONNECT, TLS to moto inside
+/// the tunnel (its test CA trusted via SSL_CERT_FILE), and the queue drains, each message once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_sqs_is_tunnelled_through_the_https_proxy_from_the_environment() {
+    let moto = TlsMoto::start();
+    let q = TestQueue::on(moto.client().await, "https-proxied", 10, 10, false).await;
+    let bodies = numbered(20);
+    q.send_all(&bodies, |_| String::new()).await;
+    let proxy = EgressProxy::start().await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(5))).await;
+    let a = args(&[
+        "--queue-url",
+        &q.url,
+        "--endpoint-url",
+        &moto.endpoint,
+        "--wait-time",
+        "1s",
+        "--http-url",
+        &h.url,
+    ]);
+    let ca = moto.certs.ca_file.to_string_lossy().to_string();
+    let mut env = proxy_env("HTTPS_PROXY", &proxy.url);
+    env.push(("SSL_CERT_FILE", ca));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut w = Worker::start_with_env(Arc::new(tempfile::tempdir().unwrap()), &a, &env);
+    eventually(SECS(60), "queue drained through the tunnel", || {
+        q.is_empty()
+    })
+    .await;
+    let counts = h.counts_by_body();
+    assert_eq!(counts.len(), bodies.len(), "every message handled");
+    assert!(counts.values().all(|&n| n == 1), "each once: {counts:?}");
+    let endpoint_authority = moto.endpoint.trim_start_matches("https://").to_string();
+    let seen = proxy.seen();
+    assert!(!seen.is_empty(), "nothing went through the proxy");
+    assert!(
+        seen.iter().all(|p| *p
+            == Proxied::Tunnel {
+                authority: endpoint_authority.clone()
+            }),
+        "only CONNECT tunnels to moto: {seen:?}"
+    );
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}

@@ -5,13 +5,28 @@ pub mod cloudwatch;
 pub mod facts;
 pub mod sqs;
 
+use std::collections::HashMap;
+use std::sync::RwLock;
+use std::time::Duration;
+
+use aws_smithy_http_client::Connector;
+use aws_smithy_http_client::proxy::ProxyConfig;
+use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
+use aws_smithy_runtime_api::client::http::{
+    HttpClient, HttpConnectorSettings, SharedHttpClient, SharedHttpConnector,
+};
+use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+
 pub use facts::{DeadLetterFacts, Facts, FactsError, QueueArn, QueueFacts, RedrivePolicy};
 pub use sqs::{ObserveError, QueueReader, SqsError, SqsReader, StaticReader, observe};
 
 /// Shared SDK configuration: region (explicit, else from the queue URL, else the environment) and an
-/// optional endpoint override for local emulators. Credentials come from the default chain.
+/// optional endpoint override for local emulators. Credentials come from the default chain; retries
+/// (`AWS_RETRY_MODE`, `AWS_MAX_ATTEMPTS`) from the environment or profile; HTTP goes through
+/// [`http_client`], so proxies from the environment apply to every AWS call, credentials included.
 pub async fn sdk_config(region: Option<&str>, endpoint: Option<&str>) -> aws_config::SdkConfig {
-    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+    let mut loader =
+        aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(http_client());
     if let Some(region) = region {
         loader = loader.region(aws_config::Region::new(region.to_string()));
     }
@@ -19,6 +34,57 @@ pub async fn sdk_config(region: Option<&str>, endpoint: Option<&str>) -> aws_con
         loader = loader.endpoint_url(endpoint);
     }
     loader.load().await
+}
+
+/// The SDK's own HTTP client (hyper, rustls with aws-lc, the system's roots with `SSL_CERT_FILE` and
+/// `SSL_CERT_DIR` honoured) with the proxy taken from `HTTPS_PROXY`/`HTTP_PROXY`/`ALL_PROXY` and
+/// `NO_PROXY` (either case): https endpoints are tunnelled with CONNECT, http ones sent to the proxy.
+/// The SDK's default client ignores those variables.
+pub fn http_client() -> SharedHttpClient {
+    SharedHttpClient::new(ProxyAwareClient::default())
+}
+
+/// Builds one connector (with its connection pool) per pair of connect and read timeouts, like the
+/// SDK's default client, and reuses it for every request with those settings.
+#[derive(Debug, Default)]
+struct ProxyAwareClient {
+    connectors: RwLock<HashMap<Timeouts, SharedHttpConnector>>,
+}
+
+/// Connect and read timeouts: what tells one connector from another.
+type Timeouts = (Option<Duration>, Option<Duration>);
+
+impl HttpClient for ProxyAwareClient {
+    fn http_connector(
+        &self,
+        settings: &HttpConnectorSettings,
+        components: &RuntimeComponents,
+    ) -> SharedHttpConnector {
+        let key = (settings.connect_timeout(), settings.read_timeout());
+        if let Some(c) = self
+            .connectors
+            .read()
+            .ok()
+            .and_then(|m| m.get(&key).cloned())
+        {
+            return c;
+        }
+        let mut builder = Connector::builder()
+            .connector_settings(settings.clone())
+            .proxy_config(ProxyConfig::from_env());
+        if let Some(sleep) = components.sleep_impl() {
+            builder = builder.sleep_impl(sleep);
+        }
+        let connector = SharedHttpConnector::new(
+            builder
+                .tls_provider(tls::Provider::Rustls(CryptoMode::AwsLc))
+                .build(),
+        );
+        match self.connectors.write() {
+            Ok(mut m) => m.entry(key).or_insert(connector).clone(),
+            Err(_) => connector,
+        }
+    }
 }
 
 /// An error and its sources, joined with `: ` (the SDK's and our HTTP client's errors keep the

@@ -200,7 +200,8 @@ impl SqsError {
     }
 }
 
-fn has_credentials_error(err: &(dyn std::error::Error + 'static)) -> bool {
+/// Whether a credentials provider's error is in the chain (no credentials, IRSA token unreadable).
+pub(crate) fn has_credentials_error(err: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = cur {
         if e.downcast_ref::<aws_credential_types::provider::error::CredentialsError>()

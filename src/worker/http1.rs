@@ -1,4 +1,4 @@
-//! The worker's HTTP/1.1 client, for the handler next to it and for SQS (plain TCP or TLS): each
+//! The worker's HTTP/1.1 client for the handler next to it (plain TCP on loopback or in the pod): each
 //! exchange runs inside the calling task (no connection task, no channel hop, no header map), over
 //! keep-alive connections kept in a LIFO pool. It reads any well-formed HTTP/1.x answer:
 //! Content-Length, chunked or close-delimited bodies, 1xx answers skipped, `Connection: close` and
@@ -13,11 +13,8 @@ use std::sync::Mutex;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
-use tokio_rustls::client::TlsStream;
-use tokio_rustls::rustls::pki_types::ServerName;
 
 /// Longest answer head accepted.
 const MAX_HEAD: usize = 64 * 1024;
@@ -30,13 +27,11 @@ const KEEP_BUFFER: usize = 16 * 1024;
 /// Largest body collected (ten 1 MiB SQS messages, JSON-escaped, fit well inside).
 const MAX_BODY: u64 = 64 * 1024 * 1024;
 
-/// What the worker needs from an answer: its status, two headers and, if asked for, its body.
+/// What the worker needs from an answer: its status, `Retry-After` and, if asked for, its body.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Answer {
     pub status: u16,
     pub retry_after: Option<String>,
-    /// SQS's `x-amzn-query-error` (the error code in the awsQuery spelling).
-    pub query_error: Option<String>,
     pub body: Vec<u8>,
 }
 
@@ -45,11 +40,6 @@ pub enum WireError {
     /// The handler's port did not accept a connection.
     #[error("cannot connect to {authority}: {source}")]
     Connect {
-        authority: String,
-        source: io::Error,
-    },
-    #[error("TLS handshake with {authority}: {source}")]
-    Handshake {
         authority: String,
         source: io::Error,
     },
@@ -98,85 +88,14 @@ pub fn connect_authority(uri: &hyper::Uri) -> Option<String> {
     ))
 }
 
-/// TLS for a pool: the connector and the name the server's certificate must carry.
-#[derive(Clone)]
-pub struct Tls {
-    pub connector: TlsConnector,
-    pub server_name: ServerName<'static>,
-}
-
-enum Stream {
-    Tcp(TcpStream),
-    Tls(Box<TlsStream<TcpStream>>),
-}
-
-impl AsyncRead for Stream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Stream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Stream::Tcp(s) => s.is_write_vectored(),
-            Stream::Tls(s) => s.is_write_vectored(),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
-    }
-}
-
 struct Conn {
-    stream: Stream,
+    stream: TcpStream,
     buf: Vec<u8>,
 }
 
 pub struct Pool {
     /// host:port to connect to.
     authority: String,
-    tls: Option<Tls>,
     idle: Mutex<Vec<(Conn, Instant)>>,
     max_idle: usize,
     idle_timeout: Duration,
@@ -186,14 +105,12 @@ pub struct Pool {
 impl Pool {
     pub fn new(
         authority: String,
-        tls: Option<Tls>,
         max_idle: usize,
         idle_timeout: Duration,
         connect_timeout: Duration,
     ) -> Pool {
         Pool {
             authority,
-            tls,
             idle: Mutex::new(Vec::new()),
             max_idle,
             idle_timeout,
@@ -243,26 +160,6 @@ impl Pool {
         })?
         .map_err(err)?;
         stream.set_nodelay(true).map_err(err)?;
-        let stream = match &self.tls {
-            None => Stream::Tcp(stream),
-            Some(tls) => {
-                let handshake = tls.connector.connect(tls.server_name.clone(), stream);
-                let tls_stream = tokio::time::timeout(self.connect_timeout, handshake)
-                    .await
-                    .map_err(|_| WireError::Handshake {
-                        authority: self.authority.clone(),
-                        source: io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            format!("no handshake within {:?}", self.connect_timeout),
-                        ),
-                    })?
-                    .map_err(|source| WireError::Handshake {
-                        authority: self.authority.clone(),
-                        source,
-                    })?;
-                Stream::Tls(Box::new(tls_stream))
-            }
-        };
         Ok(Conn {
             stream,
             buf: Vec::with_capacity(READ_CHUNK),
@@ -296,9 +193,8 @@ impl Pool {
 
 /// An idle connection is usable if reading it would block: a close (EOF), an error or stray bytes
 /// mean it is not. Tokio answers from the readiness it already knows, so this costs no system call
-/// unless the socket was flagged readable; over TLS, records without data (session tickets) are
-/// consumed and the answer is still "would block".
-fn still_open(stream: &mut Stream) -> bool {
+/// unless the socket was flagged readable.
+fn still_open(stream: &mut TcpStream) -> bool {
     let mut probe = [0u8; 1];
     let mut buf = ReadBuf::new(&mut probe);
     let mut cx = Context::from_waker(Waker::noop());
@@ -322,7 +218,6 @@ struct Head {
     framing: Framing,
     keep_alive: bool,
     retry_after: Option<String>,
-    query_error: Option<String>,
 }
 
 /// Writes the request and reads the answer; Ok carries the connection if it can be used again.
@@ -375,14 +270,13 @@ async fn exchange(
         let answer = Answer {
             status: h.status,
             retry_after: h.retry_after,
-            query_error: h.query_error,
             body: out.unwrap_or_default(),
         };
         return Ok((answer, reusable.then_some(conn)));
     }
 }
 
-async fn write_all(stream: &mut Stream, head: &[u8], body: &[u8]) -> io::Result<()> {
+async fn write_all(stream: &mut TcpStream, head: &[u8], body: &[u8]) -> io::Result<()> {
     let total = head.len() + body.len();
     let mut off = 0;
     while off < total {
@@ -398,8 +292,7 @@ async fn write_all(stream: &mut Stream, head: &[u8], body: &[u8]) -> io::Result<
         }
         off += n;
     }
-    // TLS buffers records until flushed; TCP's flush does nothing.
-    stream.flush().await
+    Ok(())
 }
 
 /// Reads more bytes into the buffer; EOF is an error (`answered` if any answer byte came before).
@@ -451,7 +344,6 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, Failure> {
     let mut other_coding = false;
     let mut keep_alive_token = false;
     let mut retry_after = None;
-    let mut query_error = None;
     for h in resp.headers.iter() {
         let value = std::str::from_utf8(h.value).unwrap_or("");
         if h.name.eq_ignore_ascii_case("content-length") {
@@ -477,8 +369,6 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, Failure> {
             }
         } else if h.name.eq_ignore_ascii_case("retry-after") {
             retry_after = Some(value.to_string());
-        } else if h.name.eq_ignore_ascii_case("x-amzn-query-error") {
-            query_error = Some(value.to_string());
         }
     }
     let framing = if (100..200).contains(&status) || status == 204 || status == 304 {
@@ -500,7 +390,6 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, Failure> {
         framing,
         keep_alive: !close && !other_coding && (http11 || keep_alive_token),
         retry_after,
-        query_error,
     }))
 }
 
@@ -714,7 +603,6 @@ mod tests {
     fn pool(addr: &str) -> Pool {
         Pool::new(
             addr.to_string(),
-            None,
             4,
             Duration::from_secs(60),
             Duration::from_secs(1),

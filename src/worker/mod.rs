@@ -9,7 +9,6 @@ pub mod http1;
 pub mod idempotency;
 pub mod message;
 pub mod metrics;
-pub mod sigv4;
 pub mod sqs;
 
 use std::sync::Arc;
@@ -240,9 +239,9 @@ pub async fn run(
         .clone()
         .or_else(|| sqs::region_from_url(&config.queue_url));
     let sdk = crate::aws::sdk_config(region.as_deref(), config.endpoint_url.as_deref()).await;
-    // Retries are ours: each one is counted, backed off with jitter, and never blocks a slot.
+    // The SDK retries a failed request (standard mode, AWS_MAX_ATTEMPTS); a call that still fails is
+    // backed off with jitter by the worker, without blocking a slot.
     let sqs = Sqs::new(&sdk, &config.queue_url, metrics.clone())
-        .await
         .map_err(|reason| WorkerError::SetUpSqs { reason })?;
 
     let queue = QueueContext {

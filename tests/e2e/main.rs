@@ -236,6 +236,7 @@ async fn create_queues(endpoint: &str, name: &str) {
         .region(Region::new("us-east-1"))
         .endpoint_url(endpoint)
         .credentials_provider(Credentials::new("testing", "testing", None, None, "e2e"))
+        .http_client(qc::aws::http_client())
         .build();
     let sqs = aws_sdk_sqs::Client::from_conf(conf);
     let dlq = sqs

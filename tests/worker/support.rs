@@ -878,3 +878,159 @@ impl Drop for TlsRedis {
         let _ = self.child.wait();
     }
 }
+
+/// One request that went through the [`EgressProxy`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Proxied {
+    /// A plain-HTTP request forwarded to `authority`, with its `x-amz-target` (the SQS action).
+    Forwarded { authority: String, target: String },
+    /// A CONNECT tunnel to `authority` (https: the requests inside are encrypted).
+    Tunnel { authority: String },
+}
+
+/// A forward proxy on loopback, as an egress proxy is: absolute-form requests for http targets are
+/// forwarded (one per connection, `Connection: close` both ways), CONNECT requests for https targets
+/// are tunnelled. Records what went through it; stopped on drop.
+pub struct EgressProxy {
+    pub url: String,
+    seen: Arc<Mutex<Vec<Proxied>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl EgressProxy {
+    pub async fn start() -> EgressProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let accept = tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    continue;
+                };
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let _ = proxy_one(client, log).await;
+                });
+            }
+        });
+        EgressProxy { url, seen, accept }
+    }
+
+    pub fn seen(&self) -> Vec<Proxied> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// How many forwarded requests carried this SQS action (e.g. `AmazonSQS.ReceiveMessage`).
+    pub fn forwarded(&self, target: &str) -> usize {
+        self.seen()
+            .iter()
+            .filter(|p| matches!(p, Proxied::Forwarded { target: t, .. } if t == target))
+            .count()
+    }
+}
+
+impl Drop for EgressProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+/// Reads up to the end of a head; returns (head, bytes already read past it).
+async fn read_head<R: tokio::io::AsyncRead + Unpin>(stream: &mut R) -> Option<(String, Vec<u8>)> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let rest = buf.split_off(i + 4);
+            return Some((String::from_utf8_lossy(&buf).into_owned(), rest));
+        }
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// The head with its first line replaced and `Connection: close` instead of any connection header.
+fn rewrite_head(head: &str, first_line: &str) -> String {
+    let mut out = format!("{first_line}\r\n");
+    for line in head.split("\r\n").skip(1).filter(|l| !l.is_empty()) {
+        let name = line
+            .split(':')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        if name != "connection" && name != "proxy-connection" && name != "keep-alive" {
+            out.push_str(line);
+            out.push_str("\r\n");
+        }
+    }
+    out.push_str("connection: close\r\n\r\n");
+    out
+}
+
+async fn proxy_one(mut client: tokio::net::TcpStream, log: Arc<Mutex<Vec<Proxied>>>) -> Option<()> {
+    let (head, rest) = read_head(&mut client).await?;
+    let mut first = head.lines().next()?.split(' ');
+    let (method, target, version) = (first.next()?, first.next()?, first.next()?);
+    if method == "CONNECT" {
+        let mut server = tokio::net::TcpStream::connect(target).await.ok()?;
+        log.lock().unwrap().push(Proxied::Tunnel {
+            authority: target.to_string(),
+        });
+        client
+            .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+            .await
+            .ok()?;
+        server.write_all(&rest).await.ok()?;
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+        return Some(());
+    }
+    // Absolute form: http://host:port/path?query
+    let after_scheme = target.strip_prefix("http://")?;
+    let (authority, path) = match after_scheme.find('/') {
+        Some(i) => (&after_scheme[..i], &after_scheme[i..]),
+        None => (after_scheme, "/"),
+    };
+    let amz_target = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.trim()
+                .eq_ignore_ascii_case("x-amz-target")
+                .then(|| value.trim().to_string())
+        })
+        .unwrap_or_default();
+    let mut server = tokio::net::TcpStream::connect(authority).await.ok()?;
+    log.lock().unwrap().push(Proxied::Forwarded {
+        authority: authority.to_string(),
+        target: amz_target,
+    });
+    let upstream_head = rewrite_head(&head, &format!("{method} {path} {version}"));
+    server.write_all(upstream_head.as_bytes()).await.ok()?;
+    server.write_all(&rest).await.ok()?;
+    // The request body (Content-Length) follows from the client; the answer comes back until the close.
+    let (mut client_read, mut client_write) = client.split();
+    let (mut server_read, mut server_write) = server.split();
+    let upload = tokio::io::copy(&mut client_read, &mut server_write);
+    let download = async {
+        let (answer_head, answer_rest) = read_head(&mut server_read).await?;
+        let status_line = answer_head.lines().next()?.to_string();
+        client_write
+            .write_all(rewrite_head(&answer_head, &status_line).as_bytes())
+            .await
+            .ok()?;
+        client_write.write_all(&answer_rest).await.ok()?;
+        tokio::io::copy(&mut server_read, &mut client_write)
+            .await
+            .ok()?;
+        client_write.shutdown().await.ok()
+    };
+    tokio::select! {
+        _ = upload => {}
+        _ = download => {}
+    }
+    Some(())
+}

@@ -67,7 +67,7 @@ impl HttpHandler {
             &queue.arn
         };
         Ok(HttpHandler {
-            pool: Pool::new(authority.clone(), None, pool, POOL_IDLE, CONNECT_TIMEOUT),
+            pool: Pool::new(authority.clone(), pool, POOL_IDLE, CONNECT_TIMEOUT),
             uri,
             authority,
             request_line,
