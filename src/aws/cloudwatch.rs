@@ -1,12 +1,23 @@
-//! CloudWatch adapter: the dead-letter queue's alarm (visible > 0) and its age-of-oldest-message metric.
+//! CloudWatch adapter: the dead-letter queue's alarm (visible > 0) and the queues' metrics.
 //! The desired alarm is a pure value; the trait keeps the SDK at the edge so the controller can be tested.
+//! Reads are batched across QueueConsumers (`super::batch`): one DescribeAlarms carries up to 100
+//! alarms and one GetMetricData up to 500 metrics; every call goes through the service's `Limiter`.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use aws_sdk_cloudwatch::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_cloudwatch::types::{ComparisonOperator, Dimension, StandardUnit, Statistic, Tag};
+use aws_sdk_cloudwatch::types::{
+    ComparisonOperator, Dimension, Metric, MetricAlarm, MetricDataQuery, MetricStat, ScanBy,
+    Statistic, Tag,
+};
 
+use futures::future::BoxFuture;
+
+use super::batch::{BatchError, Batcher};
 use super::error_chain;
+use super::limit::{LimitConfig, Limiter};
 
 /// SQS metrics namespace and the metrics the controller reads or alarms on.
 pub const SQS_NAMESPACE: &str = "AWS/SQS";
@@ -85,8 +96,9 @@ pub enum CloudWatchError {
         reason: &'static str,
         message: String,
     },
-    #[error("read {METRIC_OLDEST_AGE} of {queue}: {message}")]
-    GetMetricStatistics {
+    #[error("read {metric} of {queue}: {message}")]
+    GetMetricData {
+        metric: String,
         queue: String,
         reason: &'static str,
         message: String,
@@ -100,7 +112,7 @@ impl CloudWatchError {
             CloudWatchError::DescribeAlarms { reason, .. }
             | CloudWatchError::PutMetricAlarm { reason, .. }
             | CloudWatchError::DeleteAlarms { reason, .. }
-            | CloudWatchError::GetMetricStatistics { reason, .. } => reason,
+            | CloudWatchError::GetMetricData { reason, .. } => reason,
         }
     }
 }
@@ -115,18 +127,6 @@ pub trait Alarms: Send + Sync {
     /// The latest ApproximateAgeOfOldestMessage of a queue (seconds); None when CloudWatch has no
     /// recent datapoint.
     async fn oldest_message_age(&self, queue_name: &str) -> Result<Option<i64>, CloudWatchError>;
-}
-
-/// `Alarms` on the AWS SDK.
-#[derive(Clone, Debug)]
-pub struct CloudWatchAlarms {
-    client: aws_sdk_cloudwatch::Client,
-}
-
-impl CloudWatchAlarms {
-    pub fn new(client: aws_sdk_cloudwatch::Client) -> Self {
-        CloudWatchAlarms { client }
-    }
 }
 
 /// Map an SDK error to a reason and message, without the SDK's type parameters.
@@ -167,100 +167,385 @@ fn dimension(queue_name: &str) -> Dimension {
         .build()
 }
 
+/// Most alarm names one DescribeAlarms takes (its AlarmNames limit).
+pub const ALARMS_PER_CALL: usize = 100;
+/// Most metrics one GetMetricData reads (without a Metrics Insights query).
+pub const METRICS_PER_CALL: usize = 500;
+/// Pages of one batched read followed at most (a page is 100 alarms, or up to 100,800 datapoints).
+const MAX_PAGES: usize = 20;
+
+/// How reads are batched and how long answers are reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchOptions {
+    /// How long the first stale read waits for others to join its call.
+    pub window: Duration,
+    /// How long an alarm's description (its settings and state) is reused; writes drop it at once.
+    pub alarm_max_age: Duration,
+    /// How long a metric's latest value is reused. AWS/SQS metrics have one-minute resolution, so
+    /// reading them more often returns the same datapoint.
+    pub metric_max_age: Duration,
+}
+
+impl Default for BatchOptions {
+    /// Batch what is read concurrently, reuse nothing: every read sees CloudWatch as it is now.
+    fn default() -> Self {
+        BatchOptions {
+            window: Duration::from_millis(50),
+            alarm_max_age: Duration::ZERO,
+            metric_max_age: Duration::ZERO,
+        }
+    }
+}
+
+/// The controller's CloudWatch calls per second and in flight by default: GetMetricData's
+/// default quota is 50 a second, DescribeAlarms' 9 and PutMetricAlarm's 3, per account and region.
+pub const DEFAULT_LIMIT: LimitConfig = LimitConfig::new(5.0, 4);
+
+/// A metric of one queue (dimension QueueName) in the AWS/SQS namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct QueueMetric {
+    pub metric: String,
+    pub queue: String,
+}
+
+/// A failed batched call, before it is told apart per key.
+#[derive(Clone, Debug)]
+struct Failure {
+    reason: &'static str,
+    message: String,
+}
+
+type AlarmBatcher = Batcher<String, Option<ObservedAlarm>, Failure>;
+type MetricBatcher = Batcher<QueueMetric, Option<f64>, Failure>;
+
+/// `Alarms` on the AWS SDK, with batched reads through a `Limiter`.
+#[derive(Clone)]
+pub struct CloudWatchAlarms {
+    client: aws_sdk_cloudwatch::Client,
+    limiter: Arc<Limiter>,
+    options: BatchOptions,
+    alarms: AlarmBatcher,
+    metrics: MetricBatcher,
+}
+
+impl std::fmt::Debug for CloudWatchAlarms {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CloudWatchAlarms")
+            .field("options", &self.options)
+            .field("limiter", &self.limiter)
+            .finish()
+    }
+}
+
+impl CloudWatchAlarms {
+    /// Default batching (nothing reused) behind a gate of its own.
+    pub fn new(client: aws_sdk_cloudwatch::Client) -> Self {
+        Self::with_options(
+            client,
+            Arc::new(Limiter::new("cloudwatch", DEFAULT_LIMIT)),
+            BatchOptions::default(),
+        )
+    }
+
+    pub fn with_options(
+        client: aws_sdk_cloudwatch::Client,
+        limiter: Arc<Limiter>,
+        options: BatchOptions,
+    ) -> Self {
+        let (c, l) = (client.clone(), limiter.clone());
+        let alarms = Batcher::new(
+            options.window,
+            ALARMS_PER_CALL,
+            Arc::new(move |names: Vec<String>| -> BoxFuture<'static, _> {
+                let (c, l) = (c.clone(), l.clone());
+                Box::pin(async move { describe_alarms(&c, &l, names).await })
+            }),
+        );
+        let (c, l) = (client.clone(), limiter.clone());
+        let metrics = Batcher::new(
+            options.window,
+            METRICS_PER_CALL,
+            Arc::new(move |keys: Vec<QueueMetric>| -> BoxFuture<'static, _> {
+                let (c, l) = (c.clone(), l.clone());
+                Box::pin(async move { get_metric_data(&c, &l, keys).await })
+            }),
+        );
+        CloudWatchAlarms {
+            client,
+            limiter,
+            options,
+            alarms,
+            metrics,
+        }
+    }
+
+    pub fn limiter(&self) -> &Arc<Limiter> {
+        &self.limiter
+    }
+
+    /// The latest Maximum of `metric` for queue `queue` (AWS/SQS), batched with every other read
+    /// due now; None when CloudWatch has no recent datapoint.
+    pub async fn queue_metric(
+        &self,
+        metric: &str,
+        queue: &str,
+    ) -> Result<Option<f64>, CloudWatchError> {
+        let key = QueueMetric {
+            metric: metric.to_string(),
+            queue: queue.to_string(),
+        };
+        self.metrics
+            .get(key, self.options.metric_max_age)
+            .await
+            .map_err(|e| {
+                let f = failure_of(e);
+                CloudWatchError::GetMetricData {
+                    metric: metric.to_string(),
+                    queue: queue.to_string(),
+                    reason: f.reason,
+                    message: f.message,
+                }
+            })
+    }
+}
+
+fn failure_of(e: BatchError<Failure>) -> Failure {
+    match e {
+        BatchError::Call(f) => f,
+        BatchError::Abandoned => Failure {
+            reason: "AwsError",
+            message: "the batched read was abandoned (shutting down)".to_string(),
+        },
+    }
+}
+
+fn sdk_failure<E: ProvideErrorMetadata + std::error::Error + 'static, R: std::fmt::Debug>(
+    e: &SdkError<E, R>,
+) -> Failure {
+    let (reason, message) = classify(e);
+    Failure { reason, message }
+}
+
+fn is_throttled<E: ProvideErrorMetadata + std::error::Error + 'static, R: std::fmt::Debug>(
+    e: &SdkError<E, R>,
+) -> bool {
+    classify(e).0 == "Throttled"
+}
+
+fn observed(name: &str, a: MetricAlarm) -> ObservedAlarm {
+    let queue_name = a
+        .dimensions
+        .iter()
+        .flatten()
+        .find(|d| d.name.as_deref() == Some("QueueName"))
+        .and_then(|d| d.value.clone())
+        .unwrap_or_default();
+    ObservedAlarm {
+        spec: AlarmSpec {
+            name: name.to_string(),
+            description: a.alarm_description.unwrap_or_default(),
+            queue_name,
+            metric_name: a.metric_name.unwrap_or_default(),
+            namespace: a.namespace.unwrap_or_default(),
+            statistic: a
+                .statistic
+                .map(|s| s.as_str().to_string())
+                .unwrap_or_default(),
+            comparison: a
+                .comparison_operator
+                .map(|c| c.as_str().to_string())
+                .unwrap_or_default(),
+            threshold: a.threshold.unwrap_or(f64::NAN),
+            period_seconds: a.period.unwrap_or(0),
+            evaluation_periods: a.evaluation_periods.unwrap_or(0),
+            treat_missing_data: a.treat_missing_data.unwrap_or_default(),
+        },
+        state: a
+            .state_value
+            .map(|s| s.as_str().to_string())
+            .unwrap_or_else(|| "INSUFFICIENT_DATA".to_string()),
+    }
+}
+
+/// One DescribeAlarms (and its pages) for up to 100 names; a name not in the answer has no alarm.
+async fn describe_alarms(
+    client: &aws_sdk_cloudwatch::Client,
+    limiter: &Limiter,
+    names: Vec<String>,
+) -> Result<HashMap<String, Option<ObservedAlarm>>, Failure> {
+    let mut found = HashMap::new();
+    let mut token: Option<String> = None;
+    for _ in 0..MAX_PAGES {
+        let out = limiter
+            .run("DescribeAlarms", is_throttled, || {
+                client
+                    .describe_alarms()
+                    .set_alarm_names(Some(names.clone()))
+                    .max_records(100)
+                    .set_next_token(token.clone())
+                    .send()
+            })
+            .await
+            .map_err(|e| sdk_failure(&e))?;
+        for a in out.metric_alarms.unwrap_or_default() {
+            if let Some(name) = a.alarm_name.clone()
+                && names.contains(&name)
+            {
+                let o = observed(&name, a);
+                found.insert(name, Some(o));
+            }
+        }
+        token = out.next_token.filter(|t| !t.is_empty());
+        if token.is_none() {
+            break;
+        }
+    }
+    Ok(found)
+}
+
+/// One GetMetricData (and its pages) for up to 500 queue metrics: the latest one-minute Maximum of
+/// each over the last 15 minutes (SQS metrics arrive a few minutes late).
+async fn get_metric_data(
+    client: &aws_sdk_cloudwatch::Client,
+    limiter: &Limiter,
+    keys: Vec<QueueMetric>,
+) -> Result<HashMap<QueueMetric, Option<f64>>, Failure> {
+    let now = SystemTime::now();
+    let start = now - Duration::from_secs(15 * 60);
+    // A period ahead: timestamps travel with whole-second precision.
+    let end = now + Duration::from_secs(ALARM_PERIOD_SECONDS.unsigned_abs().into());
+    let queries: Vec<MetricDataQuery> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            MetricDataQuery::builder()
+                .id(format!("m{i}"))
+                .metric_stat(
+                    MetricStat::builder()
+                        .metric(
+                            Metric::builder()
+                                .namespace(SQS_NAMESPACE)
+                                .metric_name(&k.metric)
+                                .dimensions(dimension(&k.queue))
+                                .build(),
+                        )
+                        .period(ALARM_PERIOD_SECONDS)
+                        .stat("Maximum")
+                        .build(),
+                )
+                .return_data(true)
+                .build()
+        })
+        .collect();
+    // Latest (timestamp, value) per query id.
+    let mut latest: HashMap<String, (aws_sdk_cloudwatch::primitives::DateTime, f64)> =
+        HashMap::new();
+    let mut token: Option<String> = None;
+    for _ in 0..MAX_PAGES {
+        let out = limiter
+            .run("GetMetricData", is_throttled, || {
+                client
+                    .get_metric_data()
+                    .set_metric_data_queries(Some(queries.clone()))
+                    .start_time(start.into())
+                    .end_time(end.into())
+                    .scan_by(ScanBy::TimestampDescending)
+                    .set_next_token(token.clone())
+                    .send()
+            })
+            .await
+            .map_err(|e| sdk_failure(&e))?;
+        for r in out.metric_data_results.unwrap_or_default() {
+            let Some(id) = r.id else { continue };
+            let points = r
+                .timestamps
+                .unwrap_or_default()
+                .into_iter()
+                .zip(r.values.unwrap_or_default());
+            for (t, v) in points {
+                let newer = latest.get(&id).is_none_or(|(seen, _)| t > *seen);
+                if newer {
+                    latest.insert(id.clone(), (t, v));
+                }
+            }
+        }
+        token = out.next_token.filter(|t| !t.is_empty());
+        if token.is_none() {
+            break;
+        }
+    }
+    Ok(keys
+        .into_iter()
+        .enumerate()
+        .map(|(i, k)| (k, latest.get(&format!("m{i}")).map(|(_, v)| *v)))
+        .collect())
+}
+
 #[async_trait::async_trait]
 impl Alarms for CloudWatchAlarms {
     async fn describe(&self, name: &str) -> Result<Option<ObservedAlarm>, CloudWatchError> {
-        let out = self
-            .client
-            .describe_alarms()
-            .alarm_names(name)
-            .send()
+        self.alarms
+            .get(name.to_string(), self.options.alarm_max_age)
             .await
             .map_err(|e| {
-                let (reason, message) = classify(&e);
+                let f = failure_of(e);
                 CloudWatchError::DescribeAlarms {
                     name: name.to_string(),
-                    reason,
-                    message,
-                }
-            })?;
-        let Some(a) = out
-            .metric_alarms
-            .unwrap_or_default()
-            .into_iter()
-            .find(|a| a.alarm_name.as_deref() == Some(name))
-        else {
-            return Ok(None);
-        };
-        let queue_name = a
-            .dimensions
-            .iter()
-            .flatten()
-            .find(|d| d.name.as_deref() == Some("QueueName"))
-            .and_then(|d| d.value.clone())
-            .unwrap_or_default();
-        Ok(Some(ObservedAlarm {
-            spec: AlarmSpec {
-                name: name.to_string(),
-                description: a.alarm_description.unwrap_or_default(),
-                queue_name,
-                metric_name: a.metric_name.unwrap_or_default(),
-                namespace: a.namespace.unwrap_or_default(),
-                statistic: a
-                    .statistic
-                    .map(|s| s.as_str().to_string())
-                    .unwrap_or_default(),
-                comparison: a
-                    .comparison_operator
-                    .map(|c| c.as_str().to_string())
-                    .unwrap_or_default(),
-                threshold: a.threshold.unwrap_or(f64::NAN),
-                period_seconds: a.period.unwrap_or(0),
-                evaluation_periods: a.evaluation_periods.unwrap_or(0),
-                treat_missing_data: a.treat_missing_data.unwrap_or_default(),
-            },
-            state: a
-                .state_value
-                .map(|s| s.as_str().to_string())
-                .unwrap_or_else(|| "INSUFFICIENT_DATA".to_string()),
-        }))
-    }
-
-    async fn put(&self, alarm: &AlarmSpec) -> Result<(), CloudWatchError> {
-        self.client
-            .put_metric_alarm()
-            .alarm_name(&alarm.name)
-            .alarm_description(&alarm.description)
-            .namespace(&alarm.namespace)
-            .metric_name(&alarm.metric_name)
-            .dimensions(dimension(&alarm.queue_name))
-            .statistic(Statistic::from(alarm.statistic.as_str()))
-            .comparison_operator(ComparisonOperator::from(alarm.comparison.as_str()))
-            .threshold(alarm.threshold)
-            .period(alarm.period_seconds)
-            .evaluation_periods(alarm.evaluation_periods)
-            .treat_missing_data(&alarm.treat_missing_data)
-            .tags(
-                Tag::builder()
-                    .key("managed-by")
-                    .value("qc-operator")
-                    .build(),
-            )
-            .send()
-            .await
-            .map(|_| ())
-            .map_err(|e| {
-                let (reason, message) = classify(&e);
-                CloudWatchError::PutMetricAlarm {
-                    name: alarm.name.clone(),
-                    reason,
-                    message,
+                    reason: f.reason,
+                    message: f.message,
                 }
             })
     }
 
+    async fn put(&self, alarm: &AlarmSpec) -> Result<(), CloudWatchError> {
+        // Whatever happens, the next describe reads CloudWatch again.
+        self.alarms.forget(&alarm.name);
+        let result = self
+            .limiter
+            .run("PutMetricAlarm", is_throttled, || {
+                self.client
+                    .put_metric_alarm()
+                    .alarm_name(&alarm.name)
+                    .alarm_description(&alarm.description)
+                    .namespace(&alarm.namespace)
+                    .metric_name(&alarm.metric_name)
+                    .dimensions(dimension(&alarm.queue_name))
+                    .statistic(Statistic::from(alarm.statistic.as_str()))
+                    .comparison_operator(ComparisonOperator::from(alarm.comparison.as_str()))
+                    .threshold(alarm.threshold)
+                    .period(alarm.period_seconds)
+                    .evaluation_periods(alarm.evaluation_periods)
+                    .treat_missing_data(&alarm.treat_missing_data)
+                    .tags(
+                        Tag::builder()
+                            .key("managed-by")
+                            .value("qc-operator")
+                            .build(),
+                    )
+                    .send()
+            })
+            .await;
+        self.alarms.forget(&alarm.name);
+        result.map(|_| ()).map_err(|e| {
+            let (reason, message) = classify(&e);
+            CloudWatchError::PutMetricAlarm {
+                name: alarm.name.clone(),
+                reason,
+                message,
+            }
+        })
+    }
+
     async fn delete(&self, name: &str) -> Result<(), CloudWatchError> {
-        match self.client.delete_alarms().alarm_names(name).send().await {
+        self.alarms.forget(&name.to_string());
+        let result = self
+            .limiter
+            .run("DeleteAlarms", is_throttled, || {
+                self.client.delete_alarms().alarm_names(name).send()
+            })
+            .await;
+        self.alarms.forget(&name.to_string());
+        match result {
             Ok(_) => Ok(()),
             Err(e) => {
                 let (reason, message) = classify(&e);
@@ -277,39 +562,10 @@ impl Alarms for CloudWatchAlarms {
     }
 
     async fn oldest_message_age(&self, queue_name: &str) -> Result<Option<i64>, CloudWatchError> {
-        let now = SystemTime::now();
-        // SQS metrics arrive a few minutes late: look back far enough to find the latest one. The end
-        // is a period ahead because timestamps travel with whole-second precision.
-        let start = now - Duration::from_secs(15 * 60);
-        let end = now + Duration::from_secs(ALARM_PERIOD_SECONDS.unsigned_abs().into());
-        let out = self
-            .client
-            .get_metric_statistics()
-            .namespace(SQS_NAMESPACE)
-            .metric_name(METRIC_OLDEST_AGE)
-            .dimensions(dimension(queue_name))
-            .start_time(start.into())
-            .end_time(end.into())
-            .period(ALARM_PERIOD_SECONDS)
-            .statistics(Statistic::Maximum)
-            .unit(StandardUnit::Seconds)
-            .send()
-            .await
-            .map_err(|e| {
-                let (reason, message) = classify(&e);
-                CloudWatchError::GetMetricStatistics {
-                    queue: queue_name.to_string(),
-                    reason,
-                    message,
-                }
-            })?;
-        let latest = out
-            .datapoints
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|d| Some((d.timestamp?, d.maximum?)))
-            .max_by(|a, b| a.0.cmp(&b.0));
-        Ok(latest.map(|(_, v)| v.round() as i64))
+        Ok(self
+            .queue_metric(METRIC_OLDEST_AGE, queue_name)
+            .await?
+            .map(|v| v.round() as i64))
     }
 }
 

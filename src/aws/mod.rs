@@ -1,8 +1,10 @@
 //! AWS adapters: SQS queue facts behind a small trait (real SDK and test doubles).
 //! `facts` is pure parsing; the SDK-backed adapter lives in `sqs`.
 
+pub mod batch;
 pub mod cloudwatch;
 pub mod facts;
+pub mod limit;
 pub mod sqs;
 
 use std::collections::HashMap;

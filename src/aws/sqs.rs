@@ -2,12 +2,13 @@
 //! turns SDK failures into `SqsError`s that carry a condition reason and a fix.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::QueueAttributeName;
 
 use crate::aws::facts::{DeadLetterFacts, Facts, FactsError, QueueArn, QueueFacts};
+use crate::aws::limit::{LimitConfig, Limiter};
 
 /// Reads what the rules need from SQS. The controller uses `SqsReader`; tests use `StaticReader`.
 #[async_trait::async_trait]
@@ -214,39 +215,89 @@ pub(crate) fn has_credentials_error(err: &(dyn std::error::Error + 'static)) -> 
     false
 }
 
+/// The controller's SQS calls per second and in flight by default: GetQueueAttributes and GetQueueUrl
+/// have no published per-account quota; at 1,000 queues with dead-letter queues and a 15 s poll the
+/// controller makes about 135 calls a second.
+pub const DEFAULT_LIMIT: LimitConfig = LimitConfig::new(300.0, 16);
+
+/// How long a dead-letter queue's URL (from GetQueueUrl) is reused. A URL is derived from the account
+/// and the name, so it only goes stale when the queue is deleted, which GetQueueAttributes reports.
+const URL_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// `QueueReader` over the AWS SDK. Builds no client itself: the caller decides region, endpoint,
-/// retries and timeouts (see `crate::aws::sdk_config`).
+/// retries and timeouts (see `crate::aws::sdk_config`). Calls go through a `Limiter`; queue URLs
+/// found by ARN are remembered.
 #[derive(Clone, Debug)]
 pub struct SqsReader {
     client: aws_sdk_sqs::Client,
+    limiter: Arc<Limiter>,
+    urls: Arc<Mutex<HashMap<String, (String, tokio::time::Instant)>>>,
 }
 
 impl SqsReader {
+    /// A reader behind a gate of its own (`DEFAULT_LIMIT`).
     pub fn new(client: aws_sdk_sqs::Client) -> Self {
-        SqsReader { client }
+        Self::with_limiter(client, Arc::new(Limiter::new("sqs", DEFAULT_LIMIT)))
+    }
+
+    /// A reader whose calls share `limiter` with other readers.
+    pub fn with_limiter(client: aws_sdk_sqs::Client, limiter: Arc<Limiter>) -> Self {
+        SqsReader {
+            client,
+            limiter,
+            urls: Arc::default(),
+        }
     }
 
     pub fn client(&self) -> &aws_sdk_sqs::Client {
         &self.client
     }
+
+    pub fn limiter(&self) -> &Arc<Limiter> {
+        &self.limiter
+    }
+
+    fn urls(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, tokio::time::Instant)>> {
+        match self.urls.lock() {
+            Ok(u) => u,
+            Err(p) => p.into_inner(),
+        }
+    }
+}
+
+fn throttled(e: &SqsError) -> bool {
+    matches!(e, SqsError::Throttled { .. })
 }
 
 #[async_trait::async_trait]
 impl QueueReader for SqsReader {
     async fn attributes(&self, url: &str) -> Result<HashMap<String, String>, SqsError> {
         let out = self
-            .client
-            .get_queue_attributes()
-            .queue_url(url)
-            .attribute_names(QueueAttributeName::All)
-            .send()
-            .await
-            .map_err(|e| {
-                let missing = e
-                    .as_service_error()
-                    .is_some_and(|s| s.is_queue_does_not_exist());
-                SqsError::from_sdk(url, &e, missing)
-            })?;
+            .limiter
+            .run("GetQueueAttributes", throttled, || async {
+                self.client
+                    .get_queue_attributes()
+                    .queue_url(url)
+                    .attribute_names(QueueAttributeName::All)
+                    .send()
+                    .await
+                    .map_err(|e| {
+                        let missing = e
+                            .as_service_error()
+                            .is_some_and(|s| s.is_queue_does_not_exist());
+                        SqsError::from_sdk(url, &e, missing)
+                    })
+            })
+            .await;
+        let out = match out {
+            Ok(o) => o,
+            Err(e) => {
+                if matches!(e, SqsError::QueueDoesNotExist { .. }) {
+                    self.urls().retain(|_, (u, _)| u != url);
+                }
+                return Err(e);
+            }
+        };
         Ok(out
             .attributes
             .unwrap_or_default()
@@ -257,24 +308,38 @@ impl QueueReader for SqsReader {
 
     async fn url_for_arn(&self, arn: &QueueArn) -> Result<Option<String>, SqsError> {
         let target = arn.to_string();
+        if let Some((url, at)) = self.urls().get(&target)
+            && at.elapsed() < URL_TTL
+        {
+            return Ok(Some(url.clone()));
+        }
         let res = self
-            .client
-            .get_queue_url()
-            .queue_name(&arn.name)
-            .queue_owner_aws_account_id(&arn.account)
-            .send()
+            .limiter
+            .run("GetQueueUrl", throttled, || async {
+                self.client
+                    .get_queue_url()
+                    .queue_name(&arn.name)
+                    .queue_owner_aws_account_id(&arn.account)
+                    .send()
+                    .await
+                    .map_err(|e| {
+                        let missing = e
+                            .as_service_error()
+                            .is_some_and(|s| s.is_queue_does_not_exist());
+                        SqsError::from_sdk(&target, &e, missing)
+                    })
+            })
             .await;
         match res {
-            Ok(out) => Ok(out.queue_url),
-            Err(e) => {
-                let missing = e
-                    .as_service_error()
-                    .is_some_and(|s| s.is_queue_does_not_exist());
-                match SqsError::from_sdk(&target, &e, missing) {
-                    SqsError::QueueDoesNotExist { .. } => Ok(None),
-                    other => Err(other),
+            Ok(out) => {
+                if let Some(url) = &out.queue_url {
+                    self.urls()
+                        .insert(target, (url.clone(), tokio::time::Instant::now()));
                 }
+                Ok(out.queue_url)
             }
+            Err(SqsError::QueueDoesNotExist { .. }) => Ok(None),
+            Err(other) => Err(other),
         }
     }
 }

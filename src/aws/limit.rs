@@ -1,0 +1,335 @@
+//! One gate for the controller's AWS calls of a service: at most `max_in_flight` calls at once and at
+//! most `rate` calls a second (a token bucket holding one second's worth). A throttling answer halves
+//! the rate and the call is tried again through the gate; each success wins back a little of it
+//! (additive increase, multiplicative decrease), so a throttled account slows the controller down
+//! instead of failing its reconciles. Every call is counted by action and outcome for /metrics.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+/// Tries of one call while the service answers that it is throttling (the last answer is returned).
+pub const THROTTLED_ATTEMPTS: u32 = 4;
+
+/// The configured gate of one service.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LimitConfig {
+    /// Calls a second when nothing is throttled.
+    pub rate: f64,
+    /// Calls in flight at once.
+    pub max_in_flight: usize,
+}
+
+impl LimitConfig {
+    pub const fn new(rate: f64, max_in_flight: usize) -> Self {
+        LimitConfig {
+            rate,
+            max_in_flight,
+        }
+    }
+}
+
+/// How a call ended, as counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Outcome {
+    Ok,
+    Throttled,
+    Error,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Throttled => "throttled",
+            Outcome::Error => "error",
+        }
+    }
+}
+
+struct Bucket {
+    rate: f64,
+    tokens: f64,
+    last: Instant,
+}
+
+/// The gate of one AWS service (`sqs`, `cloudwatch`).
+pub struct Limiter {
+    service: &'static str,
+    config: LimitConfig,
+    in_flight: Semaphore,
+    bucket: Mutex<Bucket>,
+    calls: Mutex<BTreeMap<(&'static str, Outcome), u64>>,
+}
+
+impl std::fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter")
+            .field("service", &self.service)
+            .field("config", &self.config)
+            .field("rate", &self.rate())
+            .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+impl Limiter {
+    /// A rate below one call a minute or no call in flight would stop the controller: both are
+    /// raised to that floor (the flags' validation rejects them before this).
+    pub fn new(service: &'static str, config: LimitConfig) -> Self {
+        let config = LimitConfig {
+            rate: config.rate.max(1.0 / 60.0),
+            max_in_flight: config.max_in_flight.max(1),
+        };
+        Limiter {
+            service,
+            config,
+            in_flight: Semaphore::new(config.max_in_flight),
+            bucket: Mutex::new(Bucket {
+                rate: config.rate,
+                tokens: config.rate.max(1.0),
+                last: Instant::now(),
+            }),
+            calls: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    pub fn service(&self) -> &'static str {
+        self.service
+    }
+
+    /// The rate now (below the configured one after throttling).
+    pub fn rate(&self) -> f64 {
+        lock(&self.bucket).rate
+    }
+
+    /// Take a token, waiting for the bucket to refill when it is empty.
+    async fn token(&self) {
+        loop {
+            let wait = {
+                let mut b = lock(&self.bucket);
+                let now = Instant::now();
+                let burst = b.rate.max(1.0);
+                b.tokens =
+                    (b.tokens + now.duration_since(b.last).as_secs_f64() * b.rate).min(burst);
+                b.last = now;
+                if b.tokens >= 1.0 {
+                    b.tokens -= 1.0;
+                    return;
+                }
+                (1.0 - b.tokens) / b.rate
+            };
+            tokio::time::sleep(Duration::from_secs_f64(wait.min(60.0))).await;
+        }
+    }
+
+    fn throttled(&self) {
+        let floor = (self.config.rate / 64.0).max(1.0 / 60.0);
+        let mut b = lock(&self.bucket);
+        b.rate = (b.rate / 2.0).max(floor);
+        // The calls already let through count against the service too: start the new rate empty.
+        b.tokens = b.tokens.min(0.0);
+        tracing::info!(
+            service = self.service,
+            rate = b.rate,
+            "AWS throttled the controller: slowing down"
+        );
+    }
+
+    fn succeeded(&self) {
+        let mut b = lock(&self.bucket);
+        if b.rate < self.config.rate {
+            b.rate = (b.rate + self.config.rate / 50.0).min(self.config.rate);
+        }
+    }
+
+    fn count(&self, action: &'static str, outcome: Outcome) {
+        *lock(&self.calls).entry((action, outcome)).or_default() += 1;
+    }
+
+    /// Calls so far by action and outcome (throttled answers that were tried again count too).
+    pub fn calls(&self) -> BTreeMap<(&'static str, Outcome), u64> {
+        lock(&self.calls).clone()
+    }
+
+    /// Calls of `action` so far, whatever their outcome.
+    pub fn calls_of(&self, action: &str) -> u64 {
+        lock(&self.calls)
+            .iter()
+            .filter(|((a, _), _)| *a == action)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Run `call` through the gate. `throttled` tells a throttling answer from other failures: it
+    /// slows the gate and the call is made again, up to `THROTTLED_ATTEMPTS` times in all.
+    pub async fn run<T, E, F, Fut>(
+        &self,
+        action: &'static str,
+        throttled: impl Fn(&E) -> bool,
+        mut call: F,
+    ) -> Result<T, E>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let mut attempt = 1;
+        loop {
+            self.token().await;
+            // The semaphore is never closed; should it be, the call goes through ungated.
+            let permit = self.in_flight.acquire().await.ok();
+            let result = call().await;
+            drop(permit);
+            match result {
+                Ok(v) => {
+                    self.count(action, Outcome::Ok);
+                    self.succeeded();
+                    return Ok(v);
+                }
+                Err(e) if throttled(&e) => {
+                    self.count(action, Outcome::Throttled);
+                    self.throttled();
+                    if attempt >= THROTTLED_ATTEMPTS {
+                        return Err(e);
+                    }
+                    attempt += 1;
+                }
+                Err(e) => {
+                    self.count(action, Outcome::Error);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Prometheus samples of this gate (the HELP and TYPE lines come from `render_metrics`).
+    fn samples(&self, out: &mut String, rates: &mut String) {
+        for ((action, outcome), n) in self.calls() {
+            out.push_str(&format!(
+                "qc_aws_requests_total{{service=\"{}\",action=\"{action}\",outcome=\"{}\"}} {n}\n",
+                self.service,
+                outcome.as_str()
+            ));
+        }
+        rates.push_str(&format!(
+            "qc_aws_request_rate_limit{{service=\"{}\"}} {}\n",
+            self.service,
+            self.rate()
+        ));
+    }
+}
+
+/// The gates of every service, as /metrics shows them.
+pub fn render_metrics(limiters: &[&Limiter]) -> String {
+    let mut out = String::from(
+        "# HELP qc_aws_requests_total AWS calls made by the controller, by service, action and outcome.\n# TYPE qc_aws_requests_total counter\n",
+    );
+    let mut rates = String::from(
+        "# HELP qc_aws_request_rate_limit Calls a second the controller allows itself now (lower than configured after throttling).\n# TYPE qc_aws_request_rate_limit gauge\n",
+    );
+    for l in limiters {
+        l.samples(&mut out, &mut rates);
+    }
+    out.push_str(&rates);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+
+    #[tokio::test]
+    async fn throttling_slows_the_gate_and_the_call_is_tried_again() {
+        let l = Limiter::new("test", LimitConfig::new(64.0, 4));
+        let tries = AtomicU32::new(0);
+        let r: Result<u32, &str> = l
+            .run(
+                "Get",
+                |e| *e == "throttled",
+                || async {
+                    if tries.fetch_add(1, Ordering::SeqCst) < 2 {
+                        Err("throttled")
+                    } else {
+                        Ok(7)
+                    }
+                },
+            )
+            .await;
+        assert_eq!(r, Ok(7));
+        assert_eq!(tries.load(Ordering::SeqCst), 3);
+        // Two halvings, then one step back up.
+        assert!(
+            (l.rate() - (16.0 + 64.0 / 50.0)).abs() < 1e-9,
+            "{}",
+            l.rate()
+        );
+        assert_eq!(l.calls().get(&("Get", Outcome::Throttled)), Some(&2));
+        assert_eq!(l.calls().get(&("Get", Outcome::Ok)), Some(&1));
+    }
+
+    #[tokio::test]
+    async fn a_call_throttled_every_time_fails_after_the_last_attempt() {
+        let l = Limiter::new("test", LimitConfig::new(1000.0, 4));
+        let r: Result<(), &str> = l.run("Get", |_| true, || async { Err("throttled") }).await;
+        assert_eq!(r, Err("throttled"));
+        assert_eq!(l.calls_of("Get"), u64::from(THROTTLED_ATTEMPTS));
+        let other: Result<(), &str> = l.run("Put", |_| false, || async { Err("denied") }).await;
+        assert_eq!(other, Err("denied"));
+        assert_eq!(l.calls().get(&("Put", Outcome::Error)), Some(&1));
+    }
+
+    #[tokio::test]
+    async fn the_rate_holds_over_a_burst() {
+        let l = Limiter::new("test", LimitConfig::new(100.0, 100));
+        let start = tokio::time::Instant::now();
+        for _ in 0..130 {
+            let _: Result<(), ()> = l.run("Get", |_| false, || async { Ok(()) }).await;
+        }
+        // A second's worth at once, then a hundred a second: the 130th call leaves after about 0.3 s.
+        let took = start.elapsed().as_secs_f64();
+        assert!((0.28..1.0).contains(&took), "{took}");
+    }
+
+    #[tokio::test]
+    async fn no_more_than_max_in_flight_at_once() {
+        let l = Arc::new(Limiter::new("test", LimitConfig::new(1000.0, 3)));
+        let now = Arc::new(AtomicUsize::new(0));
+        let peak = Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..20)
+            .map(|_| {
+                let (l, now, peak) = (l.clone(), now.clone(), peak.clone());
+                tokio::spawn(async move {
+                    let _: Result<(), ()> = l
+                        .run(
+                            "Get",
+                            |_| false,
+                            || async {
+                                let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                                peak.fetch_max(n, Ordering::SeqCst);
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                                now.fetch_sub(1, Ordering::SeqCst);
+                                Ok(())
+                            },
+                        )
+                        .await;
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(peak.load(Ordering::SeqCst), 3);
+    }
+}
