@@ -93,6 +93,7 @@ async fn run_reconciles_what_it_watches_and_serves_metrics() {
             namespaces: vec![NS.into()],
             metrics_addr: addr,
             leader: None,
+            reconcile_concurrency: qc::controller::run::DEFAULT_RECONCILE_CONCURRENCY,
         },
         async move {
             let _ = stop_rx.await;
@@ -155,6 +156,7 @@ async fn two_replicas_one_leader_then_failover() {
                 namespaces: vec![],
                 metrics_addr: free_addr(),
                 leader: Some(leader_opts(id)),
+                reconcile_concurrency: qc::controller::run::DEFAULT_RECONCILE_CONCURRENCY,
             },
             async move {
                 let _ = stop_rx.await;

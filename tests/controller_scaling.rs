@@ -289,10 +289,10 @@ async fn depth_rises_and_replicas_rise_through_the_scalers_own_apply() {
     // Empty queue: the Deployment is created (the API server's 1 replica) and, since no pod of it
     // exists yet, the scaler takes it to 0 at once rather than hold the default for a window.
     let action = e.reconcile().await.unwrap();
-    assert_eq!(
-        action,
-        kube::runtime::controller::Action::requeue(std::time::Duration::from_secs(1)),
-        "a good reconcile comes back after pollInterval"
+    assert!(
+        (500..1500).any(|ms| action
+            == kube::runtime::controller::Action::requeue(std::time::Duration::from_millis(ms))),
+        "a good reconcile comes back after about pollInterval, on its slot of it: {action:?}"
     );
     assert_eq!(e.replicas(), Some(0));
     let reqs = e.fake.requests();

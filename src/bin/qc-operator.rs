@@ -98,6 +98,45 @@ struct RunArgs {
     worker_image: Option<String>,
     #[arg(long, value_enum, default_value = "json")]
     log_format: LogFormat,
+    /// Reconciles run at once by each controller (one per watched namespace, or one for all).
+    #[arg(long, default_value_t = qc::controller::run::DEFAULT_RECONCILE_CONCURRENCY, value_name = "N",
+          value_parser = clap::value_parser!(u16).range(1..))]
+    reconcile_concurrency: u16,
+    /// SQS calls a second the controller allows itself (GetQueueAttributes, GetQueueUrl); throttling
+    /// answers lower it for a while.
+    #[arg(long, default_value_t = qc::aws::sqs::DEFAULT_LIMIT.rate, value_name = "RATE", value_parser = positive_rate)]
+    sqs_requests_per_second: f64,
+    /// CloudWatch calls a second the controller allows itself (GetMetricData, DescribeAlarms,
+    /// PutMetricAlarm, DeleteAlarms); throttling answers lower it for a while.
+    #[arg(long, default_value_t = qc::aws::cloudwatch::DEFAULT_LIMIT.rate, value_name = "RATE", value_parser = positive_rate)]
+    cloudwatch_requests_per_second: f64,
+    /// AWS calls in flight at once, per service.
+    #[arg(long, default_value_t = qc::aws::sqs::DEFAULT_LIMIT.max_in_flight, value_name = "N",
+          value_parser = in_flight)]
+    aws_max_in_flight: usize,
+    /// How long a DLQ alarm's description is reused before CloudWatch is asked again: changes made
+    /// by hand are undone, and the alarm's state shows in status, within this.
+    #[arg(long, default_value = "5m", value_name = "DURATION")]
+    alarm_resync: qc::api::Duration,
+}
+
+/// A rate of calls a second: a positive finite number, at least one a minute.
+fn positive_rate(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(r) if r.is_finite() && r >= 1.0 / 60.0 => Ok(r),
+        _ => Err(format!(
+            "{s:?} is not a rate: give calls a second as a number of at least 0.017 (one a minute), e.g. 5 or 0.5"
+        )),
+    }
+}
+
+fn in_flight(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if (1..=1024).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a number of calls in flight: give a whole number from 1 to 1024"
+        )),
+    }
 }
 
 /// Where `check` and `plan` take the queue's attributes from: nowhere (offline), files, or AWS.
@@ -259,6 +298,19 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             .collect(),
         metrics_addr: args.metrics_addr,
         leader,
+        reconcile_concurrency: args.reconcile_concurrency,
+    };
+    let defaults = qc::controller::observe::AwsOptions::default();
+    let aws = qc::controller::observe::AwsOptions {
+        sqs: qc::aws::limit::LimitConfig::new(args.sqs_requests_per_second, args.aws_max_in_flight),
+        cloudwatch: qc::aws::limit::LimitConfig::new(
+            args.cloudwatch_requests_per_second,
+            args.aws_max_in_flight,
+        ),
+        batch: qc::aws::cloudwatch::BatchOptions {
+            alarm_max_age: args.alarm_resync.as_std(),
+            ..defaults.batch
+        },
     };
     let render = qc::render::RenderOptions {
         worker_image: args
@@ -275,7 +327,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             .context("connect to the Kubernetes API (in-cluster service account or KUBECONFIG)")?;
         let ctx = std::sync::Arc::new(qc::controller::Context::new(
             client,
-            std::sync::Arc::new(qc::controller::observe::SdkProvider::default()),
+            std::sync::Arc::new(qc::controller::observe::SdkProvider::new(aws)),
             render,
             Some(identity),
         ));

@@ -9,6 +9,7 @@ pub mod pipeline;
 pub mod plan;
 pub mod run;
 pub mod scale;
+pub mod spread;
 pub mod status;
 
 use std::collections::HashMap;
@@ -507,8 +508,13 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     Ok(match decision.rollout {
         // Only a spec change can fix a spec that cannot be rendered.
         Rollout::HeldInvalidSpec => Action::await_change(),
-        // Queue depth cannot be watched: look again after the poll interval.
-        _ => Action::requeue(qc.spec.scaling.poll_interval.as_std()),
+        // Queue depth cannot be watched: look again after the poll interval, on this
+        // QueueConsumer's own slot of it.
+        _ => Action::requeue(spread::next_poll(
+            qc.metadata.uid.as_deref().unwrap_or(&key(qc)),
+            qc.spec.scaling.poll_interval.as_std(),
+            observe::wall_clock().as_millis(),
+        )),
     })
 }
 

@@ -8,7 +8,8 @@ use std::time::Instant;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::api::{Duration, QueueConsumerSpec};
-use crate::aws::cloudwatch::{Alarms, CloudWatchAlarms};
+use crate::aws::cloudwatch::{self, Alarms, BatchOptions, CloudWatchAlarms};
+use crate::aws::limit::{self, LimitConfig, Limiter};
 use crate::aws::{DeadLetterFacts, Facts, ObserveError, QueueArn, QueueReader, SqsReader, observe};
 use crate::scaling::Timestamp;
 
@@ -23,14 +24,74 @@ pub struct AwsClients {
 #[async_trait::async_trait]
 pub trait AwsProvider: Send + Sync {
     async fn clients(&self, region: Option<&str>, endpoint: Option<&str>) -> AwsClients;
+    /// Prometheus text about the AWS calls made (none by default).
+    fn metrics(&self) -> String {
+        String::new()
+    }
 }
 
 type ClientKey = (Option<String>, Option<String>);
 
-/// Real SDK clients, built once per (region, endpoint) and reused.
-#[derive(Default)]
+/// How the controller's AWS calls are limited and its CloudWatch reads batched.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AwsOptions {
+    pub sqs: LimitConfig,
+    pub cloudwatch: LimitConfig,
+    pub batch: BatchOptions,
+}
+
+/// How long the controller reuses an alarm's description by default: drift made by hand and the
+/// alarm's state show in status within this; the controller's own writes show at once.
+pub const DEFAULT_ALARM_RESYNC: std::time::Duration = std::time::Duration::from_secs(300);
+/// How long the first stale CloudWatch read waits for others to join its call.
+pub const DEFAULT_BATCH_WINDOW: std::time::Duration = std::time::Duration::from_millis(250);
+
+impl Default for AwsOptions {
+    fn default() -> Self {
+        AwsOptions {
+            sqs: crate::aws::sqs::DEFAULT_LIMIT,
+            cloudwatch: cloudwatch::DEFAULT_LIMIT,
+            batch: BatchOptions {
+                window: DEFAULT_BATCH_WINDOW,
+                alarm_max_age: DEFAULT_ALARM_RESYNC,
+                // AWS/SQS metrics have one-minute resolution.
+                metric_max_age: std::time::Duration::from_secs(
+                    cloudwatch::ALARM_PERIOD_SECONDS.unsigned_abs().into(),
+                ),
+            },
+        }
+    }
+}
+
+/// Real SDK clients, built once per (region, endpoint) and reused. Every client's calls share one
+/// gate per service: the quotas they protect are the account's.
 pub struct SdkProvider {
     clients: tokio::sync::Mutex<HashMap<ClientKey, AwsClients>>,
+    sqs: Arc<Limiter>,
+    cloudwatch: Arc<Limiter>,
+    batch: BatchOptions,
+}
+
+impl Default for SdkProvider {
+    fn default() -> Self {
+        Self::new(AwsOptions::default())
+    }
+}
+
+impl SdkProvider {
+    pub fn new(options: AwsOptions) -> Self {
+        SdkProvider {
+            clients: tokio::sync::Mutex::default(),
+            sqs: Arc::new(Limiter::new("sqs", options.sqs)),
+            cloudwatch: Arc::new(Limiter::new("cloudwatch", options.cloudwatch)),
+            batch: options.batch,
+        }
+    }
+
+    /// The SQS and CloudWatch gates (their call counts).
+    pub fn limiters(&self) -> (&Limiter, &Limiter) {
+        (&self.sqs, &self.cloudwatch)
+    }
 }
 
 #[async_trait::async_trait]
@@ -43,13 +104,22 @@ impl AwsProvider for SdkProvider {
         }
         let conf = crate::aws::sdk_config(region, endpoint).await;
         let c = AwsClients {
-            sqs: Arc::new(SqsReader::new(aws_sdk_sqs::Client::new(&conf))),
-            alarms: Arc::new(CloudWatchAlarms::new(aws_sdk_cloudwatch::Client::new(
-                &conf,
-            ))),
+            sqs: Arc::new(SqsReader::with_limiter(
+                aws_sdk_sqs::Client::new(&conf),
+                self.sqs.clone(),
+            )),
+            alarms: Arc::new(CloudWatchAlarms::with_options(
+                aws_sdk_cloudwatch::Client::new(&conf),
+                self.cloudwatch.clone(),
+                self.batch,
+            )),
         };
         clients.insert(key, c.clone());
         c
+    }
+
+    fn metrics(&self) -> String {
+        limit::render_metrics(&[&self.sqs, &self.cloudwatch])
     }
 }
 
@@ -114,8 +184,13 @@ impl FactsCache {
     ) -> Result<Observed, ObserveError> {
         let slot = self.slot(endpoint, url);
         let mut cached = slot.lock().await;
+        // Reconciles come back on their slot of the interval (`spread`), a little earlier or later
+        // than the read they made an interval ago: within a tenth of it (at most 2 s) the facts are
+        // due again, so that each interval reads the queue once.
+        let max_age = max_age.as_std();
+        let slack = (max_age / 10).min(std::time::Duration::from_secs(2));
         if let Some(o) = cached.as_ref()
-            && o.read_at.elapsed() < max_age.as_std()
+            && o.read_at.elapsed() + slack < max_age
         {
             return Ok(o.clone());
         }

@@ -10,8 +10,8 @@ use futures::StreamExt;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::Api;
-use kube::runtime::Controller;
 use kube::runtime::watcher;
+use kube::runtime::{Controller, controller};
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -40,7 +40,13 @@ pub struct RunOptions {
     pub namespaces: Vec<String>,
     pub metrics_addr: SocketAddr,
     pub leader: Option<LeaderOptions>,
+    /// Reconciles run at once by each controller (one per watched namespace, or one for all).
+    pub reconcile_concurrency: u16,
 }
+
+/// Reconciles at once by default: the AWS gates, not reconciles, set the pace of AWS calls, and a
+/// bound keeps a burst of watch events from holding thousands of reconciles (and their memory) at once.
+pub const DEFAULT_RECONCILE_CONCURRENCY: u16 = 16;
 
 /// Why `run` stopped.
 #[derive(Debug, thiserror::Error)]
@@ -89,7 +95,7 @@ pub async fn run(
         None => {
             health.ready.store(true, Ordering::Relaxed);
             health.leading.store(true, Ordering::Relaxed);
-            controllers(&ctx, &opts.namespaces, shutdown).await;
+            controllers(&ctx, &opts.namespaces, opts.reconcile_concurrency, shutdown).await;
             Ok(())
         }
         Some(leader) => lead(&ctx, &opts, leader, &health, shutdown).await,
@@ -145,7 +151,7 @@ async fn lead(
     }
     .boxed()
     .shared();
-    let running = controllers(ctx, &opts.namespaces, stop);
+    let running = controllers(ctx, &opts.namespaces, opts.reconcile_concurrency, stop);
     tokio::pin!(running);
     let lost_lease = tokio::select! {
         _ = &mut running => false,
@@ -174,7 +180,7 @@ fn lost(leader: &LeaderOptions) -> RunError {
 }
 
 /// One Controller per namespace, all sharing the context (and so the facts cache).
-async fn controllers(ctx: &Arc<Context>, namespaces: &[String], stop: Stop) {
+async fn controllers(ctx: &Arc<Context>, namespaces: &[String], concurrency: u16, stop: Stop) {
     let scopes: Vec<Option<String>> = if namespaces.is_empty() {
         vec![None]
     } else {
@@ -200,6 +206,7 @@ async fn controllers(ctx: &Arc<Context>, namespaces: &[String], stop: Stop) {
             let owned = watcher::Config::default()
                 .labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY_VALUE}"));
             Controller::new(qcs, watcher::Config::default())
+                .with_config(controller::Config::default().concurrency(concurrency.max(1)))
                 .owns(deployments, owned)
                 .graceful_shutdown_on(stop)
                 .run(reconcile, error_policy, ctx)
@@ -264,6 +271,7 @@ async fn serve(listener: TcpListener, ctx: Arc<Context>, health: Arc<Health>) {
 
 fn metrics_text(ctx: &Context, health: &Health) -> String {
     let mut out = ctx.metrics.render();
+    out.push_str(&ctx.aws.metrics());
     out.push_str("# HELP qc_leader Whether this replica holds the leader lease (1) or stands by (0).\n# TYPE qc_leader gauge\n");
     out.push_str(&format!(
         "qc_leader {}\n",

@@ -248,6 +248,11 @@ impl FakeKube {
             .collect()
     }
 
+    /// The requests so far, leaving none behind (a long run reads them as it goes).
+    pub fn take_requests(&self) -> Vec<Recorded> {
+        std::mem::take(&mut self.inner.state.lock().unwrap().requests)
+    }
+
     pub fn clear_requests(&self) {
         self.inner.state.lock().unwrap().requests.clear();
     }

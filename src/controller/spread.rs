@@ -1,0 +1,98 @@
+//! Spreading QueueConsumers over their poll interval. Each one has a stable slot in the interval (a
+//! hash of its uid), and every requeue lands on that slot, so a thousand QueueConsumers created or
+//! restarted together do not all read their queues in the same second ever after. Pure.
+
+use std::time::Duration;
+
+/// FNV-1a: stable across releases and platforms (std's hasher is not promised to be).
+fn fnv1a(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// Where in each interval of `interval` the QueueConsumer with `uid` is due, as an offset.
+pub fn phase(uid: &str, interval: Duration) -> Duration {
+    let ms = u64::try_from(interval.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    Duration::from_millis(fnv1a(uid) % ms)
+}
+
+/// How long until the next slot of `uid`, at least half an interval from `now_ms` (milliseconds
+/// since the epoch) so that a reconcile off its slot (the first one, or one after an error) is not
+/// followed by another at once. On its slot, the answer is exactly one interval.
+pub fn next_poll(uid: &str, interval: Duration, now_ms: u64) -> Duration {
+    let ms = u64::try_from(interval.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    let phase = fnv1a(uid) % ms;
+    // Milliseconds from now to the next instant t with t ≡ phase (mod interval), in (0, interval].
+    let into = (now_ms % ms + ms - phase) % ms;
+    let mut wait = ms - into;
+    if wait < ms / 2 {
+        wait += ms;
+    }
+    Duration::from_millis(wait)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: Duration = Duration::from_secs(15);
+
+    #[test]
+    fn on_its_slot_the_next_poll_is_one_interval_away() {
+        let uid = "0d5e6a43-5b5e-4a57-9c8c-2f1f0e4f6c11";
+        let slot =
+            1_700_000_000_000 - 1_700_000_000_000 % 15_000 + phase(uid, P).as_millis() as u64;
+        assert_eq!(next_poll(uid, P, slot), P);
+        // A little late: the rest of the interval.
+        assert_eq!(
+            next_poll(uid, P, slot + 300),
+            P - Duration::from_millis(300)
+        );
+    }
+
+    #[test]
+    fn the_next_poll_is_within_half_to_one_and_a_half_intervals_and_on_the_slot() {
+        for (i, now) in (0..2000u64).map(|i| (i, 1_700_000_000_000 + i * 7_919)) {
+            let uid = format!("uid-{i}");
+            let d = next_poll(&uid, P, now);
+            assert!(d >= P / 2 && d < P + P / 2, "{d:?}");
+            let at = now + d.as_millis() as u64;
+            assert_eq!(
+                (at % 15_000) as u128,
+                phase(&uid, P).as_millis(),
+                "lands on the slot"
+            );
+        }
+    }
+
+    #[test]
+    fn a_thousand_uids_spread_over_the_interval() {
+        // Reconciled together (a restart); where do their next reads fall, second by second?
+        let now = 1_700_000_000_000u64;
+        let mut per_second = [0u32; 15];
+        for i in 0..1000 {
+            let uid = format!("6f1c{i:04}-aa7e-4d7b-8d29-{:012x}", i * 7_777);
+            let at = now + next_poll(&uid, P, now).as_millis() as u64;
+            per_second[((at % 15_000) / 1000) as usize] += 1;
+        }
+        // 66.7 on average; all in one second is what this prevents.
+        assert!(
+            per_second.iter().all(|n| (35..=100).contains(n)),
+            "{per_second:?}"
+        );
+    }
+
+    #[test]
+    fn degenerate_intervals_do_not_panic() {
+        assert_eq!(next_poll("x", Duration::ZERO, 5), Duration::from_millis(1));
+        assert!(next_poll("x", Duration::from_millis(1), 5) <= Duration::from_millis(2));
+    }
+}
