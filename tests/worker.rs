@@ -1009,7 +1009,7 @@ fn bad_flags_exit_2_naming_the_flag_and_the_fix() {
         ),
         (
             [&q[..], &http[..], &["--on-poison", "maybe"]].concat(),
-            "use delete or leave",
+            "use dead-letter, leave or delete",
         ),
         (
             [&q[..], &http[..], &["--idempotency-key", "orderId"]].concat(),

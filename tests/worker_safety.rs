@@ -8,6 +8,7 @@ mod common;
 #[path = "worker/support.rs"]
 mod support;
 
+use std::collections::HashMap;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -390,6 +391,188 @@ esac"#,
         "{} processes forked by the handler outlived it",
         strays.len()
     );
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+/// Every message of the DLQ: (body, attributes as text, group id).
+async fn drain_dlq(q: &TestQueue) -> Vec<(String, HashMap<String, String>, Option<String>)> {
+    use aws_sdk_sqs::types::MessageSystemAttributeName;
+    let mut out = Vec::new();
+    for _ in 0..20 {
+        let got = q
+            .client
+            .receive_message()
+            .queue_url(&q.dlq_url)
+            .max_number_of_messages(10)
+            .message_attribute_names("All")
+            .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .unwrap();
+        let msgs = got.messages.unwrap_or_default();
+        if msgs.is_empty() && !out.is_empty() {
+            break;
+        }
+        for m in msgs {
+            let attrs = m
+                .message_attributes()
+                .map(|a| {
+                    a.iter()
+                        .map(|(k, v)| {
+                            (
+                                k.clone(),
+                                v.string_value().unwrap_or("<binary>").to_string(),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let group = m
+                .attributes()
+                .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId))
+                .cloned();
+            out.push((m.body.clone().unwrap_or_default(), attrs, group));
+        }
+    }
+    out
+}
+
+/// Item 1: a handler's 422 deleted the message (`onPoison: delete`, the old default). Now the default
+/// sends it to the DLQ with its body, attributes and the reason, then deletes it from the source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_goes_to_the_dlq_with_body_attributes_and_reason_by_default() {
+    let q = TestQueue::new("poison-dlq", 30, 5, false).await;
+    let h = HttpHandler::start(|c| {
+        if c.body.starts_with(b"bad") {
+            Reply::status(422)
+        } else {
+            Reply::ok(Duration::ZERO)
+        }
+    })
+    .await;
+    for (i, body) in ["bad-1", "good-1", "bad-2 é", "bad-3"].iter().enumerate() {
+        q.client
+            .send_message()
+            .queue_url(&q.url)
+            .message_body(*body)
+            .message_attributes("tenant", string_attr(&format!("t-{i}")))
+            .send()
+            .await
+            .unwrap();
+    }
+    let mut a = base_args(&q);
+    a.extend(args(&["--http-url", &h.url]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(60), "source queue empty", || q.is_empty()).await;
+    let dlq = drain_dlq(&q).await;
+    let mut bodies: Vec<&str> = dlq.iter().map(|m| m.0.as_str()).collect();
+    bodies.sort_unstable();
+    assert_eq!(bodies, ["bad-1", "bad-2 é", "bad-3"], "{dlq:?}");
+    for (body, attrs, _) in &dlq {
+        assert!(attrs["tenant"].starts_with("t-"), "{body}: {attrs:?}");
+        assert_eq!(
+            attrs["qc-poison-reason"], "handler answered HTTP 422",
+            "{body}"
+        );
+    }
+    assert_eq!(h.calls().len(), 4, "each message handled once");
+    assert_eq!(w.metric("qc_worker_dead_lettered_total").await, Some(3.0));
+    assert_eq!(
+        w.metric("qc_worker_messages_deleted_total").await,
+        Some(4.0)
+    );
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+/// Item 1 on FIFO: the copy keeps its group (SQS needs a group id and a dedup id on a FIFO DLQ).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_poison_reaches_the_fifo_dlq_in_its_group() {
+    let q = TestQueue::new("poison-dlq-fifo", 30, 5, true).await;
+    let h = HttpHandler::start(|c| {
+        if c.body.starts_with(b"bad") {
+            Reply::status(400)
+        } else {
+            Reply::ok(Duration::ZERO)
+        }
+    })
+    .await;
+    let bodies: Vec<String> = ["ok-a", "bad-a", "ok-b", "bad-b"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    q.send_all(&bodies, |n| format!("g{}", n % 2)).await;
+    let mut a = base_args(&q);
+    a.extend(args(&["--http-url", &h.url]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(60), "source queue empty", || q.is_empty()).await;
+    let mut dlq = drain_dlq(&q).await;
+    dlq.sort_by(|x, y| x.0.cmp(&y.0));
+    let got: Vec<(&str, Option<&str>)> =
+        dlq.iter().map(|m| (m.0.as_str(), m.2.as_deref())).collect();
+    assert_eq!(
+        got,
+        [("bad-a", Some("g1")), ("bad-b", Some("g1"))],
+        "{dlq:?}"
+    );
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+/// Item 1 without a DLQ: `dead-letter` acts as `leave`, the message stays on the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_without_a_dlq_is_left_on_the_queue() {
+    let client = common::sqs_client().await;
+    let url = common::create_queue(
+        &client,
+        &common::unique_name("poison-no-dlq"),
+        &[(
+            aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout,
+            "30".to_string(),
+        )],
+    )
+    .await;
+    client
+        .send_message()
+        .queue_url(&url)
+        .message_body("bad")
+        .send()
+        .await
+        .unwrap();
+    let h = HttpHandler::start(|_| Reply::status(422)).await;
+    let mut w = Worker::start(&args(&[
+        "--queue-url",
+        &url,
+        "--endpoint-url",
+        &common::sqs_endpoint(),
+        "--wait-time",
+        "1s",
+        "--retry-base",
+        "600s",
+        "--http-url",
+        &h.url,
+    ]));
+    eventually(SECS(30), "poison judged", || async {
+        w.metric("qc_worker_messages_processed_total{outcome=\"poison\"}")
+            .await
+            == Some(1.0)
+    })
+    .await;
+    tokio::time::sleep(SECS(1)).await;
+    assert_eq!(
+        w.metric("qc_worker_messages_deleted_total").await,
+        Some(0.0)
+    );
+    let attrs = qc::aws::SqsReader::new(client.clone());
+    use qc::aws::QueueReader;
+    let a = attrs.attributes(&url).await.unwrap();
+    assert_eq!(
+        a["ApproximateNumberOfMessagesNotVisible"], "1",
+        "still on the queue"
+    );
+    assert_eq!(w.log_lines("poison message; the queue has no redrive policy, so it is left on the queue (--on-poison dead-letter acts as leave)").len(), 1);
     w.signal("TERM");
     assert!(w.wait_exit(SECS(20)).await.success());
 }

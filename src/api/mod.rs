@@ -271,18 +271,36 @@ impl Default for RetryBackoffSpec {
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum OnPoison {
-    /// Delete poison messages (they can never succeed).
+    /// Send poison messages to the redrive policy's DLQ at once (body, attributes, FIFO group and a
+    /// `qc-poison-reason` attribute), then delete them from the source; without a DLQ, act as `leave`.
     #[default]
-    Delete,
-    /// Leave them so the redrive policy moves them to the DLQ for inspection.
+    DeadLetter,
+    /// Leave them so the redrive policy moves them to the DLQ after maxReceiveCount receives.
     Leave,
+    /// Delete poison messages: they are gone, only a log line remains (opt-in).
+    Delete,
 }
 
 impl OnPoison {
+    /// The worker's `--on-poison` spelling.
     pub fn as_str(&self) -> &'static str {
         match self {
-            OnPoison::Delete => "delete",
+            OnPoison::DeadLetter => "dead-letter",
             OnPoison::Leave => "leave",
+            OnPoison::Delete => "delete",
+        }
+    }
+}
+
+impl FromStr for OnPoison {
+    type Err = String;
+    /// The `--on-poison` flag: `dead-letter`, `leave` or `delete` (the CRD's `deadLetter` too).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "dead-letter" | "deadLetter" => Ok(OnPoison::DeadLetter),
+            "leave" => Ok(OnPoison::Leave),
+            "delete" => Ok(OnPoison::Delete),
+            _ => Err(format!("{s:?}: use dead-letter, leave or delete")),
         }
     }
 }

@@ -62,8 +62,9 @@ struct Cli {
     /// Cap of the retry delay (and never above 12h).
     #[arg(long, env = "QC_RETRY_MAX", default_value = "15m")]
     retry_max: Duration,
-    /// Poison messages: delete them, or leave them for the redrive policy (DLQ).
-    #[arg(long, env = "QC_ON_POISON", default_value = "delete", value_parser = parse_on_poison)]
+    /// Poison messages: dead-letter (send to the redrive policy's DLQ now, then delete from the
+    /// source; leave without a DLQ), leave (for the redrive policy), or delete (gone).
+    #[arg(long, env = "QC_ON_POISON", default_value = "dead-letter", value_parser = parse_on_poison)]
     on_poison: OnPoison,
 
     /// none | memory | redis
@@ -103,11 +104,7 @@ struct Cli {
 }
 
 fn parse_on_poison(s: &str) -> Result<OnPoison, String> {
-    match s {
-        "delete" => Ok(OnPoison::Delete),
-        "leave" => Ok(OnPoison::Leave),
-        _ => Err(format!("{s:?}: use delete or leave")),
-    }
+    s.parse()
 }
 
 /// A byte size: `8192`, `8KiB`, `1MiB`.

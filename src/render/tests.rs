@@ -240,6 +240,20 @@ fn command_line_carries_every_setting() {
 }
 
 #[test]
+fn poison_goes_to_the_dead_letter_queue_unless_the_spec_says_otherwise() {
+    let d = render(http_spec());
+    let args = pod(&d).containers[1].args.clone().unwrap();
+    assert_eq!(arg_after(&args, "--on-poison"), Some("dead-letter"));
+    for (value, flag) in [("deadLetter", "dead-letter"), ("delete", "delete")] {
+        let mut spec = http_spec();
+        spec["processing"]["onPoison"] = json!(value);
+        let d = render(spec);
+        let args = pod(&d).containers[1].args.clone().unwrap();
+        assert_eq!(arg_after(&args, "--on-poison"), Some(flag), "{value}");
+    }
+}
+
+#[test]
 fn http_layout_details() {
     let d = render(http_spec());
     let p = pod(&d);

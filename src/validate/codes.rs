@@ -16,12 +16,14 @@ pub const DEAD_LETTER_QUEUE_TYPE_MISMATCH: &str = "DeadLetterQueueTypeMismatch";
 pub const DEAD_LETTER_QUEUE_MISSING: &str = "DeadLetterQueueMissing";
 pub const IN_FLIGHT_CEILING_REACHABLE: &str = "InFlightCeilingReachable";
 pub const SHORT_POLLING: &str = "ShortPolling";
+pub const POISON_DELETED: &str = "PoisonDeleted";
 
 /// Rules that need only the spec.
 pub const OFFLINE_RULES: &[&str] = &[
     PROCESSING_BEYOND_VISIBILITY_MAXIMUM,
     IN_FLIGHT_CEILING_REACHABLE,
     SHORT_POLLING,
+    POISON_DELETED,
 ];
 
 /// Rules that need the source queue's attributes.
@@ -61,4 +63,5 @@ pub const ALL: &[&str] = &[
     DEAD_LETTER_QUEUE_MISSING,
     IN_FLIGHT_CEILING_REACHABLE,
     SHORT_POLLING,
+    POISON_DELETED,
 ];

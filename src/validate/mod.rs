@@ -171,6 +171,14 @@ fn offline_rules(spec: &QueueConsumerSpec, out: &mut Vec<Finding>) {
             "set processing.waitTime to 20s (long polling)".to_string(),
         ));
     }
+    if p.on_poison == crate::api::OnPoison::Delete {
+        out.push(finding(
+            codes::POISON_DELETED,
+            Severity::Warning,
+            "processing.onPoison is delete: a message the handler calls poison is gone, with only a log line left; a handler that answers 400 or 422 by mistake (a bug, an outage mapped to 422) destroys good messages".to_string(),
+            "set processing.onPoison to deadLetter (the default): poison goes to the DLQ with its reason, where it can be inspected and redriven".to_string(),
+        ));
+    }
 }
 
 fn queue_rules(spec: &QueueConsumerSpec, q: &QueueFacts, out: &mut Vec<Finding>) {

@@ -398,6 +398,21 @@ fn short_polling() {
 }
 
 #[test]
+fn poison_deleted() {
+    let c = codes::POISON_DELETED;
+    let f = find(&spec("processing: {p99: 2s, onPoison: delete}"), None, c).expect("fires");
+    assert_eq!(f.severity, Severity::Warning);
+    for quiet in ["deadLetter", "leave"] {
+        let s = spec(&format!("processing: {{p99: 2s, onPoison: {quiet}}}"));
+        assert!(find(&s, None, c).is_none(), "{quiet}");
+    }
+    assert!(
+        find(&spec("processing: {p99: 2s}"), None, c).is_none(),
+        "the default keeps poison"
+    );
+}
+
+#[test]
 fn offline_skips_exactly_the_rules_that_need_facts() {
     let r = evaluate(&default_spec(), None);
     let skipped: Vec<_> = r.skipped.iter().map(|s| s.code).collect();

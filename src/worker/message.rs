@@ -12,6 +12,7 @@ use crate::api::{IdempotencyKey, OnPoison};
 
 use super::backoff::{retry_delay, visibility_secs};
 use super::batcher::Batcher;
+use super::dead_letter::DeadLetter;
 use super::handler::{Handler, Verdict};
 use super::idempotency::{Claim, IdempotencyError, Store, key_of};
 use super::metrics::{Metrics, OutcomeLabel};
@@ -42,6 +43,8 @@ pub struct Processor {
     pub retry_base: Duration,
     pub retry_max: Duration,
     pub on_poison: OnPoison,
+    /// The DLQ client of `--on-poison dead-letter`.
+    pub dead_letter: Option<DeadLetter>,
     pub deleter: Batcher,
     pub releaser: Batcher,
     pub freed: mpsc::UnboundedSender<Freed>,
@@ -296,6 +299,7 @@ impl Processor {
         retry_base: Duration,
         retry_max: Duration,
         on_poison: OnPoison,
+        dead_letter: Option<DeadLetter>,
         deleter: Batcher,
         releaser: Batcher,
         freed: mpsc::UnboundedSender<Freed>,
@@ -313,6 +317,7 @@ impl Processor {
             retry_base,
             retry_max,
             on_poison,
+            dead_letter,
             deleter,
             releaser,
             freed,
@@ -337,6 +342,79 @@ impl Processor {
         }
     }
 
+    /// Applies `--on-poison` to a message the handler called poison.
+    async fn poison(&self, mut lease: Lease, reason: String) -> Ended {
+        let m = &self.metrics;
+        let msg = &lease.msg;
+        match self.on_poison {
+            OnPoison::Delete => {
+                tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, reason = %reason, "poison message; deleting it (--on-poison delete)");
+                lease.delete().await;
+                Ended::Deleted
+            }
+            OnPoison::Leave => {
+                tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, reason = %reason, "poison message; leaving it for the redrive policy (--on-poison leave)");
+                self.leave_poison(&mut lease).await
+            }
+            OnPoison::DeadLetter => {
+                let Some(dl) = &self.dead_letter else {
+                    return self.leave_poison(&mut lease).await;
+                };
+                let target = match dl.target().await {
+                    Ok(Some(url)) => url,
+                    Ok(None) => {
+                        tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, reason = %reason, "poison message; the queue has no redrive policy, so it is left on the queue (--on-poison dead-letter acts as leave)");
+                        return self.leave_poison(&mut lease).await;
+                    }
+                    Err(e) => {
+                        m.dead_letter_failures.inc();
+                        tracing::error!(message_id = %msg.id, reason = %reason, error = %e, "poison message; cannot find the dead-letter queue, leaving it for the redrive policy");
+                        return self.leave_poison(&mut lease).await;
+                    }
+                };
+                // Sent under the heartbeat: the lease must outlive the send and the delete.
+                let deadline =
+                    Instant::now() + self.visibility_timeout.max(Duration::from_secs(10));
+                let sent = lease
+                    .beat
+                    .until(
+                        self,
+                        &lease.msg,
+                        deadline,
+                        Box::pin(dl.send(target, &lease.msg, &reason)),
+                    )
+                    .await;
+                let msg = &lease.msg;
+                match sent {
+                    Some(Ok(())) => {
+                        m.dead_lettered.inc();
+                        tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, reason = %reason, dead_letter_queue = %target, "poison message; sent to the dead-letter queue and deleted from the source (--on-poison dead-letter)");
+                        lease.delete().await;
+                        Ended::Deleted
+                    }
+                    other => {
+                        m.dead_letter_failures.inc();
+                        let error = match other {
+                            Some(Err(e)) => e.to_string(),
+                            _ => "timed out".to_string(),
+                        };
+                        tracing::error!(message_id = %msg.id, reason = %reason, error = %error, "poison message; cannot send it to the dead-letter queue, leaving it for the redrive policy");
+                        self.leave_poison(&mut lease).await
+                    }
+                }
+            }
+        }
+    }
+
+    /// Leaves a poison message for the redrive policy: remembered, so later receives here skip the
+    /// handler, and backed off.
+    async fn leave_poison(&self, lease: &mut Lease) -> Ended {
+        self.remember_poison(&lease.msg.id);
+        let delay = retry_delay(self.retry_base, self.retry_max, lease.msg.receive_count);
+        lease.back_off(delay).await;
+        Ended::Kept
+    }
+
     /// How long an in-progress mark lives: the handler's whole timeout, plus room to record the result.
     fn claim_lease(&self) -> Duration {
         self.timeout + Duration::from_secs(10)
@@ -346,9 +424,14 @@ impl Processor {
     pub async fn process(&self, mut lease: Lease) -> Ended {
         let m = &self.metrics;
         lease.beat_inline().await;
-        if self.on_poison == OnPoison::Leave && self.known_poison(&lease.msg.id) {
-            // Already judged poison here: skip the handler, keep it cycling towards the DLQ.
+        if self.on_poison != OnPoison::Delete && self.known_poison(&lease.msg.id) {
+            // Already judged poison here: skip the handler; leave it cycling towards the DLQ, or
+            // try the dead-letter send again.
             m.outcome(OutcomeLabel::Poison);
+            if self.on_poison == OnPoison::DeadLetter {
+                let reason = "handler answered poison on an earlier receive".to_string();
+                return self.poison(lease, reason).await;
+            }
             let delay = retry_delay(self.retry_base, self.retry_max, lease.msg.receive_count);
             lease.back_off(delay).await;
             return Ended::Kept;
@@ -443,20 +526,7 @@ impl Processor {
             }
             Verdict::Poison(reason) => {
                 m.outcome(OutcomeLabel::Poison);
-                match self.on_poison {
-                    OnPoison::Delete => {
-                        tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, reason = %reason, "poison message; deleting it (--on-poison delete)");
-                        lease.delete().await;
-                        Ended::Deleted
-                    }
-                    OnPoison::Leave => {
-                        tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, reason = %reason, "poison message; leaving it for the redrive policy (--on-poison leave)");
-                        self.remember_poison(&msg.id);
-                        let delay = retry_delay(self.retry_base, self.retry_max, msg.receive_count);
-                        lease.back_off(delay).await;
-                        Ended::Kept
-                    }
-                }
+                self.poison(lease, reason).await
             }
             Verdict::Transient {
                 reason,

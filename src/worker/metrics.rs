@@ -65,6 +65,8 @@ pub struct Metrics {
     pub sqs_errors: [Counter; 5],
     pub idempotency_errors: Counter,
     pub idempotency_key_missing: Counter,
+    pub dead_lettered: Counter,
+    pub dead_letter_failures: Counter,
     readiness: Mutex<Readiness>,
 }
 
@@ -85,6 +87,8 @@ impl Default for Metrics {
             sqs_errors: Default::default(),
             idempotency_errors: Counter::default(),
             idempotency_key_missing: Counter::default(),
+            dead_lettered: Counter::default(),
+            dead_letter_failures: Counter::default(),
             readiness: Mutex::new(Readiness::Starting("reading queue attributes".into())),
         }
     }
@@ -204,6 +208,16 @@ impl Metrics {
             "qc_worker_idempotency_key_missing_total",
             "Messages handled without de-duplication: their idempotency key was missing, empty or unreadable.",
             &[(&[], self.idempotency_key_missing.get())],
+        );
+        e.counter(
+            "qc_worker_dead_lettered_total",
+            "Poison messages sent to the dead-letter queue (--on-poison dead-letter).",
+            &[(&[], self.dead_lettered.get())],
+        );
+        e.counter(
+            "qc_worker_dead_letter_failures_total",
+            "Poison messages that could not be sent to the dead-letter queue and were left on the source.",
+            &[(&[], self.dead_letter_failures.get())],
         );
         let ready = i64::from(self.readiness() == Readiness::Ready);
         e.gauge(

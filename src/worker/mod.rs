@@ -3,6 +3,7 @@
 
 pub mod backoff;
 pub mod batcher;
+pub mod dead_letter;
 pub mod dispatch;
 pub mod handler;
 pub mod http1;
@@ -337,6 +338,8 @@ pub async fn run(
         config.retry_base.as_std(),
         config.retry_max.as_std(),
         config.on_poison,
+        (config.on_poison == OnPoison::DeadLetter)
+            .then(|| dead_letter::DeadLetter::new(sqs.client(), &config.queue_url)),
         deleter,
         releaser,
         freed_tx,
@@ -544,7 +547,7 @@ mod tests {
             heartbeat_interval: HeartbeatInterval::Auto,
             retry_base: Duration::from_secs(5),
             retry_max: Duration::from_secs(900),
-            on_poison: OnPoison::Delete,
+            on_poison: OnPoison::DeadLetter,
             idempotency_store: IdempotencyStore::None,
             idempotency_key: IdempotencyKey::MessageId,
             idempotency_ttl: Duration::from_secs(86_400),

@@ -388,6 +388,12 @@ impl Sqs {
         &self.url
     }
 
+    /// The SDK client (its timeouts, retries and request counting), for calls to other queues
+    /// (the DLQ of `--on-poison dead-letter`).
+    pub fn client(&self) -> aws_sdk_sqs::Client {
+        self.client.clone()
+    }
+
     fn classify<E>(
         &self,
         action: Action,

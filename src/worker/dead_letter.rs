@@ -1,0 +1,201 @@
+//! `--on-poison dead-letter`: a poison message is sent to the redrive policy's DLQ at once (body,
+//! attributes, FIFO group, a dedup id and a `qc-poison-reason` attribute), then deleted from the source.
+
+use aws_sdk_sqs::primitives::Blob;
+use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName};
+use tokio::sync::OnceCell;
+
+use super::sqs::Message;
+
+/// The attribute that carries why the handler called the message poison.
+pub const REASON_ATTRIBUTE: &str = "qc-poison-reason";
+/// Longest reason kept, in bytes (cut at a character boundary).
+pub const MAX_REASON: usize = 1024;
+/// SQS accepts at most this many message attributes.
+const MAX_ATTRIBUTES: usize = 10;
+
+/// Why a poison message could not be dead-lettered (it is then left for the redrive policy).
+#[derive(Debug, thiserror::Error)]
+pub enum DeadLetterError {
+    #[error("cannot read the source queue's RedrivePolicy: {0}")]
+    ReadRedrivePolicy(String),
+    #[error("RedrivePolicy's deadLetterTargetArn {0:?} is not an SQS queue ARN")]
+    ParseTargetArn(String),
+    #[error("cannot find the dead-letter queue {name} (account {account}): {reason}")]
+    FindQueue {
+        name: String,
+        account: String,
+        reason: String,
+    },
+    #[error("SendMessage to the dead-letter queue failed: {0}")]
+    SendMessage(String),
+}
+
+/// Where poison goes: the DLQ of the source queue's redrive policy, looked up on first use.
+pub struct DeadLetter {
+    client: aws_sdk_sqs::Client,
+    source_url: String,
+    /// None inside: the source has no redrive policy.
+    target: OnceCell<Option<String>>,
+}
+
+impl DeadLetter {
+    pub fn new(client: aws_sdk_sqs::Client, source_url: &str) -> Self {
+        DeadLetter {
+            client,
+            source_url: source_url.to_string(),
+            target: OnceCell::new(),
+        }
+    }
+
+    /// The DLQ's URL, None without a redrive policy. A failed lookup is not cached: the next poison
+    /// message tries again.
+    pub async fn target(&self) -> Result<Option<&str>, DeadLetterError> {
+        let t = self
+            .target
+            .get_or_try_init(|| async { self.look_up().await })
+            .await?;
+        Ok(t.as_deref())
+    }
+
+    async fn look_up(&self) -> Result<Option<String>, DeadLetterError> {
+        let out = self
+            .client
+            .get_queue_attributes()
+            .queue_url(&self.source_url)
+            .attribute_names(QueueAttributeName::RedrivePolicy)
+            .send()
+            .await
+            .map_err(|e| DeadLetterError::ReadRedrivePolicy(crate::aws::error_chain(&e)))?;
+        let Some(policy) = out
+            .attributes()
+            .and_then(|a| a.get(&QueueAttributeName::RedrivePolicy))
+        else {
+            return Ok(None);
+        };
+        let arn = serde_json::from_str::<serde_json::Value>(policy)
+            .ok()
+            .and_then(|v| v["deadLetterTargetArn"].as_str().map(str::to_string))
+            .ok_or_else(|| DeadLetterError::ParseTargetArn(policy.clone()))?;
+        let (account, name) =
+            account_and_name(&arn).ok_or_else(|| DeadLetterError::ParseTargetArn(arn.clone()))?;
+        let out = self
+            .client
+            .get_queue_url()
+            .queue_name(name)
+            .queue_owner_aws_account_id(account)
+            .send()
+            .await
+            .map_err(|e| DeadLetterError::FindQueue {
+                name: name.to_string(),
+                account: account.to_string(),
+                reason: crate::aws::error_chain(&e),
+            })?;
+        Ok(out.queue_url)
+    }
+
+    /// Sends a copy of `msg` to the DLQ at `url`, with the reason attached.
+    pub async fn send(
+        &self,
+        url: &str,
+        msg: &Message,
+        reason: &str,
+    ) -> Result<(), DeadLetterError> {
+        let mut req = self
+            .client
+            .send_message()
+            .queue_url(url)
+            .message_body(String::from_utf8_lossy(&msg.body));
+        let mut count = 0;
+        for (name, value) in &msg.attributes {
+            let mut v = MessageAttributeValue::builder().data_type(&value.data_type);
+            if let Some(s) = &value.string {
+                v = v.string_value(s);
+            }
+            if let Some(b) = &value.binary {
+                v = v.binary_value(Blob::new(b.clone()));
+            }
+            if let Ok(v) = v.build() {
+                req = req.message_attributes(name, v);
+                count += 1;
+            }
+        }
+        // SQS takes ten attributes at most; a message that already has ten keeps its own, and the
+        // reason stays in the worker's log line.
+        if count < MAX_ATTRIBUTES
+            && let Ok(v) = MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(truncate(reason, MAX_REASON))
+                .build()
+        {
+            req = req.message_attributes(REASON_ATTRIBUTE, v);
+        }
+        if let Some(g) = &msg.group_id {
+            // The message id dedups a resend within SQS's five-minute window (FIFO DLQs only).
+            req = req.message_group_id(g).message_deduplication_id(&msg.id);
+        }
+        req.send()
+            .await
+            .map_err(|e| DeadLetterError::SendMessage(crate::aws::error_chain(&e)))?;
+        Ok(())
+    }
+}
+
+/// `arn:aws:sqs:REGION:ACCOUNT:NAME` → (ACCOUNT, NAME).
+pub fn account_and_name(arn: &str) -> Option<(&str, &str)> {
+    let mut parts = arn.splitn(6, ':');
+    let (arn_, _partition, service, _region, account, name) = (
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+    );
+    (arn_ == "arn" && service == "sqs" && !account.is_empty() && !name.is_empty())
+        .then_some((account, name))
+}
+
+/// At most `max` bytes of `s`, cut at a character boundary.
+pub fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_arns_name_account_and_queue() {
+        assert_eq!(
+            account_and_name("arn:aws:sqs:us-east-1:123456789012:orders-dlq.fifo"),
+            Some(("123456789012", "orders-dlq.fifo"))
+        );
+        assert_eq!(
+            account_and_name("arn:aws-cn:sqs:cn-north-1:1:q"),
+            Some(("1", "q"))
+        );
+        for bad in [
+            "",
+            "arn:aws:sns:us-east-1:1:t",
+            "arn:aws:sqs:us-east-1::q",
+            "q",
+        ] {
+            assert_eq!(account_and_name(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn reasons_are_cut_at_a_character_boundary() {
+        assert_eq!(truncate("short", 10), "short");
+        assert_eq!(truncate("ééé", 5), "éé");
+        assert_eq!(truncate(&"x".repeat(5000), MAX_REASON).len(), MAX_REASON);
+    }
+}
