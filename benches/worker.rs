@@ -228,6 +228,7 @@ async fn sdk_probe(client: &aws_sdk_sqs::Client, conf: &aws_config::SdkConfig) {
         .map(|i| qc::worker::sqs::Entry {
             message_id: i.to_string(),
             receipt_handle: format!("bogus-handle-{i}-{}", "x".repeat(200)),
+            lease_until: None,
         })
         .collect();
     let before = cpu_time(std::process::id());

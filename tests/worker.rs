@@ -1315,3 +1315,77 @@ async fn https_sqs_is_tunnelled_through_the_https_proxy_from_the_environment() {
     w.signal("TERM");
     assert!(w.wait_exit(SECS(20)).await.success());
 }
+
+/// A batch waiting locally for a slot outlives its first lease (VisibilityTimeout 2s, one slot,
+/// 1.5s per message, so the last of a batch of 5 waits 6s): heartbeats keep the waiting leases,
+/// so nothing is delivered twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_waiting_for_a_slot_is_kept_alive_and_handled_once() {
+    let q = TestQueue::new("waiting", 2, 5, false).await;
+    let bodies = numbered(6);
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(1500))).await;
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--concurrency",
+        "1",
+        "--batch-size",
+        "5",
+        "--timeout",
+        "10s",
+        "--http-url",
+        &h.url,
+    ]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(60), "6 messages deleted", || async {
+        w.metric("qc_worker_messages_deleted_total").await == Some(6.0)
+    })
+    .await;
+    // Longer than one more visibility timeout: a lapsed lease would show as a second call by now.
+    tokio::time::sleep(SECS(3)).await;
+    let calls = h.calls();
+    assert_eq!(calls.len(), 6, "no redelivery: {calls:?}");
+    assert!(calls.iter().all(|c| c.receive_count == 1), "{calls:?}");
+    assert!(q.is_empty().await);
+    // One receive of 5 while the first message runs: the rest waited, so they were heartbeated.
+    assert!(w.metric("qc_worker_heartbeats_total").await.unwrap() >= 4.0);
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+/// SIGTERM while a batch waits for the only slot: the running message finishes and is deleted, the
+/// waiting ones are released at once (visible again although the queue's VisibilityTimeout is 60s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_releases_messages_waiting_for_a_slot() {
+    let q = TestQueue::new("waiting-term", 60, 5, false).await;
+    q.send_all(&numbered(10), |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::ok(SECS(2))).await;
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--concurrency",
+        "1",
+        "--batch-size",
+        "10",
+        "--http-url",
+        &h.url,
+    ]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(30), "the first message in the handler", || async {
+        !h.calls().is_empty()
+    })
+    .await;
+    let received = w.metric("qc_worker_messages_received_total").await.unwrap();
+    assert!(received >= 2.0, "a batch was received: {received}");
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+    let s = stopped(&w);
+    assert_eq!(s["deleted"], 1, "{s}");
+    assert_eq!(s["released"].as_u64(), Some(received as u64 - 1), "{s}");
+    let (visible, not_visible, _) = q.counts().await;
+    assert_eq!(
+        (visible, not_visible),
+        (9, 0),
+        "released, not left to the 60s lease"
+    );
+    assert_eq!(h.calls().len(), 1);
+}

@@ -1,5 +1,9 @@
 //! Batched acknowledgements: deletes (DeleteMessageBatch) and releases (visibility 0 via
-//! ChangeMessageVisibilityBatch), flushed at 10 entries or after a short interval; failures are retried or logged.
+//! ChangeMessageVisibilityBatch), flushed at 10 entries or after a short delay; failures are retried or logged.
+//!
+//! Releases wait the fixed interval. Deletes wait about as long as the recent pace of deletes takes
+//! to fill a batch (between the interval and `MAX_DELETE_DELAY`), and never past `LEASE_MARGIN`
+//! before the lease of any message in the batch ends.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +22,30 @@ pub const MAX_BATCH: usize = 10;
 const ATTEMPTS: u32 = 5;
 /// Flushes running at once; more would only queue inside the HTTP client.
 const MAX_FLUSHES: usize = 16;
+/// Longest wait for a batch of deletes to fill.
+pub const MAX_DELETE_DELAY: Duration = Duration::from_millis(200);
+/// A delete goes out at least this long before its message's lease ends.
+pub const LEASE_MARGIN: Duration = Duration::from_secs(2);
+
+/// When a batch whose first entry arrives now should be flushed: after `interval` for releases; for
+/// deletes after the time the recent gap between deletes takes to fill the batch, a quarter more,
+/// within [interval, MAX_DELETE_DELAY].
+pub fn flush_delay(kind: Kind, interval: Duration, gap: Option<Duration>) -> Duration {
+    match (kind, gap) {
+        (Kind::Delete, Some(gap)) => gap
+            .mul_f64((MAX_BATCH - 1) as f64 * 1.25)
+            .clamp(interval, MAX_DELETE_DELAY.max(interval)),
+        _ => interval,
+    }
+}
+
+/// The flush time `at`, brought forward so the delete reaches SQS before the lease ends.
+pub fn within_lease(at: Instant, lease_until: Option<std::time::Instant>) -> Instant {
+    match lease_until {
+        Some(l) => at.min(Instant::from_std(l).checked_sub(LEASE_MARGIN).unwrap_or(at)),
+        None => at,
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -85,6 +113,9 @@ async fn run(
     let mut flushes = JoinSet::new();
     let mut buf: Vec<Entry> = Vec::with_capacity(MAX_BATCH);
     let mut deadline = Instant::now();
+    // Mean gap between entries (exponentially weighted), from the last arrival.
+    let mut gap: Option<Duration> = None;
+    let mut last: Option<Instant> = None;
     let mut closing = *close.borrow();
     loop {
         if closing {
@@ -100,9 +131,16 @@ async fn run(
         tokio::select! {
             e = rx.recv() => match e {
                 Some(e) => {
-                    if buf.is_empty() {
-                        deadline = Instant::now() + interval;
+                    let now = Instant::now();
+                    if let Some(l) = last {
+                        let g = now - l;
+                        gap = Some(gap.map_or(g, |m| m.mul_f64(0.8) + g.mul_f64(0.2)));
                     }
+                    last = Some(now);
+                    if buf.is_empty() {
+                        deadline = now + flush_delay(kind, interval, gap);
+                    }
+                    deadline = within_lease(deadline, e.lease_until);
                     buf.push(e);
                     if buf.len() < MAX_BATCH {
                         continue;
@@ -205,5 +243,50 @@ fn give_up(metrics: &Metrics, kind: Kind, entry: &Entry, code: &str, detail: &st
         Kind::Release => {
             tracing::warn!(message_id = %entry.message_id, code, error = detail, "release failed; the message reappears when its visibility timeout ends");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    #[test]
+    fn deletes_wait_for_the_pace_to_fill_a_batch_within_bounds() {
+        let i = MS(20);
+        assert_eq!(flush_delay(Kind::Delete, i, None), i, "no pace yet");
+        // 10 ms between deletes: nine more take 90 ms, plus a quarter.
+        assert_eq!(
+            flush_delay(Kind::Delete, i, Some(MS(10))),
+            MS(112) + Duration::from_micros(500)
+        );
+        assert_eq!(
+            flush_delay(Kind::Delete, i, Some(MS(1))),
+            i,
+            "busy: the interval"
+        );
+        assert_eq!(
+            flush_delay(Kind::Delete, i, Some(MS(500))),
+            MAX_DELETE_DELAY
+        );
+        assert_eq!(
+            flush_delay(Kind::Release, i, Some(MS(10))),
+            i,
+            "releases never wait longer"
+        );
+    }
+
+    #[test]
+    fn a_flush_never_waits_into_the_end_of_a_lease() {
+        let now = Instant::now();
+        let at = now + MS(200);
+        assert_eq!(within_lease(at, None), at);
+        let far = (now + Duration::from_secs(30)).into_std();
+        assert_eq!(within_lease(at, Some(far)), at);
+        let close = (now + Duration::from_secs(2) + MS(50)).into_std();
+        assert_eq!(within_lease(at, Some(close)), now + MS(50));
+        let lapsing = (now + Duration::from_secs(1)).into_std();
+        assert!(within_lease(at, Some(lapsing)) <= now, "due at once");
     }
 }

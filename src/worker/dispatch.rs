@@ -1,5 +1,7 @@
-//! The receive loop: long polls only into free slots, so every received message starts at once and
-//! at most `concurrency` are in flight; FIFO groups run in order, one chain per MessageGroupId.
+//! The receive loop. At most `concurrency` messages run at once. With heartbeats on (standard
+//! queues), one more batch may wait locally, kept alive by heartbeats: the next receive is then in
+//! flight before slots free up, and a busy queue is received in whole batches. Without heartbeats
+//! the worker receives only into free slots. FIFO groups run in order, one chain per MessageGroupId.
 
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
@@ -25,6 +27,8 @@ pub struct Settings {
     pub batch_size: usize,
     pub wait_time: Duration,
     pub fifo: bool,
+    /// Messages that may wait locally for a slot (0: receive only into free slots).
+    pub prefetch: usize,
     /// From the shutdown signal until handlers still running are abandoned (released).
     pub drain_budget: Duration,
 }
@@ -60,7 +64,8 @@ impl Dispatcher {
         let p = self.processor.clone();
         let metrics = p.metrics.clone();
         let s = &self.settings;
-        let full = s.batch_size.min(s.concurrency).max(1);
+        let capacity = s.concurrency + s.prefetch;
+        let full = s.batch_size.min(capacity).max(1);
         let max_parallel = s.concurrency.div_ceil(full).clamp(1, MAX_PARALLEL_RECEIVES);
 
         let groups: Groups = Arc::new(Mutex::new(HashMap::new()));
@@ -68,7 +73,9 @@ impl Dispatcher {
         let mut receives: JoinSet<ReceiveResult> = JoinSet::new();
         let mut asked: HashMap<tokio::task::Id, usize> = HashMap::new();
         let mut ready = metrics.readiness() == Readiness::Ready;
+        // Received and not finished: running plus waiting.
         let mut in_flight = 0usize;
+        let mut waiting: VecDeque<Lease> = VecDeque::new();
         let mut reserved = 0usize;
         let mut last_empty = false;
         let mut errors = 0u32;
@@ -83,13 +90,13 @@ impl Dispatcher {
         loop {
             if !draining && paused.is_none() && backoff_until.is_none() {
                 loop {
-                    let free = s.concurrency - in_flight - reserved;
+                    let free = capacity.saturating_sub(in_flight + reserved);
                     let want = free.min(s.batch_size);
                     if want == 0 {
                         break;
                     }
                     let launch = if receives.is_empty() {
-                        want >= full || in_flight == 0 || fill_ready
+                        want >= full || in_flight == waiting.len() || fill_ready
                     } else {
                         want >= full && !last_empty && receives.len() < max_parallel
                     };
@@ -118,6 +125,8 @@ impl Dispatcher {
             if draining && receives.is_empty() && in_flight == 0 {
                 break;
             }
+            // Waiting messages whose heartbeat falls due get a background one until they start.
+            let beat_due = waiting.iter().filter_map(Lease::beat_due).min();
 
             tokio::select! {
                 _ = &mut shutdown, if !draining => {
@@ -125,8 +134,9 @@ impl Dispatcher {
                     drain_deadline = Instant::now() + s.drain_budget;
                     metrics.set_readiness(Readiness::Draining);
                     tracing::info!(in_flight, receiving = receives.len(), "shutting down: no new receives, finishing in-flight messages");
-                    // Messages waiting behind their FIFO group have not started: release them now.
-                    for lease in take_all(&groups) {
+                    // Messages waiting for a slot or behind their FIFO group have not started:
+                    // release them now.
+                    for lease in waiting.drain(..).chain(take_all(&groups)) {
                         lease.release().await;
                     }
                 }
@@ -154,6 +164,7 @@ impl Dispatcher {
                         }
                         next = self.freed.try_recv().ok();
                     }
+                    start_waiting(&p, &mut tasks, &mut waiting, in_flight, s.concurrency);
                 }
                 Some(joined) = receives.join_next_with_id(), if !receives.is_empty() => {
                     let (id, result) = match joined {
@@ -191,12 +202,8 @@ impl Dispatcher {
                             } else if s.fifo {
                                 start_fifo(&p, &groups, &mut tasks, leases);
                             } else {
-                                for lease in leases {
-                                    let p = p.clone();
-                                    tasks.spawn(async move {
-                                        p.process(lease).await;
-                                    });
-                                }
+                                waiting.extend(leases);
+                                start_waiting(&p, &mut tasks, &mut waiting, in_flight, s.concurrency);
                             }
                         }
                         Err(e) => {
@@ -222,6 +229,11 @@ impl Dispatcher {
                 _ = sleep_until_opt(backoff_until), if backoff_until.is_some() => {
                     backoff_until = None;
                 }
+                _ = sleep_until_opt(beat_due), if beat_due.is_some() => {
+                    for lease in waiting.iter_mut() {
+                        lease.beat_in_background();
+                    }
+                }
                 _ = async { if let Some(f) = paused.as_mut() { f.await } }, if paused.is_some() => {
                     paused = None;
                     if !draining {
@@ -237,6 +249,7 @@ impl Dispatcher {
                     while tasks.join_next().await.is_some() {}
                     while receives.join_next().await.is_some() {}
                     drop(take_all(&groups));
+                    waiting.clear();
                     break;
                 }
             }
@@ -261,6 +274,27 @@ async fn wait_store(p: &Processor) {
                 tokio::time::sleep(delay).await;
             }
         }
+    }
+}
+
+/// Starts waiting messages, oldest first, while fewer than `concurrency` run.
+fn start_waiting(
+    p: &Arc<Processor>,
+    tasks: &mut JoinSet<()>,
+    waiting: &mut VecDeque<Lease>,
+    in_flight: usize,
+    concurrency: usize,
+) {
+    let mut running = in_flight - waiting.len();
+    while running < concurrency {
+        let Some(lease) = waiting.pop_front() else {
+            break;
+        };
+        running += 1;
+        let p = p.clone();
+        tasks.spawn(async move {
+            p.process(lease).await;
+        });
     }
 }
 

@@ -89,13 +89,18 @@ pub struct Lease {
 impl Lease {
     /// The lease started at receipt: the first beat is due one interval after it.
     pub fn new(processor: &Arc<Processor>, msg: Message) -> Lease {
+        let lease_until = Instant::from_std(msg.received_at) + processor.visibility_timeout;
         processor.metrics.in_flight.inc();
         let next = processor
             .heartbeat
             .map(|interval| Instant::from_std(msg.received_at) + interval);
         Lease {
             msg,
-            beat: Beat { next, failures: 0 },
+            beat: Beat {
+                next,
+                failures: 0,
+                lease_until,
+            },
             background: None,
             processor: processor.clone(),
             settled: false,
@@ -115,6 +120,7 @@ impl Lease {
             let mut beat = Beat {
                 next: self.beat.next,
                 failures: self.beat.failures,
+                lease_until: self.beat.lease_until,
             };
             let task = tokio::spawn(async move {
                 tokio::pin!(stopped);
@@ -140,10 +146,19 @@ impl Lease {
         }
     }
 
+    /// When this message's next heartbeat is due, unless a background heartbeat already keeps it.
+    pub fn beat_due(&self) -> Option<Instant> {
+        match self.background {
+            Some(_) => None,
+            None => self.beat.next,
+        }
+    }
+
     fn entry(&self) -> Entry {
         Entry {
             message_id: self.msg.id.clone(),
             receipt_handle: self.msg.receipt_handle.clone(),
+            lease_until: Some(self.beat.lease_until.into_std()),
         }
     }
 
@@ -206,6 +221,8 @@ struct Heartbeat {
 struct Beat {
     next: Option<Instant>,
     failures: u32,
+    /// The lease runs at least until then: receipt or the last extension's start, plus the visibility timeout.
+    lease_until: Instant,
 }
 
 impl Beat {
@@ -244,6 +261,7 @@ impl Beat {
             self.next = None;
             return;
         };
+        let sent = Instant::now();
         match p
             .sqs
             .change_visibility(receipt_handle, visibility_secs(p.visibility_timeout))
@@ -252,6 +270,7 @@ impl Beat {
             Ok(()) => {
                 p.metrics.heartbeats.inc();
                 self.failures = 0;
+                self.lease_until = sent + p.visibility_timeout;
                 self.next = Some(Instant::now() + interval);
             }
             Err(e) => {

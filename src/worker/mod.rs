@@ -353,6 +353,13 @@ pub async fn run(
         batch_size: config.batch_size as usize,
         wait_time: config.wait_time.as_std(),
         fifo: info.fifo,
+        // One batch may wait for a slot while heartbeats keep its leases (standard queues: a FIFO
+        // message already waits behind its group).
+        prefetch: if heartbeat.is_some() && !info.fifo {
+            config.batch_size as usize
+        } else {
+            0
+        },
         drain_budget: total.saturating_sub(flush_reserve),
     };
     metrics.set_readiness(Readiness::Ready);

@@ -311,6 +311,8 @@ impl Message {
 pub struct Entry {
     pub message_id: String,
     pub receipt_handle: String,
+    /// The message's lease runs at least until then (None: unknown): a delete must go out before.
+    pub lease_until: Option<Instant>,
 }
 
 /// Per-entry failure of a batch call.
