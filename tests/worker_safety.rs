@@ -248,9 +248,10 @@ async fn store_outage_makes_the_worker_unready_and_stops_receiving_until_it_retu
         w.metric("qc_worker_messages_deleted_total").await,
         q.dlq_visible().await
     );
-    // At most one receive per slot was spent while the store was down.
+    // At most what the worker holds at once was received while the store was down: the 10 slots
+    // and the one batch that may wait for them (released when receiving paused).
     assert!(
-        received_during <= 10.0,
+        received_during <= 20.0,
         "received {received_during} while the store was down"
     );
     w.signal("TERM");

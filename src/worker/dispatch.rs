@@ -164,6 +164,13 @@ impl Dispatcher {
                         }
                         next = self.freed.try_recv().ok();
                     }
+                    if paused.is_some() {
+                        // Paused (handler or store down): waiting messages go back to the queue
+                        // rather than fail one by one.
+                        for lease in waiting.drain(..) {
+                            lease.release().await;
+                        }
+                    }
                     start_waiting(&p, &mut tasks, &mut waiting, in_flight, s.concurrency);
                 }
                 Some(joined) = receives.join_next_with_id(), if !receives.is_empty() => {
@@ -182,7 +189,7 @@ impl Dispatcher {
                             if errors > 0 {
                                 tracing::info!(after_failures = errors, "receiving again");
                             }
-                            if !ready && !draining {
+                            if !ready && !draining && paused.is_none() {
                                 metrics.set_readiness(Readiness::Ready);
                                 ready = true;
                             }
@@ -201,6 +208,11 @@ impl Dispatcher {
                                 }
                             } else if s.fifo {
                                 start_fifo(&p, &groups, &mut tasks, leases);
+                            } else if paused.is_some() {
+                                // Received just before the pause: back to the queue.
+                                for lease in leases {
+                                    lease.release().await;
+                                }
                             } else {
                                 waiting.extend(leases);
                                 start_waiting(&p, &mut tasks, &mut waiting, in_flight, s.concurrency);
