@@ -577,3 +577,60 @@ async fn poison_without_a_dlq_is_left_on_the_queue() {
     w.signal("TERM");
     assert!(w.wait_exit(SECS(20)).await.success());
 }
+
+/// Item 7: a heartbeat call that hangs used to be waited for up to the fixed 10 s call bound, past
+/// the end of the 4 s lease it was meant to extend, so a second worker got the message too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_heartbeat_call_is_given_up_in_time_to_keep_the_lease() {
+    let q = TestQueue::new("hung-beat", 4, 5, false).await;
+    q.send_one("slow").await;
+    let h = HttpHandler::start(|_| Reply::ok(SECS(7))).await;
+    let proxy = FaultProxy::start().await;
+    proxy.set(Fault::HangFirst("ChangeMessageVisibility")).await;
+    let a = args(&[
+        "--queue-url",
+        &q.url,
+        "--endpoint-url",
+        &proxy.endpoint,
+        "--wait-time",
+        "1s",
+        "--timeout",
+        "30s",
+        "--http-url",
+        &h.url,
+    ]);
+    let mut w1 = Worker::start(&a);
+    let mut w2 = Worker::start(&a);
+    eventually(SECS(60), "the message deleted", || async {
+        let mut deleted = 0.0;
+        for w in [&w1, &w2] {
+            deleted += w
+                .metric("qc_worker_messages_deleted_total")
+                .await
+                .unwrap_or(0.0);
+        }
+        deleted >= 1.0
+    })
+    .await;
+    // Longer than a lease: a lapse would show as a second call by now.
+    tokio::time::sleep(SECS(5)).await;
+    let calls = h.calls();
+    let failures = w1
+        .metric("qc_worker_heartbeat_failures_total")
+        .await
+        .unwrap()
+        + w2.metric("qc_worker_heartbeat_failures_total")
+            .await
+            .unwrap();
+    eprintln!(
+        "drill hung-heartbeat: sent 1, handler calls {}, heartbeat failures {failures}",
+        calls.len()
+    );
+    assert_eq!(calls.len(), 1, "handled once: {calls:?}");
+    assert!(failures >= 1.0, "the hung call counted as a failed beat");
+    assert!(q.is_empty().await);
+    for w in [&mut w1, &mut w2] {
+        w.signal("TERM");
+        assert!(w.wait_exit(SECS(20)).await.success());
+    }
+}

@@ -89,11 +89,11 @@ pub struct Lease {
 impl Lease {
     /// The lease started at receipt: the first beat is due one interval after it.
     pub fn new(processor: &Arc<Processor>, msg: Message) -> Lease {
-        let lease_until = Instant::from_std(msg.received_at) + processor.visibility_timeout;
         processor.metrics.in_flight.inc();
         let next = processor
             .heartbeat
             .map(|interval| Instant::from_std(msg.received_at) + interval);
+        let lease_until = Instant::from_std(msg.received_at) + processor.visibility_timeout;
         Lease {
             msg,
             beat: Beat {
@@ -225,6 +225,12 @@ struct Beat {
     lease_until: Instant,
 }
 
+/// Room a visibility change keeps before the lease ends: a quarter of the visibility timeout, at most
+/// 5 s. A call still unanswered then is given up, so a retry can still land inside the lease.
+fn lease_margin(vt: Duration) -> Duration {
+    (vt / 4).min(Duration::from_secs(5))
+}
+
 impl Beat {
     /// Runs `work` while keeping the message's lease alive; None if it is still running at `deadline`.
     /// A beat is awaited before `work` is polled again, so no visibility change is in flight when
@@ -261,16 +267,23 @@ impl Beat {
             self.next = None;
             return;
         };
-        let sent = Instant::now();
+        let started = Instant::now();
+        // The call's deadline is the lease's end minus a margin, not a fixed bound: a hung call must
+        // not outlive the lease it is meant to extend.
+        let limit = self
+            .lease_until
+            .saturating_duration_since(started)
+            .saturating_sub(lease_margin(p.visibility_timeout))
+            .max(Duration::from_millis(200));
         match p
             .sqs
-            .change_visibility(receipt_handle, visibility_secs(p.visibility_timeout))
+            .change_visibility_within(receipt_handle, visibility_secs(p.visibility_timeout), limit)
             .await
         {
             Ok(()) => {
                 p.metrics.heartbeats.inc();
                 self.failures = 0;
-                self.lease_until = sent + p.visibility_timeout;
+                self.lease_until = started + p.visibility_timeout;
                 self.next = Some(Instant::now() + interval);
             }
             Err(e) => {
@@ -287,7 +300,8 @@ impl Beat {
                     // Retry well inside the remaining lease.
                     let retry =
                         (interval / 4).clamp(Duration::from_millis(100), Duration::from_secs(2));
-                    Some(Instant::now() + retry * self.failures.min(4))
+                    let left = self.lease_until.saturating_duration_since(Instant::now());
+                    Some(Instant::now() + (retry * self.failures.min(4)).min(left / 2))
                 };
             }
         }

@@ -420,7 +420,10 @@ impl Sqs {
             Err(_) => Err(SqsError {
                 action,
                 kind: ErrorKind::Timeout,
-                detail: format!("no answer within {}s", timeout.as_secs()),
+                detail: format!(
+                    "no answer within {}",
+                    crate::api::Duration::from_std(timeout)
+                ),
             }),
         };
         if let Err(e) = &result {
@@ -567,10 +570,22 @@ impl Sqs {
     }
 
     pub async fn change_visibility(&self, receipt_handle: &str, secs: i32) -> Result<(), SqsError> {
+        self.change_visibility_within(receipt_handle, secs, CALL_TIMEOUT)
+            .await
+    }
+
+    /// ChangeMessageVisibility given up after `limit` (at most the usual call bound): a heartbeat's
+    /// deadline is the time its lease has left.
+    pub async fn change_visibility_within(
+        &self,
+        receipt_handle: &str,
+        secs: i32,
+        limit: Duration,
+    ) -> Result<(), SqsError> {
         let action = Action::ChangeMessageVisibility;
         self.call(
             action,
-            CALL_TIMEOUT,
+            limit.min(CALL_TIMEOUT),
             Box::pin(async move {
                 self.client
                     .change_message_visibility()

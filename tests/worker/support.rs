@@ -537,6 +537,9 @@ pub enum Fault {
     Refuse,
     /// Answer every request with this HTTP status and AWS error code.
     Fail(u16, &'static str),
+    /// Pass requests through, but the first one for this action (`X-Amz-Target: AmazonSQS.<action>`)
+    /// is read and never answered: a hung call.
+    HangFirst(&'static str),
 }
 
 /// A TCP proxy in front of the moto server that can refuse connections or answer with AWS errors.
@@ -546,6 +549,9 @@ pub struct FaultProxy {
     upstream: String,
     state: Arc<Mutex<ProxyState>>,
 }
+
+/// Set once `Fault::HangFirst` has swallowed its request.
+static HUNG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 struct ProxyState {
     fault: Fault,
@@ -618,6 +624,7 @@ impl FaultProxy {
                             let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
                         }
                         Fault::Fail(status, code) => answer_errors(client, status, code).await,
+                        Fault::HangFirst(action) => relay_hanging(client, &upstream, action).await,
                         Fault::Refuse => {}
                     }
                 });
@@ -637,6 +644,59 @@ impl Drop for FaultProxy {
             for c in st.conns.drain(..) {
                 c.abort();
             }
+        }
+    }
+}
+
+/// One HTTP/1.1 message (head and Content-Length body) from `s`, after what `buf` already holds.
+async fn read_message(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> Option<Vec<u8>> {
+    let mut chunk = [0u8; 8192];
+    let header_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..header_end]).to_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    while buf.len() < header_end + len {
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    Some(buf.drain(..header_end + len).collect())
+}
+
+/// Relays requests one by one to the upstream; the first request for `action` is swallowed and the
+/// connection held open without an answer.
+async fn relay_hanging(mut client: tokio::net::TcpStream, upstream: &str, action: &str) {
+    let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else {
+        return;
+    };
+    let target = format!("x-amz-target: amazonsqs.{}\r\n", action.to_lowercase());
+    let (mut cbuf, mut sbuf) = (Vec::new(), Vec::new());
+    while let Some(req) = read_message(&mut client, &mut cbuf).await {
+        let head = String::from_utf8_lossy(&req).to_lowercase();
+        if head.contains(&target) && !HUNG.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            return;
+        }
+        if server.write_all(&req).await.is_err() {
+            return;
+        }
+        let Some(resp) = read_message(&mut server, &mut sbuf).await else {
+            return;
+        };
+        if client.write_all(&resp).await.is_err() {
+            return;
         }
     }
 }
