@@ -440,7 +440,11 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         sampled_at: observed.as_ref().ok().map(|o| o.sampled_at.clone()),
         now: observe::now(),
     });
-    let old_status = qc.status.clone().unwrap_or_default();
+    let mut old_status = qc.status.clone().unwrap_or_default();
+    let foreign = status::foreign_condition_types(&qc.metadata, FIELD_MANAGER);
+    old_status
+        .conditions
+        .retain(|c| !foreign.contains(&c.type_));
     if !status::same_ignoring_time(&old_status, &new_status) {
         let patch = json!({
             "apiVersion": API_VERSION,

@@ -500,6 +500,40 @@ pub fn merge_conditions(old: &[Condition], fresh: Vec<Condition>) -> Vec<Conditi
         .collect()
 }
 
+/// Condition types that only other field managers own, per the object's managedFields.
+/// `status.conditions` is a list-map keyed by `type`, so another tool may keep conditions of its own on
+/// a QueueConsumer's status, and server-side apply leaves them alone. They are not the controller's to
+/// compare (it would write status at every reconcile) nor to remove. A type `manager` owns as well
+/// stays the controller's.
+pub fn foreign_condition_types(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    manager: &str,
+) -> std::collections::BTreeSet<String> {
+    let mut ours = std::collections::BTreeSet::new();
+    let mut theirs = std::collections::BTreeSet::new();
+    for entry in meta.managed_fields.iter().flatten() {
+        let Some(fields) = entry.fields_v1.as_ref() else {
+            continue;
+        };
+        let types = fields
+            .0
+            .get("f:status")
+            .and_then(|s| s.get("f:conditions"))
+            .and_then(serde_json::Value::as_object)
+            .into_iter()
+            .flat_map(|m| m.keys())
+            .filter_map(|k| k.strip_prefix("k:"))
+            .filter_map(|k| serde_json::from_str::<serde_json::Value>(k).ok())
+            .filter_map(|k| k.get("type").and_then(|t| t.as_str()).map(str::to_string));
+        if entry.manager.as_deref() == Some(manager) {
+            ours.extend(types);
+        } else {
+            theirs.extend(types);
+        }
+    }
+    theirs.difference(&ours).cloned().collect()
+}
+
 /// Equal but for timestamps (condition transition times, sampledAt): such a status is not rewritten.
 pub fn same_ignoring_time(a: &QueueConsumerStatus, b: &QueueConsumerStatus) -> bool {
     normalized(a) == normalized(b)

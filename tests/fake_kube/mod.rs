@@ -6,8 +6,11 @@
 //! managers, conflicts, `force`, removal of fields a manager stopped applying), JSON merge patch,
 //! strategic merge patch (treated as a merge patch: lists are replaced), JSON patch, the status
 //! subresource, delete with finalizers and ownerReference garbage collection, and a few API-server
-//! defaults on Deployments (so "nothing changed" must survive defaulting, as on a real cluster).
-//! Simplification: lists are atomic for field ownership (a real server merges list-map keys).
+//! defaults on Deployments (so "nothing changed" must survive defaulting, as on a real cluster), and the
+//! CRD's own defaults on QueueConsumers (from its schema, as the API server applies them).
+//! `status.conditions` of a QueueConsumer is a list-map keyed by `type`, as in the CRD: server-side apply
+//! merges and owns it per condition. Other lists are atomic for field ownership. What the fake still
+//! cannot imitate is listed in docs/testing.md; tests/k8s_fake_diff.rs compares it with a real server.
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod aws;
@@ -26,6 +29,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
 
 type Body = UnsyncBoxBody<Bytes, Infallible>;
+type RoutedBody = UnsyncBoxBody<Bytes, tower::BoxError>;
 type Path = Vec<String>;
 
 /// The kinds the fake serves.
@@ -97,6 +101,14 @@ impl Kind {
             format!("{}/{}", self.group, self.version)
         }
     }
+}
+
+/// Paths a routed client sends to the real server: the QueueConsumer API and the CRD API. Everything
+/// else (core, apps, events, coordination) stays with this fake: the CRD server does not serve them.
+pub fn routes_to_real(path: &str) -> bool {
+    path == "/apis/sqs.consumers.dev"
+        || path.starts_with("/apis/sqs.consumers.dev/")
+        || path.starts_with("/apis/apiextensions.k8s.io/")
 }
 
 /// One request as the fake received it.
@@ -232,6 +244,70 @@ impl FakeKube {
             async move { Ok::<_, Infallible>(fake.serve(req).await) }
         });
         kube::Client::new(service, "default")
+    }
+
+    /// A client that sends the QueueConsumer API (`sqs.consumers.dev`, and `apiextensions.k8s.io`
+    /// for its CRD) to `real`, a real Kubernetes API server, and everything else (Deployments, Events,
+    /// Leases) to this fake: one tower service dispatching by path. Requests to either side are
+    /// recorded alike, so `requests()` and `writes()` see all of the controller's traffic.
+    pub fn routed_client(&self, real: kube::Client) -> kube::Client {
+        let fake = self.clone();
+        let service = tower::service_fn(move |req: Request<kube::client::Body>| {
+            let fake = fake.clone();
+            let real = real.clone();
+            async move {
+                if routes_to_real(req.uri().path()) {
+                    fake.forward(&real, req).await
+                } else {
+                    let (parts, body) = fake.serve(req).await.into_parts();
+                    let body = body.map_err(|never| match never {}).boxed_unsync();
+                    Ok(Response::from_parts(parts, body))
+                }
+            }
+        });
+        kube::Client::new(service, "default")
+    }
+
+    /// Send one request to the real server and record it as `serve` records the fake's.
+    async fn forward(
+        &self,
+        real: &kube::Client,
+        req: Request<kube::client::Body>,
+    ) -> Result<Response<RoutedBody>, tower::BoxError> {
+        let (parts, body) = req.into_parts();
+        let bytes = body.collect_bytes().await?;
+        let mut record = Recorded {
+            method: parts.method.as_str().to_string(),
+            path: parts.uri.path().to_string(),
+            query: parts
+                .uri
+                .query()
+                .map(|q| form_urlencoded_pairs(q).into_iter().collect())
+                .unwrap_or_default(),
+            content_type: parts
+                .headers
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string),
+            body: (!bytes.is_empty()).then(|| {
+                serde_json::from_slice(&bytes)
+                    .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+            }),
+            status: 0,
+        };
+        let response = real
+            .send(Request::from_parts(
+                parts,
+                kube::client::Body::from(bytes.to_vec()),
+            ))
+            .await?;
+        record.status = response.status().as_u16();
+        self.inner.state.lock().unwrap().requests.push(record);
+        let (parts, body) = response.into_parts();
+        Ok(Response::from_parts(
+            parts,
+            body.map_err(tower::BoxError::from).boxed_unsync(),
+        ))
     }
 
     // ---- inspection and setup used by tests (not recorded as requests) ----
@@ -722,12 +798,177 @@ fn changed_paths(old: &Value, new: &Value) -> BTreeSet<Path> {
         .collect()
 }
 
+/// A field path as the API server prints it: `.spec.x`, list-map items as `[type="Ready"]`.
+fn field_path(p: &[String]) -> String {
+    let mut out = String::new();
+    for seg in p {
+        match seg
+            .strip_prefix("k:")
+            .and_then(|k| serde_json::from_str::<Map<String, Value>>(k).ok())
+        {
+            Some(key) => {
+                let parts: Vec<String> = key.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                out.push_str(&format!("[{}]", parts.join(",")));
+            }
+            None => {
+                out.push('.');
+                out.push_str(seg);
+            }
+        }
+    }
+    out
+}
+
+/// The API server's conflict message (without its note of the other manager's operation and
+/// subresource, which the fake does not keep apart).
+fn conflict_message(conflicts: &[(String, Path)]) -> String {
+    if let [(manager, path)] = conflicts {
+        return format!(
+            "Apply failed with 1 conflict: conflict with \"{manager}\": {}",
+            field_path(path)
+        );
+    }
+    let mut by_manager: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for (manager, path) in conflicts {
+        by_manager
+            .entry(manager)
+            .or_default()
+            .push(field_path(path));
+    }
+    let mut lines = Vec::new();
+    for (manager, paths) in by_manager {
+        lines.push(format!("conflicts with \"{manager}\":"));
+        lines.extend(paths.into_iter().map(|p| format!("- {p}")));
+    }
+    format!(
+        "Apply failed with {} conflicts: {}",
+        conflicts.len(),
+        lines.join("\n")
+    )
+}
+
 /// RFC 3339 in UTC at second precision, as the API server writes timestamps.
 fn now() -> String {
     let now = k8s_openapi::jiff::Timestamp::now();
     k8s_openapi::jiff::Timestamp::from_second(now.as_second())
         .unwrap()
         .to_string()
+}
+
+/// Lists a kind declares `x-kubernetes-list-type: map`, with their key: server-side apply merges them
+/// item by item and owns fields per item.
+fn list_maps(kind: Kind) -> &'static [(&'static [&'static str], &'static str)] {
+    if kind == QUEUE_CONSUMERS {
+        &[(&["status", "conditions"], "type")]
+    } else {
+        &[]
+    }
+}
+
+/// The path segment of one list-map item, as managedFields spell it: `k:{"type":"Ready"}`.
+fn item_key(key: &str, value: &Value) -> String {
+    format!("k:{}", json!({ key: value }))
+}
+
+/// The object with each list-map turned into a map from item key to item, so ownership, conflicts,
+/// removal and merge work per item with the map logic. Lists with an item lacking its key stay atomic.
+fn canonical(kind: Kind, v: &Value) -> Value {
+    let mut v = v.clone();
+    for (path, key) in list_maps(kind) {
+        let path: Path = path.iter().map(|s| s.to_string()).collect();
+        let Some(slot) = at_mut(&mut v, &path) else {
+            continue;
+        };
+        let Some(items) = slot.as_array() else {
+            continue;
+        };
+        if items.iter().any(|i| i.get(*key).is_none()) {
+            continue;
+        }
+        let map: Map<String, Value> = items
+            .iter()
+            .map(|i| (item_key(key, &i[*key]), i.clone()))
+            .collect();
+        *slot = Value::Object(map);
+    }
+    v
+}
+
+/// Back from `canonical`: items already in `live` keep their place, new ones follow in the order the
+/// request sent them (as the API server's merge orders them).
+fn listed(kind: Kind, mut v: Value, live: &Value, sent: &Value) -> Value {
+    for (path, key) in list_maps(kind) {
+        let path: Path = path.iter().map(|s| s.to_string()).collect();
+        let Some(slot) = at_mut(&mut v, &path) else {
+            continue;
+        };
+        let Some(map) = slot.as_object_mut() else {
+            continue;
+        };
+        let order = |src: &Value| -> Vec<String> {
+            at(src, &path)
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|i| i.get(*key).map(|k| item_key(key, k)))
+                .collect()
+        };
+        let mut items = Vec::new();
+        for k in order(live).into_iter().chain(order(sent)) {
+            if let Some(item) = map.remove(&k) {
+                items.push(item);
+            }
+        }
+        items.extend(std::mem::take(map).into_values());
+        *slot = Value::Array(items);
+    }
+    v
+}
+
+/// The CRD's structural defaults, applied as the API server applies them on every write: a missing
+/// property with a `default` gets it, then defaulting goes on inside.
+fn default_from_schema(schema: &Value, v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+                return;
+            };
+            for (k, prop) in props {
+                if !m.contains_key(k)
+                    && let Some(d) = prop.get("default")
+                {
+                    m.insert(k.clone(), d.clone());
+                }
+                if let Some(child) = m.get_mut(k) {
+                    default_from_schema(prop, child);
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                for i in items {
+                    default_from_schema(item_schema, i);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+fn default_queue_consumer(obj: &mut Value) {
+    use kube::CustomResourceExt;
+    static SCHEMA: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
+    let schema = SCHEMA.get_or_init(|| {
+        let crd = qc::api::QueueConsumer::crd();
+        serde_json::to_value(
+            crd.spec.versions[0]
+                .schema
+                .as_ref()
+                .and_then(|s| s.open_api_v3_schema.as_ref()),
+        )
+        .unwrap()
+    });
+    default_from_schema(schema, obj);
 }
 
 /// The API server's defaults for the Deployment fields the controller renders.
@@ -938,8 +1179,11 @@ impl State {
         if kind == DEPLOYMENTS {
             default_deployment(&mut object);
         }
+        if kind == QUEUE_CONSUMERS {
+            default_queue_consumer(&mut object);
+        }
         let mut owners = BTreeMap::new();
-        owners.insert(manager.to_string(), leaf_set(&object));
+        owners.insert(manager.to_string(), leaf_set(&canonical(kind, &object)));
         self.objects.insert(
             key,
             Stored {
@@ -992,24 +1236,34 @@ impl State {
                     let created = self.create(tx, kind, ns, object, &manager)?;
                     // The applier owns what it sent, not what the server defaulted.
                     let stored = self.objects.get_mut(&key).unwrap();
-                    stored.owners.insert(manager.clone(), leaf_set(&applied));
+                    stored
+                        .owners
+                        .insert(manager.clone(), leaf_set(&canonical(kind, &applied)));
                     return Ok(created);
                 }
                 let stored = self.objects.get(&key).unwrap();
                 check_precondition(&stored.object, &body)?;
-                let live = stored.object.clone();
+                let live_listed = stored.object.clone();
+                let sent_listed = applied.clone();
+                let live = canonical(kind, &live_listed);
+                let applied = canonical(kind, &applied);
                 let sent = leaf_set(&applied);
                 let mut owners = stored.owners.clone();
-                let mut conflicts = Vec::new();
+                let mut conflicts: Vec<(String, Path)> = Vec::new();
                 for (other, paths) in owners.iter_mut() {
                     if *other == manager {
                         continue;
                     }
+                    // An empty map sent is structure, not a value: it never conflicts by itself.
                     let clashing: Vec<Path> = paths
                         .iter()
                         .filter(|o| {
-                            sent.iter()
-                                .any(|s| related(s, o) && at(&live, s) != at(&applied, s))
+                            sent.iter().any(|s| {
+                                related(s, o)
+                                    && !at(&applied, s)
+                                        .is_some_and(|v| v.as_object().is_some_and(Map::is_empty))
+                                    && at(&live, s) != at(&applied, s)
+                            })
                         })
                         .cloned()
                         .collect();
@@ -1018,23 +1272,11 @@ impl State {
                             paths.remove(&p);
                         }
                     } else {
-                        conflicts.extend(
-                            clashing
-                                .into_iter()
-                                .map(|p| format!("{} (owned by {other})", p.join("."))),
-                        );
+                        conflicts.extend(clashing.into_iter().map(|p| (other.clone(), p)));
                     }
                 }
                 if !conflicts.is_empty() {
-                    return Err(err(
-                        409,
-                        "Conflict",
-                        format!(
-                            "Apply failed with {} conflict(s): {}",
-                            conflicts.len(),
-                            conflicts.join(", ")
-                        ),
-                    ));
+                    return Err(err(409, "Conflict", conflict_message(&conflicts)));
                 }
                 let mut next = live.clone();
                 // Fields this manager applied before and no longer sends are removed unless another
@@ -1053,6 +1295,7 @@ impl State {
                 }
                 merge(&mut next, &applied);
                 owners.insert(manager.clone(), sent);
+                let next = listed(kind, next, &live_listed, &sent_listed);
                 self.commit(tx, kind, ns, name, next, owners)
             }
             Some("application/merge-patch+json")
@@ -1149,13 +1392,15 @@ impl State {
         let mut owners = stored.owners.clone();
         match ownership {
             Ownership::Update(manager) => {
-                let changed = changed_paths(&stored.object, &next);
+                let changed =
+                    changed_paths(&canonical(kind, &stored.object), &canonical(kind, &next));
                 for paths in owners.values_mut() {
                     paths.retain(|p| !changed.iter().any(|c| related(c, p)));
                 }
                 let mine = owners.entry(manager.to_string()).or_default();
+                let next_canonical = canonical(kind, &next);
                 for c in changed {
-                    if at(&next, &c).is_some() {
+                    if at(&next_canonical, &c).is_some() {
                         mine.insert(c);
                     }
                 }
@@ -1180,6 +1425,9 @@ impl State {
         if kind == DEPLOYMENTS {
             default_deployment(&mut next);
         }
+        if kind == QUEUE_CONSUMERS {
+            default_queue_consumer(&mut next);
+        }
         // Identity fields stay the server's.
         for f in [
             "name",
@@ -1201,6 +1449,14 @@ impl State {
         }
         next["apiVersion"] = json!(kind.api_version());
         next["kind"] = json!(kind.kind);
+        // An empty list of finalizers is no list (omitempty), as the API server stores it.
+        if next["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(Vec::is_empty)
+            && let Some(m) = next["metadata"].as_object_mut()
+        {
+            m.remove("finalizers");
+        }
         let owners: BTreeMap<_, _> = owners.into_iter().filter(|(_, p)| !p.is_empty()).collect();
         if next == live {
             self.objects.get_mut(&key).unwrap().owners = owners;
@@ -1216,6 +1472,12 @@ impl State {
             && next["metadata"]["finalizers"]
                 .as_array()
                 .is_none_or(Vec::is_empty);
+        if finished {
+            // The API server deletes instead of storing the update: the DELETED event carries the
+            // object as last stored, the writer gets the update's result.
+            self.remove(tx, kind, ns, name);
+            return Ok(next);
+        }
         self.objects.insert(
             key,
             Stored {
@@ -1223,11 +1485,7 @@ impl State {
                 owners,
             },
         );
-        if finished {
-            self.remove(tx, kind, ns, name);
-        } else {
-            self.publish(tx, kind, ns, "MODIFIED", next.clone());
-        }
+        self.publish(tx, kind, ns, "MODIFIED", next.clone());
         Ok(next)
     }
 
@@ -1255,6 +1513,9 @@ impl State {
             let mut next = stored.object.clone();
             next["metadata"]["deletionTimestamp"] = json!(now());
             next["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+            // As the API server does when it marks an object for deletion.
+            let g = next["metadata"]["generation"].as_i64().unwrap_or(0) + 1;
+            next["metadata"]["generation"] = json!(g);
             next["metadata"]["resourceVersion"] = json!(rv.to_string());
             self.objects.get_mut(&key).unwrap().object = next.clone();
             self.publish(tx, kind, ns, "MODIFIED", next.clone());

@@ -481,3 +481,27 @@ fn scaling_active_and_desired_replicas_follow_the_decision() {
     });
     assert_eq!(kept.last_scale_time, Some(at(100)));
 }
+
+#[test]
+fn conditions_only_other_managers_own_are_foreign() {
+    let meta: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta =
+        serde_json::from_value(json!({"managedFields": [
+            {"manager": "qc-operator", "operation": "Apply", "subresource": "status",
+             "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:conditions": {
+                "k:{\"type\":\"Ready\"}": {".": {}, "f:status": {}},
+                "k:{\"type\":\"Shared\"}": {".": {}}}}}},
+            {"manager": "checker", "operation": "Apply", "subresource": "status",
+             "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:conditions": {
+                "k:{\"type\":\"ExternalCheck\"}": {".": {}},
+                "k:{\"type\":\"Shared\"}": {"f:message": {}}}}}},
+            {"manager": "kubectl", "operation": "Update",
+             "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:queue": {}}}}
+        ]}))
+        .unwrap();
+    let foreign: Vec<String> = foreign_condition_types(&meta, "qc-operator")
+        .into_iter()
+        .collect();
+    assert_eq!(foreign, ["ExternalCheck"]);
+    // Without managedFields (an object read from elsewhere) nothing is foreign.
+    assert!(foreign_condition_types(&Default::default(), "qc-operator").is_empty());
+}
