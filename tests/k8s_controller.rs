@@ -492,6 +492,7 @@ async fn run_watches_the_real_server_requeues_and_only_the_leader_writes_status(
                 namespaces: vec![ns.clone()],
                 metrics_addr: free_addr(),
                 leader: Some(leader_opts(id)),
+                reconcile_concurrency: qc::controller::run::DEFAULT_RECONCILE_CONCURRENCY,
             },
             async move {
                 let _ = stop_rx.await;
