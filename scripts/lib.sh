@@ -196,7 +196,12 @@ ensure_crdserver() {
       # Debian's etcd-server, unpacked rather than installed: no service gets started.
       log "unpacking Debian's etcd-server into $k8s/etcd"
       rm -rf "$k8s/etcd" && mkdir -p "$k8s/etcd"
-      (cd "$k8s/etcd" && apt-get -q download etcd-server >/dev/null 2>&1 && dpkg-deb -x etcd-server_*.deb .) \
+      # A clean machine may have no package lists yet: update once, as ensure_redis does.
+      if ! (cd "$k8s/etcd" && apt-get -q download etcd-server >/dev/null 2>&1); then
+        apt-get update -qq >/dev/null 2>&1 && touch "$QC_CACHE/apt-updated"
+      fi
+      (cd "$k8s/etcd" && { ls etcd-server_*.deb >/dev/null 2>&1 || apt-get -q download etcd-server >/dev/null 2>&1; } \
+        && dpkg-deb -x etcd-server_*.deb .) \
         || { log "cannot get Debian's etcd-server package"; return 1; }
     fi
   fi
