@@ -11,6 +11,7 @@ pub mod idempotency;
 pub mod message;
 pub mod metrics;
 pub mod sqs;
+pub mod trace;
 
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
