@@ -75,6 +75,7 @@ fn time_pure(exec: bool, iterations: u32) -> f64 {
             replicas: &ReplicaDecision::Keep,
             scaled_at: None,
             sampled_at: Some(now.clone()),
+            redrive: None,
             now: now.clone(),
         });
         black_box((d, s));

@@ -28,4 +28,6 @@ pub mod reason {
     pub const AT_MAX_REPLICAS: &str = "AtMaxReplicas";
     pub const METRICS_UNAVAILABLE: &str = "MetricsUnavailable";
     pub const HELD_BY_VALIDATION: &str = "HeldByValidation";
+    /// `spec.suspend` is true: replicas are 0 and the scaler is paused.
+    pub const SUSPENDED: &str = "Suspended";
 }

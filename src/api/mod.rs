@@ -24,6 +24,9 @@ pub const GROUP: &str = "sqs.consumers.dev";
 pub const VERSION: &str = "v1alpha1";
 pub const KIND: &str = "QueueConsumer";
 pub const API_VERSION: &str = "sqs.consumers.dev/v1alpha1";
+/// Annotation that asks for one move of the DLQ's messages back to the source: any new value (a token)
+/// starts one redrive; progress is in `status.deadLetter.redrive`.
+pub const REDRIVE_REQUEST_ANNOTATION: &str = "sqs.consumers.dev/redrive-request";
 
 /// Desired state of a QueueConsumer: which queue, how messages are processed, by what, at what scale.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -43,31 +46,42 @@ pub const API_VERSION: &str = "sqs.consumers.dev/v1alpha1";
     printcolumn = r#"{"name":"Visible","type":"integer","jsonPath":".status.queue.visible"}"#,
     printcolumn = r#"{"name":"InFlight","type":"integer","jsonPath":".status.queue.inFlight"}"#,
     printcolumn = r#"{"name":"DLQ","type":"integer","jsonPath":".status.deadLetter.visible"}"#,
+    printcolumn = r#"{"name":"Suspended","type":"boolean","jsonPath":".spec.suspend"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[schemars(transform = RecursiveTransform(kubernetes_integers))]
 pub struct QueueConsumerSpec {
-    /// The SQS queue to consume.
+    /// The SQS queue to consume. Required.
     pub queue: QueueSpec,
-    /// How each message is processed: declared latency, concurrency, retries.
+    /// How each message is processed: declared latency, timeout, concurrency, batching, heartbeats,
+    /// retries and what happens to poison messages. Required (at least `p99`).
     pub processing: ProcessingSpec,
-    /// What handles a message: exactly one of `http` or `exec`.
+    /// What handles a message: exactly one of `http` (a server in the pod) or `exec` (a command per
+    /// message). Required.
     pub handler: HandlerSpec,
-    /// De-duplication of redelivered messages.
+    /// De-duplication of redelivered messages (SQS delivers at least once). Default: no store.
     #[serde(default)]
     pub idempotency: IdempotencySpec,
-    /// Pod template of the user's containers (the handler). The worker container is added by the controller.
+    /// Pod template of the user's containers (the handler); the controller adds the `qc-worker`
+    /// container. Set `spec.serviceAccountName` to the account whose IAM role may use the queue.
+    /// Default: empty (no container: the QueueConsumer is reported as invalid).
     #[serde(default)]
     #[schemars(schema_with = "pod_template_schema")]
     pub template: PodTemplateSpec,
-    /// Autoscaling from queue depth and in-flight counts.
+    /// Stop consuming: true scales the worker Deployment to 0 replicas (pods finish what they hold and
+    /// exit through the normal SIGTERM drain) and pauses the scaler; `ScalingActive` is False with reason
+    /// `Suspended` and `Ready` stays True. false resumes normal scaling at the next poll. Default: false.
+    #[serde(default)]
+    pub suspend: bool,
+    /// Autoscaling of the worker Deployment from the queue's visible and in-flight counts. Default:
+    /// 0 to 20 replicas, backlog drained within 1m.
     #[serde(default)]
     pub scaling: ScalingSpec,
-    /// Dead-letter queue monitoring.
+    /// Dead-letter queue monitoring. Default: a CloudWatch alarm on the DLQ.
     #[serde(default)]
     pub dead_letter: DeadLetterSpec,
-    /// How rule findings affect rollout.
+    /// How rule findings (status.findings) affect rollout. Default: reported only.
     #[serde(default)]
     pub validation: ValidationSpec,
 }
@@ -105,20 +119,21 @@ fn pod_template_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "object",
         "x-kubernetes-preserve-unknown-fields": true,
-        "description": "PodTemplateSpec of the user's containers (the handler)."
+        "description": "PodTemplateSpec of the user's containers (the handler); the controller adds the qc-worker container. Set spec.serviceAccountName to the account whose IAM role may use the queue. Default: empty (no container: the QueueConsumer is reported as invalid)."
     })
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct QueueSpec {
-    /// Queue URL, e.g. https://sqs.us-east-1.amazonaws.com/123456789012/orders.
+    /// Queue URL, e.g. https://sqs.us-east-1.amazonaws.com/123456789012/orders. Required.
     #[schemars(length(min = 1))]
     pub url: String,
-    /// AWS region; default: read from the URL.
+    /// AWS region, e.g. us-east-1. Default: read from the URL (sqs.REGION.amazonaws.com).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
-    /// Endpoint override for local emulators; never needed on AWS.
+    /// Endpoint URL override for local emulators, e.g. http://localmock:4566; never needed on AWS,
+    /// and honoured only where the operator allows it. Default: none (the region's SQS endpoint).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
 }
@@ -130,35 +145,43 @@ pub struct QueueSpec {
 #[x_kube(validation = Rule::new("self.batchSize >= 1 && self.batchSize <= 10").message("processing.batchSize must be between 1 and 10 (SQS MaxNumberOfMessages)").reason(Reason::FieldValueInvalid))]
 #[x_kube(validation = Rule::new("self.concurrency >= 1").message("processing.concurrency must be at least 1").reason(Reason::FieldValueInvalid))]
 pub struct ProcessingSpec {
-    /// Declared P99 time to handle ONE message. Required.
+    /// Declared P99 time to handle ONE message, a duration such as 2s (units ms, s, m, h). Sizes
+    /// scaling and the visibility-timeout rules. Required.
     pub p99: Duration,
-    /// Declared mean time to handle one message; enables the 6x-mean rule and mean-sized scaling of the seen backlog.
+    /// Declared mean time to handle one message, a duration such as 500ms; enables the 6x-mean rule
+    /// and mean-sized scaling of the seen backlog. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mean: Option<Duration>,
-    /// Hard per-message handler timeout.
+    /// Hard per-message handler timeout, a duration (e.g. 30s): a handler still running is abandoned
+    /// and the message retried. Default: 30s.
     #[serde(default = "defaults::timeout")]
     pub timeout: Duration,
-    /// Messages handled at once per replica.
+    /// Messages handled at once per replica (a count, at least 1). Default: 10.
     #[serde(default = "defaults::concurrency")]
     #[schemars(range(min = 1))]
     pub concurrency: u32,
-    /// MaxNumberOfMessages per receive (1..10).
+    /// Messages asked for per ReceiveMessage call (SQS MaxNumberOfMessages, 1 to 10). Default: 10.
     #[serde(default = "defaults::batch_size")]
     #[schemars(range(min = 1, max = 10))]
     pub batch_size: u32,
-    /// Long-poll wait (0..20s).
+    /// Long-poll wait of each ReceiveMessage (SQS WaitTimeSeconds), a duration from 0s to 20s; 0s is
+    /// short polling (more empty receives). Default: 20s.
     #[serde(default = "defaults::wait_time")]
     pub wait_time: Duration,
-    /// Per-message visibility extension while a handler runs.
+    /// Per-message visibility extension (ChangeMessageVisibility) while a handler runs. Default:
+    /// enabled, every third of the visibility timeout.
     #[serde(default)]
     pub heartbeat: HeartbeatSpec,
-    /// Backoff of transient failures, applied with ChangeMessageVisibility.
+    /// Backoff of transient failures, applied with ChangeMessageVisibility: base × 2^(receives−1),
+    /// capped at max. Default: 5s base, 15m max.
     #[serde(default)]
     pub retry_backoff: RetryBackoffSpec,
-    /// What happens to a message the handler reports as poison.
+    /// What happens to a message the handler reports as poison (HTTP 400/422, exit code 65). Default:
+    /// delete.
     #[serde(default)]
     pub on_poison: OnPoison,
-    /// How long a dependency may be down before messages go to the DLQ.
+    /// How long a dependency may be down before messages go to the DLQ, a duration such as 1h; checked
+    /// against maxReceiveCount × visibility timeout. Default: none (not checked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outage_tolerance: Option<Duration>,
 }
@@ -166,9 +189,11 @@ pub struct ProcessingSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HeartbeatSpec {
+    /// Extend the visibility of each in-flight message while its handler runs. Default: true.
     #[serde(default = "defaults::yes")]
     pub enabled: bool,
-    /// `auto` (a third of the queue's visibility timeout) or a duration.
+    /// How often: `auto` (a third of the queue's visibility timeout) or a duration such as 10s.
+    /// Default: auto.
     #[serde(default)]
     pub interval: HeartbeatInterval,
 }
@@ -245,7 +270,7 @@ impl JsonSchema for HeartbeatInterval {
             "type": "string",
             "pattern": r"^(auto|([0-9]+(ms|s|m|h))+)$",
             "maxLength": 32,
-            "description": "auto (a third of the visibility timeout) or a duration such as 10s."
+            "description": "How often: auto (a third of the visibility timeout) or a duration such as 10s (units ms, s, m, h). Default: auto."
         })
     }
 }
@@ -253,8 +278,10 @@ impl JsonSchema for HeartbeatInterval {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RetryBackoffSpec {
+    /// Delay before the first retry, a duration; doubled per receive. Default: 5s.
     #[serde(default = "defaults::retry_base")]
     pub base: Duration,
+    /// Longest delay between retries, a duration (SQS caps visibility at 12h). Default: 15m.
     #[serde(default = "defaults::retry_max")]
     pub max: Duration,
 }
@@ -309,8 +336,12 @@ impl FromStr for OnPoison {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[x_kube(validation = Rule::new("has(self.http) != has(self.exec)").message("handler must set exactly one of http or exec").reason(Reason::FieldValueInvalid))]
 pub struct HandlerSpec {
+    /// POST each message to a server in the pod (CloudEvents binary mode); 2xx success, 400/422
+    /// poison, 429/503 retry after Retry-After, anything else retry. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<HttpHandler>,
+    /// Run a command per message in the worker container, body on stdin; exit 0 success, 65 poison,
+    /// anything else retry. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exec: Option<ExecHandler>,
 }
@@ -336,9 +367,11 @@ impl HandlerSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HttpHandler {
+    /// TCP port the handler listens on, on localhost in the pod (1 to 65535). Default: 8080.
     #[serde(default = "defaults::http_port")]
     #[schemars(range(min = 1, max = 65535))]
     pub port: u16,
+    /// Request path, starting with /. Default: /messages.
     #[serde(default = "defaults::http_path")]
     #[schemars(regex(pattern = r"^/"))]
     pub path: String,
@@ -347,7 +380,8 @@ pub struct HttpHandler {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ExecHandler {
-    /// Command run per message, body on stdin.
+    /// Command and arguments run per message (no shell), body on stdin, metadata in QC_* environment
+    /// variables. Required.
     #[schemars(length(min = 1))]
     pub command: Vec<String>,
 }
@@ -356,12 +390,17 @@ pub struct ExecHandler {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[x_kube(validation = Rule::new("self.store != 'redis' || has(self.redis)").message("idempotency.store redis needs idempotency.redis.urlSecretRef").reason(Reason::FieldValueRequired))]
 pub struct IdempotencySpec {
+    /// Where handled keys are remembered: none, memory (per pod) or redis (shared). Default: none.
     #[serde(default)]
     pub store: IdempotencyStore,
+    /// What identifies a message: messageId, jsonPointer:/path/in/body or attribute:Name. Default:
+    /// messageId.
     #[serde(default)]
     pub key: IdempotencyKey,
+    /// How long a handled key is remembered, a duration such as 24h. Default: 24h.
     #[serde(default = "defaults::idempotency_ttl")]
     pub ttl: Duration,
+    /// The redis store's connection; required when store is redis. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis: Option<RedisSpec>,
 }
@@ -474,7 +513,7 @@ impl JsonSchema for IdempotencyKey {
         json_schema!({
             "type": "string",
             "pattern": r"^(messageId|jsonPointer:/.*|attribute:[A-Za-z0-9_.-]+)$",
-            "description": "messageId, jsonPointer:/path/in/body or attribute:Name."
+            "description": "What identifies a message: messageId, jsonPointer:/path/in/body or attribute:Name. Default: messageId."
         })
     }
 }
@@ -482,15 +521,18 @@ impl JsonSchema for IdempotencyKey {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RedisSpec {
-    /// Secret key holding the redis URL (redis://...).
+    /// The Secret key holding the redis URL (redis://... or rediss://...), in the QueueConsumer's
+    /// namespace. Required.
     pub url_secret_ref: SecretKeyRef,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SecretKeyRef {
+    /// Name of the Secret. Required.
     #[schemars(length(min = 1))]
     pub name: String,
+    /// Key within the Secret. Required.
     #[schemars(length(min = 1))]
     pub key: String,
 }
@@ -502,23 +544,30 @@ pub struct SecretKeyRef {
 #[x_kube(validation = Rule::new("duration(self.maxBacklogAge) > duration('0s')").message("scaling.maxBacklogAge must be greater than 0s").reason(Reason::FieldValueInvalid))]
 #[x_kube(validation = Rule::new("duration(self.pollInterval) >= duration('1s')").message("scaling.pollInterval must be at least 1s").reason(Reason::FieldValueInvalid))]
 pub struct ScalingSpec {
+    /// Fewest worker replicas; 0 lets an idle queue scale to zero. Default: 0.
     #[serde(default)]
     pub min_replicas: u32,
+    /// Most worker replicas (at least 1, at least minReplicas). Default: 20.
     #[serde(default = "defaults::max_replicas")]
     pub max_replicas: u32,
-    /// Drain the visible backlog within this, at declared P99.
+    /// Target age of the visible backlog, a duration: enough replicas to drain it within this at
+    /// the declared P99. Default: 1m.
     #[serde(default = "defaults::max_backlog_age")]
     pub max_backlog_age: Duration,
+    /// Count in-flight messages as work (replicas for them at `concurrency` each). Default: true.
     #[serde(default = "defaults::yes")]
     pub scale_on_in_flight: bool,
-    /// From zero: scale up when visible > this.
+    /// From zero replicas, scale up only when more than this many messages are visible (a count).
+    /// Default: 0.
     #[serde(default)]
     pub activation_backlog: u32,
+    /// How often the queue is read (GetQueueAttributes) and replicas decided, a duration of at
+    /// least 1s. Default: 15s.
     #[serde(default = "defaults::poll_interval")]
     pub poll_interval: Duration,
-    /// Scale down only to the highest recommendation of this window: `auto` (the default) holds an idle
-    /// replica about as long as starting one again costs, the consumer's pods' measured start-up
-    /// (creation to Ready; 30s until measured); a duration overrides it.
+    /// Scale down only to the highest recommendation of this window: `auto` holds an idle replica
+    /// about as long as starting one again costs, the consumer's pods' measured start-up (creation to
+    /// Ready; 30s until measured), or a duration such as 5m overrides it. Default: auto.
     #[serde(default)]
     pub scale_down_stabilization: Stabilization,
 }
@@ -540,7 +589,8 @@ impl Default for ScalingSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DeadLetterSpec {
-    /// Manage a CloudWatch alarm on the DLQ (visible > 0).
+    /// Manage a CloudWatch alarm on the DLQ (visible messages > 0), deleted with the QueueConsumer.
+    /// Default: true.
     #[serde(default = "defaults::yes")]
     pub alarm: bool,
 }
@@ -554,7 +604,8 @@ impl Default for DeadLetterSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ValidationSpec {
-    /// true: an Error finding blocks rollout (replicas held).
+    /// true: an Error finding blocks rollout (Deployment and replicas held); false: findings are only
+    /// reported. Default: false.
     #[serde(default)]
     pub enforce: bool,
 }
@@ -564,25 +615,45 @@ pub struct ValidationSpec {
 #[serde(rename_all = "camelCase")]
 #[schemars(transform = RecursiveTransform(kubernetes_integers))]
 pub struct QueueConsumerStatus {
+    /// The metadata.generation this status was computed for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive (Kubernetes
+    /// conditions: type, status, reason, message, lastTransitionTime).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+    /// Rule results on the spec and the queue's settings, each with a recommendation.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub findings: Vec<Finding>,
+    /// The source queue as last read (GetQueueAttributes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<QueueStatus>,
+    /// The dead-letter queue named by the source's redrive policy, its alarm and any redrive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<DeadLetterStatus>,
+    /// Worker pods the Deployment has (its status.replicas).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<i32>,
+    /// Replicas the scaler decided on (0 while suspended).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub desired_replicas: Option<i32>,
+    /// Label selector of the worker pods, e.g. app.kubernetes.io/instance=orders.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
+    /// When the scaler last changed the Deployment's replicas (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "time_schema")]
     pub last_scale_time: Option<Time>,
+}
+
+/// A Kubernetes timestamp (RFC 3339), with a description of its own rather than the Go type's.
+fn time_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "string",
+        "format": "date-time",
+        "nullable": true
+    })
 }
 
 /// Conditions are a list map keyed by `type`, so server-side apply merges them per condition.
@@ -590,6 +661,7 @@ fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
     let item = generator.subschema_for::<Condition>();
     json_schema!({
         "type": "array",
+        "description": "Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive (Kubernetes conditions: type, status, reason, message, lastTransitionTime).",
         "items": item,
         "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["type"]
@@ -600,9 +672,13 @@ fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Finding {
+    /// The rule's code, e.g. VisibilityTimeoutBelowBudget (docs/rules.md).
     pub code: String,
+    /// Error (blocks rollout with validation.enforce) or Warning.
     pub severity: Severity,
+    /// What is wrong, with the numbers.
     pub message: String,
+    /// The fix, with the numbers.
     pub recommendation: String,
 }
 
@@ -626,39 +702,96 @@ impl fmt::Display for Severity {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct QueueStatus {
+    /// Messages available to receive (ApproximateNumberOfMessages).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub visible: Option<i64>,
+    /// Messages received and not yet deleted (ApproximateNumberOfMessagesNotVisible).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_flight: Option<i64>,
+    /// Messages not yet receivable (ApproximateNumberOfMessagesDelayed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delayed: Option<i64>,
+    /// The queue's VisibilityTimeout, a duration such as 30s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub visibility_timeout: Option<Duration>,
+    /// Receives before SQS moves a message to the DLQ (the redrive policy's maxReceiveCount).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_receive_count: Option<u32>,
+    /// The queue's MessageRetentionPeriod, a duration such as 96h.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<Duration>,
+    /// URL of the DLQ the redrive policy names, when it exists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter_url: Option<String>,
+    /// When these numbers were read (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "time_schema")]
     pub sampled_at: Option<Time>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DeadLetterStatus {
+    /// The DLQ's URL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
+    /// Messages in the DLQ (ApproximateNumberOfMessages).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub visible: Option<i64>,
+    /// Age of the DLQ's oldest message in seconds (CloudWatch ApproximateAgeOfOldestMessage).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oldest_age_seconds: Option<i64>,
+    /// The DLQ's MessageRetentionPeriod, a duration such as 336h.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<Duration>,
+    /// Name of the CloudWatch alarm the controller manages on the DLQ.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alarm_name: Option<String>,
+    /// That alarm's state: OK, ALARM or INSUFFICIENT_DATA.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alarm_state: Option<String>,
+    /// The last redrive asked for with the annotation sqs.consumers.dev/redrive-request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redrive: Option<RedriveStatus>,
+}
+
+/// Progress of a redrive: the DLQ's messages moved back to the source queue.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RedriveStatus {
+    /// The annotation's value (token) this redrive answers; a different value starts another one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
+    /// Running, Completed or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// MessageMoveTask (SQS moves the messages: StartMessageMoveTask) or ReceiveSendDelete (the
+    /// controller moves them, where the endpoint has no move tasks or the DLQ is shared).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    /// Messages moved back to the source so far (approximate for MessageMoveTask).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved: Option<i64>,
+    /// Messages that could not be sent to the source; they stay in the DLQ.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<i64>,
+    /// Messages left in a shared DLQ because another source queue dead-lettered them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<i64>,
+    /// SQS's handle of the move task (MessageMoveTask only), to follow or cancel it with the AWS CLI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_handle: Option<String>,
+    /// What happened, in words: the failure and its fix, or a request waiting for the running move.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// When the move started (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "time_schema")]
+    pub started_at: Option<Time>,
+    /// When it completed or failed (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "time_schema")]
+    pub finished_at: Option<Time>,
 }
 
 /// Defaults of DESIGN "The API", one function per field so serde and schemars share them.

@@ -5,6 +5,7 @@ pub mod batch;
 pub mod cloudwatch;
 pub mod facts;
 pub mod limit;
+pub mod redrive;
 pub mod sqs;
 
 use std::collections::HashMap;

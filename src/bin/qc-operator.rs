@@ -29,6 +29,40 @@ enum Command {
     Run(RunArgs),
     /// Replay a traffic trace against the scaling policy, KEDA's SQS scaler and a clairvoyant oracle.
     Simulate(SimulateArgs),
+    /// Move a dead-letter queue's messages back to the source queue: through the cluster
+    /// (NAMESPACE/NAME: the controller moves them) or directly (--queue-url: moved now, no cluster).
+    Redrive(RedriveArgs),
+}
+
+#[derive(Args)]
+struct RedriveArgs {
+    /// QueueConsumer as NAMESPACE/NAME: sets its annotation sqs.consumers.dev/redrive-request to a new
+    /// token; follow the move in status.deadLetter.redrive and its Redrive* Events.
+    #[arg(
+        value_name = "NAMESPACE/NAME",
+        required_unless_present = "queue_url",
+        conflicts_with = "queue_url"
+    )]
+    target: Option<String>,
+    /// Source queue URL: move the messages of the DLQ its redrive policy names back to it, now.
+    #[arg(long, value_name = "URL")]
+    queue_url: Option<String>,
+    /// SQS endpoint override (local emulators), with --queue-url.
+    #[arg(long, value_name = "URL", requires = "queue_url")]
+    endpoint_url: Option<String>,
+    /// AWS region, with --queue-url; default: from the URL, else the environment.
+    #[arg(long, value_name = "REGION", requires = "queue_url")]
+    region: Option<String>,
+    /// Move at most N messages, with --queue-url; default: twice what the DLQ holds, plus 100.
+    #[arg(long, value_name = "N", requires = "queue_url")]
+    max: Option<u64>,
+    /// Messages moved per second, with --queue-url.
+    #[arg(long, value_name = "N", default_value_t = qc::aws::redrive::DEFAULT_RATE, value_parser = clap::value_parser!(u32).range(1..=3000))]
+    rate: u32,
+    /// Token of this request; default: the current time. The same token never moves twice through the
+    /// cluster; with --queue-url it seeds the FIFO deduplication ids.
+    #[arg(long, value_name = "TOKEN")]
+    token: Option<String>,
 }
 
 #[derive(Args)]
@@ -222,6 +256,7 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Redrive(args) => redrive(args),
         Command::Run(args) => match run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -409,6 +444,75 @@ fn simulate(args: &SimulateArgs) -> anyhow::Result<String> {
         Output::Text => report::text(&cfg, &results),
         Output::Json => report::json(&results)? + "\n",
     })
+}
+
+fn redrive(args: RedriveArgs) -> ExitCode {
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let token = args
+        .token
+        .clone()
+        .unwrap_or_else(|| k8s_openapi::jiff::Timestamp::now().to_string());
+    if let Some(url) = &args.queue_url {
+        let region = args
+            .region
+            .clone()
+            .or_else(|| qc::aws::facts::region_from_url(url));
+        let result = rt.block_on(async {
+            let conf = qc::aws::sdk_config(region.as_deref(), args.endpoint_url.as_deref()).await;
+            let client = aws_sdk_sqs::Client::new(&conf);
+            qc::aws::redrive::redrive_queue(&client, url, args.max, args.rate, &token).await
+        });
+        return match result {
+            Ok(done) => {
+                let skipped = if done.skipped > 0 {
+                    format!(
+                        " ({} message(s) of other source queues left in it)",
+                        done.skipped
+                    )
+                } else {
+                    String::new()
+                };
+                println!(
+                    "moved {} message(s) from {} to {}{skipped}",
+                    done.moved, done.route.dlq_url, done.route.source_url
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
+    let target = args.target.unwrap_or_default();
+    let Some((ns, name)) = target
+        .split_once('/')
+        .filter(|(ns, name)| !ns.is_empty() && !name.is_empty() && !name.contains('/'))
+    else {
+        eprintln!(
+            "error: {target:?} is not NAMESPACE/NAME (e.g. shop/orders), or use --queue-url URL"
+        );
+        return ExitCode::from(2);
+    };
+    let result = rt.block_on(async {
+        let client = kube::Client::try_default().await?;
+        qc::controller::redrive::request(client, ns, name, &token).await
+    });
+    match result {
+        Ok(()) => {
+            println!(
+                "redrive {token:?} requested for QueueConsumer {ns}/{name}; follow it with: kubectl get qc {name} -n {ns} -o jsonpath='{{.status.deadLetter.redrive}}'"
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: cannot annotate QueueConsumer {ns}/{name}: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {

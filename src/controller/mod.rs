@@ -7,6 +7,7 @@ pub mod apply;
 pub mod observe;
 pub mod pipeline;
 pub mod plan;
+pub mod redrive;
 pub mod run;
 pub mod scale;
 pub mod spread;
@@ -163,6 +164,8 @@ pub struct Context {
     pub facts: FactsCache,
     /// The scaler's sample history per QueueConsumer.
     pub scaling: Histories,
+    /// DLQ redrives this process runs itself.
+    pub redrives: redrive::Redrives,
     pub render: RenderOptions,
     pub recorder: Recorder,
     reporter: Reporter,
@@ -187,6 +190,7 @@ impl Context {
             aws,
             facts: FactsCache::new(),
             scaling: Histories::new(),
+            redrives: redrive::Redrives::new(),
             render,
             recorder,
             reporter,
@@ -337,6 +341,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
 
     if qc.metadata.deletion_timestamp.is_some() {
         ctx.scaling.forget(&scale::key(qc));
+        ctx.redrives.forget(&scale::key(qc));
         return cleanup(qc, ctx, &qcs, &clients).await;
     }
 
@@ -406,7 +411,16 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         )
     });
     let mut scaled = None;
-    if let (Some(n), ReplicaDecision::Scale { current, decision }) = (replicas.write(), &replicas) {
+    if let Some(n) = replicas.write() {
+        let why = match &replicas {
+            ReplicaDecision::Scale { current, decision } => {
+                format!("from {current} to {n}: {decision}")
+            }
+            ReplicaDecision::Suspended { current } => format!(
+                "from {current} to {n}: spec.suspend is true (pods drain what they hold, then exit)"
+            ),
+            ReplicaDecision::Keep => format!("to {n}"),
+        };
         let written = deployments
             .patch(
                 &name,
@@ -417,13 +431,29 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
             .map_err(Error::ScaleDeployment)?;
         ctx.metrics.scale_writes.fetch_add(1, Ordering::Relaxed);
         deployment = Some(written);
-        scaled = Some(format!(
-            "scaled Deployment {name} from {current} to {n}: {decision}"
-        ));
+        scaled = Some(format!("scaled Deployment {name} {why}"));
     }
 
     let (alarm_status, alarm_change, alarm_error) =
         alarm::sync(qc, &decision.alarm, clients.alarms.as_ref(), &qcs).await?;
+
+    // redrive: never fails the reconcile (its errors are in its status and Events)
+    let redrive_client = ctx
+        .aws
+        .redrive_client(region.as_deref(), endpoint.as_deref())
+        .await;
+    let redrive = redrive::step(
+        qc,
+        &redrive::StepInputs {
+            key: &scale::key(qc),
+            redrives: &ctx.redrives,
+            client: redrive_client.as_ref(),
+            endpoint: endpoint.as_deref(),
+            facts: observed.as_ref().ok().map(|o| &o.facts),
+            now: observe::now(),
+        },
+    )
+    .await;
 
     // status
     let render_result = decision.deployment.as_ref().map(|_| ());
@@ -438,6 +468,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         replicas: &replicas,
         scaled_at: scaled.as_ref().map(|_| observe::now()),
         sampled_at: observed.as_ref().ok().map(|o| o.sampled_at.clone()),
+        redrive: redrive.status.clone(),
         now: observe::now(),
     });
     let mut old_status = qc.status.clone().unwrap_or_default();
@@ -470,6 +501,10 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     }
     if let Some(note) = scaled {
         ctx.distinct_event(qc, false, "Scale", SCALED, note).await;
+    }
+    for e in redrive.events {
+        ctx.distinct_event(qc, e.warning, "Redrive", e.reason, e.note)
+            .await;
     }
     if let Some(verb) = applied {
         ctx.event(

@@ -28,6 +28,16 @@ pub trait AwsProvider: Send + Sync {
     fn metrics(&self) -> String {
         String::new()
     }
+
+    /// The SDK client DLQ redrives use (they move messages, so they need the SDK itself rather than
+    /// a reader). None: redrive is unavailable (a provider of test doubles).
+    async fn redrive_client(
+        &self,
+        _region: Option<&str>,
+        _endpoint: Option<&str>,
+    ) -> Option<aws_sdk_sqs::Client> {
+        None
+    }
 }
 
 type ClientKey = (Option<String>, Option<String>);
@@ -67,6 +77,8 @@ impl Default for AwsOptions {
 /// gate per service: the quotas they protect are the account's.
 pub struct SdkProvider {
     clients: tokio::sync::Mutex<HashMap<ClientKey, AwsClients>>,
+    /// SDK SQS clients of the redrives, by (region, endpoint).
+    redrive_clients: tokio::sync::Mutex<HashMap<ClientKey, aws_sdk_sqs::Client>>,
     sqs: Arc<Limiter>,
     cloudwatch: Arc<Limiter>,
     batch: BatchOptions,
@@ -82,6 +94,7 @@ impl SdkProvider {
     pub fn new(options: AwsOptions) -> Self {
         SdkProvider {
             clients: tokio::sync::Mutex::default(),
+            redrive_clients: tokio::sync::Mutex::default(),
             sqs: Arc::new(Limiter::new("sqs", options.sqs)),
             cloudwatch: Arc::new(Limiter::new("cloudwatch", options.cloudwatch)),
             batch: options.batch,
@@ -103,9 +116,14 @@ impl AwsProvider for SdkProvider {
             return c.clone();
         }
         let conf = crate::aws::sdk_config(region, endpoint).await;
+        let sqs = aws_sdk_sqs::Client::new(&conf);
+        self.redrive_clients
+            .lock()
+            .await
+            .insert(key.clone(), sqs.clone());
         let c = AwsClients {
             sqs: Arc::new(SqsReader::with_limiter(
-                aws_sdk_sqs::Client::new(&conf),
+                sqs,
                 self.sqs.clone(),
             )),
             alarms: Arc::new(CloudWatchAlarms::with_options(
@@ -120,6 +138,20 @@ impl AwsProvider for SdkProvider {
 
     fn metrics(&self) -> String {
         limit::render_metrics(&[&self.sqs, &self.cloudwatch])
+    }
+
+    async fn redrive_client(
+        &self,
+        region: Option<&str>,
+        endpoint: Option<&str>,
+    ) -> Option<aws_sdk_sqs::Client> {
+        let key = (region.map(str::to_string), endpoint.map(str::to_string));
+        if let Some(c) = self.redrive_clients.lock().await.get(&key) {
+            return Some(c.clone());
+        }
+        // Only reached before the first `clients` call for this key.
+        self.clients(region, endpoint).await;
+        self.redrive_clients.lock().await.get(&key).cloned()
     }
 }
 

@@ -59,6 +59,8 @@ pub enum ReplicaDecision {
         current: u32,
         decision: scaling::Decision,
     },
+    /// `spec.suspend`: 0 replicas for a Deployment asking for `current`, whatever the queue says.
+    Suspended { current: u32 },
 }
 
 impl ReplicaDecision {
@@ -68,6 +70,7 @@ impl ReplicaDecision {
             ReplicaDecision::Scale { current, decision } if decision.changes(*current) => {
                 Some(decision.replicas)
             }
+            ReplicaDecision::Suspended { current } if *current != 0 => Some(0),
             _ => None,
         }
     }
@@ -180,6 +183,10 @@ pub fn current_replicas(d: &Deployment) -> u32 {
 /// held rollout holds replicas, so an unreadable queue, an enforced Error finding or someone else's
 /// Deployment never zero or flap them. A failed queue read pushed no sample, so when the queue is
 /// readable again the policy decides on what it last saw, and says MetricsUnavailable once that is stale.
+///
+/// `spec.suspend` comes first: a Deployment this QueueConsumer controls goes to 0 even while rollout is
+/// held (an unreadable queue or an enforced finding must not keep consumers running that the user
+/// stopped, e.g. during an incident); someone else's Deployment is still never touched.
 pub fn decide_replicas(
     qc: &QueueConsumer,
     rollout: &Rollout,
@@ -188,6 +195,14 @@ pub fn decide_replicas(
     history: &History,
     now: Timestamp,
 ) -> ReplicaDecision {
+    if qc.spec.suspend
+        && *rollout != Rollout::HeldForeignDeployment
+        && let Some(d) = deployment
+    {
+        return ReplicaDecision::Suspended {
+            current: current_replicas(d),
+        };
+    }
     match (rollout, deployment) {
         (Rollout::Apply, Some(d)) => {
             let current = current_replicas(d);
@@ -274,6 +289,42 @@ mod tests {
         );
         assert!(matches!(r, ReplicaDecision::Scale { current: 3, .. }));
         assert_eq!(r.write(), None);
+    }
+
+    #[test]
+    fn suspend_zeroes_our_deployment_even_while_rollout_is_held() {
+        let mut q = qc();
+        q.spec.suspend = true;
+        let h = History::new(crate::api::Duration::from_secs(600));
+        let now = Timestamp::from_secs(11);
+        for rollout in [
+            Rollout::Apply,
+            Rollout::HeldQueueUnreachable,
+            Rollout::HeldInvalidSpec,
+            Rollout::HeldByValidation,
+        ] {
+            let r = decide_replicas(&q, &rollout, Some(&deployment(Some(3))), false, &h, now);
+            assert_eq!(r, ReplicaDecision::Suspended { current: 3 }, "{rollout:?}");
+            assert_eq!(r.write(), Some(0));
+            // Already at zero: nothing to write.
+            let r = decide_replicas(&q, &rollout, Some(&deployment(Some(0))), false, &h, now);
+            assert_eq!(r.write(), None);
+        }
+        // Someone else's Deployment is never touched, suspended or not; no Deployment, nothing to do.
+        let d = deployment(Some(3));
+        let r = decide_replicas(
+            &q,
+            &Rollout::HeldForeignDeployment,
+            Some(&d),
+            false,
+            &h,
+            now,
+        );
+        assert_eq!(r, ReplicaDecision::Keep);
+        assert_eq!(
+            decide_replicas(&q, &Rollout::Apply, None, false, &h, now),
+            ReplicaDecision::Keep
+        );
     }
 
     #[test]

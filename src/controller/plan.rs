@@ -77,6 +77,7 @@ pub fn plan(
         replicas: &ReplicaDecision::Keep,
         scaled_at: None,
         sampled_at: facts.facts().map(|_| now.clone()),
+        redrive: None,
         now,
     });
     Planned {

@@ -5,7 +5,9 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::api::conditions::{self, reason};
-use crate::api::{DeadLetterStatus, Duration, QueueConsumer, QueueConsumerStatus, QueueStatus};
+use crate::api::{
+    DeadLetterStatus, Duration, QueueConsumer, QueueConsumerStatus, QueueStatus, RedriveStatus,
+};
 use crate::aws::{DeadLetterFacts, Facts};
 use crate::render::{self, RenderError};
 use crate::validate::Report;
@@ -57,6 +59,8 @@ pub struct StatusInputs<'a> {
     pub scaled_at: Option<Time>,
     /// When the facts were read (the cache may hand out an earlier read).
     pub sampled_at: Option<Time>,
+    /// The redrive step's status block (None: no redrive was ever asked for).
+    pub redrive: Option<RedriveStatus>,
     pub now: Time,
 }
 
@@ -100,6 +104,18 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
         }
     };
 
+    let dead_letter_block = match (dead_letter_block, i.redrive.clone()) {
+        (Some(mut d), redrive) => {
+            d.redrive = redrive;
+            Some(d)
+        }
+        (None, Some(redrive)) => Some(DeadLetterStatus {
+            redrive: Some(redrive),
+            ..DeadLetterStatus::default()
+        }),
+        (None, None) => None,
+    };
+
     QueueConsumerStatus {
         observed_generation: generation,
         conditions,
@@ -116,6 +132,7 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
             ReplicaDecision::Scale { decision, .. } => {
                 Some(i32::try_from(decision.replicas).unwrap_or(i32::MAX))
             }
+            ReplicaDecision::Suspended { .. } => Some(0),
             ReplicaDecision::Keep => i.deployment.and_then(|d| d.spec.replicas),
         },
         selector: Some(render::selector_string(&name)),
@@ -299,6 +316,17 @@ fn scaling_active(i: &StatusInputs<'_>) -> Cond {
         Some(r) => format!("{what}: replicas held at {r}"),
         None => format!("{what}: no Deployment yet"),
     };
+    if let ReplicaDecision::Suspended { current } = i.replicas {
+        let message = if *current == 0 {
+            "spec.suspend is true: 0 replicas, the scaler is paused; set it to false to resume"
+                .to_string()
+        } else {
+            format!(
+                "spec.suspend is true: scaling {current} replica(s) to 0 (pods drain what they hold), the scaler is paused; set it to false to resume"
+            )
+        };
+        return (t, "False", reason::SUSPENDED, message);
+    }
     match i.rollout {
         Rollout::HeldByValidation => (
             t,
@@ -468,6 +496,7 @@ fn dead_letter_block(
             retention: Some(queue.retention),
             alarm_name: alarm.name.clone(),
             alarm_state: alarm.state.clone(),
+            redrive: None,
         }),
         // Unreachable: the last known values stay, with the alarm as it is now.
         DeadLetterFacts::Unreachable { .. } => old.cloned().map(|mut d| {

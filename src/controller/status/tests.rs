@@ -98,6 +98,7 @@ fn build_with(
             replicas: &ReplicaDecision::Keep,
             scaled_at: None,
             sampled_at: Some(now.clone()),
+            redrive: None,
             now,
         }),
     }
@@ -428,6 +429,7 @@ fn scaling_active_and_desired_replicas_follow_the_decision() {
             replicas,
             scaled_at,
             sampled_at: Some(at(100)),
+            redrive: None,
             now: at(100),
         })
     };
@@ -477,6 +479,7 @@ fn scaling_active_and_desired_replicas_follow_the_decision() {
         replicas: &rd,
         scaled_at: None,
         sampled_at: Some(at(130)),
+        redrive: None,
         now: at(130),
     });
     assert_eq!(kept.last_scale_time, Some(at(100)));

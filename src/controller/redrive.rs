@@ -1,0 +1,543 @@
+//! The redrive step of a reconcile: the annotation `sqs.consumers.dev/redrive-request: TOKEN` asks for one
+//! move of the DLQ's messages back to the source queue; `status.deadLetter.redrive` follows it.
+//!
+//! - A token that differs from `status.deadLetter.redrive.request` starts a move, unless one is running.
+//!   A new token while a move runs waits: SQS allows one move task per queue, and two moves of one DLQ
+//!   would race for the same messages. It starts at the first reconcile after the running move ends
+//!   (`message` says it waits). The same token never starts a second move.
+//! - The move is SQS's own task (StartMessageMoveTask, DestinationArn = the source) when the endpoint has
+//!   it and the DLQ serves only this source; otherwise the controller's receive → send → delete loop
+//!   (`crate::aws::redrive::move_messages`) runs as a background task of this process, which moves only
+//!   this source's messages of a shared DLQ. Either way the reconcile never waits for the move.
+//! - A move task is followed with ListMessageMoveTasks at each reconcile (every pollInterval) through
+//!   its handle kept in status. A controller-run move that a restart interrupted is started again with
+//!   the same token (FIFO resends of the same token are deduplicated by SQS for 5 minutes).
+//! - Nothing here fails the reconcile: an error becomes state Failed, a `RedriveFailed` Event and the
+//!   status message, and scaling goes on.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use tokio::task::JoinHandle;
+
+use crate::api::{QueueConsumer, REDRIVE_REQUEST_ANNOTATION, RedriveStatus};
+use crate::aws::redrive::{self, MoveOptions, MoveProgress, RedriveError, TaskStart};
+use crate::aws::{DeadLetterFacts, Facts};
+
+pub const RUNNING: &str = "Running";
+pub const COMPLETED: &str = "Completed";
+pub const FAILED: &str = "Failed";
+pub const METHOD_TASK: &str = "MessageMoveTask";
+pub const METHOD_OWN: &str = "ReceiveSendDelete";
+
+pub const REDRIVE_STARTED: &str = "RedriveStarted";
+pub const REDRIVE_COMPLETED: &str = "RedriveCompleted";
+pub const REDRIVE_FAILED: &str = "RedriveFailed";
+
+type MoveResult = Arc<Mutex<Option<Result<u64, RedriveError>>>>;
+
+/// A move this controller runs itself.
+struct Job {
+    token: String,
+    /// Moved before a restart of this move (counts carried over from status).
+    base_moved: u64,
+    progress: Arc<MoveProgress>,
+    result: MoveResult,
+    handle: JoinHandle<()>,
+}
+
+/// The moves this process runs, by QueueConsumer key, and the endpoints known to lack move tasks.
+#[derive(Default)]
+pub struct Redrives {
+    jobs: Mutex<HashMap<String, Job>>,
+    no_tasks: Mutex<HashSet<Option<String>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+impl Redrives {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Stop a QueueConsumer's move (it is being deleted). Messages already sent stay sent; one in
+    /// the middle of its send is sent or not, and stays in the DLQ until its visibility timeout.
+    pub fn forget(&self, key: &str) {
+        if let Some(job) = lock(&self.jobs).remove(key) {
+            job.handle.abort();
+        }
+    }
+
+    /// Whether a move runs for `key` in this process.
+    pub fn running(&self, key: &str) -> bool {
+        lock(&self.jobs).contains_key(key)
+    }
+}
+
+/// An Event the reconcile publishes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedriveEvent {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub note: String,
+}
+
+/// What the step decided: the status block (None: no redrive was ever asked for) and Events.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Outcome {
+    pub status: Option<RedriveStatus>,
+    pub events: Vec<RedriveEvent>,
+}
+
+/// Everything one step needs besides the QueueConsumer.
+pub struct StepInputs<'a> {
+    pub key: &'a str,
+    pub redrives: &'a Redrives,
+    /// The SDK client for this QueueConsumer's region and endpoint (None: redrive unavailable).
+    pub client: Option<&'a aws_sdk_sqs::Client>,
+    pub endpoint: Option<&'a str>,
+    /// This reconcile's queue facts (None: the queue could not be read).
+    pub facts: Option<&'a Facts>,
+    pub now: Time,
+}
+
+/// The token the annotation asks for, if any (blank values ask for nothing).
+pub fn requested(qc: &QueueConsumer) -> Option<&str> {
+    qc.metadata
+        .annotations
+        .as_ref()?
+        .get(REDRIVE_REQUEST_ANNOTATION)
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+}
+
+/// One reconcile's redrive step.
+pub async fn step(qc: &QueueConsumer, i: &StepInputs<'_>) -> Outcome {
+    let old = qc
+        .status
+        .as_ref()
+        .and_then(|s| s.dead_letter.as_ref())
+        .and_then(|d| d.redrive.clone());
+    let want = requested(qc);
+    match old {
+        Some(old) if old.state.as_deref() == Some(RUNNING) => {
+            let mut out = follow(old, i).await;
+            if let Some(s) = out.status.as_mut()
+                && s.state.as_deref() == Some(RUNNING)
+            {
+                s.message = match want {
+                    Some(w) if Some(w) != s.request.as_deref() => Some(format!(
+                        "redrive request {w:?} waits for the running move of request {:?} to end",
+                        s.request.as_deref().unwrap_or("")
+                    )),
+                    _ => s.message.take().filter(|m| !m.contains(" waits for ")),
+                };
+            }
+            out
+        }
+        old => match want {
+            Some(token) if old.as_ref().and_then(|o| o.request.as_deref()) != Some(token) => {
+                start(token, old, i).await
+            }
+            _ => Outcome {
+                status: old,
+                events: vec![],
+            },
+        },
+    }
+}
+
+fn failed(token: &str, method: Option<&str>, message: String, now: &Time) -> Outcome {
+    Outcome {
+        status: Some(RedriveStatus {
+            request: Some(token.to_string()),
+            state: Some(FAILED.into()),
+            method: method.map(str::to_string),
+            message: Some(message.clone()),
+            started_at: Some(now.clone()),
+            finished_at: Some(now.clone()),
+            ..RedriveStatus::default()
+        }),
+        events: vec![RedriveEvent {
+            warning: true,
+            reason: REDRIVE_FAILED,
+            note: format!("redrive {token:?} failed: {message}"),
+        }],
+    }
+}
+
+/// Where the messages go from and to, once the queue and its DLQ were read.
+struct Target {
+    source_url: String,
+    source_arn: String,
+    dlq_url: String,
+    dlq_arn: String,
+    dlq_messages: u64,
+}
+
+/// Ok(None): not knowable now (queue or DLQ unreadable): the request waits for a later reconcile.
+fn target(facts: Option<&Facts>) -> Result<Option<Target>, String> {
+    let Some(f) = facts else { return Ok(None) };
+    match &f.dead_letter {
+        DeadLetterFacts::None => Err(format!(
+            "queue {} has no redrive policy, so there is no dead-letter queue to move messages from",
+            f.queue.url
+        )),
+        DeadLetterFacts::Missing { arn } => Err(format!(
+            "the redrive policy of {} names {arn}, which does not exist",
+            f.queue.url
+        )),
+        DeadLetterFacts::Unreachable { .. } | DeadLetterFacts::NotRead { .. } => Ok(None),
+        DeadLetterFacts::Found { queue, .. } => {
+            let (Some(source_arn), Some(dlq_arn)) = (f.queue.arn.clone(), queue.arn.clone()) else {
+                return Err(
+                    "SQS reported no QueueArn for the queue or its dead-letter queue".into(),
+                );
+            };
+            let n = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok()).unwrap_or(0);
+            Ok(Some(Target {
+                source_url: f.queue.url.clone(),
+                source_arn,
+                dlq_url: queue.url.clone(),
+                dlq_arn,
+                dlq_messages: n(queue.visible) + n(queue.in_flight),
+            }))
+        }
+    }
+}
+
+/// The account/name part of a queue URL, to compare URLs that differ in host spelling.
+fn queue_path(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    rest.split_once('/')
+        .map_or("", |(_, p)| p)
+        .trim_end_matches('/')
+        .to_string()
+}
+
+async fn start(token: &str, old: Option<RedriveStatus>, i: &StepInputs<'_>) -> Outcome {
+    let now = &i.now;
+    let Some(client) = i.client else {
+        return failed(
+            token,
+            None,
+            "this controller has no SQS client for redrive".into(),
+            now,
+        );
+    };
+    let t = match target(i.facts) {
+        Ok(Some(t)) => t,
+        // Unknown for now: the request waits, and the old status stays as it was.
+        Ok(None) => {
+            return Outcome {
+                status: old,
+                events: vec![],
+            };
+        }
+        Err(message) => return failed(token, None, message, now),
+    };
+    let tasks_known_missing = lock(&i.redrives.no_tasks).contains(&i.endpoint.map(str::to_string));
+    let mut why_own = "the endpoint has no message move tasks".to_string();
+    if !tasks_known_missing {
+        let shared = match redrive::dead_letter_sources(client, &t.dlq_url).await {
+            Ok(sources) => sources
+                .iter()
+                .any(|s| queue_path(s) != queue_path(&t.source_url)),
+            // Not knowable: the controller's own move, which checks each message's source.
+            Err(e) => {
+                tracing::info!(error = %e, "redrive: dead-letter sources unknown; moving with receive/send/delete");
+                true
+            }
+        };
+        if shared {
+            why_own = "the dead-letter queue serves other source queues too (or they could not be listed): only this source's messages are moved".into();
+        } else {
+            match redrive::start_task(client, &t.dlq_arn, &t.source_arn, redrive::DEFAULT_RATE)
+                .await
+            {
+                Ok(TaskStart::Started { handle }) => {
+                    return Outcome {
+                        status: Some(RedriveStatus {
+                            request: Some(token.to_string()),
+                            state: Some(RUNNING.into()),
+                            method: Some(METHOD_TASK.into()),
+                            moved: Some(0),
+                            task_handle: Some(handle.clone()),
+                            started_at: Some(now.clone()),
+                            ..RedriveStatus::default()
+                        }),
+                        events: vec![RedriveEvent {
+                            warning: false,
+                            reason: REDRIVE_STARTED,
+                            note: format!(
+                                "redrive {token:?}: SQS move task {handle} moves the messages of {} back to {} at up to {} per second",
+                                t.dlq_url,
+                                t.source_url,
+                                redrive::DEFAULT_RATE
+                            ),
+                        }],
+                    };
+                }
+                Ok(TaskStart::Unsupported { detail }) => {
+                    tracing::info!(endpoint = ?i.endpoint, %detail, "redrive: no message move tasks at this endpoint; moving with receive/send/delete");
+                    lock(&i.redrives.no_tasks).insert(i.endpoint.map(str::to_string));
+                }
+                Err(e) => return failed(token, Some(METHOD_TASK), e.to_string(), now),
+            }
+        }
+    }
+    spawn(token, &t, 0, client, i);
+    Outcome {
+        status: Some(RedriveStatus {
+            request: Some(token.to_string()),
+            state: Some(RUNNING.into()),
+            method: Some(METHOD_OWN.into()),
+            moved: Some(0),
+            failed: Some(0),
+            skipped: Some(0),
+            started_at: Some(now.clone()),
+            ..RedriveStatus::default()
+        }),
+        events: vec![RedriveEvent {
+            warning: false,
+            reason: REDRIVE_STARTED,
+            note: format!(
+                "redrive {token:?}: the controller moves the messages of {} back to {} at up to {} per second ({why_own})",
+                t.dlq_url,
+                t.source_url,
+                redrive::DEFAULT_RATE
+            ),
+        }],
+    }
+}
+
+fn spawn(token: &str, t: &Target, base_moved: u64, client: &aws_sdk_sqs::Client, i: &StepInputs) {
+    let progress = Arc::new(MoveProgress::default());
+    let result: MoveResult = Arc::new(Mutex::new(None));
+    let opts = MoveOptions {
+        max: Some(redrive::default_max(t.dlq_messages)),
+        rate: redrive::DEFAULT_RATE,
+        token: token.to_string(),
+        source_arn: Some(t.source_arn.clone()),
+    };
+    let handle = {
+        let (client, dlq, src) = (client.clone(), t.dlq_url.clone(), t.source_url.clone());
+        let (progress, result) = (progress.clone(), result.clone());
+        tokio::spawn(async move {
+            let r = redrive::move_messages(&client, &dlq, &src, &opts, &progress).await;
+            *lock(&result) = Some(r);
+        })
+    };
+    let job = Job {
+        token: token.to_string(),
+        base_moved,
+        progress,
+        result,
+        handle,
+    };
+    if let Some(previous) = lock(&i.redrives.jobs).insert(i.key.to_string(), job) {
+        previous.handle.abort();
+    }
+}
+
+fn count(n: u64) -> Option<i64> {
+    Some(i64::try_from(n).unwrap_or(i64::MAX))
+}
+
+/// A running move: its progress, or how it ended.
+async fn follow(mut s: RedriveStatus, i: &StepInputs<'_>) -> Outcome {
+    let token = s.request.clone().unwrap_or_default();
+    let mut events = vec![];
+    if s.method.as_deref() == Some(METHOD_TASK) {
+        let (Some(client), Some(handle)) = (i.client, s.task_handle.clone()) else {
+            return Outcome {
+                status: Some(s),
+                events,
+            };
+        };
+        let Ok(Some(t)) = target(i.facts) else {
+            // The DLQ's ARN is unknown this time: look again at the next reconcile.
+            return Outcome {
+                status: Some(s),
+                events,
+            };
+        };
+        match redrive::task_progress(client, &t.dlq_arn, &handle).await {
+            Ok(Some(p)) => {
+                s.moved = count(p.moved);
+                match p.status.as_str() {
+                    "RUNNING" | "CANCELLING" => {
+                        s.message = p.to_move.map(|n| format!("{} of about {n} moved", p.moved));
+                    }
+                    "COMPLETED" => {
+                        s.state = Some(COMPLETED.into());
+                        s.finished_at = Some(i.now.clone());
+                        s.message = None;
+                        events.push(RedriveEvent {
+                            warning: false,
+                            reason: REDRIVE_COMPLETED,
+                            note: format!(
+                                "redrive {token:?}: SQS move task {handle} moved {} message(s) back to {}",
+                                p.moved, t.source_url
+                            ),
+                        });
+                    }
+                    other => {
+                        let why = p
+                            .failure_reason
+                            .unwrap_or_else(|| format!("the task is {other}"));
+                        s.state = Some(FAILED.into());
+                        s.finished_at = Some(i.now.clone());
+                        s.message = Some(format!("SQS move task {handle} ended {other}: {why}"));
+                        events.push(RedriveEvent {
+                            warning: true,
+                            reason: REDRIVE_FAILED,
+                            note: format!(
+                                "redrive {token:?} failed after {} message(s): SQS move task {handle} ended {other}: {why}",
+                                p.moved
+                            ),
+                        });
+                    }
+                }
+            }
+            Ok(None) => {
+                s.state = Some(FAILED.into());
+                s.finished_at = Some(i.now.clone());
+                let m = format!(
+                    "SQS no longer lists move task {handle}: its outcome is unknown; check the DLQ and ask again with a new token if messages remain"
+                );
+                s.message = Some(m.clone());
+                events.push(RedriveEvent {
+                    warning: true,
+                    reason: REDRIVE_FAILED,
+                    note: format!("redrive {token:?}: {m}"),
+                });
+            }
+            // Progress unknown this time (throttled, network): the task goes on; look again later.
+            Err(e) => s.message = Some(format!("progress not read: {e}")),
+        }
+        return Outcome {
+            status: Some(s),
+            events,
+        };
+    }
+
+    // The controller's own move.
+    let finished = {
+        let jobs = lock(&i.redrives.jobs);
+        match jobs.get(i.key) {
+            Some(job) if job.token == token => {
+                let moved = job.base_moved + job.progress.moved();
+                s.moved = count(moved);
+                s.failed = count(job.progress.failed());
+                s.skipped = count(job.progress.skipped());
+                lock(&job.result).take().map(|r| (r, moved))
+            }
+            _ => None,
+        }
+    };
+    match finished {
+        Some((result, moved)) => {
+            lock(&i.redrives.jobs).remove(i.key);
+            s.finished_at = Some(i.now.clone());
+            match result {
+                Ok(_) => {
+                    s.state = Some(COMPLETED.into());
+                    s.message = None;
+                    let skipped = s.skipped.unwrap_or(0);
+                    let extra = if skipped > 0 {
+                        format!(
+                            "; {skipped} message(s) of other source queues left in the dead-letter queue"
+                        )
+                    } else {
+                        String::new()
+                    };
+                    events.push(RedriveEvent {
+                        warning: false,
+                        reason: REDRIVE_COMPLETED,
+                        note: format!(
+                            "redrive {token:?}: moved {moved} message(s) back to the source queue{extra}"
+                        ),
+                    });
+                }
+                Err(e) => {
+                    s.state = Some(FAILED.into());
+                    s.message = Some(e.to_string());
+                    events.push(RedriveEvent {
+                        warning: true,
+                        reason: REDRIVE_FAILED,
+                        note: format!("redrive {token:?} failed after {moved} message(s): {e}"),
+                    });
+                }
+            }
+        }
+        None if !i.redrives.running(i.key) => {
+            // Running in status, but not in this process: the controller restarted. Start it again.
+            match (i.client, target(i.facts)) {
+                (Some(client), Ok(Some(t))) => {
+                    let base = s.moved.and_then(|m| u64::try_from(m).ok()).unwrap_or(0);
+                    spawn(&token, &t, base, client, i);
+                    s.message = Some(
+                        "the move was interrupted (controller restart) and started again".into(),
+                    );
+                }
+                (_, Err(m)) => {
+                    s.state = Some(FAILED.into());
+                    s.finished_at = Some(i.now.clone());
+                    s.message = Some(m.clone());
+                    events.push(RedriveEvent {
+                        warning: true,
+                        reason: REDRIVE_FAILED,
+                        note: format!("redrive {token:?} failed: {m}"),
+                    });
+                }
+                // Queue unreadable now: try again at the next reconcile.
+                _ => {}
+            }
+        }
+        None => {}
+    }
+    Outcome {
+        status: Some(s),
+        events,
+    }
+}
+
+/// `qc-operator redrive NAMESPACE/NAME`: set the annotation to `token`; the controller does the rest.
+pub async fn request(
+    client: kube::Client,
+    namespace: &str,
+    name: &str,
+    token: &str,
+) -> Result<(), kube::Error> {
+    use kube::api::{Api, Patch, PatchParams};
+    let qcs: Api<QueueConsumer> = Api::namespaced(client, namespace);
+    let patch =
+        serde_json::json!({"metadata": {"annotations": {REDRIVE_REQUEST_ANNOTATION: token}}});
+    qcs.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_paths_ignore_the_host() {
+        assert_eq!(
+            queue_path("http://127.0.0.1:5000/123456789012/orders"),
+            queue_path("https://sqs.us-east-1.amazonaws.com/123456789012/orders/")
+        );
+        assert_ne!(
+            queue_path("https://sqs.us-east-1.amazonaws.com/1/orders"),
+            queue_path("https://sqs.us-east-1.amazonaws.com/1/payments")
+        );
+    }
+}
