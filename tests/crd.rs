@@ -81,7 +81,7 @@ fn properties<'a>(
 /// what it does; a property with a default names it; a duration says it is one (its format).
 #[test]
 fn every_property_explains_itself() {
-    let crd = serde_json::to_value(QueueConsumer::crd()).expect("crd serializes");
+    let crd = serde_json::to_value(qc::api::crd()).expect("crd serializes");
     let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
     let mut props = Vec::new();
     properties(schema, "", &mut props);

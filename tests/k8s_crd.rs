@@ -293,13 +293,21 @@ async fn kubectl_get_shows_the_columns_and_explain_the_fields() {
         assert_eq!(
             lines[0],
             [
-                "NAME", "READY", "REPLICAS", "VISIBLE", "INFLIGHT", "DLQ", "AGE"
+                "NAME",
+                "READY",
+                "REPLICAS",
+                "VISIBLE",
+                "INFLIGHT",
+                "DLQ",
+                "SUSPENDED",
+                "AGE"
             ],
             "{resource}: {out}"
         );
+        // spec.suspend as the server defaulted it.
         assert_eq!(
-            lines[1][..6],
-            ["orders", "True", "3", "42", "7", "2"],
+            lines[1][..7],
+            ["orders", "True", "3", "42", "7", "2", "false"],
             "{resource}: {out}"
         );
     }
@@ -342,6 +350,35 @@ async fn kubectl_get_shows_the_columns_and_explain_the_fields() {
         assert!(
             out.contains(field),
             "explain --recursive lacks {field}: {out}"
+        );
+    }
+    // Every object of the schema, explained by the server's own kubectl: no field without a description.
+    let crd = serde_json::to_value(qc::api::crd()).unwrap();
+    let mut objects = vec![];
+    fn walk(node: &Value, path: &str, out: &mut Vec<String>) {
+        if let Some(props) = node.get("properties").and_then(|p| p.as_object()) {
+            out.push(path.to_string());
+            for (name, child) in props {
+                walk(child, &format!("{path}.{name}"), out);
+            }
+        }
+        if let Some(items) = node.get("items") {
+            walk(items, path, out);
+        }
+    }
+    walk(
+        &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"],
+        "qc",
+        &mut objects,
+    );
+    assert!(objects.len() > 15, "{objects:?}");
+    for path in objects {
+        let (ok, out, err) =
+            k8s::run_kubectl(&kubectl, &real.kubeconfig, &["explain", &path], None);
+        assert!(ok, "{path}: {err}");
+        assert!(
+            !out.contains("<no description>") && !out.contains("<empty>"),
+            "kubectl explain {path} shows a field without a description:\n{out}"
         );
     }
 }

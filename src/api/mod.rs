@@ -340,8 +340,8 @@ pub struct HandlerSpec {
     /// poison, 429/503 retry after Retry-After, anything else retry. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<HttpHandler>,
-    /// Run a command per message in the worker container, body on stdin; exit 0 success, 65 poison,
-    /// anything else retry. Default: none.
+    /// Run a command per message in your first container (qc-worker runs inside it), body on stdin;
+    /// exit 0 success, 65 poison, anything else retry. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exec: Option<ExecHandler>,
 }
@@ -838,8 +838,45 @@ pub mod defaults {
     }
 }
 
+/// The CRD as committed: the types' schema with each description's doc-comment line breaks joined, so
+/// `kubectl explain` wraps the text itself (a blank line, a paragraph break, is kept).
+pub fn crd()
+-> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+        JSONSchemaProps, JSONSchemaPropsOrArray,
+    };
+    use kube::CustomResourceExt;
+    fn unwrap_lines(s: &mut JSONSchemaProps) {
+        if let Some(d) = s.description.as_mut() {
+            *d = d
+                .split("\n\n")
+                .map(|p| p.split('\n').map(str::trim).collect::<Vec<_>>().join(" "))
+                .collect::<Vec<_>>()
+                .join("\n\n");
+        }
+        for child in s.properties.iter_mut().flat_map(|p| p.values_mut()) {
+            unwrap_lines(child);
+        }
+        match s.items.as_mut() {
+            Some(JSONSchemaPropsOrArray::Schema(item)) => unwrap_lines(item),
+            Some(JSONSchemaPropsOrArray::Schemas(items)) => items.iter_mut().for_each(unwrap_lines),
+            None => {}
+        }
+    }
+    let mut crd = QueueConsumer::crd();
+    for v in &mut crd.spec.versions {
+        if let Some(schema) = v
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+        {
+            unwrap_lines(schema);
+        }
+    }
+    crd
+}
+
 /// The CRD as YAML, exactly as committed under `crds/`.
 pub fn crd_yaml() -> Result<String, serde_saphyr::ser::Error> {
-    use kube::CustomResourceExt;
-    serde_saphyr::to_string(&QueueConsumer::crd())
+    serde_saphyr::to_string(&crd())
 }
