@@ -176,8 +176,9 @@ pub struct ProcessingSpec {
     /// capped at max. Default: 5s base, 15m max.
     #[serde(default)]
     pub retry_backoff: RetryBackoffSpec,
-    /// What happens to a message the handler reports as poison (HTTP 400/422, exit code 65). Default:
-    /// delete.
+    /// What happens to a message the handler reports as poison (HTTP 400/422, exit code 65):
+    /// deadLetter sends it to the redrive policy's DLQ now, leave lets the redrive policy move it,
+    /// delete drops it. Default: deadLetter.
     #[serde(default)]
     pub on_poison: OnPoison,
     /// How long a dependency may be down before messages go to the DLQ, a duration such as 1h; checked

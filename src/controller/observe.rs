@@ -122,10 +122,7 @@ impl AwsProvider for SdkProvider {
             .await
             .insert(key.clone(), sqs.clone());
         let c = AwsClients {
-            sqs: Arc::new(SqsReader::with_limiter(
-                sqs,
-                self.sqs.clone(),
-            )),
+            sqs: Arc::new(SqsReader::with_limiter(sqs, self.sqs.clone())),
             alarms: Arc::new(CloudWatchAlarms::with_options(
                 aws_sdk_cloudwatch::Client::new(&conf),
                 self.cloudwatch.clone(),
