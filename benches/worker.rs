@@ -1,7 +1,10 @@
-//! Benchmark of `qc-worker`: drain N messages through a handler of fixed latency P at concurrency C,
-//! and report SQS requests per message (the worker's own counters), drain time against the ideal
-//! N·P/C, worker CPU per message and peak RSS. Run it with `bash scripts/bench-worker` (it starts the
-//! SQS server); `cargo test --all-targets` only builds it.
+//! Benchmark of `qc-worker` beside bbc/sqs-consumer: each drains N messages at concurrency C through
+//! a loopback proxy that delays every SQS request by 5-15 ms (as real SQS answers) in front of
+//! fauxqs, and an HTTP handler whose times are log-normal (P50 20 ms, P99 100 ms). Per run: SQS
+//! requests per message (counted by the proxy), drain time against the ideal N·mean/C (the mean of
+//! the handler times drawn in that run), CPU per message and peak RSS of the consumer process. Run
+//! it with `bash scripts/bench-worker` (it starts fauxqs and installs sqs-consumer);
+//! `cargo test --all-targets` only builds it.
 #![allow(clippy::unwrap_used)]
 
 #[path = "../tests/common/mod.rs"]
@@ -10,8 +13,11 @@ mod common;
 #[path = "../tests/worker/support.rs"]
 mod support;
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use aws_sdk_sqs::types::{QueueAttributeName, SendMessageBatchRequestEntry};
@@ -19,9 +25,11 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response};
-use support::{free_port, http_get, parse_metric};
+use support::free_port;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 struct Run {
+    consumer: String,
     concurrency: usize,
     messages: usize,
     drain: Duration,
@@ -37,6 +45,9 @@ fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_string())
 }
 
+/// The consumers each C runs: qc-worker, then bbc/sqs-consumer in its three modes (if installed).
+const BBC_MODES: [&str; 3] = ["batch1", "batch10", "handleMessageBatch"];
+
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         eprintln!(
@@ -48,47 +59,108 @@ fn main() {
         eprintln!("QC_BENCH_SQS_ENDPOINT is not set: run `bash scripts/bench-worker`");
         std::process::exit(2);
     };
-    let latency: qc::api::Duration = env_or("QC_BENCH_LATENCY", "50ms").parse().unwrap();
     let per_slot: usize = env_or("QC_BENCH_MESSAGES_PER_SLOT", "200").parse().unwrap();
     let concurrencies: Vec<usize> = env_or("QC_BENCH_CONCURRENCY", "1,10,100")
         .split(',')
         .map(|c| c.trim().parse().unwrap())
         .collect();
+    let bbc = std::env::var("QC_BENCH_BBC_SCRIPT").ok();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
     runtime.block_on(async move {
-        let handler = start_handler(latency.as_std()).await;
+        let handler = Handler::start().await;
+        let upstream = endpoint.trim_start_matches("http://").to_string();
+        let proxy = LatencyProxy::start(upstream).await;
         let conf = qc::aws::sdk_config(Some("us-east-1"), Some(&endpoint)).await;
         let client = aws_sdk_sqs::Client::new(&conf);
-        if std::env::var_os("QC_BENCH_SDK_PROBE").is_some() {
-            sdk_probe(&client, &conf).await;
-            return;
-        }
         let mut runs = Vec::new();
         for c in concurrencies {
             let n = (c * per_slot).max(per_slot);
-            let run = bench_one(&client, &endpoint, &handler, c, n, latency.as_std()).await;
-            eprintln!(
-                "C={c}: drained {n} in {:.2}s ({:.2} × ideal)",
-                run.drain.as_secs_f64(),
-                run.drain.as_secs_f64() / run.ideal.as_secs_f64()
-            );
-            runs.push(run);
+            let mut consumers = vec![Consumer::Worker];
+            if let Some(script) = &bbc {
+                consumers.extend(BBC_MODES.map(|m| Consumer::Bbc(script.clone(), m)));
+            }
+            for consumer in consumers {
+                let run = bench_one(&client, &proxy, &handler, &consumer, c, n).await;
+                eprintln!(
+                    "{} C={c}: drained {n} in {:.2}s ({:.2} × ideal), {:.3} requests/msg",
+                    run.consumer,
+                    run.drain.as_secs_f64(),
+                    run.drain.as_secs_f64() / run.ideal.as_secs_f64(),
+                    run.requests
+                );
+                runs.push(run);
+            }
         }
-        print_table(latency, &runs);
+        print_table(&runs);
     });
+}
+
+enum Consumer {
+    Worker,
+    /// The bench script of bbc/sqs-consumer and its mode.
+    Bbc(String, &'static str),
+}
+
+impl Consumer {
+    fn name(&self) -> String {
+        match self {
+            Consumer::Worker => "qc-worker".into(),
+            Consumer::Bbc(_, mode) => format!("sqs-consumer {mode}"),
+        }
+    }
+
+    fn spawn(
+        &self,
+        url: &str,
+        endpoint: &str,
+        handler_url: &str,
+        concurrency: usize,
+        log: &tempfile::NamedTempFile,
+    ) -> std::process::Child {
+        let mut cmd = match self {
+            Consumer::Worker => {
+                let mut cmd = Command::new(env!("CARGO_BIN_EXE_qc-worker"));
+                cmd.args(["--queue-url", url, "--endpoint-url", endpoint])
+                    .args(["--concurrency", &concurrency.to_string()])
+                    .args(["--metrics-addr", &format!("127.0.0.1:{}", free_port())])
+                    .args(["--http-url", handler_url])
+                    .env("RUST_LOG", "warn");
+                cmd
+            }
+            Consumer::Bbc(script, mode) => {
+                let per_consumer = if *mode == "batch1" { 1 } else { 10 };
+                let mut cmd = Command::new("node");
+                cmd.arg(script)
+                    .env("QUEUE_URL", url)
+                    .env("SQS_ENDPOINT", endpoint)
+                    .env("HANDLER_URL", handler_url)
+                    .env("MODE", mode)
+                    .env(
+                        "CONSUMERS",
+                        concurrency.div_ceil(per_consumer).max(1).to_string(),
+                    );
+                cmd
+            }
+        };
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log.reopen().unwrap())
+            .spawn()
+            .unwrap()
+    }
 }
 
 async fn bench_one(
     client: &aws_sdk_sqs::Client,
-    endpoint: &str,
-    handler_url: &str,
+    proxy: &LatencyProxy,
+    handler: &Handler,
+    consumer: &Consumer,
     concurrency: usize,
     messages: usize,
-    latency: Duration,
 ) -> Run {
     let name = format!(
         "bench-c{concurrency}-{}-{}",
@@ -105,23 +177,15 @@ async fn bench_one(
         .queue_url
         .unwrap();
     fill(client, &url, messages).await;
+    proxy.reset();
+    handler.reset();
 
-    let metrics_addr = format!("127.0.0.1:{}", free_port());
     let log = tempfile::NamedTempFile::new().unwrap();
     let started = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_qc-worker"))
-        .args(["--queue-url", &url, "--endpoint-url", endpoint])
-        .args(["--concurrency", &concurrency.to_string()])
-        .args(["--metrics-addr", &metrics_addr, "--http-url", handler_url])
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log.reopen().unwrap())
-        .spawn()
-        .unwrap();
+    let mut child = consumer.spawn(&url, &proxy.url, &handler.url, concurrency, &log);
     let pid = child.id();
-    // Drained = nothing left on the server. Polling the server, not the worker's /metrics, keeps the
-    // measurement from costing the worker CPU.
+    // Drained = nothing left on the server, polled directly (not through the proxy, not the
+    // consumer), so measuring costs the consumer nothing.
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -130,118 +194,40 @@ async fn bench_one(
         }
         assert!(
             Instant::now() < deadline,
-            "drain did not finish; worker log:\n{}",
+            "drain did not finish; log:\n{}",
             std::fs::read_to_string(log.path()).unwrap_or_default()
         );
     }
     let drain = started.elapsed();
     let cpu = cpu_time(pid);
     let peak_rss_kib = peak_rss_kib(pid);
-    // The last delete's answer may still be on its way to the worker.
-    let mut metrics = String::new();
-    for _ in 0..100 {
-        metrics = http_get(&metrics_addr, "/metrics")
-            .await
-            .map(|(_, body)| body)
-            .unwrap_or_default();
-        if metric_or_zero(&metrics, "qc_worker_messages_deleted_total") >= messages as f64 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(
-        metric_or_zero(&metrics, "qc_worker_messages_deleted_total"),
-        messages as f64,
-        "every message deleted once"
-    );
     let _ = Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status();
     let _ = child.wait();
     let _ = client.delete_queue().queue_url(&url).send().await;
-
-    let action = |a: &str| {
-        metric_or_zero(
-            &metrics,
-            &format!("qc_worker_sqs_requests_total{{action=\"{a}\"}}"),
-        )
-    };
-    let requests: f64 = [
-        "ReceiveMessage",
-        "DeleteMessageBatch",
-        "ChangeMessageVisibility",
-        "ChangeMessageVisibilityBatch",
-        "GetQueueAttributes",
-    ]
-    .iter()
-    .map(|a| action(a))
-    .sum();
+    let (calls, handled_time) = handler.totals();
+    assert!(
+        calls >= messages as u64,
+        "{}: {calls} handler calls for {messages} messages",
+        consumer.name()
+    );
+    let counts = proxy.counts();
+    let action = |a: &str| *counts.get(&format!("AmazonSQS.{a}")).unwrap_or(&0) as f64;
+    let requests: f64 = counts.values().sum::<u64>() as f64;
     Run {
+        consumer: consumer.name(),
         concurrency,
         messages,
         drain,
-        ideal: latency * messages as u32 / concurrency as u32,
+        // The mean of the handler times drawn in this run, N of them, over C slots.
+        ideal: handled_time.mul_f64(messages as f64 / calls as f64) / concurrency as u32,
         requests: requests / messages as f64,
         receives: action("ReceiveMessage") / messages as f64,
-        deletes: action("DeleteMessageBatch") / messages as f64,
+        deletes: (action("DeleteMessageBatch") + action("DeleteMessage")) / messages as f64,
         cpu,
         peak_rss_kib,
     }
-}
-
-/// CPU of this process per DeleteMessageBatch of 10 unknown handles (the emulator answers without
-/// work), through the SDK and through the worker's own client, side by side.
-async fn sdk_probe(client: &aws_sdk_sqs::Client, conf: &aws_config::SdkConfig) {
-    let url = client
-        .create_queue()
-        .queue_name(format!("probe-{}", std::process::id()))
-        .send()
-        .await
-        .unwrap()
-        .queue_url
-        .unwrap();
-    let calls = 2000;
-    let before = cpu_time(std::process::id());
-    let started = Instant::now();
-    for _ in 0..calls {
-        let mut req = client.delete_message_batch().queue_url(&url);
-        for i in 0..10 {
-            req = req.entries(
-                aws_sdk_sqs::types::DeleteMessageBatchRequestEntry::builder()
-                    .id(i.to_string())
-                    .receipt_handle(format!("bogus-handle-{i}-{}", "x".repeat(200)))
-                    .build()
-                    .unwrap(),
-            );
-        }
-        let _ = req.send().await;
-    }
-    let cpu = cpu_time(std::process::id()) - before;
-    println!(
-        "SDK DeleteMessageBatch: {:.1} µs CPU per call (client and server share the machine), {:.2} ms wall per call",
-        cpu.as_secs_f64() * 1e6 / calls as f64,
-        started.elapsed().as_secs_f64() * 1e3 / calls as f64
-    );
-    let metrics = std::sync::Arc::new(qc::worker::metrics::Metrics::default());
-    let sqs = qc::worker::sqs::Sqs::new(conf, &url, metrics).unwrap();
-    let entries: Vec<qc::worker::sqs::Entry> = (0..10)
-        .map(|i| qc::worker::sqs::Entry {
-            message_id: i.to_string(),
-            receipt_handle: format!("bogus-handle-{i}-{}", "x".repeat(200)),
-            lease_until: None,
-        })
-        .collect();
-    let before = cpu_time(std::process::id());
-    let started = Instant::now();
-    for _ in 0..calls {
-        let _ = sqs.delete_batch(&entries).await;
-    }
-    let cpu = cpu_time(std::process::id()) - before;
-    println!(
-        "worker client DeleteMessageBatch: {:.1} µs CPU per call, {:.2} ms wall per call",
-        cpu.as_secs_f64() * 1e6 / calls as f64,
-        started.elapsed().as_secs_f64() * 1e3 / calls as f64
-    );
 }
 
 /// Visible plus in-flight messages.
@@ -330,20 +316,23 @@ fn peak_rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-fn print_table(latency: qc::api::Duration, runs: &[Run]) {
+fn print_table(runs: &[Run]) {
     let build = if cfg!(debug_assertions) {
         "debug"
     } else {
         "release"
     };
-    println!("\nP = {latency} per message; SQS server: fauxqs; worker: {build} build\n");
     println!(
-        "| C | N | drain | ideal N·P/C | drain / ideal | SQS requests / msg (receive + delete) | worker CPU / msg | peak RSS |"
+        "\nhandler: log-normal, P50 20 ms, P99 100 ms; every SQS request delayed 5-15 ms by a proxy in front of fauxqs; qc-worker: {build} build\n"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| consumer | C | N | drain | ideal N·mean/C | drain / ideal | SQS requests / msg (receive + delete) | CPU / msg | peak RSS |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in runs {
         println!(
-            "| {} | {} | {:.2} s | {:.2} s | {:.3} | {:.3} ({:.3} + {:.3}) | {:.1} µs | {:.1} MiB |",
+            "| {} | {} | {} | {:.2} s | {:.2} s | {:.3} | {:.3} ({:.3} + {:.3}) | {:.1} µs | {:.1} MiB |",
+            r.consumer,
             r.concurrency,
             r.messages,
             r.drain.as_secs_f64(),
@@ -358,31 +347,170 @@ fn print_table(latency: qc::api::Duration, runs: &[Run]) {
     }
 }
 
-/// The handler: answers 200 after exactly `latency`.
-async fn start_handler(latency: Duration) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/messages", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            tokio::spawn(async move {
-                let service =
-                    hyper::service::service_fn(move |_req: Request<Incoming>| async move {
-                        tokio::time::sleep(latency).await;
-                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
-                    });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    url
+/// The handler: answers 200 after a log-normal time (P50 20 ms, P99 100 ms: σ = ln 5 / 2.326),
+/// and sums the times it drew.
+struct Handler {
+    url: String,
+    calls: Arc<AtomicU64>,
+    micros: Arc<AtomicU64>,
 }
 
-/// A counter the worker has not exported yet reads 0.
-fn metric_or_zero(text: &str, name: &str) -> f64 {
-    parse_metric(text, name).unwrap_or(0.0)
+impl Handler {
+    async fn start() -> Handler {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/messages", listener.local_addr().unwrap());
+        let calls = Arc::new(AtomicU64::new(0));
+        let micros = Arc::new(AtomicU64::new(0));
+        let (c, m) = (calls.clone(), micros.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (c, m) = (c.clone(), m.clone());
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |_req: Request<Incoming>| {
+                        let (c, m) = (c.clone(), m.clone());
+                        async move {
+                            let t = handler_time();
+                            c.fetch_add(1, Ordering::Relaxed);
+                            m.fetch_add(t.as_micros() as u64, Ordering::Relaxed);
+                            tokio::time::sleep(t).await;
+                            Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Handler { url, calls, micros }
+    }
+
+    fn reset(&self) {
+        self.calls.store(0, Ordering::Relaxed);
+        self.micros.store(0, Ordering::Relaxed);
+    }
+
+    /// Calls and the sum of the times drawn since the last reset.
+    fn totals(&self) -> (u64, Duration) {
+        (
+            self.calls.load(Ordering::Relaxed),
+            Duration::from_micros(self.micros.load(Ordering::Relaxed)),
+        )
+    }
+}
+
+/// One draw of the handler time: exp(ln 20 ms + σ·z), z standard normal (Box-Muller).
+fn handler_time() -> Duration {
+    let sigma = 5f64.ln() / 2.326;
+    let (u1, u2) = (fastrand::f64().max(1e-12), fastrand::f64());
+    let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+    Duration::from_secs_f64(0.020 * (sigma * z).exp())
+}
+
+/// A loopback HTTP/1.1 proxy in front of the SQS server: each request is held 5-15 ms (uniform)
+/// before it is forwarded, and counted by its `x-amz-target`; answers flow back untouched.
+struct LatencyProxy {
+    url: String,
+    counts: Arc<Mutex<HashMap<String, u64>>>,
+}
+
+impl LatencyProxy {
+    async fn start(upstream: String) -> LatencyProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let counts = Arc::new(Mutex::new(HashMap::new()));
+        let c = counts.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (c, upstream) = (c.clone(), upstream.clone());
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    let _ = client.set_nodelay(true);
+                    let _ = server.set_nodelay(true);
+                    let (mut client_read, mut client_write) = client.into_split();
+                    let (mut server_read, mut server_write) = server.into_split();
+                    tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+                    });
+                    let mut buf: Vec<u8> = Vec::new();
+                    let mut chunk = vec![0u8; 16 * 1024];
+                    loop {
+                        // One request: the head, then Content-Length bytes of body.
+                        let head_end = loop {
+                            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                                break i + 4;
+                            }
+                            match client_read.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        };
+                        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+                        let header = |name: &str| {
+                            head.lines().find_map(|l| {
+                                l.strip_prefix(name)
+                                    .and_then(|v| v.strip_prefix(':'))
+                                    .map(|v| v.trim().to_string())
+                            })
+                        };
+                        let len: usize = header("content-length")
+                            .and_then(|v| v.parse().ok())
+                            .unwrap_or(0);
+                        let target = header("x-amz-target").unwrap_or_default();
+                        while buf.len() < head_end + len {
+                            match client_read.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        let request: Vec<u8> = buf.drain(..head_end + len).collect();
+                        // The original spelling of the action (the head was lower-cased).
+                        let action = target
+                            .strip_prefix("amazonsqs.")
+                            .map(|a| format!("AmazonSQS.{}", canonical_action(a)))
+                            .unwrap_or(target);
+                        *c.lock().unwrap().entry(action).or_insert(0) += 1;
+                        tokio::time::sleep(Duration::from_micros(fastrand::u64(5_000..15_000)))
+                            .await;
+                        if server_write.write_all(&request).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        LatencyProxy { url, counts }
+    }
+
+    fn reset(&self) {
+        self.counts.lock().unwrap().clear();
+    }
+
+    fn counts(&self) -> HashMap<String, u64> {
+        self.counts.lock().unwrap().clone()
+    }
+}
+
+/// The CamelCase name of a lower-cased SQS action.
+fn canonical_action(lower: &str) -> String {
+    [
+        "ReceiveMessage",
+        "DeleteMessageBatch",
+        "DeleteMessage",
+        "ChangeMessageVisibilityBatch",
+        "ChangeMessageVisibility",
+        "GetQueueAttributes",
+        "GetQueueUrl",
+    ]
+    .iter()
+    .find(|a| a.eq_ignore_ascii_case(lower))
+    .map_or_else(|| lower.to_string(), |a| a.to_string())
 }
