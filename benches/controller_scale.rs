@@ -300,6 +300,21 @@ async fn scale(endpoint: &str, n: usize, q: usize, poll: Duration, intervals: us
             },
         );
     }
+    let errors: Vec<String> = ctx
+        .metrics
+        .render()
+        .lines()
+        .filter(|l| l.starts_with("qc_reconcile_errors_total{"))
+        .map(str::to_string)
+        .collect();
+    println!(
+        "\nReconcile errors: {}",
+        if errors.is_empty() {
+            "none".to_string()
+        } else {
+            errors.join(", ")
+        }
+    );
     println!(
         "\nPeak RSS during the run: {:.1} MiB, of which {:.1} MiB were there before the controller started (the in-memory API holding {n} QueueConsumers, the bench, the runtime): the controller's share is about {:.1} MiB.",
         peak_kib as f64 / 1024.0,
