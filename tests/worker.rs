@@ -1389,3 +1389,112 @@ async fn sigterm_releases_messages_waiting_for_a_slot() {
     );
     assert_eq!(h.calls().len(), 1);
 }
+
+const XRAY: &str = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1";
+const XRAY_AS_W3C: &str = "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-01";
+const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+/// Sends one message with an optional `AWSTraceHeader` system attribute and string attributes;
+/// returns its SQS message id.
+async fn send_traced(
+    q: &TestQueue,
+    body: &str,
+    xray: Option<&str>,
+    attrs: &[(&str, &str)],
+) -> String {
+    use aws_sdk_sqs::types::{
+        MessageAttributeValue, MessageSystemAttributeNameForSends, MessageSystemAttributeValue,
+    };
+    let mut req = q.client.send_message().queue_url(&q.url).message_body(body);
+    if let Some(x) = xray {
+        req = req.message_system_attributes(
+            MessageSystemAttributeNameForSends::AwsTraceHeader,
+            MessageSystemAttributeValue::builder()
+                .data_type("String")
+                .string_value(x)
+                .build()
+                .unwrap(),
+        );
+    }
+    for (k, v) in attrs {
+        req = req.message_attributes(
+            *k,
+            MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(*v)
+                .build()
+                .unwrap(),
+        );
+    }
+    req.send().await.unwrap().message_id.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_context_reaches_the_http_handler_from_xray_or_a_traceparent_attribute() {
+    let q = TestQueue::new("trace-http", 30, 5, false).await;
+    let xray_id = send_traced(&q, "xray", Some(XRAY), &[]).await;
+    let both_id = send_traced(&q, "both", Some(XRAY), &[("traceparent", TRACEPARENT)]).await;
+    let bad_id = send_traced(
+        &q,
+        "bad",
+        Some("Root=1-nothex;Parent=zz"),
+        &[("traceparent", "00-zz-1-01")],
+    )
+    .await;
+    let none_id = send_traced(&q, "none", None, &[]).await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
+    let mut a = base_args(&q);
+    a.extend(args(&["--http-url", &h.url]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(30), "all handled and deleted", || q.is_empty()).await;
+    let calls: HashMap<String, Call> = h.calls().into_iter().map(|c| (c.id.clone(), c)).collect();
+    assert_eq!(calls.len(), 4, "{calls:?}");
+    let hdr = |id: &str, name: &str| calls[id].headers.get(name).cloned();
+    assert_eq!(hdr(&xray_id, "traceparent").as_deref(), Some(XRAY_AS_W3C));
+    assert_eq!(hdr(&xray_id, "x-amzn-trace-id").as_deref(), Some(XRAY));
+    assert_eq!(hdr(&both_id, "traceparent").as_deref(), Some(TRACEPARENT));
+    assert_eq!(hdr(&both_id, "x-amzn-trace-id").as_deref(), Some(XRAY));
+    assert_eq!(
+        hdr(&bad_id, "traceparent"),
+        None,
+        "malformed headers are dropped"
+    );
+    assert_eq!(
+        calls[&bad_id].body, b"bad",
+        "a malformed header is never fatal"
+    );
+    assert_eq!(hdr(&none_id, "traceparent"), None);
+    assert_eq!(hdr(&none_id, "x-amzn-trace-id"), None);
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_context_reaches_the_exec_handler_environment() {
+    let q = TestQueue::new("trace-exec", 30, 5, false).await;
+    let xray_id = send_traced(&q, "xray", Some(XRAY), &[]).await;
+    let none_id = send_traced(&q, "none", None, &[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let handler = script(
+        dir.path(),
+        "handle.sh",
+        &format!(
+            r#"echo "tp=${{TRACEPARENT:-}} xray=${{_X_AMZN_TRACE_ID:-}}" > "{out}/$QC_MESSAGE_ID""#,
+            out = out.display()
+        ),
+    );
+    let mut a = base_args(&q);
+    a.extend(args(&["--exec", "--", handler.to_str().unwrap()]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(30), "all handled and deleted", || q.is_empty()).await;
+    let env = |id: &str| std::fs::read_to_string(out.join(id)).unwrap();
+    assert_eq!(
+        env(&xray_id).trim(),
+        format!("tp={XRAY_AS_W3C} xray={XRAY}")
+    );
+    assert_eq!(env(&none_id).trim(), "tp= xray=");
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}

@@ -417,6 +417,7 @@ mod tests {
                     },
                 ),
             ],
+            trace_header: None,
             received_at: Instant::now(),
         }
     }

@@ -249,6 +249,8 @@ pub struct Message {
     /// Milliseconds since the epoch.
     pub sent_timestamp: Option<u64>,
     pub attributes: Vec<(String, AttributeValue)>,
+    /// The X-Ray trace header SQS keeps for the message (`AWSTraceHeader` system attribute).
+    pub trace_header: Option<String>,
     /// When the receive call returned: the lease started no later than this.
     pub received_at: Instant,
 }
@@ -297,6 +299,7 @@ impl Message {
             sequence_number: take(MessageSystemAttributeName::SequenceNumber),
             sent_timestamp: take(MessageSystemAttributeName::SentTimestamp)
                 .and_then(|t| t.parse().ok()),
+            trace_header: take(MessageSystemAttributeName::AwsTraceHeader),
             id,
             receipt_handle,
             body: Bytes::from(m.body.unwrap_or_default().into_bytes()),
@@ -603,7 +606,8 @@ impl Sqs {
 }
 
 /// Only the system attributes the worker uses.
-const SYSTEM_ATTRIBUTES: [MessageSystemAttributeName; 5] = [
+const SYSTEM_ATTRIBUTES: [MessageSystemAttributeName; 6] = [
+    MessageSystemAttributeName::AwsTraceHeader,
     MessageSystemAttributeName::ApproximateReceiveCount,
     MessageSystemAttributeName::SentTimestamp,
     MessageSystemAttributeName::MessageGroupId,

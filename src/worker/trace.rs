@@ -52,6 +52,24 @@ impl TraceContext {
     }
 }
 
+impl TraceContext {
+    /// The trace context of a received message: its `traceparent` / `tracestate` string attributes
+    /// (names matched without regard to case, the first in sorted order) and its `AWSTraceHeader`.
+    pub fn of_message(msg: &crate::worker::sqs::Message) -> TraceContext {
+        let attr = |name: &str| {
+            msg.attributes
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .and_then(|(_, v)| v.string.as_deref())
+        };
+        TraceContext::of(
+            attr("traceparent"),
+            attr("tracestate"),
+            msg.trace_header.as_deref(),
+        )
+    }
+}
+
 /// Printable ASCII only: safe to put in a header line or an environment variable as is.
 fn is_header_safe(s: &str) -> bool {
     s.bytes().all(|b| (0x20..0x7f).contains(&b))

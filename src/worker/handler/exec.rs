@@ -11,6 +11,7 @@ use tokio::io::AsyncWriteExt;
 
 use super::{HandlerError, QueueContext, Verdict, verdict_for_exit};
 use crate::worker::sqs::Message;
+use crate::worker::trace::TraceContext;
 
 pub struct ExecHandler {
     program: PathBuf,
@@ -216,6 +217,16 @@ impl ExecHandler {
         }
         if let Some(t) = msg.sent_timestamp {
             cmd.env("QC_SENT_TIMESTAMP", t.to_string());
+        }
+        let trace = TraceContext::of_message(msg);
+        if let Some(tp) = &trace.traceparent {
+            cmd.env("TRACEPARENT", tp);
+        }
+        if let Some(ts) = &trace.tracestate {
+            cmd.env("TRACESTATE", ts);
+        }
+        if let Some(x) = &trace.xray {
+            cmd.env("_X_AMZN_TRACE_ID", x);
         }
         for (name, value) in &msg.attributes {
             if let Some(s) = &value.string {

@@ -9,6 +9,7 @@ use hyper::Uri;
 use super::{HandlerError, QueueContext, Verdict, rfc3339_millis, verdict_for_status};
 use crate::worker::http1::{Pool, WireError, connect_authority};
 use crate::worker::sqs::Message;
+use crate::worker::trace::TraceContext;
 
 /// `ce-type` of every event the worker sends.
 pub const CE_TYPE: &str = "dev.consumers.sqs.message";
@@ -130,6 +131,17 @@ impl HttpHandler {
             header(&mut h, "ce-sqssequencenumber", s);
         }
         header(&mut h, "x-sqs-queue-url", &self.queue_url);
+        // Trace context (W3C Trace Context headers, and X-Ray's own): only well-formed values.
+        let trace = TraceContext::of_message(msg);
+        if let Some(tp) = &trace.traceparent {
+            header(&mut h, "traceparent", tp);
+        }
+        if let Some(ts) = &trace.tracestate {
+            header(&mut h, "tracestate", ts);
+        }
+        if let Some(x) = &trace.xray {
+            header(&mut h, "x-amzn-trace-id", x);
+        }
         let mut content_type = None;
         let mut lines: Vec<(&str, Vec<u8>)> = Vec::with_capacity(msg.attributes.len());
         for (name, value) in &msg.attributes {
@@ -347,6 +359,7 @@ mod tests {
                 ("OrderId".into(), attr(" o-77")),
                 ("bad name".into(), attr("dropped")),
             ],
+            trace_header: None,
             received_at: std::time::Instant::now(),
         };
         let head = String::from_utf8(h.head(&msg)).unwrap();
@@ -399,6 +412,7 @@ mod tests {
             sequence_number: None,
             sent_timestamp: None,
             attributes,
+            trace_header: None,
             received_at: std::time::Instant::now(),
         };
         for cap in [1024, DEFAULT_MAX_HEAD, 64 * 1024] {
@@ -428,6 +442,75 @@ mod tests {
         let h = HttpHandler::new("http://127.0.0.1:8080/m", &queue, 1, DEFAULT_MAX_HEAD).unwrap();
         let head = String::from_utf8(h.head(&msg(vec![("a".into(), attr("1".into()))]))).unwrap();
         assert!(!head.contains(OMITTED_HEADER));
+    }
+
+    #[test]
+    fn the_head_carries_the_trace_context_and_drops_malformed_headers() {
+        use crate::worker::sqs::AttributeValue;
+        let queue = QueueContext {
+            url: "http://q/1/orders".into(),
+            arn: String::new(),
+        };
+        let h = HttpHandler::new("http://127.0.0.1:8080/m", &queue, 1, DEFAULT_MAX_HEAD).unwrap();
+        let attr = |s: &str| AttributeValue {
+            data_type: "String".into(),
+            string: Some(s.into()),
+            binary: None,
+        };
+        let msg = |trace_header: Option<&str>, attributes| Message {
+            id: "m-1".into(),
+            receipt_handle: "rh".into(),
+            body: bytes::Bytes::from_static(b"{}"),
+            receive_count: 1,
+            group_id: None,
+            deduplication_id: None,
+            sequence_number: None,
+            sent_timestamp: None,
+            attributes,
+            trace_header: trace_header.map(str::to_string),
+            received_at: std::time::Instant::now(),
+        };
+        let xray = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1";
+        let line = |head: &str, name: &str| {
+            head.lines()
+                .find_map(|l| l.strip_prefix(&format!("{name}: ")).map(str::to_string))
+        };
+        // X-Ray only: converted, and passed on as is.
+        let head = String::from_utf8(h.head(&msg(Some(xray), vec![]))).unwrap();
+        assert_eq!(
+            line(&head, "traceparent").as_deref(),
+            Some("00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-01")
+        );
+        assert_eq!(line(&head, "x-amzn-trace-id").as_deref(), Some(xray));
+        assert_eq!(line(&head, "tracestate"), None);
+        // A traceparent attribute wins over the X-Ray header; its tracestate goes along.
+        let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let head = String::from_utf8(h.head(&msg(
+            Some(xray),
+            vec![
+                ("traceparent".into(), attr(tp)),
+                ("tracestate".into(), attr("congo=t61rcWkgMzE")),
+            ],
+        )))
+        .unwrap();
+        assert_eq!(line(&head, "traceparent").as_deref(), Some(tp));
+        assert_eq!(
+            line(&head, "tracestate").as_deref(),
+            Some("congo=t61rcWkgMzE")
+        );
+        assert_eq!(line(&head, "x-amzn-trace-id").as_deref(), Some(xray));
+        // Malformed: no trace headers at all, the rest of the head intact.
+        let head = String::from_utf8(h.head(&msg(
+            Some("Root=1-xyz;Parent=nothex"),
+            vec![("traceparent".into(), attr("00-zz-11-01"))],
+        )))
+        .unwrap();
+        assert_eq!(line(&head, "traceparent"), None);
+        assert!(head.contains("ce-id: m-1\r\n") && head.ends_with("\r\n\r\n"));
+        // Nothing that is not printable ASCII reaches a header line.
+        let head = String::from_utf8(h.head(&msg(Some("Root=1-\r\nx-evil: 1"), vec![]))).unwrap();
+        assert_eq!(line(&head, "x-amzn-trace-id"), None);
+        assert!(!head.contains("x-evil"));
     }
 
     #[test]
