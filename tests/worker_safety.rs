@@ -634,3 +634,61 @@ async fn a_hung_heartbeat_call_is_given_up_in_time_to_keep_the_lease() {
         assert!(w.wait_exit(SECS(20)).await.success());
     }
 }
+
+/// Item 6: the group's next message used to start as soon as the previous one's delete was queued;
+/// when that delete finally failed the first message came back after the others (order 1, 2, 3, 1).
+/// Now the next message waits for SQS to confirm the delete, and a delete given up stops the group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_next_message_waits_for_the_delete_and_a_failed_delete_stops_the_group() {
+    let q = TestQueue::new("fifo-del", 4, 10, true).await;
+    let bodies: Vec<String> = (0..3).map(|i| format!("a-{i:02}")).collect();
+    q.send_all(&bodies, |_| "a".to_string()).await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(20))).await;
+    let proxy = FaultProxy::start().await;
+    proxy
+        .set(Fault::FailAction("DeleteMessage", 500, "InternalFailure"))
+        .await;
+    let a = args(&[
+        "--queue-url",
+        &q.url,
+        "--endpoint-url",
+        &proxy.endpoint,
+        "--wait-time",
+        "1s",
+        "--http-url",
+        &h.url,
+    ]);
+    let mut w = Worker::start(&a);
+    eventually(SECS(60), "a delete given up", || async {
+        w.metric("qc_worker_delete_failures_total").await >= Some(1.0)
+    })
+    .await;
+    proxy.set(Fault::Forward).await;
+    eventually(SECS(90), "the queue empty", || async { q.is_empty().await }).await;
+    let mut calls = h.calls();
+    calls.sort_by_key(|c| c.started);
+    let order: Vec<String> = calls
+        .iter()
+        .map(|c| String::from_utf8(c.body.clone()).unwrap())
+        .collect();
+    let deleted = w.metric("qc_worker_messages_deleted_total").await.unwrap();
+    let failed = w.metric("qc_worker_delete_failures_total").await.unwrap();
+    let (sent, handled) = (bodies.len(), order.len());
+    let duplicates = handled - bodies.len().min(handled);
+    let in_dlq = q.dlq_visible().await;
+    eprintln!(
+        "drill fifo-failed-delete: sent {sent}, handled {handled} ({order:?}), deleted {deleted}, delete failures {failed}, in DLQ {in_dlq}, duplicates {duplicates}"
+    );
+    let mut sorted = order.clone();
+    sorted.sort();
+    assert_eq!(
+        order, sorted,
+        "a message of the group ran ahead of one whose delete failed"
+    );
+    for b in &bodies {
+        assert!(order.contains(b), "{b} never handled: {order:?}");
+    }
+    assert_eq!(in_dlq, 0);
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}

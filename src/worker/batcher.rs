@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -62,24 +62,38 @@ impl Kind {
     }
 }
 
+/// An entry and, if its sender waits for the outcome, where to say whether SQS confirmed it.
+type Queued = (Entry, Option<oneshot::Sender<bool>>);
+
 /// Sending side; cheap to clone.
 #[derive(Clone)]
 pub struct Batcher {
-    tx: mpsc::Sender<Entry>,
+    tx: mpsc::Sender<Queued>,
 }
 
 impl Batcher {
     /// Queues an entry, waiting if the batcher is backed up (back-pressure on the handlers).
     pub async fn send(&self, entry: Entry) {
-        if let Err(mpsc::error::SendError(e)) = self.tx.send(entry).await {
+        if let Err(mpsc::error::SendError((e, _))) = self.tx.send((entry, None)).await {
             tracing::error!(message_id = %e.message_id, "acknowledgement queue closed; the message will be delivered again");
         }
     }
 
+    /// Queues an entry and waits until SQS has confirmed it (true) or it was given up (false), still
+    /// batched with the others.
+    pub async fn send_confirmed(&self, entry: Entry) -> bool {
+        let (tx, rx) = oneshot::channel();
+        if let Err(mpsc::error::SendError((e, _))) = self.tx.send((entry, Some(tx))).await {
+            tracing::error!(message_id = %e.message_id, "acknowledgement queue closed; the message will be delivered again");
+            return false;
+        }
+        rx.await.unwrap_or(false)
+    }
+
     /// Queues without waiting (from Drop); a full queue means the message reappears after its lease.
     pub fn try_send(&self, entry: Entry) {
-        if let Err(e) = self.tx.try_send(entry) {
-            let entry = match e {
+        if let Err(e) = self.tx.try_send((entry, None)) {
+            let (entry, _) = match e {
                 mpsc::error::TrySendError::Full(e) | mpsc::error::TrySendError::Closed(e) => e,
             };
             tracing::warn!(message_id = %entry.message_id, "cannot queue the release; the message reappears when its visibility timeout ends");
@@ -106,12 +120,12 @@ async fn run(
     metrics: Arc<Metrics>,
     kind: Kind,
     interval: Duration,
-    mut rx: mpsc::Receiver<Entry>,
+    mut rx: mpsc::Receiver<Queued>,
     mut close: watch::Receiver<bool>,
 ) {
     let limit = Arc::new(Semaphore::new(MAX_FLUSHES));
     let mut flushes = JoinSet::new();
-    let mut buf: Vec<Entry> = Vec::with_capacity(MAX_BATCH);
+    let mut buf: Vec<Queued> = Vec::with_capacity(MAX_BATCH);
     let mut deadline = Instant::now();
     // Mean gap between entries (exponentially weighted), from the last arrival.
     let mut gap: Option<Duration> = None;
@@ -140,7 +154,7 @@ async fn run(
                     if buf.is_empty() {
                         deadline = now + flush_delay(kind, interval, gap);
                     }
-                    deadline = within_lease(deadline, e.lease_until);
+                    deadline = within_lease(deadline, e.0.lease_until);
                     buf.push(e);
                     if buf.len() < MAX_BATCH {
                         continue;
@@ -169,25 +183,41 @@ async fn flush(
     kind: Kind,
     limit: &Arc<Semaphore>,
     flushes: &mut JoinSet<()>,
-    buf: &mut Vec<Entry>,
+    buf: &mut Vec<Queued>,
 ) {
     if buf.is_empty() {
         return;
     }
-    let entries = std::mem::replace(buf, Vec::with_capacity(MAX_BATCH));
+    let (entries, confirms): (Vec<Entry>, Vec<_>) =
+        std::mem::replace(buf, Vec::with_capacity(MAX_BATCH))
+            .into_iter()
+            .unzip();
     let Ok(permit) = limit.clone().acquire_owned().await else {
         return;
     };
     let sqs = sqs.clone();
     let metrics = metrics.clone();
     flushes.spawn(async move {
-        send_with_retries(&sqs, &metrics, kind, entries).await;
+        let ids: Vec<String> = entries.iter().map(|e| e.message_id.clone()).collect();
+        let failed = send_with_retries(&sqs, &metrics, kind, entries).await;
         drop(permit);
+        for (id, confirm) in ids.iter().zip(confirms) {
+            if let Some(c) = confirm {
+                let _ = c.send(!failed.contains(id));
+            }
+        }
     });
 }
 
 /// Sends one batch; entries that fail for a retryable reason are sent again, the rest are logged.
-async fn send_with_retries(sqs: &Sqs, metrics: &Metrics, kind: Kind, mut entries: Vec<Entry>) {
+/// Returns the message ids given up.
+async fn send_with_retries(
+    sqs: &Sqs,
+    metrics: &Metrics,
+    kind: Kind,
+    mut entries: Vec<Entry>,
+) -> Vec<String> {
+    let mut failed = Vec::new();
     for attempt in 1..=ATTEMPTS {
         let result = match kind {
             Kind::Delete => sqs.delete_batch(&entries).await,
@@ -207,12 +237,13 @@ async fn send_with_retries(sqs: &Sqs, metrics: &Metrics, kind: Kind, mut entries
                     };
                     if f.sender_fault || attempt == ATTEMPTS {
                         give_up(metrics, kind, entry, &f.code, &f.message);
+                        failed.push(entry.message_id.clone());
                     } else {
                         retry.push(entry.clone());
                     }
                 }
                 if retry.is_empty() {
-                    return;
+                    return failed;
                 }
                 entries = retry;
             }
@@ -224,14 +255,16 @@ async fn send_with_retries(sqs: &Sqs, metrics: &Metrics, kind: Kind, mut entries
                 if fatal || attempt == ATTEMPTS {
                     for entry in &entries {
                         give_up(metrics, kind, entry, e.kind.reason(), &e.detail);
+                        failed.push(entry.message_id.clone());
                     }
-                    return;
+                    return failed;
                 }
                 tracing::warn!(action = e.action.as_str(), reason = e.kind.reason(), error = %e.detail, attempt, entries = entries.len(), "batch {} failed; retrying", kind.verb());
             }
         }
         tokio::time::sleep(error_backoff(attempt, fastrand::f64())).await;
     }
+    failed
 }
 
 fn give_up(metrics: &Metrics, kind: Kind, entry: &Entry, code: &str, detail: &str) {

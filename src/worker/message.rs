@@ -48,6 +48,9 @@ pub struct Processor {
     pub deleter: Batcher,
     pub releaser: Batcher,
     pub freed: mpsc::UnboundedSender<Freed>,
+    /// FIFO: a delete counts only once SQS confirmed it, so the group's next message cannot start
+    /// before (a delete given up leaves the message on the queue and stops the group).
+    pub confirm_deletes: bool,
     poisoned: Mutex<BoundedSet>,
 }
 
@@ -169,9 +172,18 @@ impl Lease {
         self.settled = true;
     }
 
-    async fn delete(&mut self) {
-        self.processor.deleter.send(self.entry()).await;
+    /// Deletes the message: `Deleted`, or with `confirm_deletes` `Kept` if SQS never confirmed it.
+    async fn delete(&mut self) -> Ended {
         self.settled = true;
+        if !self.processor.confirm_deletes {
+            self.processor.deleter.send(self.entry()).await;
+            return Ended::Deleted;
+        }
+        if self.processor.deleter.send_confirmed(self.entry()).await {
+            Ended::Deleted
+        } else {
+            Ended::Kept
+        }
     }
 
     /// Sets the visibility to `delay` so the message comes back then.
@@ -354,6 +366,7 @@ impl Processor {
             deleter,
             releaser,
             freed,
+            confirm_deletes: false,
             poisoned: Mutex::new(BoundedSet {
                 set: HashSet::new(),
                 order: VecDeque::new(),
@@ -382,8 +395,7 @@ impl Processor {
         match self.on_poison {
             OnPoison::Delete => {
                 tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, reason = %reason, "poison message; deleting it (--on-poison delete)");
-                lease.delete().await;
-                Ended::Deleted
+                lease.delete().await
             }
             OnPoison::Leave => {
                 tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, reason = %reason, "poison message; leaving it for the redrive policy (--on-poison leave)");
@@ -422,8 +434,7 @@ impl Processor {
                     Some(Ok(())) => {
                         m.dead_lettered.inc();
                         tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, reason = %reason, dead_letter_queue = %target, "poison message; sent to the dead-letter queue and deleted from the source (--on-poison dead-letter)");
-                        lease.delete().await;
-                        Ended::Deleted
+                        lease.delete().await
                     }
                     other => {
                         m.dead_letter_failures.inc();
@@ -492,8 +503,7 @@ impl Processor {
                     Ok(Claim::Done) => {
                         tracing::info!(message_id = %lease.msg.id, key = %key, "idempotency key already done; deleting without calling the handler");
                         m.outcome(OutcomeLabel::Duplicate);
-                        lease.delete().await;
-                        return Ended::Deleted;
+                        return lease.delete().await;
                     }
                     Ok(Claim::InProgress) => {
                         tracing::info!(message_id = %lease.msg.id, key = %key, "idempotency key in progress elsewhere; leaving the message to reappear");
@@ -554,8 +564,7 @@ impl Processor {
         match verdict {
             Verdict::Success => {
                 m.outcome(OutcomeLabel::Success);
-                lease.delete().await;
-                Ended::Deleted
+                lease.delete().await
             }
             Verdict::Poison(reason) => {
                 m.outcome(OutcomeLabel::Poison);

@@ -326,7 +326,7 @@ pub async fn run(
         close_rx,
     );
     let (freed_tx, freed_rx) = mpsc::unbounded_channel();
-    let processor = Arc::new(Processor::new(
+    let mut processor = Processor::new(
         sqs.clone(),
         metrics.clone(),
         handler,
@@ -344,7 +344,9 @@ pub async fn run(
         deleter,
         releaser,
         freed_tx,
-    ));
+    );
+    processor.confirm_deletes = info.fifo;
+    let processor = Arc::new(processor);
 
     let total = config.shutdown_timeout();
     // Room after the handlers for the last deletes and releases.

@@ -540,6 +540,9 @@ pub enum Fault {
     /// Pass requests through, but the first one for this action (`X-Amz-Target: AmazonSQS.<action>`)
     /// is read and never answered: a hung call.
     HangFirst(&'static str),
+    /// Pass requests through, but answer every one whose action starts with this name (so
+    /// `DeleteMessage` covers `DeleteMessageBatch`) with this HTTP status and AWS error code.
+    FailAction(&'static str, u16, &'static str),
 }
 
 /// A TCP proxy in front of the moto server that can refuse connections or answer with AWS errors.
@@ -625,6 +628,9 @@ impl FaultProxy {
                         }
                         Fault::Fail(status, code) => answer_errors(client, status, code).await,
                         Fault::HangFirst(action) => relay_hanging(client, &upstream, action).await,
+                        Fault::FailAction(action, status, code) => {
+                            relay_failing(client, &upstream, action, status, code).await
+                        }
                         Fault::Refuse => {}
                     }
                 });
@@ -701,6 +707,49 @@ async fn relay_hanging(mut client: tokio::net::TcpStream, upstream: &str, action
     }
 }
 
+/// Relays requests one by one to the upstream, except those for an action starting with `action`,
+/// which are answered with an AWS JSON-protocol error.
+async fn relay_failing(
+    mut client: tokio::net::TcpStream,
+    upstream: &str,
+    action: &str,
+    status: u16,
+    code: &str,
+) {
+    let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else {
+        return;
+    };
+    let target = format!("x-amz-target: amazonsqs.{}", action.to_lowercase());
+    let (mut cbuf, mut sbuf) = (Vec::new(), Vec::new());
+    while let Some(req) = read_message(&mut client, &mut cbuf).await {
+        let head = String::from_utf8_lossy(&req).to_lowercase();
+        let resp = if head.contains(&target) {
+            error_response(status, code).into_bytes()
+        } else {
+            if server.write_all(&req).await.is_err() {
+                return;
+            }
+            let Some(resp) = read_message(&mut server, &mut sbuf).await else {
+                return;
+            };
+            resp
+        };
+        if client.write_all(&resp).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn error_response(status: u16, code: &str) -> String {
+    let body = format!(
+        r#"{{"__type":"com.amazonaws.sqs#{code}","message":"injected by the test proxy"}}"#
+    );
+    format!(
+        "HTTP/1.1 {status} Injected\r\ncontent-type: application/x-amz-json-1.0\r\nx-amzn-query-error: {code};Sender\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
 /// Reads HTTP/1.1 requests and answers each with an AWS JSON-protocol error.
 async fn answer_errors(mut client: tokio::net::TcpStream, status: u16, code: &str) {
     let mut buf = Vec::new();
@@ -729,13 +778,7 @@ async fn answer_errors(mut client: tokio::net::TcpStream, status: u16, code: &st
             }
         }
         buf.drain(..header_end + len);
-        let body = format!(
-            r#"{{"__type":"com.amazonaws.sqs#{code}","message":"injected by the test proxy"}}"#
-        );
-        let resp = format!(
-            "HTTP/1.1 {status} Injected\r\ncontent-type: application/x-amz-json-1.0\r\nx-amzn-query-error: {code};Sender\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
-        );
+        let resp = error_response(status, code);
         if client.write_all(resp.as_bytes()).await.is_err() {
             return;
         }
