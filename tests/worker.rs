@@ -1498,3 +1498,76 @@ async fn trace_context_reaches_the_exec_handler_environment() {
     w.signal("TERM");
     assert!(w.wait_exit(SECS(20)).await.success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudevents_headers_are_percent_encoded_ce_id_is_the_message_id_and_collisions_are_named()
+{
+    let q = TestQueue::new("ce-binary", 30, 5, false).await;
+    let attrs = [
+        ("Note", "say \"hi\" 100% é\t"),
+        ("Tenant", "first"),
+        ("tenant", "second"),
+    ];
+    let id = send_traced(&q, "{}", None, &attrs).await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
+    let mut a = base_args(&q);
+    a.extend(args(&["--http-url", &h.url]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(30), "handled and deleted", || q.is_empty()).await;
+    let calls = h.calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let hdr = &calls[0].headers;
+    assert_eq!(hdr["ce-id"], id, "ce-id is the SQS message id");
+    assert_eq!(
+        hdr["x-sqs-attribute-note"],
+        "say%20%22hi%22%20100%25%20%C3%A9%09"
+    );
+    assert_eq!(hdr["x-sqs-attribute-tenant"], "first");
+    assert_eq!(hdr["x-qc-omitted-attributes"], "tenant");
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_attributes_reach_the_exec_handler_in_base64() {
+    use aws_sdk_sqs::primitives::Blob;
+    use aws_sdk_sqs::types::MessageAttributeValue;
+    let q = TestQueue::new("exec-binary", 30, 5, false).await;
+    let id = q
+        .client
+        .send_message()
+        .queue_url(&q.url)
+        .message_body("b")
+        .message_attributes(
+            "blob-1",
+            MessageAttributeValue::builder()
+                .data_type("Binary")
+                .binary_value(Blob::new(vec![0u8, 1, 2, 0xff, b'\n']))
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap()
+        .message_id
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let handler = script(
+        dir.path(),
+        "handle.sh",
+        &format!(
+            r#"echo "${{QC_ATTR_BLOB_1:-unset}}" > "{out}/$QC_MESSAGE_ID""#,
+            out = out.display()
+        ),
+    );
+    let mut a = base_args(&q);
+    a.extend(args(&["--exec", "--", handler.to_str().unwrap()]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(30), "handled and deleted", || q.is_empty()).await;
+    let got = std::fs::read_to_string(out.join(&id)).unwrap();
+    assert_eq!(got.trim(), "AAEC/wo=");
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}

@@ -228,10 +228,23 @@ impl ExecHandler {
         if let Some(x) = &trace.xray {
             cmd.env("_X_AMZN_TRACE_ID", x);
         }
+        // String and Number attributes as text, Binary ones base64 (standard alphabet, padded). Of
+        // names that map to the same variable, the first in the message's (sorted) order is set.
+        let mut set = HashSet::new();
         for (name, value) in &msg.attributes {
-            if let Some(s) = &value.string {
-                cmd.env(attribute_env_name(name), s);
+            let env = attribute_env_name(name);
+            if set.contains(&env) {
+                continue;
             }
+            match (&value.string, &value.binary) {
+                (Some(s), _) => cmd.env(&env, s),
+                (None, Some(b)) => {
+                    use base64::Engine as _;
+                    cmd.env(&env, base64::engine::general_purpose::STANDARD.encode(b))
+                }
+                (None, None) => continue,
+            };
+            set.insert(env);
         }
         let spawned = {
             // Registered under the lock, so the reaper never collects this child's exit status.

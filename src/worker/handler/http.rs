@@ -133,19 +133,31 @@ impl HttpHandler {
         header(&mut h, "x-sqs-queue-url", &self.queue_url);
         // Trace context (W3C Trace Context headers, and X-Ray's own): only well-formed values.
         let trace = TraceContext::of_message(msg);
-        if let Some(tp) = &trace.traceparent {
-            header(&mut h, "traceparent", tp);
-        }
-        if let Some(ts) = &trace.tracestate {
-            header(&mut h, "tracestate", ts);
-        }
-        if let Some(x) = &trace.xray {
-            header(&mut h, "x-amzn-trace-id", x);
+        // Validated printable ASCII (trace.rs), sent as is: these are not CloudEvents attributes.
+        for (name, value) in [
+            ("traceparent", &trace.traceparent),
+            ("tracestate", &trace.tracestate),
+            ("x-amzn-trace-id", &trace.xray),
+        ] {
+            if let Some(v) = value {
+                let _ = write!(h, "{name}: {v}\r\n");
+            }
         }
         let mut content_type = None;
         let mut lines: Vec<(&str, Vec<u8>)> = Vec::with_capacity(msg.attributes.len());
-        for (name, value) in &msg.attributes {
+        // Header names are case-insensitive: of names equal after lowercasing, the first in the
+        // message's order (SQS names sorted by byte, so `OrderId` before `orderid`) is sent, the
+        // others are named in the omitted header.
+        let mut collided: Vec<&str> = Vec::new();
+        for (i, (name, value)) in msg.attributes.iter().enumerate() {
             if name.is_empty() || !name.bytes().all(is_token) {
+                continue;
+            }
+            if msg.attributes[..i]
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case(name) && n.bytes().all(is_token))
+            {
+                collided.push(name);
                 continue;
             }
             let text = match (&value.string, &value.binary) {
@@ -166,12 +178,16 @@ impl HttpHandler {
         }
         let content_type = content_type.unwrap_or_else(|| guess_content_type(&msg.body).into());
         header(&mut h, "content-type", &content_type);
-        let omitted = fit_attributes(&mut lines, self.max_head.saturating_sub(h.len() + 2));
+        let omitted = fit_attributes(
+            &mut lines,
+            &collided,
+            self.max_head.saturating_sub(h.len() + 2),
+        );
         for (_, line) in &lines {
             h.extend_from_slice(line);
         }
         if !omitted.is_empty() {
-            tracing::warn!(message_id = %msg.id, omitted = %omitted, max_request_head = self.max_head, "message attributes left out of the handler request: the request head would exceed its cap (--max-request-head)");
+            tracing::warn!(message_id = %msg.id, omitted = %omitted, max_request_head = self.max_head, "message attributes left out of the handler request: the request head would exceed its cap (--max-request-head), or their names equal an earlier one's after lowercasing");
             header(&mut h, OMITTED_HEADER, &omitted);
         }
         h.extend_from_slice(b"\r\n");
@@ -208,12 +224,13 @@ impl HttpHandler {
 const MAX_CONTENT_TYPE: usize = 256;
 
 /// Keeps the attribute header lines that fit in `budget` bytes together with the header naming the
-/// ones left out, and returns those names (comma-separated, in message order; empty if all fit).
+/// ones left out, and returns those names (comma-separated: `already` omitted ones first, then the
+/// rest in message order; empty if none).
 /// Attributes are kept in message order while they fit; if the omitted-names header then does not fit,
 /// the largest kept lines give way until it does.
-fn fit_attributes(lines: &mut Vec<(&str, Vec<u8>)>, budget: usize) -> String {
+fn fit_attributes(lines: &mut Vec<(&str, Vec<u8>)>, already: &[&str], budget: usize) -> String {
     let total: usize = lines.iter().map(|(_, l)| l.len()).sum();
-    if total <= budget {
+    if already.is_empty() && total <= budget {
         return String::new();
     }
     let mut keep = vec![false; lines.len()];
@@ -225,11 +242,16 @@ fn fit_attributes(lines: &mut Vec<(&str, Vec<u8>)>, budget: usize) -> String {
         }
     }
     let names = |keep: &[bool]| {
-        lines
+        already
             .iter()
-            .zip(keep)
-            .filter(|(_, k)| !**k)
-            .map(|((n, _), _)| *n)
+            .copied()
+            .chain(
+                lines
+                    .iter()
+                    .zip(keep)
+                    .filter(|(_, k)| !**k)
+                    .map(|((n, _), _)| *n),
+            )
             .collect::<Vec<_>>()
             .join(",")
     };
@@ -267,22 +289,21 @@ fn header(out: &mut Vec<u8>, name: &str, value: &str) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// A header value for arbitrary text: printable ASCII as is, anything else percent-encoded as UTF-8
-/// (the CloudEvents HTTP binding's rule for `ce-*` values). Leading and trailing spaces, which HTTP
-/// would strip, are encoded too.
+/// A header value for arbitrary text, encoded as the CloudEvents HTTP protocol binding requires of
+/// `ce-*` values (section 3.1.3.2): space, `"`, `%` and every byte outside printable ASCII (controls,
+/// DEL, each UTF-8 byte of a non-ASCII character) percent-encoded with upper-case hex; everything
+/// else as is. The same rule for every header the worker fills with message data.
 fn value_into(out: &mut Vec<u8>, s: &str) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    let plain = |b: u8| (0x20..0x7f).contains(&b) && b != b'%';
+    let plain = |b: u8| (0x21..0x7f).contains(&b) && b != b'%' && b != b'"';
     let bytes = s.as_bytes();
-    let edge_space = bytes.first() == Some(&b' ') || bytes.last() == Some(&b' ');
-    if !edge_space && bytes.iter().all(|&b| plain(b)) {
+    if bytes.iter().all(|&b| plain(b)) {
         // The usual case (ids, ARNs, URLs, timestamps): one copy.
         out.extend_from_slice(bytes);
         return;
     }
-    let last = bytes.len().saturating_sub(1);
-    for (i, &b) in bytes.iter().enumerate() {
-        if plain(b) && !(b == b' ' && (i == 0 || i == last)) {
+    for &b in bytes {
+        if plain(b) {
             out.push(b);
         } else {
             out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
@@ -319,9 +340,15 @@ mod tests {
 
     #[test]
     fn header_values_percent_encode_what_http_cannot_carry() {
-        assert_eq!(value("plain text"), "plain text");
+        assert_eq!(
+            value("plain-text_1.2:3/4?a=b&c"),
+            "plain-text_1.2:3/4?a=b&c"
+        );
+        assert_eq!(value("plain text"), "plain%20text");
+        assert_eq!(value("say \"hi\""), "say%20%22hi%22");
         assert_eq!(value("100%"), "100%25");
         assert_eq!(value("é\n"), "%C3%A9%0A");
+        assert_eq!(value("\u{1}\t\u{7f}€"), "%01%09%7F%E2%82%AC");
         assert_eq!(value(" padded "), "%20padded%20");
         assert_eq!(value(""), "");
     }
@@ -375,7 +402,7 @@ mod tests {
             "ce-type: dev.consumers.sqs.message",
             "ce-time: 2000-02-29T00:00:00.123Z",
             "ce-sqsreceivecount: 3",
-            "ce-sqsgroupid: g%0D%0Ax-evil: 1",
+            "ce-sqsgroupid: g%0D%0Ax-evil:%201",
             "x-sqs-queue-url: http://q/1/orders",
             "x-sqs-attribute-content-type: application/xml",
             "x-sqs-attribute-orderid: %20o-77",
@@ -511,6 +538,54 @@ mod tests {
         let head = String::from_utf8(h.head(&msg(Some("Root=1-\r\nx-evil: 1"), vec![]))).unwrap();
         assert_eq!(line(&head, "x-amzn-trace-id"), None);
         assert!(!head.contains("x-evil"));
+    }
+
+    #[test]
+    fn attribute_names_equal_after_lowercasing_send_the_first_and_name_the_rest() {
+        use crate::worker::sqs::AttributeValue;
+        let queue = QueueContext {
+            url: "http://q/1/orders".into(),
+            arn: String::new(),
+        };
+        let attr = |s: &str| AttributeValue {
+            data_type: "String".into(),
+            string: Some(s.into()),
+            binary: None,
+        };
+        let msg = Message {
+            id: "m-1".into(),
+            receipt_handle: "rh".into(),
+            body: bytes::Bytes::from_static(b"{}"),
+            receive_count: 1,
+            group_id: None,
+            deduplication_id: None,
+            sequence_number: None,
+            sent_timestamp: None,
+            // As SQS's names arrive: sorted by byte.
+            attributes: vec![
+                ("ORDERID".into(), attr("upper")),
+                ("OrderId".into(), attr("camel")),
+                ("other".into(), attr("o")),
+                ("orderid".into(), attr("lower")),
+            ],
+            trace_header: None,
+            received_at: std::time::Instant::now(),
+        };
+        for cap in [DEFAULT_MAX_HEAD, 64 * 1024] {
+            let h = HttpHandler::new("http://127.0.0.1:8080/m", &queue, 1, cap).unwrap();
+            let head = String::from_utf8(h.head(&msg)).unwrap();
+            assert!(head.len() <= cap, "{cap}: {head}");
+            let values: Vec<&str> = head
+                .lines()
+                .filter_map(|l| l.strip_prefix("x-sqs-attribute-orderid: "))
+                .collect();
+            assert_eq!(values, ["upper"], "{head}");
+            let omitted = head
+                .lines()
+                .find_map(|l| l.strip_prefix("x-qc-omitted-attributes: "));
+            assert_eq!(omitted, Some("OrderId,orderid"), "{cap}: {head}");
+            assert!(head.contains("x-sqs-attribute-other: o\r\n"));
+        }
     }
 
     #[test]
