@@ -58,6 +58,7 @@ fn time_pure(exec: bool, iterations: u32) -> f64 {
     let facts = Facts {
         queue: QueueFacts::from_attributes(URL, &attrs()).unwrap(),
         dead_letter: qc::aws::DeadLetterFacts::None,
+        oldest_age_seconds: None,
     };
     let opts = RenderOptions::default();
     let now = qc::controller::observe::now();
@@ -76,6 +77,7 @@ fn time_pure(exec: bool, iterations: u32) -> f64 {
             scaled_at: None,
             sampled_at: Some(now.clone()),
             redrive: None,
+            workers: None,
             now: now.clone(),
         });
         black_box((d, s));

@@ -97,6 +97,15 @@ ensure_redis() {
   fi
 }
 
+# promtool, from Debian's prometheus package (only the tool is used; no server is started).
+ensure_promtool() {
+  if ! command -v promtool >/dev/null 2>&1; then
+    log "installing prometheus (for promtool)"
+    if [ ! -f "$QC_CACHE/apt-updated" ]; then apt-get update -qq && touch "$QC_CACHE/apt-updated"; fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  fi
+}
+
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }

@@ -322,5 +322,9 @@ pub fn facts_from_files(
             oldest_age_seconds: None,
         },
     };
-    Ok(Facts { queue, dead_letter })
+    Ok(Facts {
+        queue,
+        dead_letter,
+        oldest_age_seconds: None,
+    })
 }

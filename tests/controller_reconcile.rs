@@ -233,9 +233,19 @@ async fn create_applies_the_rendered_deployment_with_owner_and_status() {
             "QueueReachable",
             "ConfigValid",
             "DeadLetterQueueHealthy",
-            "ScalingActive"
+            "ScalingActive",
+            "ProcessingTimeWithinDeclared"
         ]
     );
+    // No worker pod yet: nothing observed, and no Event for that on a new consumer.
+    let p = e.condition("orders", "ProcessingTimeWithinDeclared");
+    assert_eq!(
+        (p.status.as_str(), p.reason.as_str()),
+        ("Unknown", "NoObservations")
+    );
+    assert!(!event_reasons(&reqs).contains(&"NoObservations".to_string()));
+    // An empty queue has no oldest message: 0, without asking CloudWatch.
+    assert_eq!(status.queue.as_ref().unwrap().oldest_age_seconds, Some(0));
     assert_eq!(e.condition("orders", "QueueReachable").status, "True");
     assert_eq!(
         e.condition("orders", "DeadLetterQueueHealthy").reason,
@@ -372,6 +382,39 @@ async fn spec_change_updates_the_deployment() {
     assert_eq!(deployment_writes(&e.fake.requests()).len(), 1);
     assert!(event_reasons(&e.fake.requests()).contains(&"DeploymentUpdated".to_string()));
     assert_eq!(e.qc("orders").status.unwrap().observed_generation, Some(2));
+}
+
+#[tokio::test]
+async fn the_source_queue_oldest_age_comes_from_cloudwatch_like_the_dead_letter_one() {
+    let e = env().await;
+    e.fake
+        .create(QUEUE_CONSUMERS, qc_manifest("orders", &e.url, false));
+    e.sqs
+        .send_message()
+        .queue_url(&e.url)
+        .message_body("waiting")
+        .send()
+        .await
+        .unwrap();
+    let name = e.url.rsplit('/').next().unwrap().to_string();
+    e.cloudwatch_client
+        .put_metric_data()
+        .namespace("AWS/SQS")
+        .metric_data(
+            MetricDatum::builder()
+                .metric_name("ApproximateAgeOfOldestMessage")
+                .dimensions(Dimension::builder().name("QueueName").value(&name).build())
+                .value(77.0)
+                .unit(StandardUnit::Seconds)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    e.reconcile("orders").await.unwrap();
+    let queue = e.qc("orders").status.unwrap().queue.unwrap();
+    assert_eq!(queue.visible, Some(1));
+    assert_eq!(queue.oldest_age_seconds, Some(77));
 }
 
 #[tokio::test]

@@ -129,6 +129,22 @@ async fn run_reconciles_what_it_watches_and_serves_metrics() {
     assert!(get(addr, "/readyz").await.0.contains("200"));
     assert!(get(addr, "/healthz").await.0.contains("200"));
     assert!(get(addr, "/nope").await.0.contains("404"));
+    // Per-consumer series, and they go with their consumer.
+    let series = "qc_replicas_desired{namespace=\"shop\",queueconsumer=\"orders\"}";
+    assert!(body.contains(series), "{body}");
+    assert!(
+        body.contains("qc_condition{namespace=\"shop\",queueconsumer=\"orders\",type=\"Ready\","),
+        "{body}"
+    );
+    fake.delete(QUEUE_CONSUMERS, NS, "orders");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get(addr, "/metrics").await.1.contains(series) {
+        assert!(
+            Instant::now() < deadline,
+            "the deleted consumer's series are still served"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     stop_tx.send(()).unwrap();
     task.await.unwrap().unwrap();

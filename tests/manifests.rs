@@ -163,10 +163,10 @@ fn expected_controller_grants() -> BTreeSet<(String, String, String)> {
             "deployments",
             &["get", "list", "watch", "create", "patch"],
         ),
+        // the worker pods: start-up (scaleDownStabilization: auto), /metrics, crash loops; deletion cost
+        ("", "pods", &["list", "patch"]),
         ("", "events", &["create", "patch"]),
         ("events.k8s.io", "events", &["create", "patch"]),
-        // the worker pods' start-up, for scaleDownStabilization: auto
-        ("", "pods", &["list"]),
     ];
     spec.iter()
         .flat_map(|(g, r, verbs)| {
@@ -465,11 +465,14 @@ fn chart_service_monitor_scrapes_the_metrics_service() {
         "scrapeTimeout",
         "relabelings",
         "metricRelabelings",
+        "honorLabels",
     ]
     .into();
     assert!(ep.keys().all(|k| known.contains(k.as_str())), "{ep:?}");
     assert_eq!(ep["port"], svc["spec"]["ports"][0]["name"]);
     assert_eq!(ep["path"], "/metrics");
+    // The per-QueueConsumer series carry their own `namespace` label: kept, not renamed exported_namespace.
+    assert_eq!(ep["honorLabels"], true);
     assert_eq!(
         svc["spec"]["ports"][0]["targetPort"],
         container(deployment)["ports"][0]["name"]
@@ -682,4 +685,101 @@ fn crate_bin_targets() -> BTreeSet<String> {
         .collect();
     assert!(!bins.is_empty(), "cargo metadata lists no bin target");
     bins
+}
+
+/// Metric names a text exposition declares (`# TYPE`), with a histogram's `_bucket`, `_sum`, `_count`.
+fn exported_names(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for line in text.lines() {
+        let mut parts = line.split_whitespace();
+        if let (Some("#"), Some("TYPE"), Some(name), Some(kind)) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        {
+            out.insert(name.to_string());
+            if kind == "histogram" {
+                for suffix in ["_bucket", "_sum", "_count"] {
+                    out.insert(format!("{name}{suffix}"));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `qc_...` identifiers in a PromQL expression.
+fn metric_names_in(expr: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let bytes = expr.as_bytes();
+    let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b':';
+    let mut i = 0;
+    while i < bytes.len() {
+        if expr[i..].starts_with("qc_") && (i == 0 || !ident(bytes[i - 1])) {
+            let end = (i..bytes.len())
+                .find(|j| !ident(bytes[*j]))
+                .unwrap_or(bytes.len());
+            out.insert(expr[i..end].to_string());
+            i = end;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+#[test]
+fn chart_dashboard_and_alert_rules_use_only_metrics_the_binaries_export() {
+    let Some(docs) = render(&[
+        "--set",
+        "metrics.prometheusRule.enabled=true",
+        "--set",
+        "metrics.grafanaDashboard.enabled=true",
+    ]) else {
+        return;
+    };
+    let docs = docs.unwrap();
+    let rule = find(&docs, "PrometheusRule", "qc-queue-consumer-operator");
+    let dashboard = find(&docs, "ConfigMap", "qc-queue-consumer-operator-dashboard");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let json: Value = serde_json::from_str(
+        dashboard["data"]["queue-consumer-operator.json"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let mut exprs: Vec<String> = Vec::new();
+    for r in rule["spec"]["groups"][0]["rules"].as_array().unwrap() {
+        exprs.push(r["expr"].as_str().unwrap().to_string());
+    }
+    for p in json["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            exprs.push(t["expr"].as_str().unwrap().to_string());
+        }
+    }
+    for v in json["templating"]["list"].as_array().unwrap() {
+        if let Some(q) = v["query"]["query"].as_str() {
+            exprs.push(q.to_string());
+        }
+    }
+    let used: BTreeSet<String> = exprs.iter().flat_map(|e| metric_names_in(e)).collect();
+    // What the two binaries serve on /metrics (the controller's per-consumer families are declared
+    // even before any QueueConsumer exists).
+    let mut exported = exported_names(&qc::controller::Metrics::default().render());
+    exported.extend(exported_names(
+        &qc::worker::metrics::Metrics::default().render(),
+    ));
+    let unknown: Vec<&String> = used.difference(&exported).collect();
+    assert!(
+        unknown.is_empty(),
+        "the dashboard or the rules use metrics no binary exports: {unknown:?}"
+    );
+    // The checks have something to check: every panel, every alert.
+    assert_eq!(
+        rule["spec"]["groups"][0]["rules"].as_array().unwrap().len(),
+        5
+    );
+    assert!(used.len() >= 12, "{used:?}");
+    assert!(
+        metric_names_in("rate(qc_x_total[5m]) / qc_y")
+            == ["qc_x_total".to_string(), "qc_y".to_string()].into()
+    );
 }

@@ -6,6 +6,7 @@ pub const QUEUE_REACHABLE: &str = "QueueReachable";
 pub const CONFIG_VALID: &str = "ConfigValid";
 pub const DEAD_LETTER_QUEUE_HEALTHY: &str = "DeadLetterQueueHealthy";
 pub const SCALING_ACTIVE: &str = "ScalingActive";
+pub const PROCESSING_TIME_WITHIN_DECLARED: &str = "ProcessingTimeWithinDeclared";
 
 pub mod reason {
     // Ready
@@ -13,6 +14,8 @@ pub mod reason {
     pub const DEPLOYMENT_UNAVAILABLE: &str = "DeploymentUnavailable";
     pub const QUEUE_UNREACHABLE: &str = "QueueUnreachable";
     pub const CONFIG_INVALID: &str = "ConfigInvalid";
+    /// The Deployment's progress deadline passed, or its pods crash-loop.
+    pub const ROLLOUT_STALLED: &str = "RolloutStalled";
     // QueueReachable
     pub const QUEUE_ATTRIBUTES_READ: &str = "QueueAttributesRead";
     // ConfigValid
@@ -30,4 +33,8 @@ pub mod reason {
     pub const HELD_BY_VALIDATION: &str = "HeldByValidation";
     /// `spec.suspend` is true: replicas are 0 and the scaler is paused.
     pub const SUSPENDED: &str = "Suspended";
+    // ProcessingTimeWithinDeclared
+    pub const OBSERVED_P99_WITHIN_DECLARED: &str = "ObservedP99WithinDeclared";
+    pub const OBSERVED_P99_ABOVE_DECLARED: &str = "ObservedP99AboveDeclared";
+    pub const NO_OBSERVATIONS: &str = "NoObservations";
 }

@@ -633,6 +633,9 @@ pub struct QueueConsumerStatus {
     /// The dead-letter queue named by the source's redrive policy, its alarm and any redrive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<DeadLetterStatus>,
+    /// Processing time and throughput as the worker pods report them on their /metrics.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed: Option<ObservedStatus>,
     /// Worker pods the Deployment has (its status.replicas).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<i32>,
@@ -712,6 +715,9 @@ pub struct QueueStatus {
     /// Messages not yet receivable (ApproximateNumberOfMessagesDelayed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delayed: Option<i64>,
+    /// CloudWatch ApproximateAgeOfOldestMessage (0 when SQS reports the queue empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_age_seconds: Option<i64>,
     /// The queue's VisibilityTimeout, a duration such as 30s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub visibility_timeout: Option<Duration>,
@@ -793,6 +799,38 @@ pub struct RedriveStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "time_schema")]
     pub finished_at: Option<Time>,
+}
+
+/// What the controller measured on the worker pods' /metrics over a window of recent scrapes (handler
+/// latency histogram deltas). Absent until two scrapes of a pod are in the window.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObservedStatus {
+    /// P99 of the handler time per message, estimated from the histogram buckets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p99_seconds: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_seconds: Option<f64>,
+    /// Messages finished per second, all pods together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages_per_second: Option<f64>,
+    /// Messages finished in the window (what the P99 is estimated from).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<i64>,
+    /// Messages in flight on the pods at the last scrape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_flight: Option<i64>,
+    /// Pods whose /metrics answered at the last scrape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods: Option<i32>,
+    /// Ready pods whose /metrics did not answer at the last scrape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods_unreachable: Option<i32>,
+    /// The span of the deltas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampled_at: Option<Time>,
 }
 
 /// Defaults of DESIGN "The API", one function per field so serde and schemars share them.

@@ -55,6 +55,9 @@ pub enum DeadLetterFacts {
 pub struct Facts {
     pub queue: QueueFacts,
     pub dead_letter: DeadLetterFacts,
+    /// The source queue's ApproximateAgeOfOldestMessage from CloudWatch, when read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_age_seconds: Option<i64>,
 }
 
 /// Why queue attributes could not be understood.

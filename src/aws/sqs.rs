@@ -388,7 +388,11 @@ pub async fn observe(reader: &dyn QueueReader, url: &str) -> Result<Facts, Obser
         None => DeadLetterFacts::None,
         Some(policy) => observe_dead_letter(reader, &policy.dead_letter_target_arn).await,
     };
-    Ok(Facts { queue, dead_letter })
+    Ok(Facts {
+        queue,
+        dead_letter,
+        oldest_age_seconds: None,
+    })
 }
 
 async fn observe_dead_letter(reader: &dyn QueueReader, arn: &str) -> DeadLetterFacts {

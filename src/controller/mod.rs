@@ -11,7 +11,9 @@ pub mod redrive;
 pub mod run;
 pub mod scale;
 pub mod spread;
+pub mod series;
 pub mod status;
+pub mod workers;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,6 +24,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
@@ -35,7 +38,7 @@ use self::apply::{FIELD_MANAGER, SCALER_FIELD_MANAGER};
 use self::observe::{AwsProvider, FactsCache};
 use self::pipeline::ReplicaDecision;
 use self::scale::Histories;
-use self::status::{Rollout, StatusInputs};
+use self::status::{Rollout, StatusInputs, Workers};
 
 /// One variant per pipeline step that can fail; each becomes a Warning Event and a requeue.
 #[derive(Debug, thiserror::Error)]
@@ -106,7 +109,11 @@ pub struct Metrics {
     pub deployment_applies: AtomicU64,
     /// Writes of `spec.replicas` by the scaler (field manager `qc-operator-scaler`).
     pub scale_writes: AtomicU64,
+    /// Writes of `controller.kubernetes.io/pod-deletion-cost` before scale-downs.
+    pub deletion_cost_writes: AtomicU64,
     pub status_writes: AtomicU64,
+    /// Per-QueueConsumer series, from each consumer's last computed status.
+    pub consumers: series::Consumers,
 }
 
 impl Metrics {
@@ -153,6 +160,14 @@ impl Metrics {
             "qc_status_writes_total {}\n",
             self.status_writes.load(Ordering::Relaxed)
         ));
+        let mut e = crate::telemetry::Exposition::new();
+        e.counter(
+            "qc_deletion_cost_writes_total",
+            "Pod deletion costs written before scale-downs.",
+            &[(&[], self.deletion_cost_writes.load(Ordering::Relaxed))],
+        );
+        self.consumers.render(&mut e);
+        out.push_str(&e.finish());
         out
     }
 }
@@ -166,11 +181,15 @@ pub struct Context {
     pub scaling: Histories,
     /// DLQ redrives this process runs itself.
     pub redrives: redrive::Redrives,
+    /// The worker pods' scrapes per QueueConsumer.
+    pub workers: workers::Windows,
     pub render: RenderOptions,
     pub recorder: Recorder,
     reporter: Reporter,
     pub metrics: Metrics,
     failures: Mutex<HashMap<String, u32>>,
+    /// The watch caches of QueueConsumers, to drop the series of deleted ones.
+    stores: Mutex<Vec<Store<QueueConsumer>>>,
 }
 
 impl Context {
@@ -191,12 +210,40 @@ impl Context {
             facts: FactsCache::new(),
             scaling: Histories::new(),
             redrives: redrive::Redrives::new(),
+            workers: workers::Windows::new(),
             render,
             recorder,
             reporter,
             metrics: Metrics::default(),
             failures: Mutex::new(HashMap::new()),
+            stores: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Remember a controller's QueueConsumer cache: series of consumers no cache holds are dropped.
+    pub fn watch_store(&self, store: Store<QueueConsumer>) {
+        match self.stores.lock() {
+            Ok(mut s) => s.push(store),
+            Err(p) => p.into_inner().push(store),
+        }
+    }
+
+    /// Drop the series of QueueConsumers that were deleted (a consumer without finalizer is not
+    /// reconciled again after its deletion). Without a cache (reconcile called directly), nothing is.
+    pub fn forget_deleted_consumers(&self) {
+        let stores = match self.stores.lock() {
+            Ok(s) => s.clone(),
+            Err(p) => p.into_inner().clone(),
+        };
+        if stores.is_empty() {
+            return;
+        }
+        self.metrics.consumers.retain(|ns, name, uid| {
+            stores.iter().any(|s| {
+                s.get(&ObjectRef::new(name).within(ns))
+                    .is_some_and(|q| q.metadata.uid.as_deref().unwrap_or("") == uid)
+            })
+        });
     }
 
     fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
@@ -342,6 +389,8 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     if qc.metadata.deletion_timestamp.is_some() {
         ctx.scaling.forget(&scale::key(qc));
         ctx.redrives.forget(&scale::key(qc));
+        ctx.workers.forget(&scale::key(qc));
+        ctx.metrics.consumers.remove(&ns, &qc.name_any());
         return cleanup(qc, ctx, &qcs, &clients).await;
     }
 
@@ -364,9 +413,15 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         .await
         .map_err(Error::ReadDeployment)?;
 
-    // validate, build, decide replicas
+    // the worker pods: crash loops, and their /metrics once per poll interval
+    let (pods, mut workers) = read_workers(qc, ctx, &ns, live.is_some(), false).await;
+
+    // validate, build, decide replicas; the rules run again with an observed P99 above the declared one
     let facts = pipeline::Observation::from_result(observed.as_ref().map(|o| &o.facts));
-    let decision = pipeline::decide(qc, facts, live.as_ref(), &ctx.render);
+    let mut decision = pipeline::decide(qc, facts, live.as_ref(), &ctx.render);
+    if let Some(p99) = status::observed_p99_above_declared(&qc.spec, &workers) {
+        decision.report = pipeline::with_observed_p99(qc, facts, &decision.report, p99);
+    }
 
     // apply; a Deployment someone else controls is neither changed nor reported as ours
     let mut deployment = live.filter(|d| pipeline::controls(qc, d));
@@ -397,7 +452,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
 
     // scale: the policy on the Deployment as it is now; replicas go out as their own manager's apply
     if deployment.is_some() {
-        measure_startup(qc, ctx, &ns, &name).await;
+        measure_startup(qc, ctx, pods.as_deref());
     }
     let now = observe::wall_clock();
     let replicas = ctx.scaling.with_history(&scale::key(qc), now, |h| {
@@ -421,6 +476,14 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
             ),
             ReplicaDecision::Keep => format!("to {n}"),
         };
+        if let ReplicaDecision::Scale { current, .. } = &replicas {
+            if n < *current {
+                // Idle pods go first: their deletion cost is their in-flight count, read just now.
+                let (fresh_pods, fresh) = read_workers(qc, ctx, &ns, true, true).await;
+                workers = fresh;
+                set_deletion_costs(qc, ctx, &ns, fresh_pods.as_deref().or(pods.as_deref())).await;
+            }
+        }
         let written = deployments
             .patch(
                 &name,
@@ -469,6 +532,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         scaled_at: scaled.as_ref().map(|_| observe::now()),
         sampled_at: observed.as_ref().ok().map(|o| o.sampled_at.clone()),
         redrive: redrive.status.clone(),
+        workers: Some(&workers),
         now: observe::now(),
     });
     let mut old_status = qc.status.clone().unwrap_or_default();
@@ -492,6 +556,16 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         .map_err(Error::WriteStatus)?;
         ctx.metrics.status_writes.fetch_add(1, Ordering::Relaxed);
     }
+
+    ctx.metrics.consumers.set(
+        &ns,
+        &name,
+        series::Series::from_status(
+            qc.metadata.uid.as_deref().unwrap_or(""),
+            &qc.spec,
+            &new_status,
+        ),
+    );
 
     // events, on transitions only
     for t in status::transitions(&old_status.conditions, &new_status.conditions) {
@@ -557,6 +631,97 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     })
 }
 
+/// The worker pods (None when they could not be listed) and what their /metrics say. Scrapes when one
+/// is due (once per pollInterval) or `now`. Never fails the reconcile: a pod list or scrape that fails
+/// leaves the observation without those pods (logged), and scaling goes on.
+async fn read_workers(
+    qc: &QueueConsumer,
+    ctx: &Context,
+    ns: &str,
+    deployment_exists: bool,
+    now: bool,
+) -> (Option<Vec<Pod>>, Workers) {
+    let id = scale::key(qc);
+    let name = qc.name_any();
+    let pods = if deployment_exists {
+        let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+        let params = ListParams::default().labels(&crate::render::selector_string(&name));
+        match api.list(&params).await {
+            Ok(list) => Some(list.items),
+            Err(e) => {
+                tracing::warn!(queueconsumer = %key(qc), error = %e, "cannot list the worker pods");
+                None
+            }
+        }
+    } else {
+        Some(Vec::new())
+    };
+    if let Some(pods) = &pods
+        && (now || ctx.workers.due(&id, qc.spec.scaling.poll_interval))
+    {
+        let targets: Vec<_> = pods.iter().filter_map(workers::target).collect();
+        let (round, errors) = workers::scrape(&targets, observe::wall_clock()).await;
+        for e in &errors {
+            tracing::warn!(queueconsumer = %key(qc), error = %e, "cannot read a worker pod's metrics");
+        }
+        ctx.workers.push(&id, round);
+    }
+    let window = ctx.workers.get(&id);
+    let latest = window.as_ref().and_then(|w| w.latest());
+    let observed = Workers {
+        stats: window.as_ref().and_then(|w| w.stats()),
+        pods: latest.map_or(0, |r| r.pods.len()),
+        unreachable: latest.map_or(0, |r| r.unreachable.len()),
+        in_flight: latest.map_or(0, |r| r.pods.values().map(|m| m.in_flight).sum()),
+        sampled_at: latest.map(|r| timestamp_time(r.at)),
+        crash_looping: pods
+            .as_deref()
+            .map(workers::crash_looping)
+            .unwrap_or_default(),
+    };
+    (pods, observed)
+}
+
+fn timestamp_time(
+    t: crate::scaling::Timestamp,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    let secs = i64::try_from(t.as_millis() / 1000).unwrap_or(0);
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::from_second(secs)
+            .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+    )
+}
+
+/// Before a scale-down: `controller.kubernetes.io/pod-deletion-cost` on each worker pod from its
+/// in-flight count, as field manager `qc-operator-scaler`, so the ReplicaSet removes idle pods first.
+/// A merge patch, not an apply: it can never create a pod that went away meanwhile. A failed patch is
+/// logged and the scale-down goes on (the ReplicaSet then picks as it would without the hint).
+async fn set_deletion_costs(qc: &QueueConsumer, ctx: &Context, ns: &str, pods: Option<&[Pod]>) {
+    let Some(pods) = pods else { return };
+    let window = ctx.workers.get(&scale::key(qc));
+    let busy = i64::from(qc.spec.processing.concurrency);
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let params = PatchParams {
+        field_manager: Some(SCALER_FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    };
+    for (pod, cost) in workers::deletion_costs(pods, window.as_ref().and_then(|w| w.latest()), busy)
+    {
+        let patch =
+            json!({"metadata": {"annotations": {workers::DELETION_COST: cost.to_string()}}});
+        match api.patch(&pod, &params, &Patch::Merge(&patch)).await {
+            Ok(_) => {
+                ctx.metrics
+                    .deletion_cost_writes
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                tracing::warn!(queueconsumer = %key(qc), pod, error = %e, "cannot set the pod deletion cost")
+            }
+        }
+    }
+}
+
 /// The queue's counts into this QueueConsumer's history, when a sample is due.
 fn record_sample(qc: &QueueConsumer, ctx: &Context, o: &observe::Observed) {
     let key = scale::key(qc);
@@ -573,25 +738,23 @@ fn record_sample(qc: &QueueConsumer, ctx: &Context, o: &observe::Observed) {
     }
 }
 
-/// `scaleDownStabilization: auto` holds for the pods' start-up: list the consumer's worker pods now and
-/// then ([`scale::STARTUP_REFRESH`]) and keep the median creation → Ready of the recent ones. A failed
-/// read (e.g. an install whose role cannot list pods) keeps what was known, 30s until then: the hold
+/// `scaleDownStabilization: auto` holds for the pods' start-up: now and then ([`scale::STARTUP_REFRESH`])
+/// keep the median creation → Ready of the recent worker pods, from this reconcile's pod list. A failed
+/// list (e.g. an install whose role cannot list pods) keeps what was known, 30s until then: the hold
 /// never blocks a reconcile.
-async fn measure_startup(qc: &QueueConsumer, ctx: &Context, ns: &str, name: &str) {
+fn measure_startup(qc: &QueueConsumer, ctx: &Context, pods: Option<&[Pod]>) {
     let key = scale::key(qc);
     let now = observe::wall_clock();
     if !qc.spec.scaling.scale_down_stabilization.is_auto() || !ctx.scaling.startup_due(&key, now) {
         return;
     }
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let selector = crate::render::selector_string(name);
-    let measured = match pods.list(&ListParams::default().labels(&selector)).await {
-        Ok(list) => {
-            let pairs: Vec<_> = list.items.iter().filter_map(scale::pod_startup).collect();
+    let measured = match pods {
+        Some(pods) => {
+            let pairs: Vec<_> = pods.iter().filter_map(scale::pod_startup).collect();
             crate::scaling::measured_startup(&pairs)
         }
-        Err(e) => {
-            tracing::warn!(queueconsumer = %key, error = %e, "pods not listed: the scale-down hold keeps its last start-up (30s until one is measured)");
+        None => {
+            tracing::warn!(queueconsumer = %key, "pods not listed: the scale-down hold keeps its last start-up (30s until one is measured)");
             None
         }
     };

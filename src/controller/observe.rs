@@ -10,7 +10,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use crate::api::{Duration, QueueConsumerSpec};
 use crate::aws::cloudwatch::{self, Alarms, BatchOptions, CloudWatchAlarms};
 use crate::aws::limit::{self, LimitConfig, Limiter};
-use crate::aws::{DeadLetterFacts, Facts, ObserveError, QueueArn, QueueReader, SqsReader, observe};
+use crate::aws::{
+    DeadLetterFacts, Facts, ObserveError, QueueArn, QueueFacts, QueueReader, SqsReader, observe,
+};
 use crate::scaling::Timestamp;
 
 /// The AWS clients for one region and endpoint.
@@ -244,31 +246,53 @@ impl FactsCache {
     }
 }
 
-/// The DLQ's ApproximateAgeOfOldestMessage, when it holds messages and CloudWatch has the metric. A
-/// CloudWatch failure only leaves the age out: the count from SQS is what health is decided on.
+/// The ApproximateAgeOfOldestMessage of the source queue and of the DLQ, through the same CloudWatch
+/// adapter call for both. A queue SQS reports empty (nothing visible, in flight or delayed) has no
+/// oldest message: 0, without a call. The DLQ is read only when it holds messages. A CloudWatch failure
+/// only leaves an age out: the counts from SQS are what scaling and health are decided on.
 pub async fn with_oldest_age(mut facts: Facts, alarms: &dyn Alarms) -> Facts {
+    let q = &facts.queue;
+    let empty = [q.visible, q.in_flight, q.delayed]
+        .iter()
+        .all(|c| *c == Some(0));
+    facts.oldest_age_seconds = if empty {
+        Some(0)
+    } else {
+        match queue_name(q) {
+            Some(name) => oldest_age(alarms, &name).await,
+            None => None,
+        }
+    };
     if let DeadLetterFacts::Found {
         queue,
         oldest_age_seconds,
     } = &mut facts.dead_letter
         && queue.visible.unwrap_or(0) > 0
+        && let Some(name) = queue_name(queue)
     {
-        let name = queue
-            .arn
-            .as_deref()
-            .and_then(QueueArn::parse)
-            .map(|a| a.name)
-            .or_else(|| queue.url.rsplit('/').next().map(str::to_string));
-        if let Some(name) = name {
-            match alarms.oldest_message_age(&name).await {
-                Ok(age) => *oldest_age_seconds = age,
-                Err(e) => {
-                    tracing::debug!(queue = %name, error = %e, "oldest message age unavailable")
-                }
-            }
-        }
+        *oldest_age_seconds = oldest_age(alarms, &name).await;
     }
     facts
+}
+
+/// A queue's name, the CloudWatch dimension: from its ARN, else the last segment of its URL.
+fn queue_name(queue: &QueueFacts) -> Option<String> {
+    queue
+        .arn
+        .as_deref()
+        .and_then(QueueArn::parse)
+        .map(|a| a.name)
+        .or_else(|| queue.url.rsplit('/').next().map(str::to_string))
+}
+
+async fn oldest_age(alarms: &dyn Alarms, name: &str) -> Option<i64> {
+    match alarms.oldest_message_age(name).await {
+        Ok(age) => age,
+        Err(e) => {
+            tracing::debug!(queue = %name, error = %e, "oldest message age unavailable");
+            None
+        }
+    }
 }
 
 /// Now, at the second precision of Kubernetes timestamps.

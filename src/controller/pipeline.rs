@@ -174,6 +174,43 @@ pub fn decide(
     }
 }
 
+/// The rules again with the observed P99 in place of the declared one (when it is above it). A finding
+/// that differs from the declared run says which P99 it used; findings the P99 does not change stay as
+/// they were. Rollout holds (`validation.enforce`) stay decided on the declared run: holding replicas
+/// because the handler is slow would only make the backlog worse.
+pub fn with_observed_p99(
+    qc: &QueueConsumer,
+    facts: Observation<'_>,
+    declared: &Report,
+    observed: crate::api::Duration,
+) -> Report {
+    let mut spec = qc.spec.clone();
+    spec.processing.p99 = observed;
+    let again = validate::evaluate(&spec, facts.facts());
+    let mut findings: Vec<_> = again
+        .findings
+        .into_iter()
+        .map(|mut f| {
+            if !declared.findings.contains(&f) {
+                f.message.push_str(&format!(
+                    " (with the observed P99 {observed}; the declared p99 is {})",
+                    qc.spec.processing.p99
+                ));
+            }
+            f
+        })
+        .collect();
+    for f in &declared.findings {
+        if !findings.iter().any(|g| g.code == f.code) {
+            findings.push(f.clone());
+        }
+    }
+    Report {
+        findings,
+        skipped: again.skipped,
+    }
+}
+
 /// What the Deployment asks for: its `spec.replicas`, or the API server's default of 1 when unset.
 pub fn current_replicas(d: &Deployment) -> u32 {
     d.spec.replicas.map_or(1, |r| u32::try_from(r).unwrap_or(0))

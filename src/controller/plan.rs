@@ -78,6 +78,7 @@ pub fn plan(
         scaled_at: None,
         sampled_at: facts.facts().map(|_| now.clone()),
         redrive: None,
+        workers: None,
         now,
     });
     Planned {

@@ -207,8 +207,10 @@ async fn controllers(ctx: &Arc<Context>, namespaces: &[String], concurrency: u16
             // Only our Deployments: a cluster's other Deployments are neither cached nor watched.
             let owned = watcher::Config::default()
                 .labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY_VALUE}"));
-            Controller::new(qcs, watcher::Config::default())
-                .with_config(controller::Config::default().concurrency(concurrency.max(1)))
+            let controller = Controller::new(qcs, watcher::Config::default())
+                .with_config(controller::Config::default().concurrency(concurrency.max(1)));
+            ctx.watch_store(controller.store());
+            controller
                 .owns(deployments, owned)
                 .graceful_shutdown_on(stop)
                 .run(reconcile, error_policy, ctx)
@@ -271,7 +273,10 @@ async fn serve(listener: TcpListener, ctx: Arc<Context>, health: Arc<Health>) {
     }
 }
 
-fn metrics_text(ctx: &Context, health: &Health) -> String {
+/// The controller's exposition: its counters, per-QueueConsumer series (of consumers that still exist)
+/// and whether it leads.
+pub fn metrics_text(ctx: &Context, health: &Health) -> String {
+    ctx.forget_deleted_consumers();
     let mut out = ctx.metrics.render();
     out.push_str(&ctx.aws.metrics());
     out.push_str("# HELP qc_leader Whether this replica holds the leader lease (1) or stands by (0).\n# TYPE qc_leader gauge\n");

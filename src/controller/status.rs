@@ -13,6 +13,7 @@ use crate::render::{self, RenderError};
 use crate::validate::Report;
 
 use super::pipeline::{Observation, ReplicaDecision};
+use super::workers::{MIN_MESSAGES, Stats, TOLERANCE};
 
 /// Offline (`plan` without `--live`), the DLQ is not read: its health is unknown for that reason.
 pub const DEAD_LETTER_QUEUE_NOT_READ: &str = "DeadLetterQueueNotRead";
@@ -61,7 +62,24 @@ pub struct StatusInputs<'a> {
     pub sampled_at: Option<Time>,
     /// The redrive step's status block (None: no redrive was ever asked for).
     pub redrive: Option<RedriveStatus>,
+    /// What the worker pods' /metrics said; None when they were not read (`plan`).
+    pub workers: Option<&'a Workers>,
     pub now: Time,
+}
+
+/// The worker pods as the reconcile saw them: the window's statistics and the pods' health.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Workers {
+    pub stats: Option<Stats>,
+    /// Pods that answered, and ready pods that did not, at the last scrape.
+    pub pods: usize,
+    pub unreachable: usize,
+    /// Messages in flight on the pods that answered.
+    pub in_flight: i64,
+    /// When the last scrape was made.
+    pub sampled_at: Option<Time>,
+    /// Pods whose containers crash-loop ("pod/container: restarted N times"), for `RolloutStalled`.
+    pub crash_looping: Vec<String>,
 }
 
 /// The status to write. Blocks that cannot be refreshed (queue unreachable) keep their last values,
@@ -76,17 +94,25 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
     let dead_letter = dead_letter_healthy(i);
     let scaling = scaling_active(i);
     let ready = ready(i, &queue_reachable, &config_valid, &name);
-    let fresh = [ready, queue_reachable, config_valid, dead_letter, scaling]
-        .into_iter()
-        .map(|(type_, status, reason, message)| Condition {
-            type_: type_.to_string(),
-            status: status.to_string(),
-            reason: reason.to_string(),
-            message,
-            observed_generation: generation,
-            last_transition_time: i.now.clone(),
-        })
-        .collect::<Vec<_>>();
+    let processing = processing_time(i);
+    let fresh = [
+        ready,
+        queue_reachable,
+        config_valid,
+        dead_letter,
+        scaling,
+        processing,
+    ]
+    .into_iter()
+    .map(|(type_, status, reason, message)| Condition {
+        type_: type_.to_string(),
+        status: status.to_string(),
+        reason: reason.to_string(),
+        message,
+        observed_generation: generation,
+        last_transition_time: i.now.clone(),
+    })
+    .collect::<Vec<_>>();
     let conditions = merge_conditions(&old.conditions, fresh);
 
     let (queue, dead_letter_block) = match i.facts {
@@ -122,6 +148,10 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
         findings: i.report.findings.clone(),
         queue,
         dead_letter: dead_letter_block,
+        observed: match i.workers {
+            Some(w) => observed_block(w),
+            None => old.observed.clone(),
+        },
         replicas: i
             .deployment
             .and_then(|d| d.status.as_ref())
@@ -402,6 +432,16 @@ fn ready(i: &StatusInputs<'_>, queue: &Cond, config: &Cond, name: &str) -> Cond 
             ),
         );
     }
+    if let Some(d) = i.deployment
+        && let Some(why) = rollout_stalled(d, i.workers)
+    {
+        return (
+            t,
+            "False",
+            reason::ROLLOUT_STALLED,
+            format!("the rollout of Deployment {name} is stalled: {why}"),
+        );
+    }
     match i.deployment {
         None => (
             t,
@@ -432,6 +472,154 @@ fn ready(i: &StatusInputs<'_>, queue: &Cond, config: &Cond, name: &str) -> Cond 
     }
 }
 
+/// Why the rollout is stuck, if it is: the Deployment controller gave up waiting for progress
+/// (Progressing=False, ProgressDeadlineExceeded), or pods crash-loop.
+fn rollout_stalled(d: &Deployment, workers: Option<&Workers>) -> Option<String> {
+    let deadline = d
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .find(|c| {
+            c.type_.as_deref() == Some("Progressing")
+                && c.status.as_deref() == Some("False")
+                && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
+        })
+        .map(|c| {
+            format!(
+                "progress deadline exceeded ({})",
+                c.message.as_deref().unwrap_or("no message")
+            )
+        });
+    let crash = workers
+        .filter(|w| !w.crash_looping.is_empty())
+        .map(|w| format!("pods crash-loop: {}", w.crash_looping.join(", ")));
+    match (deadline, crash) {
+        (None, None) => None,
+        (Some(a), None) | (None, Some(a)) => Some(a),
+        (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+    }
+}
+
+/// The `ProcessingTimeWithinDeclared` condition: the rule of `workers` (docs/operations.md).
+fn processing_time(i: &StatusInputs<'_>) -> Cond {
+    let t = conditions::PROCESSING_TIME_WITHIN_DECLARED;
+    let declared = i.qc.spec.processing.p99;
+    let Some(w) = i.workers else {
+        return (
+            t,
+            "Unknown",
+            reason::NO_OBSERVATIONS,
+            "the worker pods were not read (plan reads no pod)".to_string(),
+        );
+    };
+    let Some(stats) = &w.stats else {
+        let why = if w.pods == 0 && w.unreachable == 0 {
+            "no ready worker pod to read".to_string()
+        } else if w.pods == 0 {
+            format!(
+                "none of the {} ready worker pod(s) answered on /metrics",
+                w.unreachable
+            )
+        } else {
+            "waiting for a second scrape of the worker pods".to_string()
+        };
+        return (t, "Unknown", reason::NO_OBSERVATIONS, why);
+    };
+    let (Some(p99), true) = (stats.p99_seconds, stats.messages >= MIN_MESSAGES) else {
+        return (
+            t,
+            "Unknown",
+            reason::NO_OBSERVATIONS,
+            format!(
+                "{} message(s) finished in the last {}; the rule needs at least {MIN_MESSAGES}",
+                stats.messages, stats.window
+            ),
+        );
+    };
+    let seen = format!(
+        "observed P99 {} (mean {}, {} messages over {} from {} pod(s))",
+        seconds(p99),
+        stats
+            .mean_seconds
+            .map(seconds)
+            .unwrap_or_else(|| "-".into()),
+        stats.messages,
+        stats.window,
+        w.pods
+    );
+    let percent = ((TOLERANCE - 1.0) * 100.0).round();
+    if let Some(observed) = observed_p99_above_declared(&i.qc.spec, w) {
+        let mut spec = i.qc.spec.clone();
+        spec.processing.p99 = observed;
+        let needs = crate::validate::budget(&spec);
+        let has = i
+            .facts
+            .facts()
+            .map(|f| format!(" (the queue has {})", f.queue.visibility_timeout))
+            .unwrap_or_default();
+        (
+            t,
+            "False",
+            reason::OBSERVED_P99_ABOVE_DECLARED,
+            format!(
+                "{seen} is more than {percent}% above the declared p99 {declared}: with it the VisibilityTimeout needs at least {needs}{has}; raise processing.p99 or speed up the handler"
+            ),
+        )
+    } else {
+        (
+            t,
+            "True",
+            reason::OBSERVED_P99_WITHIN_DECLARED,
+            format!("{seen} is within {percent}% of the declared p99 {declared}"),
+        )
+    }
+}
+
+/// The observed P99 when the rule says it is above the declared one (enough messages, more than
+/// `TOLERANCE` times the declared p99); the rules then run again with it.
+pub fn observed_p99_above_declared(
+    spec: &crate::api::QueueConsumerSpec,
+    w: &Workers,
+) -> Option<Duration> {
+    let s = w.stats.as_ref().filter(|s| s.messages >= MIN_MESSAGES)?;
+    let p99 = s.p99_seconds?;
+    (p99 > spec.processing.p99.as_secs_f64() * TOLERANCE).then(|| observed_p99(p99))
+}
+
+/// An observed P99 as a spec duration, rounded up to the millisecond.
+pub fn observed_p99(seconds: f64) -> Duration {
+    Duration::from_millis((seconds * 1000.0).ceil().max(1.0) as u64)
+}
+
+fn seconds(s: f64) -> String {
+    observed_p99(s).to_string()
+}
+
+/// Rounded so that noise below a millisecond does not rewrite status.
+fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+fn observed_block(w: &Workers) -> Option<crate::api::ObservedStatus> {
+    let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
+    Some(crate::api::ObservedStatus {
+        p99_seconds: w.stats.as_ref().and_then(|s| s.p99_seconds).map(round3),
+        mean_seconds: w.stats.as_ref().and_then(|s| s.mean_seconds).map(round3),
+        messages_per_second: w.stats.as_ref().map(|s| round3(s.messages_per_second)),
+        messages: w
+            .stats
+            .as_ref()
+            .map(|s| i64::try_from(s.messages).unwrap_or(i64::MAX)),
+        in_flight: (w.pods > 0).then_some(w.in_flight),
+        pods: Some(count(w.pods)),
+        pods_unreachable: (w.unreachable > 0).then(|| count(w.unreachable)),
+        window: w.stats.as_ref().map(|s| s.window),
+        sampled_at: w.sampled_at.clone(),
+    })
+}
+
 /// Available per the Deployment controller, or scaled to zero on purpose.
 pub fn deployment_available(d: &Deployment) -> bool {
     if d.spec.replicas == Some(0) {
@@ -451,6 +639,7 @@ fn queue_block(f: &Facts, sampled_at: Option<Time>, old: Option<&QueueStatus>) -
         visible: q.visible,
         in_flight: q.in_flight,
         delayed: q.delayed,
+        oldest_age_seconds: f.oldest_age_seconds,
         visibility_timeout: Some(q.visibility_timeout),
         max_receive_count: q.redrive.as_ref().map(|r| r.max_receive_count),
         retention: Some(q.retention),
@@ -578,6 +767,9 @@ fn normalized(s: &QueueConsumerStatus) -> QueueConsumerStatus {
     if let Some(q) = s.queue.as_mut() {
         q.sampled_at = None;
     }
+    if let Some(o) = s.observed.as_mut() {
+        o.sampled_at = None;
+    }
     s
 }
 
@@ -593,12 +785,12 @@ pub struct Transition {
 }
 
 /// Conditions whose status changed. A condition seen for the first time counts only when it is not
-/// True: a healthy first reconcile is no news.
+/// True and not merely waiting for its first observation: a healthy first reconcile is no news.
 pub fn transitions(old: &[Condition], new: &[Condition]) -> Vec<Transition> {
     new.iter()
         .filter(|c| match old.iter().find(|o| o.type_ == c.type_) {
             Some(o) => o.status != c.status,
-            None => c.status != "True",
+            None => c.status != "True" && c.reason != reason::NO_OBSERVATIONS,
         })
         .map(|c| Transition {
             type_: c.type_.clone(),

@@ -49,6 +49,7 @@ fn facts(q: QueueFacts) -> Facts {
     Facts {
         queue: q,
         dead_letter: dlq(14, false),
+        oldest_age_seconds: None,
     }
 }
 
@@ -209,6 +210,7 @@ fn no_redrive_policy() {
     let f = Facts {
         queue: q,
         dead_letter: DeadLetterFacts::None,
+        oldest_age_seconds: None,
     };
     let got = find(&default_spec(), Some(&f), c).expect("fires");
     assert_eq!(got.severity, Severity::Error);
@@ -316,6 +318,7 @@ fn dead_letter_retention_too_short() {
     let f2 = Facts {
         queue: long_src,
         dead_letter: dlq(14, false),
+        oldest_age_seconds: None,
     };
     assert!(
         find(&s, Some(&f2), c)
@@ -334,6 +337,7 @@ fn dead_letter_queue_type_mismatch() {
     let f = Facts {
         queue: fifo_src.clone(),
         dead_letter: dlq(14, false),
+        oldest_age_seconds: None,
     };
     assert_eq!(
         find(&s, Some(&f), c).expect("FIFO -> standard").severity,
@@ -342,6 +346,7 @@ fn dead_letter_queue_type_mismatch() {
     let f = Facts {
         queue: queue(30),
         dead_letter: dlq(14, true),
+        oldest_age_seconds: None,
     };
     assert!(
         find(&s, Some(&f), c)
@@ -352,6 +357,7 @@ fn dead_letter_queue_type_mismatch() {
     let f = Facts {
         queue: fifo_src,
         dead_letter: dlq(14, true),
+        oldest_age_seconds: None,
     };
     assert!(find(&s, Some(&f), c).is_none());
 }
@@ -365,6 +371,7 @@ fn dead_letter_queue_missing() {
         dead_letter: DeadLetterFacts::Missing {
             arn: "arn:aws:sqs:us-east-1:1:dlq".into(),
         },
+        oldest_age_seconds: None,
     };
     let got = find(&s, Some(&f), c).expect("fires");
     assert_eq!(got.severity, Severity::Error);
@@ -437,6 +444,7 @@ fn unread_dead_letter_queue_skips_its_rules() {
         dead_letter: DeadLetterFacts::NotRead {
             arn: "arn:aws:sqs:us-east-1:1:dlq".into(),
         },
+        oldest_age_seconds: None,
     };
     let r = evaluate(&default_spec(), Some(&f));
     assert_eq!(

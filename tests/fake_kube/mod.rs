@@ -77,6 +77,8 @@ pub const LEASES: Kind = Kind {
     kind: "Lease",
     status_subresource: false,
 };
+/// Pods: tests create them (as a ReplicaSet would) with the labels, IPs, ports and status they need;
+/// controllers list, watch and patch them.
 pub const PODS: Kind = Kind {
     group: "",
     version: "v1",
@@ -374,6 +376,23 @@ impl FakeKube {
         let mut st = self.inner.state.lock().unwrap();
         st.create(&self.inner.events, kind, &ns, object, "kubectl")
             .unwrap()
+    }
+
+    /// Create an object together with its status, as if its controller (the kubelet for a Pod: IP,
+    /// conditions, container states) had written it right after: `create` drops the status of kinds
+    /// with a status subresource, as the API server does.
+    pub fn create_with_status(&self, kind: Kind, object: Value) -> Value {
+        let status = object.get("status").cloned();
+        let created = self.create(kind, object);
+        let Some(status) = status else {
+            return created;
+        };
+        let ns = created["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_string();
+        let name = created["metadata"]["name"].as_str().unwrap().to_string();
+        self.update(kind, &ns, &name, |o| o["status"] = status)
     }
 
     /// Change an object as another client would (manager "kubectl", or the kind's own controller for

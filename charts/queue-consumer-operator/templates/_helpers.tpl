@@ -72,13 +72,15 @@ reads its redis URL Secret through the pod's env (valueFrom), so the controller 
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# Worker pods: listed for their start-up (scaleDownStabilization: auto), to scrape their /metrics and see
+# crash loops; patched for pod-deletion-cost before a scale-down.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "patch"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
-- apiGroups: [""]
-  resources: ["pods"]
-  verbs: ["list"]
 {{- end }}

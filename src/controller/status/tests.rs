@@ -40,6 +40,7 @@ fn facts(dead_letter: DeadLetterFacts) -> Facts {
     Facts {
         queue: queue(URL, 7),
         dead_letter,
+        oldest_age_seconds: None,
     }
 }
 
@@ -99,6 +100,7 @@ fn build_with(
             scaled_at: None,
             sampled_at: Some(now.clone()),
             redrive: None,
+            workers: None,
             now,
         }),
     }
@@ -430,6 +432,7 @@ fn scaling_active_and_desired_replicas_follow_the_decision() {
             scaled_at,
             sampled_at: Some(at(100)),
             redrive: None,
+            workers: None,
             now: at(100),
         })
     };
@@ -480,6 +483,7 @@ fn scaling_active_and_desired_replicas_follow_the_decision() {
         scaled_at: None,
         sampled_at: Some(at(130)),
         redrive: None,
+        workers: None,
         now: at(130),
     });
     assert_eq!(kept.last_scale_time, Some(at(100)));

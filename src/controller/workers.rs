@@ -1,0 +1,578 @@
+//! Reads the worker pods' `/metrics`: per pod the handler-latency histogram and the in-flight gauge,
+//! kept over a window of recent scrapes, from which observed P99, mean and throughput are computed.
+//! Parsing and the window arithmetic are pure; `scrape` does the HTTP, bounded and with timeouts.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration as StdDuration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::api::Duration;
+use crate::render::METRICS_PORT_NAME;
+use crate::scaling::Timestamp;
+use crate::worker::http1::Pool;
+
+/// The worker's handler-latency histogram and in-flight gauge (src/worker/metrics.rs).
+pub const HANDLER_HISTOGRAM: &str = "qc_worker_handler_duration_seconds";
+pub const IN_FLIGHT_GAUGE: &str = "qc_worker_in_flight";
+
+/// Pods scraped at once per QueueConsumer.
+pub const SCRAPE_CONCURRENCY: usize = 16;
+/// Connecting to a pod, and the whole exchange with it: a pod that takes longer counts as unreachable.
+pub const CONNECT_TIMEOUT: StdDuration = StdDuration::from_secs(1);
+pub const SCRAPE_TIMEOUT: StdDuration = StdDuration::from_secs(2);
+/// Largest /metrics body read from a pod (a worker's is a few KiB).
+const MAX_BODY: usize = 1024 * 1024;
+
+/// The rule of `ProcessingTimeWithinDeclared`: the window is the last `WINDOW_SCRAPES` scrapes (so
+/// `WINDOW_SCRAPES - 1` poll intervals), widened back up to `MAX_SCRAPES` until it holds
+/// `MIN_MESSAGES` finished messages; the observed P99 is above the declared one when it exceeds it by
+/// more than `TOLERANCE` (20 %).
+pub const WINDOW_SCRAPES: usize = 5;
+pub const MAX_SCRAPES: usize = 20;
+pub const MIN_MESSAGES: u64 = 50;
+pub const TOLERANCE: f64 = 1.2;
+
+/// The annotation the ReplicaSet controller ranks pods by when it scales in (lower goes first).
+pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+
+/// Pods with a container in CrashLoopBackOff, as "pod/container (N restarts)".
+pub fn crash_looping(pods: &[Pod]) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in pods {
+        let name = p.metadata.name.as_deref().unwrap_or("?");
+        let statuses = p.status.as_ref().into_iter().flat_map(|s| {
+            s.init_container_statuses
+                .iter()
+                .flatten()
+                .chain(s.container_statuses.iter().flatten())
+        });
+        for c in statuses {
+            let waiting = c.state.as_ref().and_then(|s| s.waiting.as_ref());
+            if waiting.and_then(|w| w.reason.as_deref()) == Some("CrashLoopBackOff") {
+                out.push(format!("{name}/{} ({} restarts)", c.name, c.restart_count));
+            }
+        }
+    }
+    out
+}
+
+/// The deletion cost of each running worker pod whose annotation must change: its in-flight count at
+/// the latest scrape, so idle pods go first; a pod that did not answer counts as `busy` (its work is
+/// unknown, so it is not preferred over a pod known to be idle). Terminating pods are left alone.
+pub fn deletion_costs(pods: &[Pod], latest: Option<&Round>, busy: i64) -> Vec<(String, i64)> {
+    pods.iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| {
+            let name = p.metadata.name.clone()?;
+            let cost = latest
+                .and_then(|r| r.pods.get(&name))
+                .map_or(busy, |m| m.in_flight.max(0));
+            let current = p
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(DELETION_COST));
+            (current.map(String::as_str) != Some(cost.to_string().as_str())).then_some((name, cost))
+        })
+        .collect()
+}
+
+/// Why a pod's metrics could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ScrapeError {
+    #[error("pod {pod}: {message}")]
+    Fetch { pod: String, message: String },
+    #[error("pod {pod}: no answer within {SCRAPE_TIMEOUT:?}")]
+    Timeout { pod: String },
+    #[error("pod {pod}: /metrics answered {status}")]
+    Status { pod: String, status: u16 },
+    #[error("pod {pod}: /metrics has no {HANDLER_HISTOGRAM} histogram")]
+    NoHistogram { pod: String },
+    #[error("list worker pods: {0}")]
+    ListPods(#[source] kube::Error),
+}
+
+/// A worker pod the controller can scrape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub pod: String,
+    pub ip: String,
+    pub port: u16,
+}
+
+impl Target {
+    fn authority(&self) -> String {
+        if self.ip.contains(':') {
+            format!("[{}]:{}", self.ip, self.port)
+        } else {
+            format!("{}:{}", self.ip, self.port)
+        }
+    }
+}
+
+/// Ready, not terminating, with an IP and the worker's named metrics port.
+pub fn target(pod: &Pod) -> Option<Target> {
+    if pod.metadata.deletion_timestamp.is_some() || !is_ready(pod) {
+        return None;
+    }
+    let status = pod.status.as_ref()?;
+    let ip = status.pod_ip.clone().filter(|ip| !ip.is_empty())?;
+    let port = pod
+        .spec
+        .as_ref()?
+        .containers
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .find(|p| p.name.as_deref() == Some(METRICS_PORT_NAME))?
+        .container_port;
+    Some(Target {
+        pod: pod.metadata.name.clone()?,
+        ip,
+        port: u16::try_from(port).ok()?,
+    })
+}
+
+pub fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+/// What one pod's /metrics said.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodMetrics {
+    /// Upper bounds of the finite buckets.
+    pub bounds: Arc<[f64]>,
+    /// Cumulative counts per finite bound (Prometheus exposition order).
+    pub cumulative: Vec<u64>,
+    pub count: u64,
+    pub sum: f64,
+    pub in_flight: i64,
+}
+
+/// Parse the parts of a worker's exposition that matter here. None when the histogram is absent.
+pub fn parse(text: &str) -> Option<PodMetrics> {
+    let bucket = format!("{HANDLER_HISTOGRAM}_bucket");
+    let sum_name = format!("{HANDLER_HISTOGRAM}_sum");
+    let count_name = format!("{HANDLER_HISTOGRAM}_count");
+    let mut buckets: Vec<(f64, u64)> = Vec::new();
+    let (mut count, mut sum, mut in_flight) = (None, None, 0i64);
+    for line in text.lines() {
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let (name_labels, value) = match line.rsplit_once(' ') {
+            Some(x) => x,
+            None => continue,
+        };
+        let (name, labels) = match name_labels.split_once('{') {
+            Some((n, l)) => (n, l.trim_end_matches('}')),
+            None => (name_labels, ""),
+        };
+        if name == bucket {
+            let le = labels
+                .split(',')
+                .find_map(|l| l.strip_prefix("le=\""))
+                .map(|l| l.trim_end_matches('"'));
+            let (Some(le), Ok(v)) = (le, value.parse::<f64>()) else {
+                continue;
+            };
+            if le != "+Inf"
+                && let Ok(b) = le.parse::<f64>()
+            {
+                buckets.push((b, v as u64));
+            }
+        } else if name == sum_name {
+            sum = value.parse::<f64>().ok();
+        } else if name == count_name {
+            count = value.parse::<f64>().ok().map(|v| v as u64);
+        } else if name == IN_FLIGHT_GAUGE {
+            in_flight = value.parse::<f64>().map(|v| v as i64).unwrap_or(0);
+        }
+    }
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    Some(PodMetrics {
+        bounds: buckets.iter().map(|b| b.0).collect(),
+        cumulative: buckets.iter().map(|b| b.1).collect(),
+        count: count?,
+        sum: sum?,
+        in_flight,
+    })
+}
+
+/// One scrape of a QueueConsumer's pods.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Round {
+    pub at: Timestamp,
+    pub pods: BTreeMap<String, PodMetrics>,
+    /// Ready pods that did not answer.
+    pub unreachable: Vec<String>,
+}
+
+/// What the window says.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stats {
+    /// None when no message finished in the window.
+    pub p99_seconds: Option<f64>,
+    pub mean_seconds: Option<f64>,
+    pub messages_per_second: f64,
+    pub messages: u64,
+    pub window: Duration,
+}
+
+/// The histogram quantile `q` of cumulative counts (linear interpolation inside the bucket, as
+/// Prometheus' `histogram_quantile`); above the last finite bound it answers that bound.
+pub fn quantile(q: f64, bounds: &[f64], cumulative: &[u64], total: u64) -> Option<f64> {
+    if total == 0 {
+        return None;
+    }
+    let rank = q * total as f64;
+    let mut prev_bound = 0.0;
+    let mut prev_count = 0u64;
+    for (b, c) in bounds.iter().zip(cumulative) {
+        if *c as f64 >= rank {
+            let in_bucket = c.saturating_sub(prev_count) as f64;
+            if in_bucket == 0.0 {
+                return Some(*b);
+            }
+            return Some(prev_bound + (b - prev_bound) * (rank - prev_count as f64) / in_bucket);
+        }
+        prev_bound = *b;
+        prev_count = *c;
+    }
+    bounds.last().copied()
+}
+
+/// Deltas of every pod of the newest round against its oldest reading among `rounds` (a pod seen once
+/// adds nothing: its counts may cover any past; a counter that went back means a restart, and the
+/// reading after it is the base), summed over pods.
+pub fn stats(rounds: &[&Round]) -> Option<Stats> {
+    let newest = rounds.last()?;
+    let mut bounds: Option<Arc<[f64]>> = None;
+    let mut cumulative: Vec<u64> = Vec::new();
+    let (mut count, mut sum, mut per_second, mut span_ms) = (0u64, 0.0f64, 0.0f64, 0u64);
+    let mut any = false;
+    for (pod, now) in &newest.pods {
+        // Back from the newest reading while the counts only grew: a count that went back is a
+        // restart, and the reading after it is the base.
+        let mut base: Option<(Timestamp, &PodMetrics)> = None;
+        let mut next = now;
+        for r in rounds[..rounds.len() - 1].iter().rev() {
+            match r.pods.get(pod) {
+                Some(m) if m.count <= next.count && m.bounds == now.bounds => {
+                    base = Some((r.at, m));
+                    next = m;
+                }
+                _ => break,
+            }
+        }
+        let Some((base_at, base)) = base else {
+            continue;
+        };
+        match &bounds {
+            None => {
+                bounds = Some(now.bounds.clone());
+                cumulative = vec![0; now.bounds.len()];
+            }
+            Some(b) if *b != now.bounds => continue,
+            Some(_) => {}
+        }
+        any = true;
+        for (c, (n, o)) in cumulative
+            .iter_mut()
+            .zip(now.cumulative.iter().zip(&base.cumulative))
+        {
+            *c += n.saturating_sub(*o);
+        }
+        let d = now.count - base.count;
+        count += d;
+        sum += (now.sum - base.sum).max(0.0);
+        let ms = newest.at.as_millis().saturating_sub(base_at.as_millis());
+        if ms > 0 {
+            per_second += d as f64 * 1000.0 / ms as f64;
+        }
+        span_ms = span_ms.max(ms);
+    }
+    if !any {
+        return None;
+    }
+    let bounds = bounds.unwrap_or_else(|| Arc::from(Vec::new()));
+    Some(Stats {
+        p99_seconds: quantile(0.99, &bounds, &cumulative, count),
+        mean_seconds: (count > 0).then(|| sum / count as f64),
+        messages_per_second: per_second,
+        messages: count,
+        window: Duration::from_millis(span_ms),
+    })
+}
+
+/// The rounds of one QueueConsumer, newest last.
+#[derive(Clone, Debug, Default)]
+pub struct Window {
+    rounds: VecDeque<Round>,
+    scraped: Option<Instant>,
+}
+
+impl Window {
+    pub fn push(&mut self, round: Round) {
+        self.rounds.push_back(round);
+        while self.rounds.len() > MAX_SCRAPES {
+            self.rounds.pop_front();
+        }
+    }
+
+    pub fn latest(&self) -> Option<&Round> {
+        self.rounds.back()
+    }
+
+    /// The rule's window: the last `WINDOW_SCRAPES`, widened until it holds `MIN_MESSAGES`.
+    pub fn stats(&self) -> Option<Stats> {
+        let all: Vec<&Round> = self.rounds.iter().collect();
+        let mut best = None;
+        for n in WINDOW_SCRAPES..=MAX_SCRAPES.max(WINDOW_SCRAPES) {
+            let from = all.len().saturating_sub(n);
+            let s = stats(&all[from..]);
+            let enough = s.as_ref().is_some_and(|s| s.messages >= MIN_MESSAGES);
+            if s.is_some() {
+                best = s;
+            }
+            if enough || from == 0 {
+                break;
+            }
+        }
+        best
+    }
+}
+
+/// The windows of every QueueConsumer, keyed like the scaler's histories.
+#[derive(Default)]
+pub struct Windows {
+    entries: Mutex<HashMap<String, Window>>,
+}
+
+impl Windows {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Window>> {
+        match self.entries.lock() {
+            Ok(e) => e,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// Whether a scrape is due: none yet, or the last one at least `every` ago.
+    pub fn due(&self, key: &str, every: Duration) -> bool {
+        self.lock()
+            .get(key)
+            .and_then(|w| w.scraped)
+            .is_none_or(|t| t.elapsed() >= every.as_std())
+    }
+
+    pub fn push(&self, key: &str, round: Round) {
+        let mut entries = self.lock();
+        let w = entries.entry(key.to_string()).or_default();
+        w.scraped = Some(Instant::now());
+        w.push(round);
+    }
+
+    pub fn get(&self, key: &str) -> Option<Window> {
+        self.lock().get(key).cloned()
+    }
+
+    pub fn forget(&self, key: &str) {
+        self.lock().remove(key);
+    }
+}
+
+/// Scrape every target, `SCRAPE_CONCURRENCY` at a time, each within `SCRAPE_TIMEOUT`: one slow or
+/// failing pod never holds the others back.
+pub async fn scrape(targets: &[Target], at: Timestamp) -> (Round, Vec<ScrapeError>) {
+    let results: Vec<(String, Result<PodMetrics, ScrapeError>)> =
+        futures::stream::iter(targets.iter().cloned())
+            .map(|t| async move {
+                let pod = t.pod.clone();
+                let r = match tokio::time::timeout(SCRAPE_TIMEOUT, fetch(&t)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(ScrapeError::Timeout { pod: pod.clone() }),
+                };
+                (pod, r)
+            })
+            .buffer_unordered(SCRAPE_CONCURRENCY)
+            .collect()
+            .await;
+    let mut round = Round {
+        at,
+        ..Round::default()
+    };
+    let mut errors = Vec::new();
+    for (pod, r) in results {
+        match r {
+            Ok(m) => {
+                round.pods.insert(pod, m);
+            }
+            Err(e) => {
+                round.unreachable.push(pod);
+                errors.push(e);
+            }
+        }
+    }
+    round.unreachable.sort();
+    (round, errors)
+}
+
+async fn fetch(t: &Target) -> Result<PodMetrics, ScrapeError> {
+    let authority = t.authority();
+    let pool = Pool::new(
+        authority.clone(),
+        None,
+        0,
+        StdDuration::ZERO,
+        CONNECT_TIMEOUT,
+    );
+    let head = format!(
+        "GET /metrics HTTP/1.1\r\nhost: {authority}\r\naccept: text/plain\r\nconnection: close\r\n\r\n"
+    );
+    let answer = pool
+        .send(head.as_bytes(), b"", true)
+        .await
+        .map_err(|e| ScrapeError::Fetch {
+            pod: t.pod.clone(),
+            message: crate::aws::error_chain(&e),
+        })?;
+    if answer.status != 200 {
+        return Err(ScrapeError::Status {
+            pod: t.pod.clone(),
+            status: answer.status,
+        });
+    }
+    let body = &answer.body[..answer.body.len().min(MAX_BODY)];
+    parse(&String::from_utf8_lossy(body))
+        .ok_or_else(|| ScrapeError::NoHistogram { pod: t.pod.clone() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(buckets: &[(f64, u64)], count: u64, sum: f64, in_flight: i64) -> String {
+        let mut s = String::from(
+            "# HELP qc_worker_handler_duration_seconds x\n# TYPE qc_worker_handler_duration_seconds histogram\n",
+        );
+        for (b, c) in buckets {
+            s.push_str(&format!(
+                "qc_worker_handler_duration_seconds_bucket{{le=\"{b}\"}} {c}\n"
+            ));
+        }
+        s.push_str(&format!(
+            "qc_worker_handler_duration_seconds_bucket{{le=\"+Inf\"}} {count}\nqc_worker_handler_duration_seconds_sum {sum}\nqc_worker_handler_duration_seconds_count {count}\nqc_worker_in_flight {in_flight}\n"
+        ));
+        s
+    }
+
+    fn round(at_ms: u64, pods: &[(&str, &str)]) -> Round {
+        Round {
+            at: Timestamp::from_millis(at_ms),
+            pods: pods
+                .iter()
+                .map(|(p, t)| (p.to_string(), parse(t).unwrap()))
+                .collect(),
+            unreachable: vec![],
+        }
+    }
+
+    #[test]
+    fn parses_the_workers_own_exposition() {
+        let m = crate::worker::metrics::Metrics::default();
+        m.handler_seconds.observe(0.3);
+        m.handler_seconds.observe(0.02);
+        m.in_flight.set(4);
+        let p = parse(&m.render()).unwrap();
+        assert_eq!(p.count, 2);
+        assert!((p.sum - 0.32).abs() < 1e-6, "{}", p.sum);
+        assert_eq!(p.in_flight, 4);
+        assert_eq!(p.bounds.len(), p.cumulative.len());
+        assert_eq!(p.cumulative.last(), Some(&2));
+        assert!(parse("qc_worker_in_flight 3\n").is_none());
+    }
+
+    #[test]
+    fn quantile_interpolates_like_prometheus() {
+        let b = [0.1, 0.5, 1.0];
+        // 100 messages: 90 under 0.1, 10 in (0.1, 0.5]: rank 99 is 9/10 into the second bucket.
+        let q = quantile(0.99, &b, &[90, 100, 100], 100).unwrap();
+        assert!((q - 0.46).abs() < 1e-9, "{q}");
+        // Beyond the last finite bound: that bound.
+        assert_eq!(quantile(0.99, &b, &[0, 0, 0], 10), Some(1.0));
+        assert_eq!(quantile(0.99, &b, &[0, 0, 0], 0), None);
+    }
+
+    #[test]
+    fn stats_are_deltas_summed_over_pods() {
+        let b = [(0.1, 0), (0.5, 0)];
+        let r0 = round(
+            0,
+            &[
+                ("a", &text(&b, 0, 0.0, 0)),
+                ("b", &text(&[(0.1, 5), (0.5, 5)], 5, 0.25, 0)),
+            ],
+        );
+        let r1 = round(
+            10_000,
+            &[
+                ("a", &text(&[(0.1, 0), (0.5, 100)], 100, 30.0, 3)),
+                ("b", &text(&[(0.1, 105), (0.5, 105)], 105, 5.25, 0)),
+                // Seen once: its counts could cover any past, so they are left out.
+                ("c", &text(&[(0.1, 999), (0.5, 999)], 999, 9.0, 0)),
+            ],
+        );
+        let s = stats(&[&r0, &r1]).unwrap();
+        assert_eq!(s.messages, 200);
+        assert!((s.messages_per_second - 20.0).abs() < 1e-9);
+        assert!((s.mean_seconds.unwrap() - 35.0 / 200.0).abs() < 1e-9);
+        // 100 fast, 100 in (0.1, 0.5]: rank 198 is 98/100 into the slow bucket.
+        assert!((s.p99_seconds.unwrap() - (0.1 + 0.4 * 0.98)).abs() < 1e-9);
+        assert_eq!(s.window, Duration::from_secs(10));
+        // One round: no delta.
+        assert!(stats(&[&r1]).is_none());
+    }
+
+    #[test]
+    fn a_restarted_pod_counts_from_its_restart() {
+        let t = |n| text(&[(0.1, n), (0.5, n)], n, 0.0, 0);
+        let rounds = [
+            round(0, &[("a", &t(5))]),
+            round(1000, &[("a", &t(500))]),
+            round(2000, &[("a", &t(10))]),
+            round(3000, &[("a", &t(30))]),
+        ];
+        let refs: Vec<&Round> = rounds.iter().collect();
+        assert_eq!(stats(&refs).unwrap().messages, 20);
+    }
+
+    #[test]
+    fn the_window_widens_until_it_holds_enough_messages() {
+        let t = |n| text(&[(0.1, n), (0.5, n)], n, 0.0, 0);
+        let mut w = Window::default();
+        // 10 messages per scrape, 12 scrapes: 5 scrapes hold 40, so the window widens to 6.
+        for i in 0..12u64 {
+            w.push(round(i * 1000, &[("a", &t(i * 10))]));
+        }
+        let s = w.stats().unwrap();
+        assert_eq!(s.messages, MIN_MESSAGES);
+        assert_eq!(s.window, Duration::from_secs(5));
+        // Busy: the last five scrapes are enough.
+        let mut w = Window::default();
+        for i in 0..12u64 {
+            w.push(round(i * 1000, &[("a", &t(i * 100))]));
+        }
+        assert_eq!(w.stats().unwrap().window, Duration::from_secs(4));
+    }
+}

@@ -1,0 +1,462 @@
+//! The controller reads its workers: real `qc-worker` processes against moto serve the /metrics the
+//! controller scrapes, through Pods of the in-memory API whose IPs and ports point at them. Observed
+//! P99 against the declared one, pod-deletion-cost before a scale-down, per-consumer series, and
+//! `Ready=False/RolloutStalled` from crash-looping pods.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+mod fake_kube;
+#[path = "worker/support.rs"]
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use fake_kube::aws::{NoAlarms, context};
+use fake_kube::rbac;
+use fake_kube::{DEPLOYMENTS, EVENTS, FakeKube, PODS, QUEUE_CONSUMERS};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use qc::api::QueueConsumer;
+use qc::aws::SqsReader;
+use qc::controller::{Context, reconcile};
+use serde_json::{Value, json};
+use support::{HttpHandler, Reply, TestQueue, Worker, base_args, parse_metric};
+
+const NS: &str = "shop";
+const NAME: &str = "orders";
+const PROCESSING: &str = "ProcessingTimeWithinDeclared";
+
+struct Env {
+    fake: FakeKube,
+    ctx: Arc<Context>,
+    queue: TestQueue,
+}
+
+impl Env {
+    async fn new(vt_secs: u32) -> Env {
+        let queue = TestQueue::new("observe", vt_secs, 5, false).await;
+        let fake = FakeKube::new();
+        let ctx = context(
+            &fake,
+            Arc::new(SqsReader::new(queue.client.clone())),
+            Arc::new(NoAlarms),
+            Some("test"),
+        );
+        Env { fake, ctx, queue }
+    }
+
+    fn manifest(&self, p99: &str, min: u32, max: u32) -> Value {
+        json!({
+            "apiVersion": "sqs.consumers.dev/v1alpha1", "kind": "QueueConsumer",
+            "metadata": {"name": NAME, "namespace": NS},
+            "spec": {
+                "queue": {"url": self.queue.url, "endpoint": common::sqs_endpoint()},
+                "processing": {"p99": p99, "timeout": "120s", "concurrency": 10, "waitTime": "1s"},
+                "handler": {"http": {"port": 8080, "path": "/messages"}},
+                "template": {"spec": {"containers": [{"name": "app", "image": "shop/orders:1"}]}},
+                "scaling": {"pollInterval": "1s", "minReplicas": min, "maxReplicas": max,
+                            "scaleDownStabilization": "1s"},
+                "deadLetter": {"alarm": false}
+            }
+        })
+    }
+
+    fn qc(&self) -> QueueConsumer {
+        serde_json::from_value(self.fake.get(QUEUE_CONSUMERS, NS, NAME).unwrap()).unwrap()
+    }
+
+    fn condition(&self, type_: &str) -> Condition {
+        fake_kube::condition_of(self.qc(), type_)
+    }
+
+    /// One reconcile after the 1s poll interval, so the queue and the pods are read again.
+    async fn poll(&self) {
+        tokio::time::sleep(Duration::from_millis(1050)).await;
+        reconcile(Arc::new(self.qc()), self.ctx.clone())
+            .await
+            .unwrap();
+    }
+
+    /// A running, ready worker pod of this QueueConsumer whose IP and metrics port are `worker`'s.
+    fn add_pod(&self, pod: &str, worker: &Worker) {
+        let (ip, port) = worker.metrics_addr.rsplit_once(':').unwrap();
+        let port: u16 = port.parse().unwrap();
+        self.fake.create_with_status(
+            PODS,
+            json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod, "namespace": NS, "labels": selector_labels()},
+                "spec": {"containers": [
+                    {"name": "app", "image": "shop/orders:1"},
+                    {"name": "qc-worker", "image": "qc:test",
+                     "ports": [{"name": "qc-metrics", "containerPort": port}]}
+                ]},
+                "status": {"phase": "Running", "podIP": ip,
+                           "conditions": [{"type": "Ready", "status": "True"}]}
+            }),
+        );
+    }
+
+    fn event_reasons(&self) -> Vec<String> {
+        self.fake
+            .requests()
+            .iter()
+            .filter(|r| r.method == "POST" && r.targets(EVENTS))
+            .filter_map(|r| r.body.as_ref()?["reason"].as_str().map(str::to_string))
+            .collect()
+    }
+}
+
+fn selector_labels() -> Value {
+    serde_json::to_value(qc::render::selector_labels(NAME)).unwrap()
+}
+
+/// Sends batches of messages until stopped, so the workers always have work.
+fn feed(queue: &TestQueue, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
+    let client = queue.client.clone();
+    let url = queue.url.clone();
+    tokio::spawn(async move {
+        let mut n = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let mut batch = client.send_message_batch().queue_url(&url);
+            for i in 0..10 {
+                batch = batch.entries(
+                    aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
+                        .id(format!("m{i}"))
+                        .message_body(format!("message {n}"))
+                        .build()
+                        .unwrap(),
+                );
+                n += 1;
+            }
+            let _ = batch.send().await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+}
+
+fn worker_args(queue: &TestQueue, handler: &HttpHandler, timeout: &str) -> Vec<String> {
+    let mut args = base_args(queue);
+    args.extend(
+        [
+            "--concurrency",
+            "10",
+            "--timeout",
+            timeout,
+            "--http-url",
+            &handler.url,
+        ]
+        .map(String::from),
+    );
+    args
+}
+
+/// Polls until the condition has `status`; returns how many polls it took.
+async fn polls_until(e: &Env, status: &str, limit: u32) -> u32 {
+    for n in 1..=limit {
+        e.poll().await;
+        if e.condition(PROCESSING).status == status {
+            return n;
+        }
+    }
+    let c = e.condition(PROCESSING);
+    panic!(
+        "{PROCESSING} not {status} within {limit} polls: {} {} {}",
+        c.status, c.reason, c.message
+    );
+}
+
+#[tokio::test]
+async fn a_handler_slower_than_declared_flips_processing_time_and_back() {
+    // VT 6s: enough for the declared 100ms (budget 5.1s), too short for a 1.2s handler (budget > 6s).
+    let e = Env::new(6).await;
+    let delay_ms = Arc::new(AtomicU64::new(5));
+    let d = delay_ms.clone();
+    let handler =
+        HttpHandler::start(move |_| Reply::ok(Duration::from_millis(d.load(Ordering::Relaxed))))
+            .await;
+    let workers = [
+        Worker::start(&worker_args(&e.queue, &handler, "20s")),
+        Worker::start(&worker_args(&e.queue, &handler, "20s")),
+    ];
+    for w in &workers {
+        w.wait_ready(Duration::from_secs(30)).await;
+    }
+    e.fake.create(QUEUE_CONSUMERS, e.manifest("100ms", 2, 2));
+    reconcile(Arc::new(e.qc()), e.ctx.clone()).await.unwrap();
+    assert!(e.fake.get(DEPLOYMENTS, NS, NAME).is_some());
+    let c = e.condition(PROCESSING);
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("Unknown", "NoObservations")
+    );
+    e.add_pod("orders-a", &workers[0]);
+    e.add_pod("orders-b", &workers[1]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let feeder = feed(&e.queue, stop.clone());
+
+    // Fast: True once two scrapes hold 50 messages.
+    polls_until(&e, "True", 10).await;
+    let c = e.condition(PROCESSING);
+    assert_eq!(c.reason, "ObservedP99WithinDeclared", "{}", c.message);
+    let observed = e.qc().status.unwrap().observed.unwrap();
+    assert_eq!(observed.pods, Some(2), "{observed:?}");
+    assert!(observed.p99_seconds.unwrap() < 0.12, "{observed:?}");
+    assert!(observed.messages_per_second.unwrap() > 0.0, "{observed:?}");
+    assert!(
+        !e.qc()
+            .status
+            .unwrap()
+            .findings
+            .iter()
+            .any(|f| f.code == "VisibilityTimeoutBelowBudget"),
+        "the declared P99 fits the visibility timeout"
+    );
+
+    // Slow: False within the window (docs/operations.md: at most 5 polls).
+    delay_ms.store(1200, Ordering::Relaxed);
+    e.fake.clear_requests();
+    let n = polls_until(&e, "False", 6).await;
+    let c = e.condition(PROCESSING);
+    assert_eq!(c.reason, "ObservedP99AboveDeclared");
+    assert!(c.message.contains("declared p99 100ms"), "{}", c.message);
+    assert!(c.message.contains("observed P99 1s"), "{}", c.message);
+    assert!(
+        c.message.contains("VisibilityTimeout needs at least")
+            && c.message.contains("(the queue has 6s)"),
+        "{}",
+        c.message
+    );
+    assert!(
+        e.event_reasons()
+            .contains(&"ObservedP99AboveDeclared".to_string()),
+        "an Event on the transition: {:?}",
+        e.event_reasons()
+    );
+    // The rules ran again with the observed P99, and say so.
+    let status = e.qc().status.unwrap();
+    let finding = status
+        .findings
+        .iter()
+        .find(|f| f.code == "VisibilityTimeoutBelowBudget")
+        .unwrap_or_else(|| {
+            panic!(
+                "no budget finding with the observed P99: {:?}",
+                status.findings
+            )
+        });
+    assert!(
+        finding.message.contains("with the observed P99 1s")
+            && finding.message.contains("declared p99 is 100ms"),
+        "{}",
+        finding.message
+    );
+    // The per-consumer series say what status says.
+    let text = e.ctx.metrics.render();
+    let labels = format!("{{namespace=\"{NS}\",queueconsumer=\"{NAME}\"}}");
+    let observed = status.observed.clone().unwrap();
+    assert_eq!(
+        parse_metric(
+            &text,
+            &format!("qc_processing_observed_p99_seconds{labels}")
+        ),
+        observed.p99_seconds,
+        "{text}"
+    );
+    assert_eq!(
+        parse_metric(
+            &text,
+            &format!("qc_processing_declared_p99_seconds{labels}")
+        ),
+        Some(0.1)
+    );
+    let queue = status.queue.clone().unwrap();
+    assert_eq!(
+        parse_metric(&text, &format!("qc_queue_messages_visible{labels}")),
+        queue.visible.map(|v| v as f64)
+    );
+    assert_eq!(
+        parse_metric(&text, &format!("qc_replicas_desired{labels}")),
+        status.desired_replicas.map(f64::from)
+    );
+    assert_eq!(
+        parse_metric(
+            &text,
+            &format!(
+                "qc_condition{{namespace=\"{NS}\",queueconsumer=\"{NAME}\",type=\"{PROCESSING}\",status=\"False\"}}"
+            )
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    println!("slow handler: False after {n} poll(s)");
+
+    // Fast again: True once the slow messages have left the window.
+    delay_ms.store(5, Ordering::Relaxed);
+    e.fake.clear_requests();
+    let n = polls_until(&e, "True", 8).await;
+    println!("fast handler again: True after {n} poll(s)");
+    assert!(
+        e.event_reasons()
+            .contains(&"ObservedP99WithinDeclared".to_string()),
+        "{:?}",
+        e.event_reasons()
+    );
+    stop.store(true, Ordering::Relaxed);
+    feeder.await.unwrap();
+    rbac::assert_granted(&["config/rbac/role.yaml"], &e.fake.requests());
+}
+
+#[tokio::test]
+async fn pod_deletion_cost_lands_on_the_idle_pod_before_a_scale_down() {
+    let e = Env::new(30).await;
+    // The busy worker's handler holds its messages for a long time; the idle one never gets any.
+    let busy_handler = HttpHandler::start(|_| Reply::ok(Duration::from_secs(90))).await;
+    let idle_handler = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
+    let busy = Worker::start(&worker_args(&e.queue, &busy_handler, "120s"));
+    busy.wait_ready(Duration::from_secs(30)).await;
+    for i in 0..3 {
+        e.queue.send_one(&format!("slow {i}")).await;
+    }
+    support::eventually(
+        Duration::from_secs(30),
+        "the busy worker holds 3 messages",
+        || async { busy.metric("qc_worker_in_flight").await == Some(3.0) },
+    )
+    .await;
+    let idle = Worker::start(&worker_args(&e.queue, &idle_handler, "120s"));
+    idle.wait_ready(Duration::from_secs(30)).await;
+
+    e.fake.create(QUEUE_CONSUMERS, e.manifest("1s", 2, 2));
+    reconcile(Arc::new(e.qc()), e.ctx.clone()).await.unwrap();
+    e.add_pod("orders-busy", &busy);
+    e.add_pod("orders-idle", &idle);
+    for _ in 0..3 {
+        e.poll().await;
+    }
+    let replicas = |e: &Env| e.fake.get(DEPLOYMENTS, NS, NAME).unwrap()["spec"]["replicas"].clone();
+    assert_eq!(replicas(&e), json!(2));
+    e.fake.clear_requests();
+
+    // minReplicas 0: 3 messages in flight need one replica of 10 slots; the other goes.
+    e.fake.update(QUEUE_CONSUMERS, NS, NAME, |q| {
+        q["spec"]["scaling"]["minReplicas"] = json!(0)
+    });
+    let mut polls = 0;
+    while replicas(&e) == json!(2) {
+        polls += 1;
+        assert!(polls <= 10, "no scale-down within 10 polls");
+        e.poll().await;
+    }
+    assert_eq!(replicas(&e), json!(1));
+    let cost = |pod: &str| {
+        e.fake.get(PODS, NS, pod).unwrap()["metadata"]["annotations"]
+            ["controller.kubernetes.io/pod-deletion-cost"]
+            .clone()
+    };
+    assert_eq!(cost("orders-idle"), json!("0"));
+    assert_eq!(cost("orders-busy"), json!("3"));
+    // Written by the scaler's field manager, before the replicas.
+    let requests = e.fake.requests();
+    let writes: Vec<_> = requests.iter().filter(|r| r.is_write()).collect();
+    let cost_writes: Vec<usize> = writes
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.targets(PODS))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(cost_writes.len(), 2, "{writes:#?}");
+    for i in &cost_writes {
+        assert_eq!(writes[*i].field_manager(), Some("qc-operator-scaler"));
+    }
+    let scale = writes
+        .iter()
+        .position(|r| {
+            r.targets(DEPLOYMENTS)
+                && r.body
+                    .as_ref()
+                    .is_some_and(|b| b["spec"]["replicas"] == json!(1))
+        })
+        .unwrap();
+    assert!(cost_writes.iter().all(|i| *i < scale), "{writes:#?}");
+    assert!(
+        e.fake
+            .owned_fields(PODS, NS, "orders-idle", "qc-operator-scaler")
+            .iter()
+            .any(|f| f.contains("pod-deletion-cost")),
+        "{:?}",
+        e.fake
+            .owned_fields(PODS, NS, "orders-idle", "qc-operator-scaler")
+    );
+    rbac::assert_granted(&["config/rbac/role.yaml"], &requests);
+}
+
+#[tokio::test]
+async fn crash_looping_pods_make_ready_false_until_they_recover() {
+    let e = Env::new(30).await;
+    e.fake.create(QUEUE_CONSUMERS, e.manifest("1s", 1, 1));
+    reconcile(Arc::new(e.qc()), e.ctx.clone()).await.unwrap();
+    // The Deployment controller's view: available.
+    e.fake.update(DEPLOYMENTS, NS, NAME, |d| {
+        d["status"] = json!({"replicas": 1, "readyReplicas": 1, "availableReplicas": 1,
+            "conditions": [{"type": "Available", "status": "True"},
+                           {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}]})
+    });
+    e.poll().await;
+    assert_eq!(e.condition("Ready").status, "True");
+    e.fake.create_with_status(
+        PODS,
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "orders-x", "namespace": NS, "labels": selector_labels()},
+               "spec": {"containers": [{"name": "app", "image": "shop/orders:2"}]},
+               "status": {"phase": "Running", "containerStatuses": [{
+                   "name": "app", "ready": false, "restartCount": 6, "image": "shop/orders:2",
+                   "imageID": "", "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}}),
+    );
+    e.fake.clear_requests();
+    e.poll().await;
+    let c = e.condition("Ready");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "RolloutStalled")
+    );
+    assert!(
+        c.message.contains("orders-x/app (6 restarts)"),
+        "{}",
+        c.message
+    );
+    assert!(e.event_reasons().contains(&"RolloutStalled".to_string()));
+
+    // The progress deadline passes too; then the rollout completes.
+    e.fake.update(DEPLOYMENTS, NS, NAME, |d| {
+        d["status"]["conditions"][1] = json!({"type": "Progressing", "status": "False",
+            "reason": "ProgressDeadlineExceeded", "message": "ReplicaSet \"orders-1\" has timed out progressing."})
+    });
+    e.poll().await;
+    let c = e.condition("Ready");
+    assert!(
+        c.message.contains("progress deadline exceeded"),
+        "{}",
+        c.message
+    );
+    e.fake.delete(PODS, NS, "orders-x");
+    e.fake.update(
+        DEPLOYMENTS,
+        NS,
+        NAME,
+        |d| {
+            d["status"]["conditions"][1] =
+                json!({"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"})
+        },
+    );
+    e.poll().await;
+    let c = e.condition("Ready");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "Available"),
+        "{}",
+        c.message
+    );
+    rbac::assert_granted(&["config/rbac/role.yaml"], &e.fake.requests());
+}
