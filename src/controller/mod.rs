@@ -414,7 +414,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         .map_err(Error::ReadDeployment)?;
 
     // the worker pods: crash loops, and their /metrics once per poll interval
-    let (pods, mut workers) = read_workers(qc, ctx, &ns, live.is_some(), false).await;
+    let (pods, mut workers) = read_workers(qc, ctx, &ns, false).await;
 
     // validate, build, decide replicas; the rules run again with an observed P99 above the declared one
     let facts = pipeline::Observation::from_result(observed.as_ref().map(|o| &o.facts));
@@ -479,7 +479,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         if let ReplicaDecision::Scale { current, .. } = &replicas {
             if n < *current {
                 // Idle pods go first: their deletion cost is their in-flight count, read just now.
-                let (fresh_pods, fresh) = read_workers(qc, ctx, &ns, true, true).await;
+                let (fresh_pods, fresh) = read_workers(qc, ctx, &ns, true).await;
                 workers = fresh;
                 set_deletion_costs(qc, ctx, &ns, fresh_pods.as_deref().or(pods.as_deref())).await;
             }
@@ -638,23 +638,18 @@ async fn read_workers(
     qc: &QueueConsumer,
     ctx: &Context,
     ns: &str,
-    deployment_exists: bool,
     now: bool,
 ) -> (Option<Vec<Pod>>, Workers) {
     let id = scale::key(qc);
     let name = qc.name_any();
-    let pods = if deployment_exists {
-        let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-        let params = ListParams::default().labels(&crate::render::selector_string(&name));
-        match api.list(&params).await {
-            Ok(list) => Some(list.items),
-            Err(e) => {
-                tracing::warn!(queueconsumer = %key(qc), error = %e, "cannot list the worker pods");
-                None
-            }
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let params = ListParams::default().labels(&crate::render::selector_string(&name));
+    let pods = match api.list(&params).await {
+        Ok(list) => Some(list.items),
+        Err(e) => {
+            tracing::warn!(queueconsumer = %key(qc), error = %e, "cannot list the worker pods");
+            None
         }
-    } else {
-        Some(Vec::new())
     };
     if let Some(pods) = &pods
         && (now || ctx.workers.due(&id, qc.spec.scaling.poll_interval))
