@@ -269,7 +269,9 @@ pub fn stats(rounds: &[&Round]) -> Option<Stats> {
                     base = Some((r.at, m));
                     next = m;
                 }
-                _ => break,
+                // A scrape that missed the pod (timeout under load) breaks nothing: look further back.
+                None => continue,
+                Some(_) => break,
             }
         }
         let Some((base_at, base)) = base else {
@@ -430,13 +432,7 @@ pub async fn scrape(targets: &[Target], at: Timestamp) -> (Round, Vec<ScrapeErro
 
 async fn fetch(t: &Target) -> Result<PodMetrics, ScrapeError> {
     let authority = t.authority();
-    let pool = Pool::new(
-        authority.clone(),
-        None,
-        0,
-        StdDuration::ZERO,
-        CONNECT_TIMEOUT,
-    );
+    let pool = Pool::new(authority.clone(), 0, StdDuration::ZERO, CONNECT_TIMEOUT);
     let head = format!(
         "GET /metrics HTTP/1.1\r\nhost: {authority}\r\naccept: text/plain\r\nconnection: close\r\n\r\n"
     );
