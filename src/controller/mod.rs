@@ -10,8 +10,8 @@ pub mod plan;
 pub mod redrive;
 pub mod run;
 pub mod scale;
-pub mod spread;
 pub mod series;
+pub mod spread;
 pub mod status;
 pub mod workers;
 
