@@ -476,13 +476,13 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
             ),
             ReplicaDecision::Keep => format!("to {n}"),
         };
-        if let ReplicaDecision::Scale { current, .. } = &replicas {
-            if n < *current {
-                // Idle pods go first: their deletion cost is their in-flight count, read just now.
-                let (fresh_pods, fresh) = read_workers(qc, ctx, &ns, true).await;
-                workers = fresh;
-                set_deletion_costs(qc, ctx, &ns, fresh_pods.as_deref().or(pods.as_deref())).await;
-            }
+        if let ReplicaDecision::Scale { current, .. } = &replicas
+            && n < *current
+        {
+            // Idle pods go first: their deletion cost is their in-flight count, read just now.
+            let (fresh_pods, fresh) = read_workers(qc, ctx, &ns, true).await;
+            workers = fresh;
+            set_deletion_costs(qc, ctx, &ns, fresh_pods.as_deref().or(pods.as_deref())).await;
         }
         let written = deployments
             .patch(
