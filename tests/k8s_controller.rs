@@ -184,7 +184,8 @@ async fn status_is_applied_by_qc_operator_merging_conditions_by_type() {
             "QueueReachable",
             "ConfigValid",
             "DeadLetterQueueHealthy",
-            "ScalingActive"
+            "ScalingActive",
+            "ProcessingTimeWithinDeclared"
         ]
     );
     assert_eq!(condition(&qc, "ExternalCheck").message, "all good");

@@ -809,6 +809,7 @@ pub struct ObservedStatus {
     /// P99 of the handler time per message, estimated from the histogram buckets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub p99_seconds: Option<f64>,
+    /// Mean handler time per message in the window (histogram sum over count).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mean_seconds: Option<f64>,
     /// Messages finished per second, all pods together.
@@ -826,10 +827,12 @@ pub struct ObservedStatus {
     /// Ready pods whose /metrics did not answer at the last scrape.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pods_unreachable: Option<i32>,
-    /// The span of the deltas.
+    /// The span of the deltas, a duration such as 50s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<Duration>,
+    /// When the pods were last scraped (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "time_schema")]
     pub sampled_at: Option<Time>,
 }
 
