@@ -6,6 +6,9 @@ pub const QUEUE_REACHABLE: &str = "QueueReachable";
 pub const CONFIG_VALID: &str = "ConfigValid";
 pub const DEAD_LETTER_QUEUE_HEALTHY: &str = "DeadLetterQueueHealthy";
 pub const SCALING_ACTIVE: &str = "ScalingActive";
+/// The DLQ's CloudWatch alarm is as `deadLetter.alarm` asks (a step of its own: its failures never hold
+/// back scaling or status).
+pub const ALARM_SYNCED: &str = "AlarmSynced";
 
 pub mod reason {
     // Ready
@@ -30,4 +33,9 @@ pub mod reason {
     pub const HELD_BY_VALIDATION: &str = "HeldByValidation";
     /// `spec.suspend` is true: replicas are 0 and the scaler is paused.
     pub const SUSPENDED: &str = "Suspended";
+    // AlarmSynced (False reasons are the CloudWatch failure's own: AccessDenied, EndpointUnreachable, ...)
+    pub const ALARM_IN_SYNC: &str = "AlarmInSync";
+    pub const ALARM_NOT_MANAGED: &str = "AlarmNotManaged";
+    // ConfigValid / QueueReachable
+    pub const ENDPOINT_NOT_ALLOWED: &str = "EndpointNotAllowed";
 }
