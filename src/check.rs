@@ -315,7 +315,8 @@ impl FactsReader for LiveFacts {
             .region
             .clone()
             .or_else(|| crate::aws::facts::region_from_url(&q.url));
-        let conf = crate::aws::sdk_config(region.as_deref(), q.endpoint.as_deref()).await;
+        let conf =
+            crate::aws::controller_sdk_config(region.as_deref(), q.endpoint.as_deref()).await;
         let reader = crate::aws::sqs::SqsReader::new(aws_sdk_sqs::Client::new(&conf));
         crate::aws::sqs::observe(&reader, &q.url)
             .await

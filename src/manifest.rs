@@ -170,6 +170,18 @@ pub fn validate_value(v: &Value) -> Result<QueueConsumer, Vec<FieldError>> {
     }
     errors.extend(structural_errors(&qc.spec));
     errors.extend(cel_errors(v));
+    // What only rendering finds in a given pod template (no handler container, a reserved container or
+    // volume name): the controller would hold such a spec with ConfigValid=False, so `check` and `plan`
+    // reject it up front. A manifest without a template is left to the rules (CI often lints only those).
+    if errors.is_empty()
+        && qc.spec.template.spec.is_some()
+        && let Err(e) = crate::render::deployment(&qc, &crate::render::RenderOptions::default())
+    {
+        errors.push(FieldError {
+            path: String::new(),
+            message: e.to_string(),
+        });
+    }
     if errors.is_empty() {
         Ok(qc)
     } else {
@@ -215,6 +227,22 @@ fn structural_errors(spec: &QueueConsumerSpec) -> Vec<FieldError> {
             "spec.handler.exec.command",
             "must name a program, e.g. [\"/app/handle\"]",
         );
+    }
+    for (which, amounts) in [
+        ("requests", &spec.worker.resources.requests),
+        ("limits", &spec.worker.resources.limits),
+    ] {
+        for (name, q) in amounts.entries() {
+            if !crate::api::is_quantity(&q.0) {
+                err(
+                    &format!("spec.worker.resources.{which}.{name}"),
+                    &format!(
+                        "{:?} is not a Kubernetes quantity: write e.g. 50m or 0.5 (cpu), 128Mi (memory)",
+                        q.0
+                    ),
+                );
+            }
+        }
     }
     if let Some(r) = &spec.idempotency.redis {
         if r.url_secret_ref.name.is_empty() {

@@ -8,8 +8,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_cloudwatch::types::{Dimension, MetricDatum, StandardUnit};
-use qc::aws::cloudwatch::{Alarms, BatchOptions, CloudWatchAlarms, dead_letter_alarm};
+use qc::aws::cloudwatch::{
+    AlarmDeletion, AlarmOwner, Alarms, BatchOptions, CloudWatchAlarms, dead_letter_alarm,
+};
 use qc::aws::limit::{LimitConfig, Limiter};
+
+fn owner(uid: &str) -> AlarmOwner {
+    AlarmOwner {
+        uid: uid.into(),
+        namespace: "shop".into(),
+        name: "orders".into(),
+    }
+}
 
 async fn cloudwatch() -> aws_sdk_cloudwatch::Client {
     let conf = qc::aws::sdk_config(Some("us-east-1"), Some(&common::sqs_endpoint())).await;
@@ -23,7 +33,7 @@ async fn alarm_created_read_back_updated_and_deleted() {
     let dlq = common::unique_name("dlq");
     assert_eq!(alarms.describe(&name).await.unwrap(), None);
     let want = dead_letter_alarm(&name, &dlq, "shop", "orders");
-    alarms.put(&want).await.unwrap();
+    alarms.put(&want, &owner("u1")).await.unwrap();
     let got = alarms.describe(&name).await.unwrap().unwrap();
     assert_eq!(got.spec, want, "the alarm reads back as it was written");
     assert!(
@@ -33,7 +43,7 @@ async fn alarm_created_read_back_updated_and_deleted() {
     );
     let mut changed = want.clone();
     changed.queue_name = format!("{dlq}-2");
-    alarms.put(&changed).await.unwrap();
+    alarms.put(&changed, &owner("u1")).await.unwrap();
     assert_eq!(
         alarms
             .describe(&name)
@@ -44,12 +54,27 @@ async fn alarm_created_read_back_updated_and_deleted() {
             .queue_name,
         changed.queue_name
     );
-    alarms.delete(&name).await.unwrap();
+    // Another QueueConsumer's uid: the alarm is not its to delete.
+    assert!(matches!(
+        alarms.delete(&name, &owner("u2")).await.unwrap(),
+        AlarmDeletion::NotOurs { .. }
+    ));
+    assert!(
+        alarms.describe(&name).await.unwrap().is_some(),
+        "alarm survives"
+    );
+    assert_eq!(
+        alarms.delete(&name, &owner("u1")).await.unwrap(),
+        AlarmDeletion::Deleted
+    );
     assert_eq!(alarms.describe(&name).await.unwrap(), None);
-    alarms
-        .delete(&name)
-        .await
-        .expect("deleting a missing alarm succeeds");
+    assert_eq!(
+        alarms
+            .delete(&name, &owner("u1"))
+            .await
+            .expect("deleting a missing alarm succeeds"),
+        AlarmDeletion::Absent
+    );
 }
 
 #[tokio::test]
@@ -161,7 +186,7 @@ async fn many_alarm_describes_take_one_describe_alarms_per_100() {
         })
         .collect();
     for s in &specs {
-        writer.put(s).await.unwrap();
+        writer.put(s, &owner("u1")).await.unwrap();
     }
     let missing = common::unique_name("qc-none");
     let alarms = batched(cw.clone());
@@ -180,11 +205,40 @@ async fn many_alarm_describes_take_one_describe_alarms_per_100() {
     // ... except after a write of its own.
     let mut changed = specs[0].clone();
     changed.queue_name = "dlq-moved".into();
-    alarms.put(&changed).await.unwrap();
+    alarms.put(&changed, &owner("u1")).await.unwrap();
     let got = alarms.describe(&changed.name).await.unwrap().unwrap();
     assert_eq!(got.spec.queue_name, "dlq-moved");
     assert_eq!(alarms.limiter().calls_of("DescribeAlarms"), 3);
     for s in &specs {
-        writer.delete(&s.name).await.unwrap();
+        writer.delete(&s.name, &owner("u1")).await.unwrap();
     }
+}
+
+#[tokio::test]
+async fn an_alarm_not_made_by_the_operator_is_never_deleted() {
+    let cw = cloudwatch().await;
+    let alarms = CloudWatchAlarms::new(cw.clone());
+    let name = common::unique_name("qc-foreign");
+    // Made by someone else, without the operator's tags.
+    cw.put_metric_alarm()
+        .alarm_name(&name)
+        .namespace("AWS/SQS")
+        .metric_name("ApproximateNumberOfMessagesVisible")
+        .statistic(aws_sdk_cloudwatch::types::Statistic::Maximum)
+        .comparison_operator(aws_sdk_cloudwatch::types::ComparisonOperator::GreaterThanThreshold)
+        .threshold(0.0)
+        .period(60)
+        .evaluation_periods(1)
+        .send()
+        .await
+        .unwrap();
+    let got = alarms.delete(&name, &owner("u1")).await.unwrap();
+    assert!(
+        matches!(&got, AlarmDeletion::NotOurs { why } if why.contains("managed-by")),
+        "{got:?}"
+    );
+    assert!(
+        alarms.describe(&name).await.unwrap().is_some(),
+        "alarm survives"
+    );
 }

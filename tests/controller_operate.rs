@@ -307,7 +307,7 @@ async fn redrive_env(redrive_endpoint: Option<String>) -> RedriveEnv {
     let endpoint = redrive_endpoint.unwrap_or_else(common::sqs_endpoint);
     let conf = qc::aws::sdk_config(Some("us-east-1"), Some(&endpoint)).await;
     let fake = FakeKube::new();
-    let ctx = Arc::new(Context::new(
+    let mut ctx = Context::new(
         fake.client(),
         Arc::new(Provider {
             reader: Arc::new(SqsReader::new(sqs.clone())),
@@ -317,7 +317,11 @@ async fn redrive_env(redrive_endpoint: Option<String>) -> RedriveEnv {
             worker_image: TEST_WORKER_IMAGE.into(),
         },
         None,
-    ));
+    );
+    // The manifests name moto in spec.queue.endpoint: allowed explicitly, as an operator would.
+    ctx.endpoints = qc::aws::endpoints::AllowedEndpoints::parse([common::sqs_endpoint()])
+        .expect("the test SQS endpoint is an http://HOST:PORT endpoint");
+    let ctx = Arc::new(ctx);
     RedriveEnv {
         e: Env {
             fake,

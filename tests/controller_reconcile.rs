@@ -17,7 +17,9 @@ use fake_kube::{DEPLOYMENTS, EVENTS, FakeKube, QUEUE_CONSUMERS, Recorded};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use qc::api::QueueConsumer;
-use qc::aws::cloudwatch::{AlarmSpec, Alarms, CloudWatchAlarms, CloudWatchError, ObservedAlarm};
+use qc::aws::cloudwatch::{
+    AlarmDeletion, AlarmOwner, AlarmSpec, Alarms, CloudWatchAlarms, CloudWatchError, ObservedAlarm,
+};
 use qc::aws::{SqsReader, StaticReader};
 use qc::controller::{Context, Error, reconcile};
 use serde_json::{Value, json};
@@ -36,13 +38,17 @@ impl Alarms for CountingAlarms {
     async fn describe(&self, name: &str) -> Result<Option<ObservedAlarm>, CloudWatchError> {
         self.inner.describe(name).await
     }
-    async fn put(&self, alarm: &AlarmSpec) -> Result<(), CloudWatchError> {
+    async fn put(&self, alarm: &AlarmSpec, owner: &AlarmOwner) -> Result<(), CloudWatchError> {
         self.puts.fetch_add(1, Ordering::SeqCst);
-        self.inner.put(alarm).await
+        self.inner.put(alarm, owner).await
     }
-    async fn delete(&self, name: &str) -> Result<(), CloudWatchError> {
+    async fn delete(
+        &self,
+        name: &str,
+        owner: &AlarmOwner,
+    ) -> Result<AlarmDeletion, CloudWatchError> {
         self.deletes.fetch_add(1, Ordering::SeqCst);
-        self.inner.delete(name).await
+        self.inner.delete(name, owner).await
     }
     async fn oldest_message_age(&self, queue_name: &str) -> Result<Option<i64>, CloudWatchError> {
         self.inner.oldest_message_age(queue_name).await
@@ -234,8 +240,13 @@ async fn create_applies_the_rendered_deployment_with_owner_and_status() {
             "ConfigValid",
             "DeadLetterQueueHealthy",
             "ScalingActive",
-            "ProcessingTimeWithinDeclared"
+            "ProcessingTimeWithinDeclared",
+            "AlarmSynced"
         ]
+    );
+    assert_eq!(
+        e.condition("orders", "AlarmSynced").reason,
+        "AlarmNotManaged"
     );
     // No worker pod yet: nothing observed, and no Event for that on a new consumer.
     let p = e.condition("orders", "ProcessingTimeWithinDeclared");
@@ -600,7 +611,10 @@ async fn alarm_is_created_kept_and_removed_through_the_finalizer() {
     // Someone edits the alarm: the next reconcile puts it back.
     let mut drifted = alarm.spec.clone();
     drifted.threshold = 10.0;
-    e.cloudwatch.put(&drifted).await.unwrap();
+    e.cloudwatch
+        .put(&drifted, &qc::controller::alarm::owner(&e.qc("orders")))
+        .await
+        .unwrap();
     e.reconcile("orders").await.unwrap();
     assert_eq!(
         e.cloudwatch

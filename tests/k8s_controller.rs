@@ -23,7 +23,10 @@ use fake_kube::{DEPLOYMENTS, FakeKube, LEASES, QUEUE_CONSUMERS, Recorded};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use qc::api::QueueConsumer;
-use qc::aws::cloudwatch::{AlarmSpec, Alarms, CloudWatchAlarms, CloudWatchError, ObservedAlarm};
+use qc::aws::cloudwatch::{
+    AlarmDeletion, AlarmOwner, AlarmSpec, Alarms, CloudWatchAlarms, CloudWatchError, ObservedAlarm,
+};
+use qc::aws::endpoints::AllowedEndpoints;
 use qc::aws::{QueueReader, SqsReader, StaticReader};
 use qc::controller::observe::{AwsClients, FixedProvider};
 use qc::controller::run::{LeaderOptions, RunOptions, run};
@@ -63,7 +66,8 @@ fn static_reader() -> Arc<dyn QueueReader> {
     )
 }
 
-/// A controller context whose client sends the QueueConsumer API to the real server.
+/// A controller context whose client sends the QueueConsumer API to the real server. The test SQS
+/// endpoint (moto), which manifests name in `spec.queue.endpoint`, is allowed explicitly.
 fn context(
     fake: &FakeKube,
     real: &RealKube,
@@ -71,14 +75,17 @@ fn context(
     alarms: Arc<dyn Alarms>,
     identity: &str,
 ) -> Arc<Context> {
-    Arc::new(Context::new(
+    let mut ctx = Context::new(
         fake.routed_client(real.client.clone()),
         Arc::new(FixedProvider(AwsClients { sqs, alarms })),
         RenderOptions {
             worker_image: TEST_WORKER_IMAGE.into(),
         },
         Some(identity.to_string()),
-    ))
+    );
+    ctx.endpoints = AllowedEndpoints::parse(std::env::var("QC_TEST_SQS_ENDPOINT").ok())
+        .expect("QC_TEST_SQS_ENDPOINT is an http://HOST:PORT endpoint");
+    Arc::new(ctx)
 }
 
 fn manifest(url: &str, endpoint: Option<&str>, alarm: bool) -> QueueConsumer {
@@ -185,7 +192,8 @@ async fn status_is_applied_by_qc_operator_merging_conditions_by_type() {
             "ConfigValid",
             "DeadLetterQueueHealthy",
             "ScalingActive",
-            "ProcessingTimeWithinDeclared"
+            "ProcessingTimeWithinDeclared",
+            "AlarmSynced"
         ]
     );
     assert_eq!(condition(&qc, "ExternalCheck").message, "all good");
@@ -325,10 +333,14 @@ impl Alarms for FlakyAlarms {
     async fn describe(&self, name: &str) -> Result<Option<ObservedAlarm>, CloudWatchError> {
         self.inner.describe(name).await
     }
-    async fn put(&self, alarm: &AlarmSpec) -> Result<(), CloudWatchError> {
-        self.inner.put(alarm).await
+    async fn put(&self, alarm: &AlarmSpec, owner: &AlarmOwner) -> Result<(), CloudWatchError> {
+        self.inner.put(alarm, owner).await
     }
-    async fn delete(&self, name: &str) -> Result<(), CloudWatchError> {
+    async fn delete(
+        &self,
+        name: &str,
+        owner: &AlarmOwner,
+    ) -> Result<AlarmDeletion, CloudWatchError> {
         if self.fail_deletes.load(Ordering::SeqCst) {
             return Err(CloudWatchError::DeleteAlarms {
                 name: name.to_string(),
@@ -336,7 +348,7 @@ impl Alarms for FlakyAlarms {
                 message: "injected outage".into(),
             });
         }
-        self.inner.delete(name).await
+        self.inner.delete(name, owner).await
     }
     async fn oldest_message_age(&self, queue_name: &str) -> Result<Option<i64>, CloudWatchError> {
         self.inner.oldest_message_age(queue_name).await

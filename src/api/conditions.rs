@@ -7,6 +7,9 @@ pub const CONFIG_VALID: &str = "ConfigValid";
 pub const DEAD_LETTER_QUEUE_HEALTHY: &str = "DeadLetterQueueHealthy";
 pub const SCALING_ACTIVE: &str = "ScalingActive";
 pub const PROCESSING_TIME_WITHIN_DECLARED: &str = "ProcessingTimeWithinDeclared";
+/// The DLQ's CloudWatch alarm is as `deadLetter.alarm` asks (a step of its own: its failures never hold
+/// back scaling or status).
+pub const ALARM_SYNCED: &str = "AlarmSynced";
 
 pub mod reason {
     // Ready
@@ -37,4 +40,9 @@ pub mod reason {
     pub const OBSERVED_P99_WITHIN_DECLARED: &str = "ObservedP99WithinDeclared";
     pub const OBSERVED_P99_ABOVE_DECLARED: &str = "ObservedP99AboveDeclared";
     pub const NO_OBSERVATIONS: &str = "NoObservations";
+    // AlarmSynced (False reasons are the CloudWatch failure's own: AccessDenied, EndpointUnreachable, ...)
+    pub const ALARM_IN_SYNC: &str = "AlarmInSync";
+    pub const ALARM_NOT_MANAGED: &str = "AlarmNotManaged";
+    // ConfigValid / QueueReachable
+    pub const ENDPOINT_NOT_ALLOWED: &str = "EndpointNotAllowed";
 }

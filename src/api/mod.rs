@@ -14,6 +14,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use k8s_openapi::api::core::v1::PodTemplateSpec;
+pub use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::transform::RecursiveTransform;
@@ -84,6 +85,10 @@ pub struct QueueConsumerSpec {
     /// How rule findings (status.findings) affect rollout. Default: reported only.
     #[serde(default)]
     pub validation: ValidationSpec,
+    /// The `qc-worker` container the controller adds. Default: requests cpu 50m, memory 32Mi; limits
+    /// memory 128Mi.
+    #[serde(default)]
+    pub worker: WorkerSpec,
 }
 
 /// Kubernetes knows the integer formats `int32` and `int64` only: the API server warns
@@ -123,18 +128,31 @@ fn pod_template_schema(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+/// A queue URL or endpoint: http(s), then printable ASCII without spaces (no CR, LF or tab that could
+/// split a header or a log line).
+pub const URL_PATTERN: &str = "^https?://[!-~]+$";
+/// An AWS region: `us-east-1`, `us-gov-west-1`, `cn-north-1`.
+pub const REGION_PATTERN: &str = "^[a-z]{2}(-[a-z]+)+-[0-9]+$";
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("self.url.matches('^https?://[!-~]+$')").message("queue.url must be an http(s) URL of printable characters without spaces, CR or LF, e.g. https://sqs.us-east-1.amazonaws.com/123456789012/orders").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("!has(self.region) || self.region.matches('^[a-z]{2}(-[a-z]+)+-[0-9]+$')").message("queue.region must be an AWS region such as us-east-1 (or leave it out: it is read from the URL)").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("!has(self.endpoint) || self.endpoint.matches('^https?://[!-~]+$')").message("queue.endpoint must be an http(s) URL of printable characters without spaces, CR or LF, e.g. http://localhost:4566 (leave it out on AWS)").reason(Reason::FieldValueInvalid))]
 pub struct QueueSpec {
     /// Queue URL, e.g. https://sqs.us-east-1.amazonaws.com/123456789012/orders. Required.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 1024))]
     pub url: String,
     /// AWS region, e.g. us-east-1. Default: read from the URL (sqs.REGION.amazonaws.com).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
     pub region: Option<String>,
-    /// Endpoint URL override for local emulators, e.g. http://localmock:4566; never needed on AWS,
-    /// and honoured only where the operator allows it. Default: none (the region's SQS endpoint).
+    /// Endpoint URL override for local emulators, e.g. http://localmock:4566; never needed on AWS.
+    /// The controller honours it only when its operator allows it (chart value
+    /// `aws.allowedEndpoints`); otherwise ConfigValid is False with reason EndpointNotAllowed and no
+    /// request is sent. Default: none (the region's SQS endpoint).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
     pub endpoint: Option<String>,
 }
 
@@ -144,6 +162,7 @@ pub struct QueueSpec {
 #[x_kube(validation = Rule::new("duration(self.waitTime) <= duration('20s')").message("processing.waitTime must be at most 20s (the SQS long-poll maximum)").reason(Reason::FieldValueInvalid))]
 #[x_kube(validation = Rule::new("self.batchSize >= 1 && self.batchSize <= 10").message("processing.batchSize must be between 1 and 10 (SQS MaxNumberOfMessages)").reason(Reason::FieldValueInvalid))]
 #[x_kube(validation = Rule::new("self.concurrency >= 1").message("processing.concurrency must be at least 1").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("self.concurrency <= 10000").message("processing.concurrency must be at most 10000 (the worker's limit: each slot holds a message and its buffers); add replicas instead").reason(Reason::FieldValueInvalid))]
 pub struct ProcessingSpec {
     /// Declared P99 time to handle ONE message, a duration such as 2s (units ms, s, m, h). Sizes
     /// scaling and the visibility-timeout rules. Required.
@@ -158,7 +177,7 @@ pub struct ProcessingSpec {
     pub timeout: Duration,
     /// Messages handled at once per replica (a count, at least 1). Default: 10.
     #[serde(default = "defaults::concurrency")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = MAX_CONCURRENCY))]
     pub concurrency: u32,
     /// Messages asked for per ReceiveMessage call (SQS MaxNumberOfMessages, 1 to 10). Default: 10.
     #[serde(default = "defaults::batch_size")]
@@ -365,8 +384,9 @@ impl HandlerSpec {
     }
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("self.path.matches('^/[!-~]*$')").message("handler.http.path must start with / and hold only printable characters, without spaces, CR or LF (it goes into the request line), e.g. /messages").reason(Reason::FieldValueInvalid))]
 pub struct HttpHandler {
     /// TCP port the handler listens on, on localhost in the pod (1 to 65535). Default: 8080.
     #[serde(default = "defaults::http_port")]
@@ -374,7 +394,7 @@ pub struct HttpHandler {
     pub port: u16,
     /// Request path, starting with /. Default: /messages.
     #[serde(default = "defaults::http_path")]
-    #[schemars(regex(pattern = r"^/"))]
+    #[schemars(regex(pattern = r"^/"), length(max = 1024))]
     pub path: String,
 }
 
@@ -542,6 +562,7 @@ pub struct SecretKeyRef {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[x_kube(validation = Rule::new("self.minReplicas <= self.maxReplicas").message("scaling.minReplicas must not exceed scaling.maxReplicas").reason(Reason::FieldValueInvalid))]
 #[x_kube(validation = Rule::new("self.maxReplicas >= 1").message("scaling.maxReplicas must be at least 1").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("self.maxReplicas <= 2147483647").message("scaling.maxReplicas must be at most 2147483647 (a Deployment's replicas are an int32)").reason(Reason::FieldValueInvalid))]
 #[x_kube(validation = Rule::new("duration(self.maxBacklogAge) > duration('0s')").message("scaling.maxBacklogAge must be greater than 0s").reason(Reason::FieldValueInvalid))]
 #[x_kube(validation = Rule::new("duration(self.pollInterval) >= duration('1s')").message("scaling.pollInterval must be at least 1s").reason(Reason::FieldValueInvalid))]
 pub struct ScalingSpec {
@@ -609,6 +630,128 @@ pub struct ValidationSpec {
     /// reported. Default: false.
     #[serde(default)]
     pub enforce: bool,
+}
+
+/// Messages one replica may handle at once: the worker's own limit (`qc-worker --concurrency`), so a
+/// spec the API server admits never makes a worker that refuses to start.
+pub const MAX_CONCURRENCY: u32 = crate::worker::MAX_CONCURRENCY;
+
+/// The `qc-worker` container: its resources, so namespaces with a ResourceQuota admit the pods.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkerSpec {
+    /// Requests and limits of the `qc-worker` container (and of the exec layout's `qc-worker-install`
+    /// init container). Default: requests cpu 50m, memory 32Mi; limits memory 128Mi. Setting it
+    /// replaces the default as a whole.
+    #[serde(default)]
+    pub resources: WorkerResources,
+}
+
+/// Requests and limits of cpu, memory and ephemeral storage.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkerResources {
+    /// What the scheduler reserves for the container (cpu, memory, ephemeral-storage). Default
+    /// (with `resources` left out): cpu 50m, memory 32Mi; none when `resources` is set without it.
+    #[serde(default, skip_serializing_if = "ResourceAmounts::is_empty")]
+    pub requests: ResourceAmounts,
+    /// The most the container may use (memory over the limit is killed, cpu is throttled). Default
+    /// (with `resources` left out): memory 128Mi, no cpu limit; none when `resources` is set without it.
+    #[serde(default, skip_serializing_if = "ResourceAmounts::is_empty")]
+    pub limits: ResourceAmounts,
+}
+
+impl Default for WorkerResources {
+    fn default() -> Self {
+        let q = |s: &str| Some(Quantity(s.to_string()));
+        WorkerResources {
+            requests: ResourceAmounts {
+                cpu: q("50m"),
+                memory: q("32Mi"),
+                ephemeral_storage: None,
+            },
+            limits: ResourceAmounts {
+                cpu: None,
+                memory: q("128Mi"),
+                ephemeral_storage: None,
+            },
+        }
+    }
+}
+
+/// Amounts in Kubernetes quantity notation (`50m`, `0.5`, `128Mi`, `1G`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResourceAmounts {
+    /// CPU, a Kubernetes quantity in cores, e.g. 50m or 0.5. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "quantity_schema")]
+    pub cpu: Option<Quantity>,
+    /// Memory, a Kubernetes quantity in bytes, e.g. 32Mi or 1G. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "quantity_schema")]
+    pub memory: Option<Quantity>,
+    /// Local ephemeral storage (writable layer, emptyDir, logs), a Kubernetes quantity, e.g. 1Gi.
+    /// Default: none.
+    #[serde(
+        default,
+        rename = "ephemeral-storage",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(schema_with = "quantity_schema")]
+    pub ephemeral_storage: Option<Quantity>,
+}
+
+impl ResourceAmounts {
+    pub fn is_empty(&self) -> bool {
+        self.cpu.is_none() && self.memory.is_none() && self.ephemeral_storage.is_none()
+    }
+
+    /// (name, amount) of the amounts set, with Kubernetes' resource names.
+    pub fn entries(&self) -> Vec<(&'static str, &Quantity)> {
+        [
+            ("cpu", self.cpu.as_ref()),
+            ("memory", self.memory.as_ref()),
+            ("ephemeral-storage", self.ephemeral_storage.as_ref()),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, v?)))
+        .collect()
+    }
+}
+
+/// A quantity is an integer or a string, as in Kubernetes' own schemas (without their page-long
+/// description); its grammar is checked by `is_quantity` (`check`, render) and by the API server.
+fn quantity_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "x-kubernetes-int-or-string": true,
+        "description": "Kubernetes quantity, e.g. 50m, 0.5, 128Mi."
+    })
+}
+
+/// Kubernetes' quantity grammar: a signed decimal number, then a binary (Ki..Ei) or decimal (m, k, M,
+/// G, T, P, E) suffix or an exponent.
+pub fn is_quantity(s: &str) -> bool {
+    let s = s.strip_prefix(['+', '-']).unwrap_or(s);
+    let digits_end = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, suffix) = s.split_at(digits_end);
+    let number_ok = |n: &str| {
+        n.chars().filter(|c| *c == '.').count() <= 1 && n.chars().any(|c| c.is_ascii_digit())
+    };
+    if !number_ok(number) {
+        return false;
+    }
+    match suffix {
+        "" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei" | "m" | "k" | "M" | "G" | "T" | "P" | "E" => {
+            true
+        }
+        e => e
+            .strip_prefix(['e', 'E'])
+            .map(|x| x.strip_prefix(['+', '-']).unwrap_or(x))
+            .is_some_and(number_ok),
+    }
 }
 
 /// Observed state, written by the controller.

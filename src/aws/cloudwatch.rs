@@ -75,6 +75,55 @@ pub struct ObservedAlarm {
     pub state: String,
 }
 
+/// The QueueConsumer an alarm belongs to, written into the alarm's tags.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AlarmOwner {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+/// Tag keys of a managed alarm. The uid is what deletion checks: names can be reused, uids cannot.
+pub const TAG_MANAGED_BY: &str = "managed-by";
+pub const MANAGED_BY: &str = "qc-operator";
+pub const TAG_OWNER_UID: &str = "sqs.consumers.dev/queueconsumer-uid";
+pub const TAG_OWNER: &str = "sqs.consumers.dev/queueconsumer";
+
+/// What a delete found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AlarmDeletion {
+    Deleted,
+    /// No alarm of that name: nothing to do.
+    Absent,
+    /// An alarm of that name exists and its tags say it is not the owner's: left in place.
+    NotOurs {
+        why: String,
+    },
+}
+
+/// Whether tags mark an alarm as `owner`'s: managed by qc-operator, and carrying the owner's uid.
+/// Alarms written before the uid tag existed carry only `managed-by`; their name, derived from the
+/// uid, is the identity then.
+pub fn owned_by(tags: &[(String, String)], owner: &AlarmOwner) -> Result<(), String> {
+    let get = |k: &str| {
+        tags.iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.as_str())
+    };
+    if get(TAG_MANAGED_BY) != Some(MANAGED_BY) {
+        return Err(format!(
+            "it has no tag {TAG_MANAGED_BY}={MANAGED_BY}: not created by qc-operator"
+        ));
+    }
+    match get(TAG_OWNER_UID) {
+        Some(uid) if uid != owner.uid => Err(format!(
+            "its tag {TAG_OWNER_UID} is {uid}, not this QueueConsumer's uid {}",
+            owner.uid
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Why a CloudWatch call failed; the variant names the call.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CloudWatchError {
@@ -86,6 +135,12 @@ pub enum CloudWatchError {
     },
     #[error("put alarm {name}: {message}")]
     PutMetricAlarm {
+        name: String,
+        reason: &'static str,
+        message: String,
+    },
+    #[error("read the tags of alarm {name}: {message}")]
+    ListTagsForResource {
         name: String,
         reason: &'static str,
         message: String,
@@ -112,6 +167,7 @@ impl CloudWatchError {
             CloudWatchError::DescribeAlarms { reason, .. }
             | CloudWatchError::PutMetricAlarm { reason, .. }
             | CloudWatchError::DeleteAlarms { reason, .. }
+            | CloudWatchError::ListTagsForResource { reason, .. }
             | CloudWatchError::GetMetricData { reason, .. } => reason,
         }
     }
@@ -121,9 +177,15 @@ impl CloudWatchError {
 #[async_trait::async_trait]
 pub trait Alarms: Send + Sync {
     async fn describe(&self, name: &str) -> Result<Option<ObservedAlarm>, CloudWatchError>;
-    async fn put(&self, alarm: &AlarmSpec) -> Result<(), CloudWatchError>;
-    /// Deleting an alarm that does not exist succeeds.
-    async fn delete(&self, name: &str) -> Result<(), CloudWatchError>;
+    /// Create or update the alarm, tagged with its owner (tags count only at creation: CloudWatch
+    /// ignores them on an update).
+    async fn put(&self, alarm: &AlarmSpec, owner: &AlarmOwner) -> Result<(), CloudWatchError>;
+    /// Delete the alarm if its tags say it is `owner`'s (see `owned_by`).
+    async fn delete(
+        &self,
+        name: &str,
+        owner: &AlarmOwner,
+    ) -> Result<AlarmDeletion, CloudWatchError>;
     /// The latest ApproximateAgeOfOldestMessage of a queue (seconds); None when CloudWatch has no
     /// recent datapoint.
     async fn oldest_message_age(&self, queue_name: &str) -> Result<Option<i64>, CloudWatchError>;
@@ -497,7 +559,8 @@ impl Alarms for CloudWatchAlarms {
             })
     }
 
-    async fn put(&self, alarm: &AlarmSpec) -> Result<(), CloudWatchError> {
+    async fn put(&self, alarm: &AlarmSpec, owner: &AlarmOwner) -> Result<(), CloudWatchError> {
+        let tag = |k: &str, v: &str| Tag::builder().key(k).value(v).build();
         // Whatever happens, the next describe reads CloudWatch again.
         self.alarms.forget(&alarm.name);
         let result = self
@@ -516,12 +579,12 @@ impl Alarms for CloudWatchAlarms {
                     .period(alarm.period_seconds)
                     .evaluation_periods(alarm.evaluation_periods)
                     .treat_missing_data(&alarm.treat_missing_data)
-                    .tags(
-                        Tag::builder()
-                            .key("managed-by")
-                            .value("qc-operator")
-                            .build(),
-                    )
+                    .tags(tag(TAG_MANAGED_BY, MANAGED_BY))
+                    .tags(tag(TAG_OWNER_UID, &owner.uid))
+                    .tags(tag(
+                        TAG_OWNER,
+                        &format!("{}/{}", owner.namespace, owner.name),
+                    ))
                     .send()
             })
             .await;
@@ -536,8 +599,64 @@ impl Alarms for CloudWatchAlarms {
         })
     }
 
-    async fn delete(&self, name: &str) -> Result<(), CloudWatchError> {
+    async fn delete(
+        &self,
+        name: &str,
+        owner: &AlarmOwner,
+    ) -> Result<AlarmDeletion, CloudWatchError> {
         self.alarms.forget(&name.to_string());
+        // Read fresh (never the cache): the ARN, for the tags that say whose alarm this is.
+        let found = self
+            .limiter
+            .run("DescribeAlarms", is_throttled, || {
+                self.client.describe_alarms().alarm_names(name).send()
+            })
+            .await
+            .map_err(|e| {
+                let (reason, message) = classify(&e);
+                CloudWatchError::DescribeAlarms {
+                    name: name.to_string(),
+                    reason,
+                    message,
+                }
+            })?
+            .metric_alarms
+            .unwrap_or_default()
+            .into_iter()
+            .find(|a| a.alarm_name.as_deref() == Some(name));
+        let Some(alarm) = found else {
+            return Ok(AlarmDeletion::Absent);
+        };
+        let Some(arn) = alarm.alarm_arn else {
+            return Ok(AlarmDeletion::NotOurs {
+                why: "CloudWatch reported it without an ARN, so its tags cannot be checked".into(),
+            });
+        };
+        let tags: Vec<(String, String)> = self
+            .limiter
+            .run("ListTagsForResource", is_throttled, || {
+                self.client
+                    .list_tags_for_resource()
+                    .resource_arn(&arn)
+                    .send()
+            })
+            .await
+            .map_err(|e| {
+                let (reason, message) = classify(&e);
+                CloudWatchError::ListTagsForResource {
+                    name: name.to_string(),
+                    reason,
+                    message,
+                }
+            })?
+            .tags
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|t| Some((t.key?, t.value?)))
+            .collect();
+        if let Err(why) = owned_by(&tags, owner) {
+            return Ok(AlarmDeletion::NotOurs { why });
+        }
         let result = self
             .limiter
             .run("DeleteAlarms", is_throttled, || {
@@ -546,11 +665,11 @@ impl Alarms for CloudWatchAlarms {
             .await;
         self.alarms.forget(&name.to_string());
         match result {
-            Ok(_) => Ok(()),
+            Ok(_) => Ok(AlarmDeletion::Deleted),
             Err(e) => {
                 let (reason, message) = classify(&e);
                 if reason == "ResourceNotFound" {
-                    return Ok(());
+                    return Ok(AlarmDeletion::Absent);
                 }
                 Err(CloudWatchError::DeleteAlarms {
                     name: name.to_string(),

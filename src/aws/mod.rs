@@ -3,6 +3,7 @@
 
 pub mod batch;
 pub mod cloudwatch;
+pub mod endpoints;
 pub mod facts;
 pub mod limit;
 pub mod redrive;
@@ -88,6 +89,32 @@ impl HttpClient for ProxyAwareClient {
             Err(_) => connector,
         }
     }
+}
+
+/// Deadlines of the controller's AWS calls: a silent endpoint (accepts, never answers) costs at most
+/// `OPERATION_TIMEOUT` per call, so it can neither hang a reconcile nor the controller's shutdown.
+/// The controller never long-polls, so no answer it waits for takes longer than a few seconds.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+pub const ATTEMPT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+pub const OPERATION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(12);
+
+/// `sdk_config` with the controller's deadlines (the worker's long polls need longer reads).
+pub async fn controller_sdk_config(
+    region: Option<&str>,
+    endpoint: Option<&str>,
+) -> aws_config::SdkConfig {
+    let timeouts = aws_config::timeout::TimeoutConfig::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .read_timeout(READ_TIMEOUT)
+        .operation_attempt_timeout(ATTEMPT_TIMEOUT)
+        .operation_timeout(OPERATION_TIMEOUT)
+        .build();
+    sdk_config(region, endpoint)
+        .await
+        .into_builder()
+        .timeout_config(timeouts)
+        .build()
 }
 
 /// An error and its sources, joined with `: ` (the SDK's and our HTTP client's errors keep the

@@ -354,6 +354,9 @@ pub enum ObserveError {
          is SQS"
     )]
     ParseAttributes { url: String, source: FactsError },
+    /// Nothing was sent: the operator does not allow the spec's endpoint.
+    #[error("{0}")]
+    EndpointNotAllowed(#[source] super::endpoints::EndpointError),
 }
 
 impl ObserveError {
@@ -362,6 +365,7 @@ impl ObserveError {
         match self {
             ObserveError::ReadQueueAttributes { source, .. } => source.reason(),
             ObserveError::ParseAttributes { .. } => "InvalidQueueAttributes",
+            ObserveError::EndpointNotAllowed(e) => e.reason(),
         }
     }
 }

@@ -152,6 +152,17 @@ struct RunArgs {
     /// by hand are undone, and the alarm's state shows in status, within this.
     #[arg(long, default_value = "5m", value_name = "DURATION")]
     alarm_resync: qc::api::Duration,
+    /// Endpoint a QueueConsumer may name in spec.queue.endpoint, as SCHEME://HOST[:PORT] (`*.` as the
+    /// first host label, `*` as the port); repeatable or comma-separated. AWS's own SQS and CloudWatch
+    /// endpoints are always allowed; any other endpoint gets no request (ConfigValid=False,
+    /// EndpointNotAllowed).
+    #[arg(
+        long = "allowed-endpoint",
+        env = "QC_ALLOWED_ENDPOINTS",
+        value_delimiter = ',',
+        value_name = "PATTERN"
+    )]
+    allowed_endpoints: Vec<String>,
 }
 
 /// A rate of calls a second: a positive finite number, at least one a minute.
@@ -347,6 +358,9 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             ..defaults.batch
         },
     };
+    // A bad pattern stops the controller at start-up, naming it, rather than refusing every endpoint later.
+    let allowed_endpoints = qc::aws::endpoints::AllowedEndpoints::parse(&args.allowed_endpoints)
+        .context("--allowed-endpoint (chart value aws.allowedEndpoints)")?;
     let render = qc::render::RenderOptions {
         worker_image: args
             .worker_image
@@ -360,12 +374,14 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         let client = kube::Client::try_default()
             .await
             .context("connect to the Kubernetes API (in-cluster service account or KUBECONFIG)")?;
-        let ctx = std::sync::Arc::new(qc::controller::Context::new(
+        let mut ctx = qc::controller::Context::new(
             client,
             std::sync::Arc::new(qc::controller::observe::SdkProvider::new(aws)),
             render,
             Some(identity),
-        ));
+        );
+        ctx.endpoints = allowed_endpoints;
+        let ctx = std::sync::Arc::new(ctx);
         qc::controller::run::run(ctx, opts, shutdown_signal())
             .await
             .map_err(anyhow::Error::from)

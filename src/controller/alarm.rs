@@ -5,11 +5,11 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use crate::api::QueueConsumer;
-use crate::aws::cloudwatch::{Alarms, CloudWatchError};
+use crate::aws::cloudwatch::{AlarmDeletion, AlarmOwner, Alarms};
 
 use super::Error;
 use super::pipeline::{AlarmPlan, alarm_name};
-use super::status::AlarmStatus;
+use super::status::{AlarmStatus, AlarmSync};
 
 /// Finalizer that holds a QueueConsumer until its CloudWatch alarm is deleted.
 pub const FINALIZER: &str = "sqs.consumers.dev/cleanup";
@@ -31,44 +31,61 @@ pub fn has_finalizer(qc: &QueueConsumer) -> bool {
         .any(|f| f == FINALIZER)
 }
 
-/// The alarm name this QueueConsumer created: recorded in status, else derived.
-pub fn managed_alarm_name(qc: &QueueConsumer) -> String {
-    qc.status
-        .as_ref()
-        .and_then(|s| s.dead_letter.as_ref())
-        .and_then(|d| d.alarm_name.clone())
-        .unwrap_or_else(|| alarm_name(qc))
+/// Who an alarm belongs to: written into its tags when it is created, checked before it is deleted.
+pub fn owner(qc: &QueueConsumer) -> AlarmOwner {
+    AlarmOwner {
+        uid: qc.metadata.uid.clone().unwrap_or_default(),
+        namespace: qc.metadata.namespace.clone().unwrap_or_default(),
+        name: qc.metadata.name.clone().unwrap_or_default(),
+    }
 }
 
-/// Bring the alarm in line with the plan. Returns the alarm as status should show it, what changed,
-/// and a CloudWatch failure (kept apart so the rest of the reconcile still runs and reports it).
+/// The alarm as the last status showed it (kept when this reconcile did not look at CloudWatch).
+pub fn previous(qc: &QueueConsumer) -> AlarmStatus {
+    let dl = qc.status.as_ref().and_then(|s| s.dead_letter.as_ref());
+    AlarmStatus {
+        name: dl.and_then(|d| d.alarm_name.clone()),
+        state: dl.and_then(|d| d.alarm_state.clone()),
+        sync: AlarmSync::NotChecked,
+    }
+}
+
+fn failed(
+    previous: AlarmStatus,
+    reason: &'static str,
+    message: String,
+) -> (AlarmStatus, AlarmChange) {
+    (
+        AlarmStatus {
+            sync: AlarmSync::Failed { reason, message },
+            ..previous
+        },
+        AlarmChange::None,
+    )
+}
+
+/// Bring the alarm in line with the plan. Never fails the reconcile: a CloudWatch (or finalizer)
+/// failure comes back in `AlarmStatus::sync`, for the AlarmSynced condition and an Event, while the
+/// rest of the reconcile (scaling, status) goes on.
 pub async fn sync(
     qc: &QueueConsumer,
     plan: &AlarmPlan,
     alarms: &dyn Alarms,
     api: &Api<QueueConsumer>,
-) -> Result<(AlarmStatus, AlarmChange, Option<CloudWatchError>), Error> {
-    let previous = AlarmStatus {
-        name: qc
-            .status
-            .as_ref()
-            .and_then(|s| s.dead_letter.as_ref())
-            .and_then(|d| d.alarm_name.clone()),
-        state: qc
-            .status
-            .as_ref()
-            .and_then(|s| s.dead_letter.as_ref())
-            .and_then(|d| d.alarm_state.clone()),
-    };
+) -> (AlarmStatus, AlarmChange) {
+    let previous = previous(qc);
     match plan {
-        AlarmPlan::Unchanged => Ok((previous, AlarmChange::None, None)),
+        AlarmPlan::Unchanged => (previous, AlarmChange::None),
         AlarmPlan::Keep(want) => {
-            if !has_finalizer(qc) {
-                add_finalizer(qc, api).await?;
+            if !has_finalizer(qc)
+                && let Err(e) = add_finalizer(qc, api).await
+            {
+                // No alarm without the finalizer that deletes it.
+                return failed(previous, e.reason(), e.to_string());
             }
             let observed = match alarms.describe(&want.name).await {
                 Ok(o) => o,
-                Err(e) => return Ok((previous, AlarmChange::None, Some(e))),
+                Err(e) => return failed(previous, e.reason(), e.to_string()),
             };
             let change = match &observed {
                 Some(o) if o.spec == **want => AlarmChange::None,
@@ -78,8 +95,8 @@ pub async fn sync(
             let observed = if change == AlarmChange::None {
                 observed
             } else {
-                if let Err(e) = alarms.put(want).await {
-                    return Ok((previous, AlarmChange::None, Some(e)));
+                if let Err(e) = alarms.put(want, &owner(qc)).await {
+                    return failed(previous, e.reason(), e.to_string());
                 }
                 // Read back: CloudWatch decides the state of a new or changed alarm.
                 alarms.describe(&want.name).await.ok().flatten()
@@ -87,25 +104,47 @@ pub async fn sync(
             let state = observed
                 .map(|o| o.state)
                 .unwrap_or_else(|| "INSUFFICIENT_DATA".to_string());
-            Ok((
+            (
                 AlarmStatus {
                     name: Some(want.name.clone()),
                     state: Some(state),
+                    sync: AlarmSync::InSync,
                 },
                 change,
-                None,
-            ))
+            )
         }
         AlarmPlan::Remove => {
             if !has_finalizer(qc) {
-                return Ok((AlarmStatus::default(), AlarmChange::None, None));
+                return (
+                    AlarmStatus {
+                        sync: AlarmSync::NotManaged,
+                        ..AlarmStatus::default()
+                    },
+                    AlarmChange::None,
+                );
             }
-            let name = managed_alarm_name(qc);
-            if let Err(e) = alarms.delete(&name).await {
-                return Ok((previous, AlarmChange::None, Some(e)));
+            // The name from the object's identity, never from status (editable by anyone who may
+            // write status): an alarm named there is not ours to delete.
+            let name = alarm_name(qc);
+            let change = match alarms.delete(&name, &owner(qc)).await {
+                Ok(AlarmDeletion::Deleted) => AlarmChange::Deleted(name),
+                Ok(AlarmDeletion::Absent) => AlarmChange::None,
+                Ok(AlarmDeletion::NotOurs { why }) => {
+                    tracing::warn!(alarm = %name, %why, "alarm left in place: not this QueueConsumer's");
+                    AlarmChange::None
+                }
+                Err(e) => return failed(previous, e.reason(), e.to_string()),
+            };
+            if let Err(e) = remove_finalizer(qc, api).await {
+                return failed(previous, e.reason(), e.to_string());
             }
-            remove_finalizer(qc, api).await?;
-            Ok((AlarmStatus::default(), AlarmChange::Deleted(name), None))
+            (
+                AlarmStatus {
+                    sync: AlarmSync::NotManaged,
+                    ..AlarmStatus::default()
+                },
+                change,
+            )
         }
     }
 }

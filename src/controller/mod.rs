@@ -30,13 +30,14 @@ use serde_json::json;
 
 use crate::api::{API_VERSION, KIND, QueueConsumer};
 use crate::aws::ObserveError;
-use crate::aws::cloudwatch::CloudWatchError;
+use crate::aws::cloudwatch::{AlarmDeletion, CloudWatchError};
+use crate::aws::endpoints::AllowedEndpoints;
 use crate::render::RenderOptions;
 
 use self::alarm::AlarmChange;
 use self::apply::{FIELD_MANAGER, SCALER_FIELD_MANAGER};
 use self::observe::{AwsProvider, FactsCache};
-use self::pipeline::ReplicaDecision;
+use self::pipeline::{ReplicaDecision, alarm_name};
 use self::scale::Histories;
 use self::status::{Rollout, StatusInputs, Workers};
 
@@ -61,8 +62,6 @@ pub enum Error {
     RemoveFinalizer(#[source] kube::Error),
     #[error("encode patch: {0}")]
     EncodePatch(#[source] serde_json::Error),
-    #[error("sync dead-letter alarm: {0}")]
-    SyncAlarm(#[source] CloudWatchError),
     #[error("delete dead-letter alarm: {0}")]
     DeleteAlarm(#[source] CloudWatchError),
 }
@@ -80,7 +79,6 @@ impl Error {
             Error::AddFinalizer(_) => "AddFinalizerFailed",
             Error::RemoveFinalizer(_) => "RemoveFinalizerFailed",
             Error::EncodePatch(_) => "EncodePatchFailed",
-            Error::SyncAlarm(_) => "SyncAlarmFailed",
             Error::DeleteAlarm(_) => "DeleteAlarmFailed",
         }
     }
@@ -184,6 +182,9 @@ pub struct Context {
     /// The worker pods' scrapes per QueueConsumer.
     pub workers: workers::Windows,
     pub render: RenderOptions,
+    /// Endpoints a QueueConsumer may name in `spec.queue.endpoint` (AWS's own only, unless the
+    /// operator allows more).
+    pub endpoints: AllowedEndpoints,
     pub recorder: Recorder,
     reporter: Reporter,
     pub metrics: Metrics,
@@ -212,6 +213,7 @@ impl Context {
             redrives: redrive::Redrives::new(),
             workers: workers::Windows::new(),
             render,
+            endpoints: AllowedEndpoints::aws_only(),
             recorder,
             reporter,
             metrics: Metrics::default(),
@@ -381,29 +383,38 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     let name = qc.name_any();
     let qcs: Api<QueueConsumer> = Api::namespaced(ctx.client.clone(), &ns);
     let (region, endpoint) = observe::aws_target(&qc.spec);
-    let clients = ctx
-        .aws
-        .clients(region.as_deref(), endpoint.as_deref())
-        .await;
+    // A tenant's endpoint the operator does not allow gets no request, signed or not: no client for it
+    // is even built.
+    let clients = match endpoint.as_deref().map(|e| ctx.endpoints.check(e)) {
+        Some(Err(refused)) => Err(refused),
+        _ => Ok(ctx
+            .aws
+            .clients(region.as_deref(), endpoint.as_deref())
+            .await),
+    };
 
     if qc.metadata.deletion_timestamp.is_some() {
         ctx.scaling.forget(&scale::key(qc));
         ctx.redrives.forget(&scale::key(qc));
         ctx.workers.forget(&scale::key(qc));
         ctx.metrics.consumers.remove(&ns, &qc.name_any());
-        return cleanup(qc, ctx, &qcs, &clients).await;
+        return cleanup(qc, ctx, &qcs, clients.as_ref().ok()).await;
     }
 
     // observe
-    let observed = ctx
-        .facts
-        .get(
-            &qc.spec.queue.url,
-            endpoint.as_deref(),
-            qc.spec.scaling.poll_interval,
-            &clients,
-        )
-        .await;
+    let observed = match &clients {
+        Ok(clients) => {
+            ctx.facts
+                .get(
+                    &qc.spec.queue.url,
+                    endpoint.as_deref(),
+                    qc.spec.scaling.poll_interval,
+                    clients,
+                )
+                .await
+        }
+        Err(refused) => Err(ObserveError::EndpointNotAllowed(refused.clone())),
+    };
     if let Ok(o) = &observed {
         record_sample(qc, ctx, o);
     }
@@ -497,14 +508,23 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         scaled = Some(format!("scaled Deployment {name} {why}"));
     }
 
-    let (alarm_status, alarm_change, alarm_error) =
-        alarm::sync(qc, &decision.alarm, clients.alarms.as_ref(), &qcs).await?;
+    // The alarm is a step of its own: a CloudWatch failure is reported in its condition and an Event,
+    // and never fails the reconcile, so scaling keeps its poll interval.
+    let (alarm_status, alarm_change) = match &clients {
+        Ok(clients) => alarm::sync(qc, &decision.alarm, clients.alarms.as_ref(), &qcs).await,
+        Err(_) => (alarm::previous(qc), AlarmChange::None),
+    };
 
-    // redrive: never fails the reconcile (its errors are in its status and Events)
-    let redrive_client = ctx
-        .aws
-        .redrive_client(region.as_deref(), endpoint.as_deref())
-        .await;
+    // redrive: never fails the reconcile (its errors are in its status and Events); a refused
+    // endpoint gets no client here either
+    let redrive_client = match &clients {
+        Ok(_) => {
+            ctx.aws
+                .redrive_client(region.as_deref(), endpoint.as_deref())
+                .await
+        }
+        Err(_) => None,
+    };
     let redrive = redrive::step(
         qc,
         &redrive::StepInputs {
@@ -527,7 +547,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         render: render_result,
         rollout: &decision.rollout,
         deployment: deployment.as_ref(),
-        alarm: alarm_status,
+        alarm: alarm_status.clone(),
         replicas: &replicas,
         scaled_at: scaled.as_ref().map(|_| observe::now()),
         sampled_at: observed.as_ref().ok().map(|o| o.sampled_at.clone()),
@@ -547,14 +567,28 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
             "metadata": {"name": name},
             "status": new_status,
         });
-        qcs.patch_status(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await
-        .map_err(Error::WriteStatus)?;
-        ctx.metrics.status_writes.fetch_add(1, Ordering::Relaxed);
+        match qcs
+            .patch_status(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+        {
+            Ok(_) => {
+                ctx.metrics.status_writes.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                let e = Error::WriteStatus(e);
+                // A conflict retries at once with fresh state, through the error policy.
+                if e.is_conflict() {
+                    return Err(e);
+                }
+                // Status is a report: failing to write it must not slow the next poll (or scaling).
+                step_failed(ctx, qc, &e).await;
+                return Ok(Action::requeue(qc.spec.scaling.poll_interval.as_std()));
+            }
+        }
     }
 
     ctx.metrics.consumers.set(
@@ -611,12 +645,15 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         }
     }
 
-    if let Err(e) = observed {
-        return Err(Error::ObserveQueue(e));
+    if let status::AlarmSync::Failed { reason, message } = &alarm_status.sync {
+        ctx.metrics.error(reason);
+        ctx.event(qc, true, reason, message.clone()).await;
     }
-    if let Some(e) = alarm_error {
-        ctx.event(qc, true, e.reason(), e.to_string()).await;
-        return Err(Error::SyncAlarm(e));
+    match observed {
+        // Only a change of the spec (or of the operator's allow-list, which restarts it) can help.
+        Err(ObserveError::EndpointNotAllowed(_)) => return Ok(Action::await_change()),
+        Err(e) => return Err(Error::ObserveQueue(e)),
+        Ok(_) => {}
     }
     Ok(match decision.rollout {
         // Only a spec change can fix a spec that cannot be rendered.
@@ -756,26 +793,58 @@ fn measure_startup(qc: &QueueConsumer, ctx: &Context, pods: Option<&[Pod]>) {
     ctx.scaling.set_startup(&key, &qc.spec, measured, now);
 }
 
-/// Deletion: remove the alarm, then the finalizer. The Deployment goes by garbage collection.
+/// A step failed that does not stop the others: a Warning Event and the error counter, no backoff.
+async fn step_failed(ctx: &Context, qc: &QueueConsumer, e: &Error) {
+    ctx.metrics.error(e.reason());
+    tracing::warn!(queueconsumer = %key(qc), error = %e, "reconcile step failed");
+    ctx.event(qc, true, e.reason(), e.to_string()).await;
+}
+
+/// Deletion: remove the alarm, then the finalizer. The Deployment goes by garbage collection. The
+/// alarm's name comes from the object's identity (never from status, which anyone with status write
+/// access can edit), and the alarm is deleted only when its tags say it is this object's.
 async fn cleanup(
     qc: &QueueConsumer,
     ctx: &Context,
     qcs: &Api<QueueConsumer>,
-    clients: &observe::AwsClients,
+    clients: Option<&observe::AwsClients>,
 ) -> Result<Action, Error> {
     if !alarm::has_finalizer(qc) {
         return Ok(Action::await_change());
     }
-    let name = alarm::managed_alarm_name(qc);
-    if let Err(e) = clients.alarms.delete(&name).await {
+    let name = alarm_name(qc);
+    let Some(clients) = clients else {
         ctx.event(
             qc,
             true,
-            e.reason(),
-            format!("cannot delete CloudWatch alarm {name}: {e}; the QueueConsumer is kept until it is deleted (or remove the finalizer {} by hand)", alarm::FINALIZER),
+            "EndpointNotAllowed",
+            format!("CloudWatch alarm {name} was not deleted: spec.queue.endpoint is not allowed by this operator, so no request is sent to it"),
         )
         .await;
-        return Err(Error::DeleteAlarm(e));
+        alarm::remove_finalizer(qc, qcs).await?;
+        return Ok(Action::await_change());
+    };
+    match clients.alarms.delete(&name, &alarm::owner(qc)).await {
+        Ok(AlarmDeletion::Deleted | AlarmDeletion::Absent) => {}
+        Ok(AlarmDeletion::NotOurs { why }) => {
+            ctx.event(
+                qc,
+                true,
+                "AlarmNotOwned",
+                format!("CloudWatch alarm {name} was left in place: {why}"),
+            )
+            .await;
+        }
+        Err(e) => {
+            ctx.event(
+                qc,
+                true,
+                e.reason(),
+                format!("cannot delete CloudWatch alarm {name}: {e}; the QueueConsumer is kept until it is deleted (or remove the finalizer {} by hand)", alarm::FINALIZER),
+            )
+            .await;
+            return Err(Error::DeleteAlarm(e));
+        }
     }
     alarm::remove_finalizer(qc, qcs).await?;
     Ok(Action::await_change())

@@ -117,7 +117,7 @@ impl AwsProvider for SdkProvider {
         if let Some(c) = clients.get(&key) {
             return c.clone();
         }
-        let conf = crate::aws::sdk_config(region, endpoint).await;
+        let conf = crate::aws::controller_sdk_config(region, endpoint).await;
         let sqs = aws_sdk_sqs::Client::new(&conf);
         self.redrive_clients
             .lock()

@@ -60,6 +60,8 @@ pub fn plan(
         AlarmPlan::Keep(a) => AlarmStatus {
             name: Some(a.name.clone()),
             state: None,
+            // `plan` asks CloudWatch nothing about the alarm.
+            sync: status::AlarmSync::NotChecked,
         },
         _ => AlarmStatus::default(),
     };

@@ -8,7 +8,7 @@ use crate::api::conditions::{self, reason};
 use crate::api::{
     DeadLetterStatus, Duration, QueueConsumer, QueueConsumerStatus, QueueStatus, RedriveStatus,
 };
-use crate::aws::{DeadLetterFacts, Facts};
+use crate::aws::{DeadLetterFacts, Facts, ObserveError};
 use crate::render::{self, RenderError};
 use crate::validate::Report;
 
@@ -42,6 +42,25 @@ pub enum Rollout {
 pub struct AlarmStatus {
     pub name: Option<String>,
     pub state: Option<String>,
+    /// What this reconcile's alarm step did: the AlarmSynced condition.
+    pub sync: AlarmSync,
+}
+
+/// The alarm step's outcome.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum AlarmSync {
+    /// CloudWatch was not asked (queue unreadable, or `plan` offline): the last condition stays.
+    #[default]
+    NotChecked,
+    /// The alarm exists as planned.
+    InSync,
+    /// No alarm should exist (alarm off, or no DLQ) and none of ours does.
+    NotManaged,
+    /// A CloudWatch call (or the finalizer write) failed.
+    Failed {
+        reason: &'static str,
+        message: String,
+    },
 }
 
 /// Everything status is computed from.
@@ -95,7 +114,7 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
     let scaling = scaling_active(i);
     let ready = ready(i, &queue_reachable, &config_valid, &name);
     let processing = processing_time(i);
-    let fresh = [
+    let mut fresh = [
         ready,
         queue_reachable,
         config_valid,
@@ -113,6 +132,7 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
         last_transition_time: i.now.clone(),
     })
     .collect::<Vec<_>>();
+    fresh.extend(alarm_synced(i, &old.conditions));
     let conditions = merge_conditions(&old.conditions, fresh);
 
     let (queue, dead_letter_block) = match i.facts {
@@ -172,6 +192,41 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
 
 type Cond = (&'static str, &'static str, &'static str, String);
 
+/// None until CloudWatch was first asked: an unknown alarm on a first reconcile is no news.
+fn alarm_synced(i: &StatusInputs<'_>, old: &[Condition]) -> Option<Condition> {
+    let t = conditions::ALARM_SYNCED;
+    let (status, reason, message) = match &i.alarm.sync {
+        AlarmSync::InSync => (
+            "True",
+            reason::ALARM_IN_SYNC,
+            format!(
+                "CloudWatch alarm {} is in sync",
+                i.alarm.name.as_deref().unwrap_or("")
+            ),
+        ),
+        AlarmSync::NotManaged => (
+            "True",
+            reason::ALARM_NOT_MANAGED,
+            "no alarm is kept: deadLetter.alarm is false or the queue has no dead-letter queue"
+                .to_string(),
+        ),
+        AlarmSync::Failed { reason, message } => (
+            "False",
+            *reason,
+            format!("{message}; retried every poll interval, scaling and status are not held back"),
+        ),
+        AlarmSync::NotChecked => return old.iter().find(|c| c.type_ == t).cloned(),
+    };
+    Some(Condition {
+        type_: t.to_string(),
+        status: status.to_string(),
+        reason: reason.to_string(),
+        message,
+        observed_generation: i.qc.metadata.generation,
+        last_transition_time: i.now.clone(),
+    })
+}
+
 fn queue_reachable(i: &StatusInputs<'_>) -> Cond {
     match i.facts {
         Observation::Read(f) => (
@@ -186,6 +241,12 @@ fn queue_reachable(i: &StatusInputs<'_>) -> Cond {
             QUEUE_NOT_READ,
             OFFLINE.to_string(),
         ),
+        Observation::Failed(e @ ObserveError::EndpointNotAllowed(_)) => (
+            conditions::QUEUE_REACHABLE,
+            "Unknown",
+            e.reason(),
+            "not read: spec.queue.endpoint is not allowed (see ConfigValid)".to_string(),
+        ),
         Observation::Failed(e) => (
             conditions::QUEUE_REACHABLE,
             "False",
@@ -199,6 +260,14 @@ fn config_valid(i: &StatusInputs<'_>) -> Cond {
     let t = conditions::CONFIG_VALID;
     if let Err(e) = i.render {
         return (t, "False", e.reason(), e.to_string());
+    }
+    if let Observation::Failed(e @ ObserveError::EndpointNotAllowed(_)) = i.facts {
+        return (
+            t,
+            "False",
+            e.reason(),
+            format!("{e}; nothing is rolled out and no AWS call is made"),
+        );
     }
     let errors: Vec<_> = i
         .report

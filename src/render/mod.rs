@@ -8,14 +8,17 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    HTTPGetAction, Lifecycle, LifecycleHandler, ObjectFieldSelector, PodSpec, PodTemplateSpec,
-    Probe, SeccompProfile, SecretKeySelector, SecurityContext, SleepAction, Volume, VolumeMount,
+    HTTPGetAction, Lifecycle, LifecycleHandler, ObjectFieldSelector, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector,
+    SecurityContext, SleepAction, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 
-use crate::api::{Duration, Handler, IdempotencyStore, QueueConsumer, QueueConsumerSpec};
+use crate::api::{
+    Duration, Handler, IdempotencyStore, QueueConsumer, QueueConsumerSpec, is_quantity,
+};
 
 pub use worker::{WorkerLaunch, region, worker_args};
 
@@ -91,6 +94,10 @@ pub enum RenderError {
         "spec.template.spec.volumes[{index}].name {WORKER_VOLUME:?} is reserved for the worker binary: rename that volume"
     )]
     ReservedVolumeName { index: usize },
+    #[error(
+        "spec.worker.resources.{field} {value:?} is not a Kubernetes quantity: write e.g. 50m or 0.5 (cpu), 128Mi (memory)"
+    )]
+    InvalidQuantity { field: String, value: String },
 }
 
 impl RenderError {
@@ -103,6 +110,7 @@ impl RenderError {
             RenderError::ReservedContainerName { .. } | RenderError::ReservedVolumeName { .. } => {
                 "ReservedName"
             }
+            RenderError::InvalidQuantity { .. } => "InvalidResources",
         }
     }
 }
@@ -174,6 +182,7 @@ pub fn deployment(qc: &QueueConsumer, opts: &RenderOptions) -> Result<Deployment
     }
     let metrics_port = pick_metrics_port(&pod, &handler);
     let env = worker_env(spec);
+    let resources = worker_resources(spec)?;
 
     match handler {
         Handler::Http(http) => {
@@ -186,6 +195,7 @@ pub fn deployment(qc: &QueueConsumer, opts: &RenderOptions) -> Result<Deployment
                 command: Some(vec![WORKER_BINARY.into()]),
                 args: Some(worker_args(spec, metrics_port, &launch)),
                 env: Some(env),
+                resources: Some(resources),
                 security_context: Some(restricted_security_context()),
                 ..Container::default()
             };
@@ -213,6 +223,7 @@ pub fn deployment(qc: &QueueConsumer, opts: &RenderOptions) -> Result<Deployment
                     COPIED_WORKER_BINARY.into(),
                 ]),
                 volume_mounts: Some(vec![worker_mount()]),
+                resources: Some(resources),
                 security_context: Some(restricted_security_context()),
                 ..Container::default()
             };
@@ -223,7 +234,9 @@ pub fn deployment(qc: &QueueConsumer, opts: &RenderOptions) -> Result<Deployment
                 ..Volume::default()
             });
             // The first container is the handler's; others are the user's sidecars, left alone.
+            let pod_context = pod.security_context.clone().unwrap_or_default();
             let c = &mut pod.containers[0];
+            restrict_unset(c, &pod_context);
             c.command = Some(vec![COPIED_WORKER_BINARY.into()]);
             c.args = Some(worker_args(spec, metrics_port, &launch));
             merge_env(c.env.get_or_insert_default(), env);
@@ -432,6 +445,61 @@ fn hold_until_drained(c: &mut Container, hold: Duration) {
     }
     if *lifecycle == Lifecycle::default() {
         c.lifecycle = None;
+    }
+}
+
+/// `spec.worker.resources` as the container's requirements; every amount must be a quantity.
+fn worker_resources(spec: &QueueConsumerSpec) -> Result<ResourceRequirements, RenderError> {
+    let r = &spec.worker.resources;
+    let list = |which: &str, amounts: &crate::api::ResourceAmounts| {
+        let mut out = BTreeMap::new();
+        for (name, q) in amounts.entries() {
+            if !is_quantity(&q.0) {
+                return Err(RenderError::InvalidQuantity {
+                    field: format!("{which}.{name}"),
+                    value: q.0.clone(),
+                });
+            }
+            out.insert(name.to_string(), q.clone());
+        }
+        Ok((!out.is_empty()).then_some(out))
+    };
+    Ok(ResourceRequirements {
+        requests: list("requests", &r.requests)?,
+        limits: list("limits", &r.limits)?,
+        ..ResourceRequirements::default()
+    })
+}
+
+/// The exec layout runs the worker inside the user's container: it gets the `restricted` Pod Security
+/// Standard's fields that neither it nor the pod sets. A field the user set, at either level, wins.
+/// `readOnlyRootFilesystem` and `runAsUser` are left alone: the standard does not ask for them, and
+/// only the user knows whether their handler writes to its filesystem or which user its image has.
+fn restrict_unset(c: &mut Container, pod: &PodSecurityContext) {
+    let sc = c.security_context.get_or_insert_default();
+    let privileged = sc.privileged == Some(true)
+        || sc
+            .capabilities
+            .as_ref()
+            .and_then(|caps| caps.add.as_ref())
+            .is_some_and(|add| add.iter().any(|a| a == "SYS_ADMIN" || a == "CAP_SYS_ADMIN"));
+    // The API server rejects allowPrivilegeEscalation=false next to privileged or CAP_SYS_ADMIN.
+    if sc.allow_privilege_escalation.is_none() && !privileged {
+        sc.allow_privilege_escalation = Some(false);
+    }
+    let caps = sc.capabilities.get_or_insert_default();
+    if caps.drop.is_none() {
+        caps.drop = Some(vec!["ALL".into()]);
+    }
+    let root_chosen = sc.run_as_user == Some(0) || pod.run_as_user == Some(0);
+    if sc.run_as_non_root.is_none() && pod.run_as_non_root.is_none() && !root_chosen {
+        sc.run_as_non_root = Some(true);
+    }
+    if sc.seccomp_profile.is_none() && pod.seccomp_profile.is_none() {
+        sc.seccomp_profile = Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..SeccompProfile::default()
+        });
     }
 }
 

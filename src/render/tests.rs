@@ -1,3 +1,4 @@
+use crate::api::Quantity;
 use serde_json::{Value, json};
 
 use super::*;
@@ -531,4 +532,129 @@ fn selector_string_matches_labels() {
         selector_string("orders"),
         "app.kubernetes.io/instance=orders,app.kubernetes.io/name=qc-worker"
     );
+}
+
+#[test]
+fn worker_resources_default_and_from_the_spec() {
+    let q = |s: &str| Quantity(s.to_string());
+    // Default: the worker container of the http layout and the install container of the exec layout.
+    let d = render(http_spec());
+    let worker = &pod(&d).containers[1];
+    assert_eq!(worker.name, WORKER_CONTAINER);
+    let r = worker.resources.as_ref().unwrap();
+    assert_eq!(
+        r.requests.as_ref().unwrap(),
+        &BTreeMap::from([
+            ("cpu".to_string(), q("50m")),
+            ("memory".to_string(), q("32Mi"))
+        ])
+    );
+    assert_eq!(
+        r.limits.as_ref().unwrap(),
+        &BTreeMap::from([("memory".to_string(), q("128Mi"))])
+    );
+    let d = render(exec_spec());
+    let install = &pod(&d).init_containers.as_ref().unwrap()[0];
+    assert_eq!(
+        install.resources, worker.resources,
+        "quota counts init containers too"
+    );
+    assert!(
+        pod(&d).containers[0].resources.is_none(),
+        "the user's container keeps its own resources"
+    );
+
+    // Set in the spec: replaces the default as a whole.
+    let mut spec = http_spec();
+    spec["worker"] = json!({"resources": {"requests": {"cpu": 1, "memory": "64Mi"}, "limits": {"cpu": "2", "memory": "1Gi", "ephemeral-storage": "1Gi"}}});
+    let d = render(spec);
+    let r = pod(&d).containers[1].resources.clone().unwrap();
+    assert_eq!(
+        r.requests.unwrap(),
+        BTreeMap::from([
+            ("cpu".to_string(), q("1")),
+            ("memory".to_string(), q("64Mi"))
+        ])
+    );
+    assert_eq!(
+        r.limits.unwrap(),
+        BTreeMap::from([
+            ("cpu".to_string(), q("2")),
+            ("ephemeral-storage".to_string(), q("1Gi")),
+            ("memory".to_string(), q("1Gi"))
+        ])
+    );
+
+    let mut spec = http_spec();
+    spec["worker"] = json!({"resources": {"requests": {"cpu": "lots"}}});
+    let e = deployment(&qc(spec), &RenderOptions::default()).unwrap_err();
+    assert_eq!(e.reason(), "InvalidResources");
+    assert!(
+        e.to_string()
+            .contains("spec.worker.resources.requests.cpu \"lots\""),
+        "{e}"
+    );
+}
+
+#[test]
+fn quantities_follow_the_kubernetes_grammar() {
+    for ok in [
+        "50m", "0.5", ".5", "1", "+1", "128Mi", "1Gi", "1e3", "1E-2", "2k", "1.5G",
+    ] {
+        assert!(crate::api::is_quantity(ok), "{ok}");
+    }
+    for bad in [
+        "", "m", "1.2.3", "128MB", "1 Gi", "1Gi\n", "lots", "1e", "1Mib", "--1", "0x10",
+    ] {
+        assert!(!crate::api::is_quantity(bad), "{bad}");
+    }
+}
+
+#[test]
+fn exec_container_gets_the_restricted_fields_it_leaves_unset() {
+    let d = render(exec_spec());
+    let p = pod(&d);
+    let sc = p.containers[0].security_context.clone().unwrap();
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.capabilities.unwrap().drop, Some(vec!["ALL".to_string()]));
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(sc.seccomp_profile.unwrap().type_, "RuntimeDefault");
+    // Not asked by the restricted standard: left to the user.
+    assert_eq!(sc.read_only_root_filesystem, None);
+    assert_eq!(sc.run_as_user, None);
+    assert!(
+        p.containers[1].security_context.is_none(),
+        "sidecars are the user's"
+    );
+
+    // What the user sets wins, in the container or in the pod.
+    let mut spec = exec_spec();
+    spec["template"]["spec"]["containers"][0]["securityContext"] = json!({
+        "allowPrivilegeEscalation": true,
+        "capabilities": {"add": ["NET_BIND_SERVICE"], "drop": ["NET_RAW"]},
+        "readOnlyRootFilesystem": true
+    });
+    spec["template"]["spec"]["securityContext"] = json!({
+        "runAsNonRoot": false,
+        "seccompProfile": {"type": "Localhost", "localhostProfile": "p.json"}
+    });
+    let d = render(spec);
+    let sc = pod(&d).containers[0].security_context.clone().unwrap();
+    assert_eq!(sc.allow_privilege_escalation, Some(true));
+    let caps = sc.capabilities.unwrap();
+    assert_eq!(caps.drop, Some(vec!["NET_RAW".to_string()]));
+    assert_eq!(caps.add, Some(vec!["NET_BIND_SERVICE".to_string()]));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.run_as_non_root, None, "the pod's false stands");
+    assert_eq!(sc.seccomp_profile, None, "the pod's profile stands");
+
+    // A privileged container or root user: nothing the API server would reject or the image cannot run.
+    let mut spec = exec_spec();
+    spec["template"]["spec"]["containers"][0]["securityContext"] =
+        json!({"privileged": true, "runAsUser": 0});
+    let d = render(spec);
+    let sc = pod(&d).containers[0].security_context.clone().unwrap();
+    assert_eq!(sc.allow_privilege_escalation, None);
+    assert_eq!(sc.run_as_non_root, None);
+    assert_eq!(sc.privileged, Some(true));
 }

@@ -359,6 +359,9 @@ async fn chart_installs_and_a_queue_consumer_becomes_ready() {
         &format!("crds.install={}", env.install_crds),
         "--set-json",
         &format!(r#"watchNamespaces=["{ns}"]"#),
+        // The in-cluster moto is a tenant-chosen endpoint: allowed explicitly, as an operator would.
+        "--set-json",
+        &format!(r#"aws.allowedEndpoints=["{in_cluster}"]"#),
     ]
     .iter()
     .map(|s| s.to_string())

@@ -4,7 +4,10 @@
 use std::sync::Arc;
 
 use qc::aws::QueueReader;
-use qc::aws::cloudwatch::{AlarmSpec, Alarms, CloudWatchError, ObservedAlarm};
+use qc::aws::cloudwatch::{
+    AlarmDeletion, AlarmOwner, AlarmSpec, Alarms, CloudWatchError, ObservedAlarm,
+};
+use qc::aws::endpoints::AllowedEndpoints;
 use qc::controller::Context;
 use qc::controller::observe::{AwsClients, FixedProvider};
 use qc::render::RenderOptions;
@@ -22,11 +25,11 @@ impl Alarms for NoAlarms {
     async fn describe(&self, _: &str) -> Result<Option<ObservedAlarm>, CloudWatchError> {
         Ok(None)
     }
-    async fn put(&self, _: &AlarmSpec) -> Result<(), CloudWatchError> {
+    async fn put(&self, _: &AlarmSpec, _: &AlarmOwner) -> Result<(), CloudWatchError> {
         Ok(())
     }
-    async fn delete(&self, _: &str) -> Result<(), CloudWatchError> {
-        Ok(())
+    async fn delete(&self, _: &str, _: &AlarmOwner) -> Result<AlarmDeletion, CloudWatchError> {
+        Ok(AlarmDeletion::Absent)
     }
     async fn oldest_message_age(&self, _: &str) -> Result<Option<i64>, CloudWatchError> {
         Ok(None)
@@ -42,10 +45,10 @@ impl Alarms for UnreachableCloudWatch {
     async fn describe(&self, _: &str) -> Result<Option<ObservedAlarm>, CloudWatchError> {
         panic!("unexpected CloudWatch call")
     }
-    async fn put(&self, _: &AlarmSpec) -> Result<(), CloudWatchError> {
+    async fn put(&self, _: &AlarmSpec, _: &AlarmOwner) -> Result<(), CloudWatchError> {
         panic!("unexpected CloudWatch call")
     }
-    async fn delete(&self, _: &str) -> Result<(), CloudWatchError> {
+    async fn delete(&self, _: &str, _: &AlarmOwner) -> Result<AlarmDeletion, CloudWatchError> {
         panic!("unexpected CloudWatch call")
     }
     async fn oldest_message_age(&self, _: &str) -> Result<Option<i64>, CloudWatchError> {
@@ -54,19 +57,23 @@ impl Alarms for UnreachableCloudWatch {
 }
 
 /// A controller context on `fake` whose every region and endpoint reads through `sqs` and `alarms`;
-/// `identity` is the leader-election holder (None: no election).
+/// `identity` is the leader-election holder (None: no election). The test server's endpoint, which
+/// manifests name in `spec.queue.endpoint`, is allowed explicitly, as an operator would allow it.
 pub fn context(
     fake: &FakeKube,
     sqs: Arc<dyn QueueReader>,
     alarms: Arc<dyn Alarms>,
     identity: Option<&str>,
 ) -> Arc<Context> {
-    Arc::new(Context::new(
+    let mut ctx = Context::new(
         fake.client(),
         Arc::new(FixedProvider(AwsClients { sqs, alarms })),
         RenderOptions {
             worker_image: TEST_WORKER_IMAGE.into(),
         },
         identity.map(str::to_string),
-    ))
+    );
+    ctx.endpoints = AllowedEndpoints::parse(std::env::var("QC_TEST_SQS_ENDPOINT").ok())
+        .expect("QC_TEST_SQS_ENDPOINT is an http://HOST:PORT endpoint");
+    Arc::new(ctx)
 }
