@@ -230,9 +230,11 @@ async fn poison_leave_goes_to_the_dlq_without_calling_the_handler_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handler_running_three_visibility_timeouts_is_heartbeated_and_handled_once() {
-    let q = TestQueue::new("long", 2, 3, false).await;
+    // VT 3 s (a 0.75 s margin per heartbeat call) so a slow moto on a loaded machine does not fail a
+    // call inside the heartbeat's own deadline; the handler still runs three visibility timeouts.
+    let q = TestQueue::new("long", 3, 3, false).await;
     q.send_all(&numbered(3), |_| String::new()).await;
-    let h = HttpHandler::start(|_| Reply::ok(SECS(6))).await;
+    let h = HttpHandler::start(|_| Reply::ok(SECS(9))).await;
     let mut a = base_args(&q);
     a.extend(args(&["--timeout", "20s", "--http-url", &h.url]));
     let mut w = Worker::start(&a);

@@ -165,7 +165,13 @@ impl HttpHandler {
                 (None, Some(b)) => std::borrow::Cow::Owned(base64_encode(b)),
                 (None, None) => continue,
             };
-            if name.eq_ignore_ascii_case("content-type") && text.len() <= MAX_CONTENT_TYPE {
+            // Content-Type is a plain HTTP header (the CloudEvents binding maps `datacontenttype`
+            // onto it, not onto a `ce-` header), so it is sent as written: only printable ASCII
+            // qualifies (no CR/LF can reach the head); anything else falls back to the guess.
+            if name.eq_ignore_ascii_case("content-type")
+                && text.len() <= MAX_CONTENT_TYPE
+                && text.bytes().all(|b| (0x20..0x7f).contains(&b))
+            {
                 content_type = Some(text.clone());
             }
             let mut line = Vec::with_capacity(20 + name.len() + text.len());
@@ -177,7 +183,9 @@ impl HttpHandler {
             lines.push((name.as_str(), line));
         }
         let content_type = content_type.unwrap_or_else(|| guess_content_type(&msg.body).into());
-        header(&mut h, "content-type", &content_type);
+        h.extend_from_slice(b"content-type: ");
+        h.extend_from_slice(content_type.as_bytes());
+        h.extend_from_slice(b"\r\n");
         let omitted = fit_attributes(
             &mut lines,
             &collided,
@@ -415,6 +423,18 @@ mod tests {
             "a name that is no HTTP token is left out"
         );
         assert!(!lines.iter().any(|l| l.starts_with("x-evil")));
+        // Content-Type is a plain HTTP header: its space is not percent-encoded, and a value with a
+        // line break is never sent as the type (the guess from the body is).
+        let mut text = msg.clone();
+        text.body = bytes::Bytes::from_static(b"hello");
+        text.attributes = vec![("Content-Type".into(), attr("text/x\r\nx-evil: 1"))];
+        let head = String::from_utf8(h.head(&text)).unwrap();
+        let lines: Vec<&str> = head.split("\r\n").collect();
+        assert!(
+            lines.contains(&"content-type: text/plain; charset=utf-8"),
+            "{head}"
+        );
+        assert!(!lines.iter().any(|l| l.starts_with("x-evil")), "{head}");
     }
 
     #[test]
