@@ -253,10 +253,77 @@ async fn handler_running_three_visibility_timeouts_is_heartbeated_and_handled_on
         beats >= 6.0,
         "at least two heartbeats per message, saw {beats}"
     );
+    // A heartbeat call that failed and was retried within the lease costs nothing (a loaded machine
+    // may fail one); what must not happen is a lease lost.
     assert_eq!(
-        w.metric("qc_worker_heartbeat_failures_total").await,
+        w.metric("qc_worker_heartbeat_leases_lost_total").await,
         Some(0.0)
     );
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_failing_until_the_lease_ends_count_a_lost_lease() {
+    // Every ChangeMessageVisibility answers 500 (after the SDK's own retries): the beats are retried
+    // inside the lease and then the lease ends. The failures are counted per call, the loss once, and
+    // the message comes back (at-least-once), nothing lost.
+    let q = TestQueue::new("lost-lease", 2, 10, false).await;
+    q.send_one("slow").await;
+    let h = HttpHandler::start(|c| {
+        if c.receive_count == 1 {
+            Reply::ok(SECS(5))
+        } else {
+            Reply::ok(Duration::ZERO)
+        }
+    })
+    .await;
+    let proxy = FaultProxy::start().await;
+    proxy
+        .set(Fault::FailAction(
+            "ChangeMessageVisibility",
+            500,
+            "InternalFailure",
+        ))
+        .await;
+    let a = args(&[
+        "--queue-url",
+        &q.url,
+        "--endpoint-url",
+        &proxy.endpoint,
+        "--wait-time",
+        "1s",
+        "--timeout",
+        "20s",
+        "--http-url",
+        &h.url,
+    ]);
+    let mut w = Worker::start(&a);
+    eventually(
+        SECS(60),
+        "the message handled again and deleted",
+        || async { h.calls().len() >= 2 && q.is_empty().await },
+    )
+    .await;
+    // The loss is counted by the first beat after the lease's end (the handler still runs then).
+    eventually(SECS(20), "the lost lease counted", || async {
+        w.metric("qc_worker_heartbeat_leases_lost_total").await >= Some(1.0)
+    })
+    .await;
+    let lost = w
+        .metric("qc_worker_heartbeat_leases_lost_total")
+        .await
+        .unwrap();
+    let failures = w
+        .metric("qc_worker_heartbeat_failures_total")
+        .await
+        .unwrap();
+    assert_eq!(lost, 1.0, "one lease lost, counted once");
+    assert!(
+        failures > lost,
+        "failed calls retried within the lease are failures, not losses: {failures} failures, {lost} lost"
+    );
+    assert_eq!(q.dlq_visible().await, 0);
     w.signal("TERM");
     assert!(w.wait_exit(SECS(20)).await.success());
 }

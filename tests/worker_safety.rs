@@ -628,6 +628,14 @@ async fn a_hung_heartbeat_call_is_given_up_in_time_to_keep_the_lease() {
     );
     assert_eq!(calls.len(), 1, "handled once: {calls:?}");
     assert!(failures >= 1.0, "the hung call counted as a failed beat");
+    let lost = w1
+        .metric("qc_worker_heartbeat_leases_lost_total")
+        .await
+        .unwrap()
+        + w2.metric("qc_worker_heartbeat_leases_lost_total")
+            .await
+            .unwrap();
+    assert_eq!(lost, 0.0, "the failed beat was retried within the lease");
     assert!(q.is_empty().await);
     for w in [&mut w1, &mut w2] {
         w.signal("TERM");

@@ -103,6 +103,7 @@ impl Lease {
                 next,
                 failures: 0,
                 lease_until,
+                lost: false,
             },
             background: None,
             processor: processor.clone(),
@@ -124,6 +125,7 @@ impl Lease {
                 next: self.beat.next,
                 failures: self.beat.failures,
                 lease_until: self.beat.lease_until,
+                lost: self.beat.lost,
             };
             let task = tokio::spawn(async move {
                 tokio::pin!(stopped);
@@ -235,6 +237,8 @@ struct Beat {
     failures: u32,
     /// The lease runs at least until then: receipt or the last extension's start, plus the visibility timeout.
     lease_until: Instant,
+    /// The lease was lost (counted once): the message may be delivered again.
+    lost: bool,
 }
 
 /// Room a visibility change keeps before the lease ends: a quarter of the visibility timeout, at most
@@ -294,6 +298,15 @@ impl Beat {
         {
             Ok(()) => {
                 p.metrics.heartbeats.inc();
+                if started >= self.lease_until {
+                    // Extended, but only after the lease had lapsed: another consumer may have
+                    // received the message meanwhile.
+                    self.lose(
+                        p,
+                        message_id,
+                        "the extension started after the lease had ended",
+                    );
+                }
                 self.failures = 0;
                 self.lease_until = started + p.visibility_timeout;
                 self.next = Some(Instant::now() + interval);
@@ -306,6 +319,15 @@ impl Beat {
                     ErrorKind::InvalidReceiptHandle | ErrorKind::InvalidParameter
                 );
                 tracing::warn!(message_id, reason = e.kind.reason(), error = %e.detail, "heartbeat failed{}", if gone { "; the lease is lost, the message may be delivered again" } else { "; retrying" });
+                if gone {
+                    self.lose(p, message_id, e.kind.reason());
+                } else if Instant::now() >= self.lease_until {
+                    self.lose(
+                        p,
+                        message_id,
+                        "the lease ended before a heartbeat call succeeded",
+                    );
+                }
                 self.next = if gone {
                     None
                 } else {
@@ -316,6 +338,22 @@ impl Beat {
                     Some(Instant::now() + (retry * self.failures.min(4)).min(left / 2))
                 };
             }
+        }
+    }
+}
+
+impl Beat {
+    /// Counts a lost lease once (`qc_worker_heartbeat_leases_lost_total`); failed calls retried in
+    /// time are only in `qc_worker_heartbeat_failures_total`.
+    fn lose(&mut self, p: &Processor, message_id: &str, why: &str) {
+        if !self.lost {
+            self.lost = true;
+            p.metrics.heartbeat_leases_lost.inc();
+            tracing::warn!(
+                message_id,
+                why,
+                "lease lost; the message may be delivered again"
+            );
         }
     }
 }

@@ -59,6 +59,7 @@ pub struct Metrics {
     pub handler_seconds: Histogram,
     pub heartbeats: Counter,
     pub heartbeat_failures: Counter,
+    pub heartbeat_leases_lost: Counter,
     pub in_flight: Gauge,
     pub empty_receives: Counter,
     pub sqs_requests: [Counter; 5],
@@ -81,6 +82,7 @@ impl Default for Metrics {
             handler_seconds: Histogram::new(LATENCY_BUCKETS),
             heartbeats: Counter::default(),
             heartbeat_failures: Counter::default(),
+            heartbeat_leases_lost: Counter::default(),
             in_flight: Gauge::default(),
             empty_receives: Counter::default(),
             sqs_requests: Default::default(),
@@ -162,8 +164,13 @@ impl Metrics {
         );
         e.counter(
             "qc_worker_heartbeat_failures_total",
-            "Visibility extensions that failed.",
+            "Visibility extension calls that failed, including those retried in time (see qc_worker_heartbeat_leases_lost_total).",
             &[(&[], self.heartbeat_failures.get())],
+        );
+        e.counter(
+            "qc_worker_heartbeat_leases_lost_total",
+            "In-flight messages whose lease the heartbeat could not keep (receipt handle refused, or the lease ended before an extension): each may be delivered again.",
+            &[(&[], self.heartbeat_leases_lost.get())],
         );
         e.gauge(
             "qc_worker_in_flight",
