@@ -64,7 +64,8 @@ fn attributes_file_runs_queue_rules_and_exits_1_on_errors() {
         "tests/data/attributes_risky.json",
     ]);
     assert_eq!(code, 1, "stdout:\n{out}\nstderr:\n{err}");
-    // p99 2s, concurrency 20, heartbeat on: budget 7s > VT 5s (Warning); auto heartbeat 1s66 >= 5s - 5s (Error)
+    // p99 2s, concurrency 20, batchSize 10, heartbeat on: 30 in flight (a batch waits for a slot),
+    // budget 2s × 2 + 5s = 9s > VT 5s (Warning); auto heartbeat 1s66 >= 5s - 5s (Error)
     for code in [
         "VisibilityTimeoutBelowBudget",
         "HeartbeatIntervalTooLong",
@@ -73,7 +74,13 @@ fn attributes_file_runs_queue_rules_and_exits_1_on_errors() {
         assert!(out.contains(code), "{code} missing from:\n{out}");
     }
     assert!(
-        out.contains("set VisibilityTimeout to at least 7s"),
+        out.contains(
+            "below the budget 9s (p99 2s × ceil(30 in flight / concurrency 20) + margin 5s)"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("set VisibilityTimeout to at least 9s"),
         "{out}"
     );
     // mean 400ms × 6 = 2.4s is below VT 5s: that rule stays quiet

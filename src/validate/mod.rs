@@ -40,10 +40,23 @@ pub fn has_errors(findings: &[Finding]) -> bool {
     findings.iter().any(|f| f.severity == Severity::Error)
 }
 
-/// Messages one replica holds at once. The worker receives only into free slots
-/// (`min(free, batchSize)`), so a batch never exceeds the free concurrency: no batch excess.
+/// Messages one replica holds at once: its `concurrency` slots, plus, with the heartbeat on and a
+/// standard queue, the one batch (`batchSize`) that may wait locally for a slot (the worker's
+/// prefetch; a FIFO message already waits behind its group, so FIFO workers have none).
 pub fn in_flight_per_replica(spec: &QueueConsumerSpec) -> u32 {
-    spec.processing.concurrency.max(1)
+    let p = &spec.processing;
+    p.concurrency.max(1).saturating_add(prefetch(spec))
+}
+
+/// The batch a worker may hold waiting for a slot: `batchSize` with the heartbeat on (its leases are
+/// extended while it waits) on a standard queue, else none (the worker receives only into free slots).
+pub fn prefetch(spec: &QueueConsumerSpec) -> u32 {
+    let p = &spec.processing;
+    if p.heartbeat.enabled && !crate::aws::redrive::is_fifo(&spec.queue.url) {
+        p.batch_size
+    } else {
+        0
+    }
 }
 
 /// Time to work through what one replica holds: P × ceil(in-flight / C).

@@ -11,7 +11,8 @@ fn spec(yaml: &str) -> QueueConsumerSpec {
     serde_saphyr::from_str(&format!("{base}{yaml}")).expect("test spec parses")
 }
 
-/// p99 2s, concurrency 10: budget = 2s + 5s = 7s.
+/// p99 2s, concurrency 10, batchSize 10, heartbeat on: 20 in flight (10 running, one batch of 10
+/// waiting for a slot), budget = 2s × ceil(20 / 10) + 5s = 9s.
 fn default_spec() -> QueueConsumerSpec {
     spec("processing: {p99: 2s}")
 }
@@ -79,10 +80,26 @@ fn healthy_setup_has_no_findings() {
 #[test]
 fn budget_arithmetic() {
     let s = default_spec();
-    assert_eq!(budget(&s), Duration::from_secs(7));
+    assert_eq!(in_flight_per_replica(&s), 20);
+    assert_eq!(budget(&s), Duration::from_secs(9));
+    // Without the heartbeat the worker receives only into free slots: no waiting batch.
+    let no_hb = spec("processing: {p99: 2s, heartbeat: {enabled: false}}");
+    assert_eq!(in_flight_per_replica(&no_hb), 10);
+    assert_eq!(budget(&no_hb), Duration::from_secs(7));
+    // FIFO: a message waits behind its group, never in a local batch.
+    let fifo: QueueConsumerSpec = serde_saphyr::from_str(
+        "queue: {url: https://sqs.us-east-1.amazonaws.com/1/q.fifo}\nhandler: {http: {}}\nprocessing: {p99: 2s}\n",
+    )
+    .expect("test spec parses");
+    assert_eq!(in_flight_per_replica(&fifo), 10);
+    assert_eq!(budget(&fifo), Duration::from_secs(7));
+    // concurrency 1, batchSize 10: the waiting batch runs one after the other (11 rounds).
+    let one = spec("processing: {p99: 2s, concurrency: 1}");
+    assert_eq!(in_flight_per_replica(&one), 11);
+    assert_eq!(budget(&one), Duration::from_secs(22 + 5));
     let long = spec("processing: {p99: 2m, timeout: 5m}");
-    assert_eq!(margin(&long), Duration::from_secs(12));
-    assert_eq!(budget(&long), Duration::from_secs(132));
+    assert_eq!(margin(&long), Duration::from_secs(24));
+    assert_eq!(budget(&long), Duration::from_secs(264));
 }
 
 #[test]
@@ -124,18 +141,18 @@ fn visibility_timeout_below_six_times_mean() {
 #[test]
 fn visibility_timeout_excessive() {
     let c = codes::VISIBILITY_TIMEOUT_EXCESSIVE;
-    let s = default_spec(); // budget 7s: 10× is 70s, so the 15m floor decides
+    let s = default_spec(); // budget 9s: 10× is 90s, so the 15m floor decides
     assert!(
         find(&s, Some(&facts(queue(900))), c).is_none(),
         "boundary: exactly 15m"
     );
     let f = find(&s, Some(&facts(queue(901))), c).expect("fires");
     assert_eq!(f.severity, Severity::Warning);
-    assert!(f.recommendation.contains("14s"), "{}", f.recommendation);
-    // long work: budget 132s, 10× = 22m; 20m is over 15m but under 10 × budget
+    assert!(f.recommendation.contains("18s"), "{}", f.recommendation);
+    // long work: budget 264s, 10× = 44m; 40m is over 15m but under 10 × budget
     let long = spec("processing: {p99: 2m, timeout: 5m}");
-    assert!(find(&long, Some(&facts(queue(1200))), c).is_none());
-    assert!(find(&long, Some(&facts(queue(1321))), c).is_some());
+    assert!(find(&long, Some(&facts(queue(2640))), c).is_none());
+    assert!(find(&long, Some(&facts(queue(2641))), c).is_some());
 }
 
 #[test]
@@ -382,15 +399,21 @@ fn dead_letter_queue_missing() {
 #[test]
 fn in_flight_ceiling_reachable() {
     let c = codes::IN_FLIGHT_CEILING_REACHABLE;
-    let at = spec("processing: {p99: 2s, concurrency: 100}\nscaling: {maxReplicas: 1200}");
-    assert!(find(&at, None, c).is_none(), "boundary: exactly 120,000");
-    let over = spec("processing: {p99: 2s, concurrency: 100}\nscaling: {maxReplicas: 1201}");
+    // 100 running + a waiting batch of 10 = 110 per replica; 1090 × 110 = 119,900.
+    let at = spec("processing: {p99: 2s, concurrency: 100}\nscaling: {maxReplicas: 1090}");
+    assert!(find(&at, None, c).is_none(), "boundary: under 120,000");
+    let over = spec("processing: {p99: 2s, concurrency: 100}\nscaling: {maxReplicas: 1091}");
     let f = find(&over, None, c).expect("fires offline");
     assert_eq!(f.severity, Severity::Warning);
     assert_eq!(
         f.recommendation,
-        "set scaling.maxReplicas to at most 1200, or lower processing.concurrency"
+        "set scaling.maxReplicas to at most 1090, or lower processing.concurrency"
     );
+    // Without the heartbeat nothing waits: exactly 120,000 at 1200 replicas.
+    let no_hb = spec(
+        "processing: {p99: 2s, concurrency: 100, heartbeat: {enabled: false}}\nscaling: {maxReplicas: 1200}",
+    );
+    assert!(find(&no_hb, None, c).is_none(), "boundary: exactly 120,000");
 }
 
 #[test]
