@@ -13,6 +13,7 @@ pub mod scale;
 pub mod series;
 pub mod spread;
 pub mod status;
+pub mod triggers;
 pub mod workers;
 
 use std::collections::HashMap;

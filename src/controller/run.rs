@@ -10,8 +10,8 @@ use futures::StreamExt;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::Api;
-use kube::runtime::watcher;
 use kube::runtime::{Controller, controller};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -19,7 +19,7 @@ use tokio::net::TcpListener;
 use crate::api::QueueConsumer;
 use crate::render::{LABEL_MANAGED_BY, MANAGED_BY_VALUE};
 
-use super::{Context, error_policy, reconcile};
+use super::{Context, error_policy, reconcile, triggers};
 
 /// Leader election on a coordination.k8s.io/v1 Lease.
 #[derive(Clone, Debug)]
@@ -207,11 +207,25 @@ async fn controllers(ctx: &Arc<Context>, namespaces: &[String], concurrency: u16
             // Only our Deployments: a cluster's other Deployments are neither cached nor watched.
             let owned = watcher::Config::default()
                 .labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY_VALUE}"));
-            let controller = Controller::new(qcs, watcher::Config::default())
-                .with_config(controller::Config::default().concurrency(concurrency.max(1)));
-            ctx.watch_store(controller.store());
-            controller
-                .owns(deployments, owned)
+            // Every change goes into the cache the reconciles read; only changes the controller did
+            // not make itself and would act on trigger a reconcile between polls (`triggers`).
+            let (store, writer) = reflector::store();
+            let consumers = triggers::changes(
+                watcher(qcs, watcher::Config::default())
+                    .default_backoff()
+                    .reflect(writer),
+                triggers::consumer_fingerprint,
+                triggers::FirstSight::Passes,
+            );
+            let children = triggers::changes(
+                watcher(deployments, owned).default_backoff(),
+                triggers::deployment_fingerprint,
+                triggers::created_deployment(),
+            );
+            ctx.watch_store(store.clone());
+            Controller::for_stream(consumers, store)
+                .with_config(controller::Config::default().concurrency(concurrency.max(1)))
+                .owns_stream(children)
                 .graceful_shutdown_on(stop)
                 .run(reconcile, error_policy, ctx)
                 .for_each(|res| async move {
