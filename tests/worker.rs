@@ -263,6 +263,220 @@ async fn handler_running_three_visibility_timeouts_is_heartbeated_and_handled_on
     assert!(w.wait_exit(SECS(20)).await.success());
 }
 
+/// Issue #19: 20 messages in flight at once (10 running, 10 received ahead and waiting for a slot),
+/// each handler running more than two visibility timeouts: every heartbeat goes out in a
+/// ChangeMessageVisibilityBatch (none as a single ChangeMessageVisibility), several messages a call,
+/// and each message is handled exactly once. One receive at a time (concurrency = batch size): moto
+/// can hand one message to two concurrent receives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_long_messages_are_kept_alive_by_batched_heartbeats_and_handled_once() {
+    let q = TestQueue::new("hb-batch", 3, 3, false).await;
+    let bodies = numbered(20);
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::ok(SECS(7))).await;
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--concurrency",
+        "10",
+        "--batch-size",
+        "10",
+        "--timeout",
+        "20s",
+        "--http-url",
+        &h.url,
+    ]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(90), "20 messages deleted", || async {
+        w.metric("qc_worker_messages_deleted_total").await == Some(20.0)
+    })
+    .await;
+    // Longer than one more visibility timeout: a lapsed lease would show as a second call by now.
+    tokio::time::sleep(SECS(4)).await;
+    let counts = h.counts_by_body();
+    for b in &bodies {
+        assert_eq!(counts.get(b), Some(&1), "{b} handled once: {counts:?}");
+    }
+    let calls = h.calls();
+    assert_eq!(calls.len(), 20);
+    assert!(calls.iter().all(|c| c.receive_count == 1), "{calls:?}");
+    assert!(q.is_empty().await);
+    let requests = |action: &str| format!("qc_worker_sqs_requests_total{{action=\"{action}\"}}");
+    let single = w.metric(&requests("ChangeMessageVisibility")).await;
+    assert_eq!(single, Some(0.0), "no single ChangeMessageVisibility");
+    let batched = w
+        .metric(&requests("ChangeMessageVisibilityBatch"))
+        .await
+        .unwrap();
+    let beats = w.metric("qc_worker_heartbeats_total").await.unwrap();
+    let beat_calls = w.metric("qc_worker_heartbeat_calls_total").await.unwrap();
+    eprintln!(
+        "batched heartbeats: {beats} extensions in {beat_calls} calls ({batched} ChangeMessageVisibilityBatch requests, {single:?} single)"
+    );
+    assert!(
+        beats >= 40.0,
+        "at least two heartbeats per message, saw {beats}"
+    );
+    assert!(batched >= beat_calls && beat_calls > 0.0);
+    assert!(
+        beats >= 5.0 * beat_calls,
+        "at least 5 extensions per call on average: {beats} in {beat_calls} calls"
+    );
+    assert_eq!(
+        w.metric("qc_worker_heartbeat_failures_total").await,
+        Some(0.0)
+    );
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+/// A heartbeat batch refused as a whole with an answer that would mean "lease lost" for a single
+/// entry (as emulators do for a bad entry, e.g. moto's InvalidParameterValue): which entry is at
+/// fault is unknown, so each entry is sent again alone, and none of the three leases is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_batch_refused_as_a_whole_is_resent_entry_by_entry() {
+    let q = TestQueue::new("hb-refused", 3, 5, false).await;
+    q.send_all(&numbered(3), |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::ok(SECS(7))).await;
+    let proxy = FaultProxy::start().await;
+    proxy
+        .set(Fault::FailFirst(
+            "ChangeMessageVisibilityBatch",
+            400,
+            "ReceiptHandleIsInvalid",
+        ))
+        .await;
+    let a = args(&[
+        "--queue-url",
+        &q.url,
+        "--endpoint-url",
+        &proxy.endpoint,
+        "--wait-time",
+        "1s",
+        "--timeout",
+        "20s",
+        "--http-url",
+        &h.url,
+    ]);
+    let mut w = Worker::start(&a);
+    eventually(SECS(60), "3 messages deleted", || async {
+        w.metric("qc_worker_messages_deleted_total").await == Some(3.0)
+    })
+    .await;
+    // Longer than one more visibility timeout: a lapsed lease would show as a second call by now.
+    tokio::time::sleep(SECS(4)).await;
+    let calls = h.calls();
+    assert_eq!(calls.len(), 3, "each handled once: {calls:?}");
+    assert!(calls.iter().all(|c| c.receive_count == 1), "{calls:?}");
+    assert_eq!(
+        w.log_lines("heartbeat batch refused as a whole; sending its entries one by one")
+            .len(),
+        1
+    );
+    assert_eq!(
+        w.metric("qc_worker_heartbeat_failures_total").await,
+        Some(0.0)
+    );
+    assert!(q.is_empty().await);
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+/// One entry of a heartbeat batch refused by SQS (its receipt handle spoilt on the way, so the
+/// server answers ReceiptHandleIsInvalid for it alone): that message's heartbeats stop, so it is
+/// delivered again after its lease, while its batch-mates keep their leases and are handled once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_batch_entry_stops_only_that_messages_heartbeats() {
+    let q = TestQueue::new("hb-entry", 3, 5, false).await;
+    let bodies = numbered(3);
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::ok(SECS(7))).await;
+    let proxy = FaultProxy::start().await;
+    proxy
+        .set(Fault::SpoilFirstHandle("ChangeMessageVisibilityBatch"))
+        .await;
+    let a = args(&[
+        "--queue-url",
+        &q.url,
+        "--endpoint-url",
+        &proxy.endpoint,
+        "--wait-time",
+        "1s",
+        "--timeout",
+        "20s",
+        "--http-url",
+        &h.url,
+    ]);
+    let mut w = Worker::start(&a);
+    eventually(SECS(60), "3 messages deleted", || async {
+        // The lost message's first copy deletes it (moto accepts any of its receipt handles), so
+        // the deletes may count 3 or 4.
+        w.metric("qc_worker_messages_deleted_total").await >= Some(3.0) && h.finished_calls() == 4
+    })
+    .await;
+    tokio::time::sleep(SECS(4)).await;
+    let counts = h.counts_by_body();
+    let twice: Vec<&String> = bodies
+        .iter()
+        .filter(|b| counts.get(*b) == Some(&2))
+        .collect();
+    let once = bodies.iter().filter(|b| counts.get(*b) == Some(&1)).count();
+    assert_eq!(
+        (twice.len(), once),
+        (1, 2),
+        "one lease lost, two kept: {counts:?}"
+    );
+    // The copy delivered again may lose its lease too once the first copy deleted the message.
+    assert!(
+        !w.log_lines("heartbeat failed; the lease is lost, the message may be delivered again")
+            .is_empty()
+    );
+    assert!(q.is_empty().await);
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+/// FIFO with batched heartbeats: two groups of three received in one batch, each handler longer than
+/// the visibility timeout, so the later messages of each group wait behind it for two visibility
+/// timeouts with background heartbeats. All heartbeats are batched, order holds within each group,
+/// and nothing is delivered twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_messages_waiting_behind_their_group_are_kept_alive_by_batched_heartbeats() {
+    let q = TestQueue::new("fifo-hb", 3, 5, true).await;
+    let bodies: Vec<String> = (0..6)
+        .map(|n| format!("{}-{:02}", ["a", "b"][n % 2], n / 2))
+        .collect();
+    q.send_all(&bodies, |n| ["a", "b"][n % 2].to_string()).await;
+    let h = HttpHandler::start(|_| Reply::ok(SECS(4))).await;
+    let mut a = base_args(&q);
+    a.extend(args(&["--timeout", "20s", "--http-url", &h.url]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(90), "6 deleted", || async {
+        w.metric("qc_worker_messages_deleted_total").await == Some(6.0)
+    })
+    .await;
+    tokio::time::sleep(SECS(4)).await;
+    for g in ["a", "b"] {
+        let want: Vec<String> = (0..3).map(|i| format!("{g}-{i:02}")).collect();
+        assert_eq!(successes(&h, g), want, "group {g} in order, once each");
+    }
+    let calls = h.calls();
+    assert_eq!(calls.len(), 6, "{calls:?}");
+    assert!(calls.iter().all(|c| c.receive_count == 1), "{calls:?}");
+    assert_eq!(
+        w.metric("qc_worker_sqs_requests_total{action=\"ChangeMessageVisibility\"}")
+            .await,
+        Some(0.0)
+    );
+    assert!(w.metric("qc_worker_heartbeats_total").await.unwrap() >= 6.0);
+    assert_eq!(
+        w.metric("qc_worker_heartbeat_failures_total").await,
+        Some(0.0)
+    );
+    assert!(q.is_empty().await);
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeats_failing_until_the_lease_ends_count_a_lost_lease() {
     // Every ChangeMessageVisibility answers 500 (after the SDK's own retries): the beats are retried

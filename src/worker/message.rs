@@ -14,9 +14,10 @@ use super::backoff::{retry_delay, visibility_secs};
 use super::batcher::Batcher;
 use super::dead_letter::DeadLetter;
 use super::handler::{Handler, Verdict};
+use super::heartbeat::{Heartbeats, lease_lost};
 use super::idempotency::{Claim, IdempotencyError, Store, key_of};
 use super::metrics::{Metrics, OutcomeLabel};
-use super::sqs::{Entry, ErrorKind, Message, Sqs};
+use super::sqs::{Entry, Message, Sqs};
 
 /// Sent to the dispatcher when a message frees its slot.
 #[derive(Debug)]
@@ -39,6 +40,8 @@ pub struct Processor {
     pub visibility_timeout: Duration,
     /// None: heartbeats off.
     pub heartbeat: Option<Duration>,
+    /// The coalescer that batches heartbeats falling due together (None: heartbeats off).
+    pub heartbeats: Option<Heartbeats>,
     pub timeout: Duration,
     pub retry_base: Duration,
     pub retry_max: Duration,
@@ -90,12 +93,14 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// The lease started at receipt: the first beat is due one interval after it.
+    /// The lease started at receipt: the first beat is due one interval after it, rounded down onto
+    /// the shared cadence (messages received together share every beat).
     pub fn new(processor: &Arc<Processor>, msg: Message) -> Lease {
         processor.metrics.in_flight.inc();
         let next = processor
             .heartbeat
-            .map(|interval| Instant::from_std(msg.received_at) + interval);
+            .zip(processor.heartbeats.as_ref())
+            .map(|(interval, hb)| hb.align(Instant::from_std(msg.received_at) + interval));
         let lease_until = Instant::from_std(msg.received_at) + processor.visibility_timeout;
         Lease {
             msg,
@@ -241,12 +246,6 @@ struct Beat {
     lost: bool,
 }
 
-/// Room a visibility change keeps before the lease ends: a quarter of the visibility timeout, at most
-/// 5 s. A call still unanswered then is given up, so a retry can still land inside the lease.
-fn lease_margin(vt: Duration) -> Duration {
-    (vt / 4).min(Duration::from_secs(5))
-}
-
 impl Beat {
     /// Runs `work` while keeping the message's lease alive; None if it is still running at `deadline`.
     /// A beat is awaited before `work` is polled again, so no visibility change is in flight when
@@ -277,26 +276,23 @@ impl Beat {
         }
     }
 
-    /// One ChangeMessageVisibility back to the full visibility timeout; schedules the next one.
+    /// One visibility extension back to the full visibility timeout, sent by the coalescer in a
+    /// ChangeMessageVisibilityBatch with the others due now; schedules the next one on the shared
+    /// cadence.
     async fn run(&mut self, p: &Processor, receipt_handle: &str, message_id: &str) {
-        let Some(interval) = p.heartbeat else {
+        let (Some(interval), Some(heartbeats)) = (p.heartbeat, &p.heartbeats) else {
             self.next = None;
             return;
         };
-        let started = Instant::now();
-        // The call's deadline is the lease's end minus a margin, not a fixed bound: a hung call must
-        // not outlive the lease it is meant to extend.
-        let limit = self
-            .lease_until
-            .saturating_duration_since(started)
-            .saturating_sub(lease_margin(p.visibility_timeout))
-            .max(Duration::from_millis(200));
-        match p
-            .sqs
-            .change_visibility_within(receipt_handle, visibility_secs(p.visibility_timeout), limit)
-            .await
-        {
-            Ok(()) => {
+        // The coalescer gives the call the earliest member's lease end minus a margin as its
+        // deadline: a hung call must not outlive the lease it is meant to extend.
+        let entry = Entry {
+            message_id: message_id.to_string(),
+            receipt_handle: receipt_handle.to_string(),
+            lease_until: Some(self.lease_until.into_std()),
+        };
+        match heartbeats.extend(entry).await {
+            Ok(started) => {
                 p.metrics.heartbeats.inc();
                 if started >= self.lease_until {
                     // Extended, but only after the lease had lapsed: another consumer may have
@@ -309,15 +305,12 @@ impl Beat {
                 }
                 self.failures = 0;
                 self.lease_until = started + p.visibility_timeout;
-                self.next = Some(Instant::now() + interval);
+                self.next = Some(heartbeats.next_after(started, interval));
             }
             Err(e) => {
                 p.metrics.heartbeat_failures.inc();
                 self.failures += 1;
-                let gone = matches!(
-                    e.kind,
-                    ErrorKind::InvalidReceiptHandle | ErrorKind::InvalidParameter
-                );
+                let gone = lease_lost(e.kind);
                 tracing::warn!(message_id, reason = e.kind.reason(), error = %e.detail, "heartbeat failed{}", if gone { "; the lease is lost, the message may be delivered again" } else { "; retrying" });
                 if gone {
                     self.lose(p, message_id, e.kind.reason());
@@ -387,6 +380,9 @@ impl Processor {
         releaser: Batcher,
         freed: mpsc::UnboundedSender<Freed>,
     ) -> Self {
+        let heartbeats = heartbeat.map(|interval| {
+            Heartbeats::spawn(sqs.clone(), metrics.clone(), visibility_timeout, interval)
+        });
         Processor {
             sqs,
             metrics,
@@ -395,6 +391,7 @@ impl Processor {
             key,
             idempotency_ttl,
             visibility_timeout,
+            heartbeats,
             heartbeat,
             timeout,
             retry_base,

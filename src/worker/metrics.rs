@@ -60,6 +60,8 @@ pub struct Metrics {
     pub heartbeats: Counter,
     pub heartbeat_failures: Counter,
     pub heartbeat_leases_lost: Counter,
+    /// ChangeMessageVisibilityBatch calls made for heartbeats (each carries up to 10 extensions).
+    pub heartbeat_calls: Counter,
     pub in_flight: Gauge,
     pub empty_receives: Counter,
     pub sqs_requests: [Counter; 5],
@@ -83,6 +85,7 @@ impl Default for Metrics {
             heartbeats: Counter::default(),
             heartbeat_failures: Counter::default(),
             heartbeat_leases_lost: Counter::default(),
+            heartbeat_calls: Counter::default(),
             in_flight: Gauge::default(),
             empty_receives: Counter::default(),
             sqs_requests: Default::default(),
@@ -159,8 +162,13 @@ impl Metrics {
         );
         e.counter(
             "qc_worker_heartbeats_total",
-            "Visibility extensions of in-flight messages.",
+            "Visibility extensions of in-flight messages, one per message extended.",
             &[(&[], self.heartbeats.get())],
+        );
+        e.counter(
+            "qc_worker_heartbeat_calls_total",
+            "ChangeMessageVisibilityBatch calls made for heartbeats (up to 10 messages each).",
+            &[(&[], self.heartbeat_calls.get())],
         );
         e.counter(
             "qc_worker_heartbeat_failures_total",

@@ -6,6 +6,7 @@ pub mod batcher;
 pub mod dead_letter;
 pub mod dispatch;
 pub mod handler;
+pub mod heartbeat;
 pub mod http1;
 pub mod idempotency;
 pub mod message;

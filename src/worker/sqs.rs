@@ -145,7 +145,7 @@ pub struct SqsError {
 /// The kind of an SQS error code. The SDK reports the awsQuery-compatible spelling SQS sends in
 /// `x-amzn-query-error` (`AWS.SimpleQueueService.NonExistentQueue`, `KMS.ThrottlingException`); the
 /// JSON spellings are listed too for endpoints and emulators that send only those.
-fn classify_code(code: &str) -> Option<ErrorKind> {
+pub fn classify_code(code: &str) -> Option<ErrorKind> {
     Some(match code {
         "AWS.SimpleQueueService.NonExistentQueue"
         | "QueueDoesNotExist"
@@ -541,6 +541,18 @@ impl Sqs {
         entries: &[Entry],
         secs: i32,
     ) -> Result<Vec<EntryFailure>, SqsError> {
+        self.change_visibility_batch_within(entries, secs, CALL_TIMEOUT)
+            .await
+    }
+
+    /// ChangeMessageVisibilityBatch given up after `limit` (at most the usual call bound): a batch
+    /// of heartbeats is given up when the earliest member's lease has only its margin left.
+    pub async fn change_visibility_batch_within(
+        &self,
+        entries: &[Entry],
+        secs: i32,
+        limit: Duration,
+    ) -> Result<Vec<EntryFailure>, SqsError> {
         let action = Action::ChangeMessageVisibilityBatch;
         let built: Result<Vec<_>, _> = entries
             .iter()
@@ -557,7 +569,7 @@ impl Sqs {
         let out = self
             .call(
                 action,
-                CALL_TIMEOUT,
+                limit.min(CALL_TIMEOUT),
                 Box::pin(async move {
                     self.client
                         .change_message_visibility_batch()

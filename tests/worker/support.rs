@@ -543,6 +543,12 @@ pub enum Fault {
     /// Pass requests through, but answer every one whose action starts with this name (so
     /// `DeleteMessage` covers `DeleteMessageBatch`) with this HTTP status and AWS error code.
     FailAction(&'static str, u16, &'static str),
+    /// Pass requests through, but answer the first one for exactly this action with this HTTP
+    /// status and AWS error code (once per proxy).
+    FailFirst(&'static str, u16, &'static str),
+    /// Pass requests through, but in the first one for exactly this action spoil the first
+    /// `ReceiptHandle` of the JSON body, so the server refuses that entry alone (once per proxy).
+    SpoilFirstHandle(&'static str),
 }
 
 /// A TCP proxy in front of the moto server that can refuse connections or answer with AWS errors.
@@ -551,6 +557,8 @@ pub struct FaultProxy {
     port: u16,
     upstream: String,
     state: Arc<Mutex<ProxyState>>,
+    /// Set once a one-shot fault (`FailFirst`, `SpoilFirstHandle`) has fired.
+    fired: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Set once `Fault::HangFirst` has swallowed its request.
@@ -573,6 +581,7 @@ impl FaultProxy {
             endpoint: format!("http://127.0.0.1:{port}"),
             port,
             upstream,
+            fired: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             state: Arc::new(Mutex::new(ProxyState {
                 fault: Fault::Forward,
                 accept: None,
@@ -609,6 +618,7 @@ impl FaultProxy {
         };
         let state = self.state.clone();
         let upstream = self.upstream.clone();
+        let fired = self.fired.clone();
         let accept = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
@@ -616,6 +626,7 @@ impl FaultProxy {
                 };
                 let fault = state.lock().unwrap().fault;
                 let upstream = upstream.clone();
+                let fired = fired.clone();
                 let task = tokio::spawn(async move {
                     match fault {
                         Fault::Forward => {
@@ -630,6 +641,18 @@ impl FaultProxy {
                         Fault::HangFirst(action) => relay_hanging(client, &upstream, action).await,
                         Fault::FailAction(action, status, code) => {
                             relay_failing(client, &upstream, action, status, code).await
+                        }
+                        Fault::FailFirst(action, status, code) => {
+                            relay_once(client, &upstream, action, &fired, |_| {
+                                Err(error_response(status, code).into_bytes())
+                            })
+                            .await
+                        }
+                        Fault::SpoilFirstHandle(action) => {
+                            relay_once(client, &upstream, action, &fired, |req| {
+                                Ok(spoil_first_handle(req))
+                            })
+                            .await
                         }
                         Fault::Refuse => {}
                     }
@@ -738,6 +761,66 @@ async fn relay_failing(
             return;
         }
     }
+}
+
+/// Relays requests one by one to the upstream; the first request for exactly `action` (once per
+/// proxy, `fired`) goes through `change` first: Ok(request) is sent on, Err(response) is answered.
+async fn relay_once(
+    mut client: tokio::net::TcpStream,
+    upstream: &str,
+    action: &str,
+    fired: &std::sync::atomic::AtomicBool,
+    change: impl Fn(Vec<u8>) -> Result<Vec<u8>, Vec<u8>>,
+) {
+    let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else {
+        return;
+    };
+    let target = format!("x-amz-target: amazonsqs.{}\r\n", action.to_lowercase());
+    let (mut cbuf, mut sbuf) = (Vec::new(), Vec::new());
+    while let Some(mut req) = read_message(&mut client, &mut cbuf).await {
+        let head = String::from_utf8_lossy(&req).to_lowercase();
+        if head.contains(&target) && !fired.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            match change(req) {
+                Ok(changed) => req = changed,
+                Err(resp) => {
+                    if client.write_all(&resp).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+            }
+        }
+        if server.write_all(&req).await.is_err() {
+            return;
+        }
+        let Some(resp) = read_message(&mut server, &mut sbuf).await else {
+            return;
+        };
+        if client.write_all(&resp).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The request with its first `"ReceiptHandle":"` value prefixed by `spoilt-` (Content-Length
+/// adjusted; the SDK does not sign the body's hash into anything the server checks here).
+fn spoil_first_handle(req: Vec<u8>) -> Vec<u8> {
+    let text = String::from_utf8_lossy(&req).to_string();
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return req;
+    };
+    let body = body.replacen("\"ReceiptHandle\":\"", "\"ReceiptHandle\":\"spoilt-", 1);
+    let head: Vec<String> = head
+        .split("\r\n")
+        .map(|l| {
+            if l.to_lowercase().starts_with("content-length:") {
+                format!("content-length: {}", body.len())
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    format!("{}\r\n\r\n{body}", head.join("\r\n")).into_bytes()
 }
 
 fn error_response(status: u16, code: &str) -> String {
