@@ -65,6 +65,7 @@ fn main() {
         .map(|c| c.trim().parse().unwrap())
         .collect();
     let bbc = std::env::var("QC_BENCH_BBC_SCRIPT").ok();
+    let suite = env_or("QC_BENCH_SUITE", "all");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -76,6 +77,12 @@ fn main() {
         let proxy = LatencyProxy::start(upstream).await;
         let conf = qc::aws::sdk_config(Some("us-east-1"), Some(&endpoint)).await;
         let client = aws_sdk_sqs::Client::new(&conf);
+        if suite == "all" || suite == "heartbeats" {
+            heartbeats::bench(&client, &proxy, &endpoint, bbc.as_deref()).await;
+        }
+        if suite == "heartbeats" {
+            return;
+        }
         let mut runs = Vec::new();
         for c in concurrencies {
             let n = (c * per_slot).max(per_slot);
@@ -513,4 +520,289 @@ fn canonical_action(lower: &str) -> String {
     .iter()
     .find(|a| a.eq_ignore_ascii_case(lower))
     .map_or_else(|| lower.to_string(), |a| a.to_string())
+}
+
+/// Heartbeat benchmark of issue #19: N = rounds × C messages whose handler takes 3 × VisibilityTimeout,
+/// through the same latency proxy; heartbeat calls per message (ChangeMessageVisibility and
+/// ChangeMessageVisibilityBatch requests counted by the proxy during the drain), extensions per message
+/// (the worker's own counter), and messages handled more than once (a lapsed lease). The build before
+/// the change runs beside this one when `QC_BENCH_BEFORE_WORKER` names its qc-worker binary.
+mod heartbeats {
+    use super::*;
+
+    struct HbRun {
+        consumer: String,
+        concurrency: usize,
+        messages: usize,
+        interval: String,
+        drain: Duration,
+        ideal: Duration,
+        single: u64,
+        batched: u64,
+        extensions: Option<f64>,
+        handled_twice: usize,
+        handler_calls: usize,
+    }
+
+    enum HbConsumer {
+        /// A qc-worker binary and its label.
+        Worker(String, String),
+        /// bbc/sqs-consumer's bench script and mode, with its own heartbeat (whole seconds).
+        Bbc(String, &'static str),
+    }
+
+    pub async fn bench(
+        client: &aws_sdk_sqs::Client,
+        proxy: &LatencyProxy,
+        endpoint: &str,
+        bbc: Option<&str>,
+    ) {
+        let vt: u64 = env_or("QC_BENCH_HB_VT", "2").parse().unwrap();
+        let rounds: usize = env_or("QC_BENCH_HB_ROUNDS", "2").parse().unwrap();
+        let concurrencies: Vec<usize> = env_or("QC_BENCH_HB_CONCURRENCY", "10,100")
+            .split(',')
+            .map(|c| c.trim().parse().unwrap())
+            .collect();
+        // auto = VT/3; VT/2 is the Amazon SQS Developer Guide's example cadence.
+        let half = format!("{}ms", vt * 500);
+        let intervals_env = env_or("QC_BENCH_HB_INTERVALS", &format!("auto,{half}"));
+        let intervals: Vec<&str> = intervals_env.split(',').map(str::trim).collect();
+        let handler_time = Duration::from_secs(3 * vt);
+        let handler = LongHandler::start(handler_time).await;
+        let mut consumers = Vec::new();
+        if let Ok(before) = std::env::var("QC_BENCH_BEFORE_WORKER") {
+            let label = env_or("QC_BENCH_BEFORE_LABEL", "before");
+            consumers.push(HbConsumer::Worker(before, format!("qc-worker {label}")));
+        }
+        consumers.push(HbConsumer::Worker(
+            env!("CARGO_BIN_EXE_qc-worker").to_string(),
+            "qc-worker this build".to_string(),
+        ));
+        if let Some(script) = bbc {
+            for mode in ["batch10", "handleMessageBatch"] {
+                consumers.push(HbConsumer::Bbc(script.to_string(), mode));
+            }
+        }
+        let mut runs = Vec::new();
+        for &c in &concurrencies {
+            let n = c * rounds;
+            for consumer in &consumers {
+                let ivs: Vec<String> = match consumer {
+                    HbConsumer::Worker(..) => intervals.iter().map(|s| s.to_string()).collect(),
+                    // sqs-consumer takes whole seconds below the timeout: VT/2 rounded up.
+                    HbConsumer::Bbc(..) => vec![format!("{}s", vt.div_ceil(2))],
+                };
+                for interval in ivs {
+                    let run = one(
+                        client, proxy, endpoint, &handler, consumer, c, n, vt, &interval,
+                    )
+                    .await;
+                    eprintln!(
+                        "heartbeats {} C={c} interval {interval}: {:.3} heartbeat calls/msg, {} handled twice, drain {:.2}s",
+                        run.consumer,
+                        (run.single + run.batched) as f64 / n as f64,
+                        run.handled_twice,
+                        run.drain.as_secs_f64()
+                    );
+                    runs.push(run);
+                }
+            }
+        }
+        print(&runs, vt, handler_time);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn one(
+        client: &aws_sdk_sqs::Client,
+        proxy: &LatencyProxy,
+        _endpoint: &str,
+        handler: &LongHandler,
+        consumer: &HbConsumer,
+        concurrency: usize,
+        messages: usize,
+        vt: u64,
+        interval: &str,
+    ) -> HbRun {
+        let name = format!(
+            "bench-hb-c{concurrency}-{}-{}",
+            std::process::id(),
+            fastrand::u32(..)
+        );
+        let url = client
+            .create_queue()
+            .queue_name(&name)
+            .attributes(QueueAttributeName::VisibilityTimeout, vt.to_string())
+            .send()
+            .await
+            .unwrap()
+            .queue_url
+            .unwrap();
+        fill(client, &url, messages).await;
+        proxy.reset();
+        handler.reset();
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let metrics_addr = format!("127.0.0.1:{}", free_port());
+        let started = Instant::now();
+        let mut child = match consumer {
+            HbConsumer::Worker(bin, _) => Command::new(bin)
+                .args(["--queue-url", &url, "--endpoint-url", &proxy.url])
+                .args(["--concurrency", &concurrency.to_string()])
+                .args(["--heartbeat-interval", interval])
+                .args(["--timeout", &format!("{}s", 10 * vt)])
+                .args(["--metrics-addr", &metrics_addr])
+                .args(["--http-url", &handler.url])
+                .env("RUST_LOG", "warn")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log.reopen().unwrap())
+                .spawn()
+                .unwrap(),
+            HbConsumer::Bbc(script, mode) => Command::new("node")
+                .arg(script)
+                .env("QUEUE_URL", &url)
+                .env("SQS_ENDPOINT", &proxy.url)
+                .env("HANDLER_URL", &handler.url)
+                .env("MODE", mode)
+                .env("CONSUMERS", concurrency.div_ceil(10).max(1).to_string())
+                .env("HEARTBEAT_INTERVAL", interval.trim_end_matches('s'))
+                .env("VISIBILITY_TIMEOUT", vt.to_string())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log.reopen().unwrap())
+                .spawn()
+                .unwrap(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if queue_len(client, &url).await == 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "heartbeat drain did not finish; log:\n{}",
+                std::fs::read_to_string(log.path()).unwrap_or_default()
+            );
+        }
+        let drain = started.elapsed();
+        // Counted before the consumer is stopped: a shutdown's releases are not heartbeats.
+        let counts = proxy.counts();
+        let extensions = match consumer {
+            HbConsumer::Worker(..) => support::http_get(&metrics_addr, "/metrics")
+                .await
+                .and_then(|(_, text)| support::parse_metric(&text, "qc_worker_heartbeats_total")),
+            HbConsumer::Bbc(..) => None,
+        };
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let _ = child.wait();
+        let _ = client.delete_queue().queue_url(&url).send().await;
+        let (calls, distinct) = handler.totals();
+        let action = |a: &str| *counts.get(&format!("AmazonSQS.{a}")).unwrap_or(&0);
+        HbRun {
+            consumer: match consumer {
+                HbConsumer::Worker(_, label) => label.clone(),
+                HbConsumer::Bbc(_, mode) => format!("sqs-consumer {mode}"),
+            },
+            concurrency,
+            messages,
+            interval: interval.to_string(),
+            drain,
+            ideal: Duration::from_secs(3 * vt) * (messages.div_ceil(concurrency) as u32),
+            single: action("ChangeMessageVisibility"),
+            batched: action("ChangeMessageVisibilityBatch"),
+            extensions,
+            handled_twice: calls - distinct,
+            handler_calls: calls,
+        }
+    }
+
+    fn print(runs: &[HbRun], vt: u64, handler: Duration) {
+        let build = if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        };
+        println!(
+            "\nheartbeats: VisibilityTimeout {vt}s, handler {:.0}s (3 × VT), N = rounds × C; every SQS request delayed 5-15 ms by a proxy in front of fauxqs; this qc-worker: {build} build\n",
+            handler.as_secs_f64()
+        );
+        println!(
+            "| consumer | C | N | heartbeat interval | heartbeat calls / msg (single + batch) | extensions / msg | handled twice | handler calls | drain / ideal |"
+        );
+        println!("|---|---:|---:|---|---:|---:|---:|---:|---:|");
+        for r in runs {
+            let n = r.messages as f64;
+            println!(
+                "| {} | {} | {} | {} | {:.3} ({} + {}) | {} | {} | {} | {:.2} |",
+                r.consumer,
+                r.concurrency,
+                r.messages,
+                r.interval,
+                (r.single + r.batched) as f64 / n,
+                r.single,
+                r.batched,
+                r.extensions
+                    .map_or("-".to_string(), |e| format!("{:.2}", e / n)),
+                r.handled_twice,
+                r.handler_calls,
+                r.drain.as_secs_f64() / r.ideal.as_secs_f64()
+            );
+        }
+    }
+
+    /// An HTTP handler that answers 200 after a fixed time and counts calls per body.
+    struct LongHandler {
+        url: String,
+        bodies: Arc<Mutex<HashMap<Bytes, usize>>>,
+    }
+
+    impl LongHandler {
+        async fn start(delay: Duration) -> LongHandler {
+            use http_body_util::BodyExt;
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let url = format!("http://{}/messages", listener.local_addr().unwrap());
+            let bodies: Arc<Mutex<HashMap<Bytes, usize>>> = Arc::default();
+            let b = bodies.clone();
+            tokio::spawn(async move {
+                loop {
+                    let Ok((stream, _)) = listener.accept().await else {
+                        continue;
+                    };
+                    let b = b.clone();
+                    tokio::spawn(async move {
+                        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                            let b = b.clone();
+                            async move {
+                                let body = req
+                                    .into_body()
+                                    .collect()
+                                    .await
+                                    .map(|c| c.to_bytes())
+                                    .unwrap_or_default();
+                                *b.lock().unwrap().entry(body).or_insert(0) += 1;
+                                tokio::time::sleep(delay).await;
+                                Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+                            }
+                        });
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                            .await;
+                    });
+                }
+            });
+            LongHandler { url, bodies }
+        }
+
+        fn reset(&self) {
+            self.bodies.lock().unwrap().clear();
+        }
+
+        /// Calls and distinct bodies since the last reset.
+        fn totals(&self) -> (usize, usize) {
+            let b = self.bodies.lock().unwrap();
+            (b.values().sum(), b.len())
+        }
+    }
 }

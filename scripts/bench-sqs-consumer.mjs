@@ -3,6 +3,7 @@
 // MODE: batch1 (batchSize 1, handleMessage), batch10 (batchSize 10, handleMessage) or
 // handleMessageBatch (batchSize 10, the batch handler calls the handler for each message at once).
 // CONSUMERS Consumer instances run in this one process, so C = CONSUMERS x batch size.
+// HEARTBEAT_INTERVAL and VISIBILITY_TIMEOUT (seconds), if set, turn on sqs-consumer's heartbeat.
 import { Consumer } from 'sqs-consumer';
 import { SQSClient } from '@aws-sdk/client-sqs';
 
@@ -22,6 +23,11 @@ const options = {
   waitTimeSeconds: 20,
   batchSize: MODE === 'batch1' ? 1 : 10,
 };
+// The heartbeat bench (issue #19): sqs-consumer's own heartbeat, in whole seconds.
+if (process.env.HEARTBEAT_INTERVAL) {
+  options.heartbeatInterval = Number(process.env.HEARTBEAT_INTERVAL);
+  options.visibilityTimeout = Number(process.env.VISIBILITY_TIMEOUT);
+}
 if (MODE === 'handleMessageBatch') {
   options.handleMessageBatch = async (messages) => {
     await Promise.all(messages.map(call));
