@@ -216,10 +216,10 @@ impl FactsCache {
         let slot = self.slot(endpoint, url);
         let mut cached = slot.lock().await;
         // Reconciles come back on their slot of the interval (`spread`), a little earlier or later
-        // than the read they made an interval ago: within a tenth of it (at most 2 s) the facts are
-        // due again, so that each interval reads the queue once.
+        // than the read they made an interval ago: within `spread::slack` the facts are due again, so
+        // that each interval reads the queue once.
         let max_age = max_age.as_std();
-        let slack = (max_age / 10).min(std::time::Duration::from_secs(2));
+        let slack = super::spread::slack(max_age);
         if let Some(o) = cached.as_ref()
             && o.read_at.elapsed() + slack < max_age
         {

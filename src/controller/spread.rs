@@ -39,6 +39,14 @@ pub fn next_poll(uid: &str, interval: Duration, now_ms: u64) -> Duration {
     Duration::from_millis(wait)
 }
 
+/// How much earlier than a full interval a per-interval read counts as due again. Reconciles come
+/// back on their slot a little earlier or later than an interval after the last read (the reconcile's
+/// own duration, timer granularity): within a tenth of the interval (at most 2 s) the read is due, so
+/// that each interval reads once instead of every other interval.
+pub fn slack(interval: Duration) -> Duration {
+    (interval / 10).min(Duration::from_secs(2))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -601,9 +601,11 @@ fn processing_time(i: &StatusInputs<'_>) -> Cond {
             t,
             "Unknown",
             reason::NO_OBSERVATIONS,
+            // The window is in status.observed; here it would change the message (and so write
+            // status) at every scrape while it widens over an idle consumer.
             format!(
-                "{} message(s) finished in the last {}; the rule needs at least {MIN_MESSAGES}",
-                stats.messages, stats.window
+                "{} message(s) finished in the observed window (status.observed.window); the rule needs at least {MIN_MESSAGES}",
+                stats.messages
             ),
         );
     };
@@ -836,8 +838,12 @@ fn normalized(s: &QueueConsumerStatus) -> QueueConsumerStatus {
     if let Some(q) = s.queue.as_mut() {
         q.sampled_at = None;
     }
+    // The window's span moves by the scrapes' jitter (milliseconds) every poll: like sampledAt, it
+    // dates the numbers and is refreshed with them, never a reason to write on its own (it was one
+    // status write per QueueConsumer with workers per interval).
     if let Some(o) = s.observed.as_mut() {
         o.sampled_at = None;
+        o.window = None;
     }
     s
 }

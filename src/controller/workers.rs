@@ -310,8 +310,15 @@ pub fn stats(rounds: &[&Round]) -> Option<Stats> {
         mean_seconds: (count > 0).then(|| sum / count as f64),
         messages_per_second: per_second,
         messages: count,
-        window: Duration::from_millis(span_ms),
+        // To the second: the span moves by the scrapes' jitter (milliseconds) every poll, and it is
+        // shown in status and in the condition's message, which would then change at every scrape.
+        window: Duration::from_millis(span_ms.saturating_add(500) / 1000 * 1000),
     })
+}
+
+/// Whether a scrape `since` the last one is due, scraping `every` interval.
+pub fn scrape_due(since: StdDuration, every: StdDuration) -> bool {
+    since + super::spread::slack(every) >= every
 }
 
 /// The rounds of one QueueConsumer, newest last.
@@ -371,11 +378,13 @@ impl Windows {
     }
 
     /// Whether a scrape is due: none yet, or the last one at least `every` ago.
+    /// Whether a scrape is due: an interval since the last, less `spread::slack` (a reconcile on its
+    /// slot comes back a little early as often as late; without the slack every other one skipped).
     pub fn due(&self, key: &str, every: Duration) -> bool {
         self.lock()
             .get(key)
             .and_then(|w| w.scraped)
-            .is_none_or(|t| t.elapsed() >= every.as_std())
+            .is_none_or(|t| scrape_due(t.elapsed(), every.as_std()))
     }
 
     pub fn push(&self, key: &str, round: Round) {
@@ -551,6 +560,33 @@ mod tests {
         ];
         let refs: Vec<&Round> = rounds.iter().collect();
         assert_eq!(stats(&refs).unwrap().messages, 20);
+    }
+
+    #[test]
+    fn a_reconcile_on_its_slot_a_little_early_still_scrapes() {
+        let poll = StdDuration::from_secs(15);
+        assert!(scrape_due(StdDuration::from_millis(14_990), poll));
+        assert!(scrape_due(StdDuration::from_millis(13_600), poll));
+        assert!(!scrape_due(StdDuration::from_secs(12), poll));
+        // A watch-triggered reconcile soon after a scrape does not scrape again.
+        assert!(!scrape_due(StdDuration::from_secs(1), poll));
+    }
+
+    #[test]
+    fn the_window_is_shown_to_the_second() {
+        // Scrapes 10 s apart, each a little late or early: the same window every time.
+        for jitter in [0u64, 37, 480] {
+            let mut w = Window::default();
+            for (i, n) in [0u64, 10, 20].into_iter().enumerate() {
+                let at = 1_000_000 + i as u64 * 10_000 + if i == 2 { jitter } else { 0 };
+                w.push(round(at, &[("a", &text(&[(0.1, n), (0.5, n)], n, 0.0, 0))]));
+            }
+            assert_eq!(
+                w.stats().unwrap().window,
+                Duration::from_secs(20),
+                "{jitter}"
+            );
+        }
     }
 
     #[test]

@@ -512,3 +512,24 @@ fn conditions_only_other_managers_own_are_foreign() {
     // Without managedFields (an object read from elsewhere) nothing is foreign.
     assert!(foreign_condition_types(&Default::default(), "qc-operator").is_empty());
 }
+
+#[test]
+fn a_window_that_moved_by_the_scrapes_jitter_is_no_reason_to_write() {
+    let observed = |window_ms: u64, rate: f64| QueueConsumerStatus {
+        observed: Some(crate::api::ObservedStatus {
+            messages_per_second: Some(rate),
+            pods: Some(1),
+            window: Some(std::time::Duration::from_millis(window_ms).into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    assert!(same_ignoring_time(
+        &observed(60_012, 0.0),
+        &observed(59_987, 0.0)
+    ));
+    assert!(!same_ignoring_time(
+        &observed(60_012, 0.0),
+        &observed(60_012, 2.5)
+    ));
+}
