@@ -1,10 +1,12 @@
-//! The controller at scale: N QueueConsumers on Q queues (each with its own dead-letter queue holding a
-//! message, so every DLQ's age is read from CloudWatch and every QueueConsumer keeps a DLQ alarm) in
-//! moto, the in-memory Kubernetes API, and the real `qc-operator run` loop (kube Controller, AWS gates,
-//! batched CloudWatch reads) for a catch-up and then three poll intervals. Prints one table row per
-//! interval. Run by `bash scripts/bench-controller`, which starts moto; knobs:
-//! QC_BENCH_SCALES ("100:100,1000:1000,10000:1000" as consumers:queues), QC_BENCH_POLL (15s),
-//! QC_BENCH_INTERVALS (3). Without `--bench` (cargo test) it does nothing.
+//! The controller at scale: N QueueConsumers on Q queues (each queue holding a message and with its
+//! own dead-letter queue holding one, so both queues' oldest-message ages are read from CloudWatch and
+//! every QueueConsumer keeps a DLQ alarm), the in-memory Kubernetes API, and the real `qc-operator run`
+//! loop (kube Controller, watch triggers, AWS gates, batched CloudWatch reads) for a catch-up and then
+//! three poll intervals. Prints one table row per interval. Run by `bash scripts/bench-controller`,
+//! which starts SQS (fauxqs) and CloudWatch (moto) and names them in AWS_ENDPOINT_URL_SQS and
+//! AWS_ENDPOINT_URL_CLOUDWATCH, which the SDK (so the controller) honours; the manifests name no
+//! endpoint. Knobs: QC_BENCH_SCALES ("100:100,1000:1000,10000:1000" as consumers:queues),
+//! QC_BENCH_POLL (15s), QC_BENCH_INTERVALS (3). Without `--bench` (cargo test) it does nothing.
 #![allow(clippy::unwrap_used)]
 
 #[path = "../tests/fake_kube/mod.rs"]
@@ -15,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aws_sdk_sqs::types::QueueAttributeName;
-use fake_kube::{FakeKube, QUEUE_CONSUMERS};
+use fake_kube::{FakeKube, PODS, QUEUE_CONSUMERS};
 use futures::StreamExt;
 use qc::aws::cloudwatch::BatchOptions;
 use qc::aws::limit::{LimitConfig, Outcome};
@@ -52,27 +54,33 @@ async fn create_queues(sqs: &aws_sdk_sqs::Client, run: &str, q: usize) -> (Vec<S
                     .queue_url
                     .unwrap();
                 // One message in each DLQ: its age is read from CloudWatch on every interval.
-                sqs.send_message()
+                send(&sqs, &url, "poison").await;
+                // The ARN as the server spells it (its account id is its own).
+                sqs.get_queue_attributes()
                     .queue_url(&url)
-                    .message_body("poison")
+                    .attribute_names(QueueAttributeName::QueueArn)
                     .send()
                     .await
-                    .unwrap();
-                name
+                    .unwrap()
+                    .attributes
+                    .unwrap()
+                    .remove(&QueueAttributeName::QueueArn)
+                    .unwrap()
             }
         })
         .buffered(8)
         .collect()
         .await;
     let sources = futures::stream::iter(dlqs.into_iter().enumerate())
-        .map(|(i, dlq)| {
+        .map(|(i, dlq_arn)| {
             let sqs = sqs.clone();
             async move {
                 let policy = json!({
-                    "deadLetterTargetArn": format!("arn:aws:sqs:us-east-1:123456789012:{dlq}"),
+                    "deadLetterTargetArn": dlq_arn,
                     "maxReceiveCount": "5"
                 });
-                sqs.create_queue()
+                let url = sqs
+                    .create_queue()
                     .queue_name(format!("{run}-src-{i}"))
                     .attributes(QueueAttributeName::RedrivePolicy, policy.to_string())
                     .attributes(QueueAttributeName::VisibilityTimeout, "60")
@@ -80,7 +88,11 @@ async fn create_queues(sqs: &aws_sdk_sqs::Client, run: &str, q: usize) -> (Vec<S
                     .await
                     .unwrap()
                     .queue_url
-                    .unwrap()
+                    .unwrap();
+                // A waiting message: the source queue's oldest age is read from CloudWatch too, and
+                // the scaler keeps one replica.
+                send(&sqs, &url, "work").await;
+                url
             }
         })
         .buffered(8)
@@ -89,18 +101,100 @@ async fn create_queues(sqs: &aws_sdk_sqs::Client, run: &str, q: usize) -> (Vec<S
     (sources, start.elapsed())
 }
 
-fn manifest(name: &str, url: &str, endpoint: &str, poll: &str) -> serde_json::Value {
+async fn send(sqs: &aws_sdk_sqs::Client, url: &str, body: &str) {
+    sqs.send_message()
+        .queue_url(url)
+        .message_body(body)
+        .send()
+        .await
+        .unwrap();
+}
+
+fn manifest(name: &str, url: &str, poll: &str) -> serde_json::Value {
     json!({
         "apiVersion": "sqs.consumers.dev/v1alpha1", "kind": "QueueConsumer",
         "metadata": {"name": name, "namespace": NS, "generation": 1},
         "spec": {
-            "queue": {"url": url, "region": "us-east-1", "endpoint": endpoint},
+            "queue": {"url": url, "region": "us-east-1"},
             "processing": {"p99": "2s"},
             "handler": {"http": {"port": 8080}},
             "template": {"spec": {"containers": [{"name": "app", "image": "app:1",
                 "ports": [{"containerPort": 8080}]}]}},
             "scaling": {"pollInterval": poll}
         }
+    })
+}
+
+/// What a worker's /metrics says (a few lines of src/worker/metrics.rs's exposition): a handler
+/// histogram and the in-flight gauge. Fixed, so status does not change from one scrape to the next.
+const WORKER_METRICS: &str = "# TYPE qc_worker_handler_duration_seconds histogram
+qc_worker_handler_duration_seconds_bucket{le=\"0.1\"} 40
+qc_worker_handler_duration_seconds_bucket{le=\"0.5\"} 90
+qc_worker_handler_duration_seconds_bucket{le=\"1\"} 100
+qc_worker_handler_duration_seconds_bucket{le=\"+Inf\"} 100
+qc_worker_handler_duration_seconds_sum 18.5
+qc_worker_handler_duration_seconds_count 100
+# TYPE qc_worker_in_flight gauge
+qc_worker_in_flight 1
+";
+
+/// Every worker pod of the benchmark: one loopback server answering /metrics, counting scrapes.
+async fn worker_metrics_server() -> (u16, Arc<std::sync::atomic::AtomicU64>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let scrapes = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let count = scrapes.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                continue;
+            };
+            let count = count.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut len = 0;
+                loop {
+                    match sock.read(&mut buf[len..]).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => len += n,
+                    }
+                    // One request at a time on a kept-alive connection.
+                    while let Some(end) = buf[..len].windows(4).position(|w| w == b"\r\n\r\n") {
+                        buf.copy_within(end + 4..len, 0);
+                        len -= end + 4;
+                        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let reply = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{WORKER_METRICS}",
+                            WORKER_METRICS.len()
+                        );
+                        if sock.write_all(reply.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                    if len == buf.len() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (port, scrapes)
+}
+
+/// A running, ready worker pod of QueueConsumer `name` whose metrics port is the bench's server.
+fn worker_pod(name: &str, port: u16) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("{name}-w0"), "namespace": NS,
+                     "labels": qc::render::selector_labels(name)},
+        "spec": {"containers": [
+            {"name": "app", "image": "app:1"},
+            {"name": "qc-worker", "image": "qc:bench",
+             "ports": [{"name": qc::render::METRICS_PORT_NAME, "containerPort": port}]}
+        ]},
+        "status": {"phase": "Running", "podIP": "127.0.0.1",
+                   "conditions": [{"type": "Ready", "status": "True"}]}
     })
 }
 
@@ -113,7 +207,11 @@ struct Row {
     aws: BTreeMap<&'static str, u64>,
     throttled: u64,
     kube_requests: usize,
+    pod_lists: usize,
     kube_writes: usize,
+    /// Writes by what they wrote: status, Deployment, Event, other (finalizers, pods).
+    writes_by: BTreeMap<&'static str, usize>,
+    scrapes: u64,
     max_gap: Duration,
 }
 
@@ -147,20 +245,21 @@ fn reconciled(r: &fake_kube::Recorded) -> Option<String> {
         .flatten()
 }
 
-async fn scale(endpoint: &str, n: usize, q: usize, poll: Duration, intervals: usize) {
-    let conf = qc::aws::sdk_config(Some("us-east-1"), Some(endpoint)).await;
+async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) {
+    let conf = qc::aws::sdk_config(Some("us-east-1"), None).await;
     let sqs = aws_sdk_sqs::Client::new(&conf);
     let run_id = format!("s{n}x{q}-{}", std::process::id());
     let (urls, took) = create_queues(&sqs, &run_id, q).await;
-    eprintln!("created {q} queues and {q} dead-letter queues in moto in {took:.1?}");
+    eprintln!("created {q} queues and {q} dead-letter queues in {took:.1?}");
 
     let fake = FakeKube::new();
+    let (metrics_port, scrapes) = worker_metrics_server().await;
     let poll_s = format!("{}s", poll.as_secs());
     for i in 0..n {
-        fake.create(
-            QUEUE_CONSUMERS,
-            manifest(&format!("qc-{i}"), &urls[i % q], endpoint, &poll_s),
-        );
+        let name = format!("qc-{i}");
+        fake.create(QUEUE_CONSUMERS, manifest(&name, &urls[i % q], &poll_s));
+        // One worker pod each: the controller lists them every reconcile and scrapes them every interval.
+        fake.create_with_status(PODS, worker_pod(&name, metrics_port));
     }
     fake.clear_requests();
     // The bench's CloudWatch gate is wider than the default (5 a second): moto does not throttle, and
@@ -206,9 +305,10 @@ async fn scale(endpoint: &str, n: usize, q: usize, poll: Duration, intervals: us
     let mut last_seen: HashMap<String, Instant> = HashMap::new();
     let (mut aws_before, mut thr_before) = (BTreeMap::new(), 0);
     let mut reconciles_before = 0;
+    let mut scrapes_before = 0;
     let started = Instant::now();
-    // Interval 0 is the catch-up: it ends when every QueueConsumer has been reconciled once (bounded
-    // at 20 intervals). Then `intervals` poll intervals of steady state.
+    // Interval 0 is the catch-up: it ends when every QueueConsumer has been reconciled and its status
+    // written once (bounded at 20 intervals). Then `intervals` poll intervals of steady state.
     for k in 0..=intervals {
         let begin = Instant::now();
         let mut row = Row {
@@ -220,6 +320,8 @@ async fn scale(endpoint: &str, n: usize, q: usize, poll: Duration, intervals: us
             ..Row::default()
         };
         let mut seen: HashMap<String, Instant> = HashMap::new();
+        // The catch-up ends once every QueueConsumer's first reconcile has written its status.
+        let mut status_written: std::collections::HashSet<String> = Default::default();
         loop {
             tokio::time::sleep(Duration::from_millis(100)).await;
             let now = Instant::now();
@@ -227,6 +329,20 @@ async fn scale(endpoint: &str, n: usize, q: usize, poll: Duration, intervals: us
                 row.kube_requests += 1;
                 if r.is_write() {
                     row.kube_writes += 1;
+                    let what = if r.path.ends_with("/status") {
+                        status_written.insert(r.path.clone());
+                        "status"
+                    } else if r.path.contains("/deployments/") {
+                        "Deployment"
+                    } else if r.path.contains("/events") {
+                        "Event"
+                    } else {
+                        "other"
+                    };
+                    *row.writes_by.entry(what).or_default() += 1;
+                }
+                if r.method == "GET" && !r.is_watch() && r.path.ends_with("/pods") {
+                    row.pod_lists += 1;
                 }
                 if let Some(name) = reconciled(&r) {
                     if k > 0
@@ -239,7 +355,7 @@ async fn scale(endpoint: &str, n: usize, q: usize, poll: Duration, intervals: us
                 }
             }
             let done = if k == 0 {
-                seen.len() >= n || begin.elapsed() > poll * 20
+                (seen.len() >= n && status_written.len() >= n) || begin.elapsed() > poll * 20
             } else {
                 begin.elapsed() >= poll
             };
@@ -263,6 +379,9 @@ async fn scale(endpoint: &str, n: usize, q: usize, poll: Duration, intervals: us
             .load(std::sync::atomic::Ordering::Relaxed);
         row.reconciles = r - reconciles_before;
         reconciles_before = r;
+        let s = scrapes.load(std::sync::atomic::Ordering::Relaxed);
+        row.scrapes = s - scrapes_before;
+        scrapes_before = s;
         rows.push(row);
     }
     let peak_kib = status_kib("VmHWM:");
@@ -270,17 +389,33 @@ async fn scale(endpoint: &str, n: usize, q: usize, poll: Duration, intervals: us
     let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
 
     println!(
-        "\n### {n} QueueConsumers on {q} queues (+ {q} DLQs), poll {poll_s}; moto setup {took:.1?}; run {:.1?}\n",
-        started.elapsed()
+        "\n### {n} QueueConsumers on {q} queues (+ {q} DLQs), poll {poll_s}; SQS on {}, CloudWatch on moto; queues created in {took:.1?}; run {:.1?}; load average {}\n",
+        std::env::var("QC_BENCH_SQS").unwrap_or_else(|_| "fauxqs".into()),
+        started.elapsed(),
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
     );
     println!(
-        "| interval | all reconciled after (s) | QueueConsumers reconciled | reconciles | GetQueueAttributes | GetQueueUrl | GetMetricData | DescribeAlarms | PutMetricAlarm | throttled | Kubernetes requests | Kubernetes writes | longest gap between reconciles (s) |"
+        "| interval | all reconciled after (s) | QueueConsumers reconciled | reconciles | GetQueueAttributes | GetQueueUrl | GetMetricData | DescribeAlarms | PutMetricAlarm | throttled | Kubernetes requests | of which pod lists | Kubernetes writes (status / Deployment / Event / other) | pod scrapes | longest gap between reconciles (s) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         let a = |name: &str| r.aws.get(name).copied().unwrap_or(0);
+        let w = |what: &str| r.writes_by.get(what).copied().unwrap_or(0);
+        let writes = format!(
+            "{} ({} / {} / {} / {})",
+            r.kube_writes,
+            w("status"),
+            w("Deployment"),
+            w("Event"),
+            w("other")
+        );
         println!(
-            "| {} | {:.1} | {} / {n} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {:.1} | {} / {n} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.label,
             r.wall.as_secs_f64(),
             r.distinct,
@@ -292,7 +427,9 @@ async fn scale(endpoint: &str, n: usize, q: usize, poll: Duration, intervals: us
             a("PutMetricAlarm"),
             r.throttled,
             r.kube_requests,
-            r.kube_writes,
+            r.pod_lists,
+            writes,
+            r.scrapes,
             if r.label == "catch-up" {
                 "-".to_string()
             } else {
@@ -327,9 +464,13 @@ fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
-    let endpoint = std::env::var("QC_TEST_SQS_ENDPOINT").expect(
-        "QC_TEST_SQS_ENDPOINT is not set: run `bash scripts/bench-controller` (it starts moto)",
-    );
+    for var in ["AWS_ENDPOINT_URL_SQS", "AWS_ENDPOINT_URL_CLOUDWATCH"] {
+        if std::env::var(var).is_err() {
+            panic!(
+                "{var} is not set: run `bash scripts/bench-controller` (it starts fauxqs and moto)"
+            );
+        }
+    }
     let scales: Vec<(usize, usize)> = std::env::var("QC_BENCH_SCALES")
         .unwrap_or_else(|_| "100:100,1000:1000,10000:1000".into())
         .split(',')
@@ -352,6 +493,6 @@ fn main() {
         .build()
         .unwrap();
     for (n, q) in scales {
-        rt.block_on(scale(&endpoint, n, q.clamp(1, n), poll, intervals));
+        rt.block_on(scale(n, q.clamp(1, n), poll, intervals));
     }
 }
