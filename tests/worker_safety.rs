@@ -705,3 +705,98 @@ async fn fifo_next_message_waits_for_the_delete_and_a_failed_delete_stops_the_gr
     w.signal("TERM");
     assert!(w.wait_exit(SECS(20)).await.success());
 }
+
+/// Item 4: a message whose key another worker had in progress was left to come back every
+/// visibility timeout while the claim lasted, and with maxReceiveCount 2 it reached the DLQ with no
+/// handler call at all. Now it is hidden until the claim ends, the holder keeps its claim while the
+/// handler runs, and the copy is deleted as done once the first completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_in_progress_elsewhere_is_hidden_until_done_not_burned_into_the_dlq() {
+    // VisibilityTimeout 2 s, maxReceiveCount 2: leaving a copy would put it in the DLQ by 4-6 s,
+    // while the first handler call takes 6 s.
+    let q = TestQueue::new("in-progress", 2, 2, false).await;
+    let keys = ["k-0", "k-1", "k-2"];
+    let bodies: Vec<String> = keys
+        .iter()
+        .flat_map(|k| {
+            let body = format!(r#"{{"orderId":"{k}"}}"#);
+            [body.clone(), body]
+        })
+        .collect();
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::ok(SECS(6))).await;
+    let redis_url = common::redis_url();
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--timeout",
+        "10s",
+        "--batch-size",
+        "1",
+        "--idempotency-store",
+        "redis",
+        "--redis-url",
+        &redis_url,
+        "--idempotency-key",
+        "jsonPointer:/orderId",
+        "--http-url",
+        &h.url,
+    ]));
+    let mut w1 = Worker::start(&a);
+    let mut w2 = Worker::start(&a);
+    let started = std::time::Instant::now();
+    eventually(SECS(90), "the source queue empty", || q.is_empty()).await;
+    let drained_s = started.elapsed().as_secs();
+    let sum = |name: &'static str| {
+        let (w1, w2) = (&w1, &w2);
+        async move {
+            let mut total = 0.0;
+            for w in [w1, w2] {
+                // NaN when missing: every assertion on it then fails.
+                total += w.metric(name).await.unwrap_or(f64::NAN);
+            }
+            total
+        }
+    };
+    let waited = sum("qc_worker_messages_processed_total{outcome=\"in_progress_elsewhere\"}").await;
+    let duplicates = sum("qc_worker_messages_processed_total{outcome=\"duplicate\"}").await;
+    let deleted = sum("qc_worker_messages_deleted_total").await;
+    let claims_lost = sum("qc_worker_idempotency_claims_lost_total").await;
+    let store_errors = sum("qc_worker_idempotency_errors_total").await;
+    let in_dlq = q.dlq_visible().await;
+    let effects = effects_by_order(&h);
+    eprintln!(
+        "drill in-progress-elsewhere: sent {}, handled {}, deleted {deleted}, in DLQ {in_dlq}, duplicates {duplicates}, seen in progress {waited}, drained in {drained_s} s, claims lost {claims_lost}",
+        bodies.len(),
+        h.calls().len(),
+    );
+    assert_eq!(in_dlq, 0, "no copy burned its receives into the DLQ");
+    for k in keys {
+        assert_eq!(effects.get(k), Some(&1), "{k} handled once: {effects:?}");
+    }
+    assert!(waited >= 1.0, "a copy was seen in progress: {waited}");
+    assert_eq!(
+        duplicates, 3.0,
+        "each copy deleted as done after the first completed"
+    );
+    assert_eq!(deleted, 6.0);
+    assert_eq!(claims_lost, 0.0, "the holders renewed their claims");
+    assert_eq!(
+        store_errors, 0.0,
+        "every claim, renewal and completion answered"
+    );
+    for w in [&mut w1, &mut w2] {
+        w.signal("TERM");
+        assert!(w.wait_exit(SECS(20)).await.success());
+    }
+}
+
+/// Handler calls per `orderId`.
+fn effects_by_order(h: &HttpHandler) -> HashMap<String, usize> {
+    let mut m = HashMap::new();
+    for c in h.calls() {
+        let v: serde_json::Value = serde_json::from_slice(&c.body).unwrap();
+        *m.entry(v["orderId"].as_str().unwrap().to_string())
+            .or_default() += 1;
+    }
+    m
+}

@@ -78,8 +78,9 @@ pub enum Claim {
     Acquired { token: String },
     /// The key's work is done: delete the message without calling the handler.
     Done,
-    /// Someone else is processing the key: leave the message to reappear.
-    InProgress,
+    /// Someone else is processing the key: hide the message until the claim can have ended.
+    /// `remaining` is the claim's time to live (None: the store could not say).
+    InProgress { remaining: Option<Duration> },
 }
 
 pub enum Store {
@@ -93,6 +94,20 @@ impl Store {
         match self {
             Store::Memory(m) => Ok(m.claim(key, lease, Instant::now())),
             Store::Redis(r) => r.claim(key, lease).await,
+        }
+    }
+
+    /// Extends our claim on `key` (proved by `token`) so it lives at least `ttl` from now; never
+    /// shortens it. False if the claim is no longer ours (it expired, and maybe someone took the key).
+    pub async fn renew(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<bool, IdempotencyError> {
+        match self {
+            Store::Memory(m) => Ok(m.renew(key, token, ttl, Instant::now())),
+            Store::Redis(r) => r.renew(key, token, ttl).await,
         }
     }
 
@@ -168,14 +183,16 @@ impl MemoryStore {
 
     fn claim(&self, key: &str, lease: Duration, now: Instant) -> Claim {
         let Ok(mut g) = self.inner.lock() else {
-            return Claim::InProgress;
+            return Claim::InProgress { remaining: None };
         };
         if let Some((state, expires)) = g.entries.get(key)
             && *expires > now
         {
             return match state {
                 State::Done => Claim::Done,
-                State::InProgress(_) => Claim::InProgress,
+                State::InProgress(_) => Claim::InProgress {
+                    remaining: Some(*expires - now),
+                },
             };
         }
         let token = g.next_token;
@@ -199,6 +216,19 @@ impl MemoryStore {
                 g.order.push_back(key.to_string());
                 self.evict(&mut g, now);
             }
+        }
+    }
+
+    fn renew(&self, key: &str, token: &str, ttl: Duration, now: Instant) -> bool {
+        let Ok(mut g) = self.inner.lock() else {
+            return false;
+        };
+        match g.entries.get_mut(key) {
+            Some((State::InProgress(t), expires)) if *expires > now && t.to_string() == token => {
+                *expires = (*expires).max(now + ttl);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -320,25 +350,63 @@ impl RedisStore {
         let rkey = self.redis_key(key);
         let token = format!("{}:{}", self.owner, fastrand::u64(..));
         let value = format!("in-progress:{token}");
-        let lease_ms = lease.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
-        // The key can expire between SET and GET; one more round settles it.
-        for _ in 0..2 {
-            let mut set = redis::cmd("SET");
-            set.arg(&rkey).arg(&value).arg("NX").arg("PX").arg(lease_ms);
-            let set: Option<String> = self.call("SET NX", set).await?;
-            if set.is_some() {
-                return Ok(Claim::Acquired { token });
+        let lease_ms = millis(lease);
+        // One script, so the answer (ours, done, or someone else's with its time to live) is read
+        // atomically with the SET NX.
+        let script = redis::Script::new(
+            "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1, '', 0} end \
+             return {0, redis.call('GET', KEYS[1]) or '', redis.call('PTTL', KEYS[1])}",
+        );
+        let mut invocation = script.key(rkey);
+        invocation.arg(&value).arg(lease_ms);
+        let (acquired, current, pttl): (i64, String, i64) =
+            self.invoke("claim", invocation).await?;
+        Ok(if acquired == 1 {
+            Claim::Acquired { token }
+        } else if current == DONE {
+            Claim::Done
+        } else {
+            // PTTL: -1 no expiry, -2 gone (neither happens to a claim of ours): unknown.
+            Claim::InProgress {
+                remaining: u64::try_from(pttl)
+                    .ok()
+                    .filter(|ms| *ms > 0)
+                    .map(Duration::from_millis),
             }
-            let mut get = redis::cmd("GET");
-            get.arg(&rkey);
-            let current: Option<String> = self.call("GET", get).await?;
-            match current.as_deref() {
-                Some(DONE) => return Ok(Claim::Done),
-                Some(_) => return Ok(Claim::InProgress),
-                None => continue,
-            }
+        })
+    }
+
+    async fn renew(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, IdempotencyError> {
+        let script = redis::Script::new(
+            "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end \
+             if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end \
+             return 1",
+        );
+        let mut invocation = script.key(self.redis_key(key));
+        invocation
+            .arg(format!("in-progress:{token}"))
+            .arg(millis(ttl));
+        let ours: i64 = self.invoke("renew", invocation).await?;
+        Ok(ours == 1)
+    }
+
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        step: &'static str,
+        invocation: redis::ScriptInvocation<'_>,
+    ) -> Result<T, IdempotencyError> {
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(CALL_TIMEOUT, invocation.invoke_async::<T>(&mut conn)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(IdempotencyError::CallRedis {
+                step,
+                reason: e.to_string(),
+            }),
+            Err(_) => Err(IdempotencyError::CallRedis {
+                step,
+                reason: "timed out".into(),
+            }),
         }
-        Ok(Claim::InProgress)
     }
 
     async fn ping(&self) -> Result<(), IdempotencyError> {
@@ -347,7 +415,7 @@ impl RedisStore {
     }
 
     async fn complete(&self, key: &str, ttl: Duration) -> Result<(), IdempotencyError> {
-        let ttl_ms = ttl.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
+        let ttl_ms = millis(ttl);
         let mut set = redis::cmd("SET");
         set.arg(self.redis_key(key)).arg(DONE).arg("PX").arg(ttl_ms);
         let _: Option<String> = self.call("SET done", set).await?;
@@ -359,21 +427,16 @@ impl RedisStore {
         let script = redis::Script::new(
             "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end",
         );
-        let mut conn = self.conn.clone();
         let mut invocation = script.key(self.redis_key(key));
         invocation.arg(format!("in-progress:{token}"));
-        match tokio::time::timeout(CALL_TIMEOUT, invocation.invoke_async::<i64>(&mut conn)).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(IdempotencyError::CallRedis {
-                step: "release",
-                reason: e.to_string(),
-            }),
-            Err(_) => Err(IdempotencyError::CallRedis {
-                step: "release",
-                reason: "timed out".into(),
-            }),
-        }
+        let _: i64 = self.invoke("release", invocation).await?;
+        Ok(())
     }
+}
+
+/// Milliseconds for PX/PEXPIRE: at least 1.
+fn millis(d: Duration) -> u64 {
+    d.as_millis().clamp(1, u128::from(u64::MAX)) as u64
 }
 
 /// The URL without its password, for logs.
@@ -479,11 +542,28 @@ mod tests {
         let Claim::Acquired { token } = s.claim("k", lease, t0) else {
             panic!("first claim must acquire")
         };
-        assert_eq!(s.claim("k", lease, t0), Claim::InProgress);
+        let in_progress = |left| Claim::InProgress {
+            remaining: Some(Duration::from_secs(left)),
+        };
+        assert_eq!(s.claim("k", lease, t0), in_progress(10));
+        assert_eq!(
+            s.claim("k", lease, t0 + Duration::from_secs(4)),
+            in_progress(6),
+            "the claim's time left"
+        );
         s.abandon("k", "not-the-token");
-        assert_eq!(s.claim("k", lease, t0), Claim::InProgress);
+        assert_eq!(s.claim("k", lease, t0), in_progress(10));
+        // Renewal extends (never shortens) the holder's claim only.
+        assert!(!s.renew("k", "not-the-token", Duration::from_secs(30), t0));
+        assert!(s.renew("k", &token, Duration::from_secs(30), t0));
+        assert!(s.renew("k", &token, Duration::from_secs(1), t0));
+        assert_eq!(s.claim("k", lease, t0), in_progress(30));
         s.abandon("k", &token);
         assert!(matches!(s.claim("k", lease, t0), Claim::Acquired { .. }));
+        assert!(
+            !s.renew("k", &token, lease, t0),
+            "abandoned: no longer ours"
+        );
         s.complete("k", Duration::from_secs(60), t0);
         assert_eq!(
             s.claim("k", lease, t0 + Duration::from_secs(59)),

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::api::{IdempotencyKey, OnPoison};
 
-use super::backoff::{retry_delay, visibility_secs};
+use super::backoff::{VISIBILITY_MAX, retry_delay, visibility_secs};
 use super::batcher::Batcher;
 use super::dead_letter::DeadLetter;
 use super::handler::{Handler, Verdict};
@@ -206,11 +206,6 @@ impl Lease {
         }
         self.settled = true;
     }
-
-    /// Leaves the message as it is: it reappears when its current lease ends.
-    fn leave(&mut self) {
-        self.settled = true;
-    }
 }
 
 impl Drop for Lease {
@@ -349,6 +344,27 @@ impl Beat {
             );
         }
     }
+}
+
+/// A claim lives this long past its handler's deadline: room to stop the handler and record the result.
+const CLAIM_GRACE: Duration = Duration::from_secs(10);
+/// A handler call still not stopped this long after its deadline is dropped (its claim then expires
+/// by itself, `CLAIM_GRACE` after the last renewal).
+const STOP_BACKSTOP: Duration = Duration::from_secs(5);
+/// A message hidden behind another worker's claim comes back this long after the claim's end.
+const HIDE_MARGIN: Duration = Duration::from_secs(2);
+
+/// How long to hide a message whose key is claimed elsewhere for `claim_left`: until the claim ends
+/// plus a margin, never shorter than the visibility timeout (leaving it would hide it that long),
+/// and within SQS's 12 hours from receipt.
+pub fn hide_for(
+    claim_left: Duration,
+    visibility_timeout: Duration,
+    since_receipt: Duration,
+) -> Duration {
+    (claim_left + HIDE_MARGIN)
+        .max(visibility_timeout)
+        .min(VISIBILITY_MAX.saturating_sub(since_receipt))
 }
 
 /// How a message ended, for the FIFO group it belongs to.
@@ -496,7 +512,88 @@ impl Processor {
 
     /// How long an in-progress mark lives: the handler's whole timeout, plus room to record the result.
     fn claim_lease(&self) -> Duration {
-        self.timeout + Duration::from_secs(10)
+        self.timeout + CLAIM_GRACE
+    }
+
+    /// How often a held claim is renewed: with the heartbeat's cadence, and often enough that a
+    /// claim kept `CLAIM_GRACE` past now never lapses between two renewals.
+    fn claim_renewal(&self) -> Duration {
+        self.heartbeat
+            .unwrap_or(CLAIM_GRACE / 2)
+            .min(CLAIM_GRACE / 2)
+            .max(Duration::from_millis(500))
+    }
+
+    /// Runs the handler call while keeping our claim on `key` alive: until the handler's deadline
+    /// plus `CLAIM_GRACE`, and past it while the call is still stopping (the claim must outlive the
+    /// handler, never the other way round). A separate hook beside the heartbeat, on its own timer.
+    async fn holding_claim<T>(
+        &self,
+        key: &str,
+        token: &str,
+        deadline: Instant,
+        call: impl std::future::Future<Output = T>,
+    ) -> T {
+        let Some(store) = &self.store else {
+            return call.await;
+        };
+        tokio::pin!(call);
+        tokio::select! {
+            out = &mut call => out,
+            never = self.renew_claim(store, key, token, deadline) => match never {},
+        }
+    }
+
+    /// Renews the claim every `claim_renewal` until dropped.
+    async fn renew_claim(
+        &self,
+        store: &Store,
+        key: &str,
+        token: &str,
+        deadline: Instant,
+    ) -> std::convert::Infallible {
+        let every = self.claim_renewal();
+        loop {
+            tokio::time::sleep(every).await;
+            let until = deadline.max(Instant::now()) + CLAIM_GRACE;
+            match store
+                .renew(key, token, until.saturating_duration_since(Instant::now()))
+                .await
+            {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.metrics.idempotency_claims_lost.inc();
+                    tracing::warn!(
+                        key,
+                        "idempotency claim lost while the handler runs (it expired in the store); another worker may handle the key too"
+                    );
+                    return std::future::pending().await;
+                }
+                Err(e) => {
+                    self.metrics.idempotency_errors.inc();
+                    tracing::warn!(key, error = %e, "cannot renew the idempotency claim; retrying");
+                }
+            }
+        }
+    }
+
+    /// Hides a message whose key another worker is processing until that claim can have ended
+    /// (instead of leaving it to come back each visibility timeout and burn its receives into the DLQ).
+    async fn hide_in_progress(&self, lease: &mut Lease, key: &str, remaining: Option<Duration>) {
+        let remaining = remaining.unwrap_or_else(|| self.claim_lease());
+        let since_receipt =
+            Instant::now().saturating_duration_since(Instant::from_std(lease.msg.received_at));
+        let hide = hide_for(remaining, self.visibility_timeout, since_receipt);
+        let secs = visibility_secs(hide);
+        tracing::info!(message_id = %lease.msg.id, key = %key, claim_left_ms = remaining.as_millis() as u64, hide_s = secs, "idempotency key in progress elsewhere; hiding the message until that claim ends");
+        if let Err(e) = self
+            .sqs
+            .change_visibility(&lease.msg.receipt_handle, secs)
+            .await
+        {
+            tracing::warn!(message_id = %lease.msg.id, reason = e.kind.reason(), error = %e.detail, "cannot hide the message; it reappears when its visibility timeout ends");
+        }
+        lease.settled = true;
     }
 
     /// Runs one message to its end.
@@ -540,10 +637,9 @@ impl Processor {
                         m.outcome(OutcomeLabel::Duplicate);
                         return lease.delete().await;
                     }
-                    Ok(Claim::InProgress) => {
-                        tracing::info!(message_id = %lease.msg.id, key = %key, "idempotency key in progress elsewhere; leaving the message to reappear");
+                    Ok(Claim::InProgress { remaining }) => {
                         m.outcome(OutcomeLabel::InProgressElsewhere);
-                        lease.leave();
+                        self.hide_in_progress(&mut lease, &key, remaining).await;
                         return Ended::Kept;
                     }
                     Err(e) => {
@@ -562,9 +658,22 @@ impl Processor {
 
         let started = Instant::now();
         let deadline = started + self.timeout;
+        // The handler stops itself at the deadline (connection closed, process group killed and
+        // reaped) and the claim is held until it has; the heartbeat's own bound is a backstop.
+        let msg = &lease.msg;
+        let call = async {
+            let call = self.handler.handle(msg, deadline);
+            match &claimed {
+                Some((key, token)) => self.holding_claim(key, token, deadline, call).await,
+                None => call.await,
+            }
+        };
         // Boxed, like the SQS calls: keeps the message task's future small to spawn.
-        let call = Box::pin(self.handler.handle(&lease.msg));
-        let verdict = lease.beat.until(self, &lease.msg, deadline, call).await;
+        let verdict = lease
+            .beat
+            .until(self, &lease.msg, deadline + STOP_BACKSTOP, Box::pin(call))
+            .await
+            .flatten();
         let latency = started.elapsed();
         lease.latency = Some(latency);
         m.handler_seconds.observe(latency.as_secs_f64());
@@ -648,5 +757,26 @@ where
     match &p.store {
         Some(s) => Box::pin(f(s)).await,
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    #[test]
+    fn a_message_claimed_elsewhere_is_hidden_until_the_claim_ends() {
+        // Until the claim's end plus the margin.
+        assert_eq!(hide_for(S(20), S(2), S(0)), S(22));
+        // Never shorter than leaving it would be.
+        assert_eq!(hide_for(S(1), S(30), S(0)), S(30));
+        // Within 12 hours from receipt.
+        assert_eq!(hide_for(S(13 * 3600), S(30), S(0)), VISIBILITY_MAX);
+        assert_eq!(
+            hide_for(S(13 * 3600), S(30), S(3600)),
+            VISIBILITY_MAX - S(3600)
+        );
     }
 }

@@ -16,7 +16,7 @@ pub enum OutcomeLabel {
     Timeout,
     /// Idempotency store: the key was already done, deleted without calling the handler.
     Duplicate,
-    /// Idempotency store: the key is being processed elsewhere; left to reappear.
+    /// Idempotency store: the key is being processed elsewhere; hidden until that claim ends.
     InProgressElsewhere,
 }
 
@@ -68,6 +68,7 @@ pub struct Metrics {
     pub sqs_errors: [Counter; 5],
     pub idempotency_errors: Counter,
     pub idempotency_key_missing: Counter,
+    pub idempotency_claims_lost: Counter,
     pub dead_lettered: Counter,
     pub dead_letter_failures: Counter,
     readiness: Mutex<Readiness>,
@@ -92,6 +93,7 @@ impl Default for Metrics {
             sqs_errors: Default::default(),
             idempotency_errors: Counter::default(),
             idempotency_key_missing: Counter::default(),
+            idempotency_claims_lost: Counter::default(),
             dead_lettered: Counter::default(),
             dead_letter_failures: Counter::default(),
             readiness: Mutex::new(Readiness::Starting("reading queue attributes".into())),
@@ -223,6 +225,11 @@ impl Metrics {
             "qc_worker_idempotency_key_missing_total",
             "Messages handled without de-duplication: their idempotency key was missing, empty or unreadable.",
             &[(&[], self.idempotency_key_missing.get())],
+        );
+        e.counter(
+            "qc_worker_idempotency_claims_lost_total",
+            "Idempotency claims found expired (not ours any more) while their handler still ran: another worker may handle the key too.",
+            &[(&[], self.idempotency_claims_lost.get())],
         );
         e.counter(
             "qc_worker_dead_lettered_total",

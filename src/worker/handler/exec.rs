@@ -37,6 +37,19 @@ impl GroupGuard {
         }
     }
 
+    /// After the leader was reaped: waits (up to `GROUP_GONE_WAIT`) until no process of the group is
+    /// left, the zombies re-parented to the worker included (the reaper collects those). While any
+    /// member exists the kernel gives no process that id, so the group still names only ours.
+    async fn wait_group_gone(&self) {
+        let Some(pgid) = self.pgid else { return };
+        let until = tokio::time::Instant::now() + GROUP_GONE_WAIT;
+        while rustix::process::test_kill_process_group(pgid).is_ok()
+            && tokio::time::Instant::now() < until
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
     /// The leader was reaped: its id may be reused from now on, so never signal it, and the reaper
     /// may collect a process with that id again.
     fn reaped(&mut self) {
@@ -45,6 +58,9 @@ impl GroupGuard {
         }
     }
 }
+
+/// Longest wait for the rest of a killed group to be gone after its leader was reaped.
+const GROUP_GONE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Drop for GroupGuard {
     fn drop(&mut self) {
@@ -194,7 +210,9 @@ impl ExecHandler {
         &self.reaper
     }
 
-    pub async fn handle(&self, msg: &Message) -> Verdict {
+    /// Runs the command for `msg`; None if it was still running at `deadline`, returned after its
+    /// process group was killed and its leader reaped.
+    pub async fn handle(&self, msg: &Message, deadline: tokio::time::Instant) -> Option<Verdict> {
         let mut cmd = tokio::process::Command::new(&self.program);
         cmd.args(&self.args)
             .stdin(Stdio::piped())
@@ -260,10 +278,10 @@ impl ExecHandler {
         let mut child = match spawned {
             Ok(c) => c,
             Err(e) => {
-                return Verdict::Transient {
+                return Some(Verdict::Transient {
                     reason: format!("cannot start {}: {e}", self.program.display()),
                     retry_after: None,
-                };
+                });
             }
         };
         let pid = child
@@ -282,28 +300,56 @@ impl ExecHandler {
                 let _ = stdin.shutdown().await;
             }
         };
+        let timer = tokio::time::sleep_until(deadline);
+        tokio::pin!(timer);
         let status = match pid.and_then(exit_watch) {
             Some(watch) => {
-                // Wait for the exit without reaping, kill what the child left in its group, then reap.
-                // A child that exits without reading all its input ends the feeding.
+                // Wait for the exit (or the deadline) without reaping, kill what is left in the
+                // group, then reap. A child that exits without reading all its input ends the feeding.
                 let exit = watch.readable();
                 tokio::pin!(exit);
-                tokio::select! {
-                    _ = &mut exit => {}
-                    _ = feed => { let _ = exit.await; }
-                }
+                let timed_out = tokio::select! {
+                    _ = &mut exit => false,
+                    _ = &mut timer => true,
+                    _ = feed => tokio::select! {
+                        _ = &mut exit => false,
+                        _ = &mut timer => true,
+                    },
+                };
                 guard.kill();
                 let status = child.wait().await;
+                if timed_out {
+                    guard.wait_group_gone().await;
+                    guard.reaped();
+                    return None;
+                }
                 guard.reaped();
                 status
             }
             None => {
-                let (_, status) = tokio::join!(feed, child.wait());
-                guard.reaped();
-                status
+                let waited = tokio::select! {
+                    (_, status) = async { tokio::join!(feed, child.wait()) } => Some(status),
+                    _ = &mut timer => None,
+                };
+                match waited {
+                    Some(status) => {
+                        guard.reaped();
+                        status
+                    }
+                    None => {
+                        // Not reaped yet (the wait did not finish): the group id is still the child's.
+                        if !matches!(child.try_wait(), Ok(Some(_))) {
+                            guard.kill();
+                            let _ = child.wait().await;
+                            guard.wait_group_gone().await;
+                        }
+                        guard.reaped();
+                        return None;
+                    }
+                }
             }
         };
-        match status {
+        Some(match status {
             Ok(status) => {
                 use std::os::unix::process::ExitStatusExt;
                 verdict_for_exit(status.code(), status.signal())
@@ -312,7 +358,7 @@ impl ExecHandler {
                 reason: format!("cannot wait for {}: {e}", self.program.display()),
                 retry_after: None,
             },
-        }
+        })
     }
 }
 
@@ -365,6 +411,62 @@ fn is_executable(p: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn message() -> Message {
+        Message {
+            id: "m-1".into(),
+            receipt_handle: "rh".into(),
+            body: bytes::Bytes::from_static(b"{}"),
+            receive_count: 1,
+            group_id: None,
+            deduplication_id: None,
+            sequence_number: None,
+            sent_timestamp: None,
+            attributes: Vec::new(),
+            trace_header: None,
+            received_at: std::time::Instant::now(),
+        }
+    }
+
+    /// Process state from /proc (None: gone, reaped).
+    fn state(pid: &str) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat[stat.rfind(')')? + 1..].trim_start().chars().next()
+    }
+
+    /// The call returns at its deadline only once the command is killed with its group and reaped,
+    /// so an idempotency claim held until then outlives the handler.
+    #[tokio::test]
+    async fn a_command_past_its_deadline_is_killed_with_its_group_and_reaped_before_the_call_returns()
+     {
+        let dir = tempfile::tempdir().unwrap();
+        let pids = dir.path().join("pids");
+        let script = format!(
+            "echo $$ > {p}; sleep 30 & echo $! >> {p}; wait",
+            p = pids.display()
+        );
+        let h = ExecHandler::new(
+            &["sh".to_string(), "-c".to_string(), script],
+            &QueueContext::default(),
+        )
+        .unwrap();
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(500);
+        assert_eq!(h.handle(&message(), deadline).await, None, "timed out");
+        let pids = std::fs::read_to_string(&pids).unwrap();
+        let pids: Vec<&str> = pids.lines().collect();
+        assert_eq!(pids.len(), 2, "{pids:?}");
+        assert_eq!(state(pids[0]), None, "the leader is reaped");
+        // The grandchild was killed with the group (a zombie until whoever adopted it reaps it).
+        assert!(
+            matches!(state(pids[1]), None | Some('Z')),
+            "{:?}",
+            state(pids[1])
+        );
+        // A command that ends in time is not cut.
+        let h = ExecHandler::new(&["true".to_string()], &QueueContext::default()).unwrap();
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        assert_eq!(h.handle(&message(), deadline).await, Some(Verdict::Success));
+    }
 
     #[test]
     fn attribute_names_become_env_names() {

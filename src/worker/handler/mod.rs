@@ -52,10 +52,14 @@ pub enum Handler {
 }
 
 impl Handler {
-    pub async fn handle(&self, msg: &Message) -> Verdict {
+    /// Calls the handler; None if it was still running at `deadline`. Returns only once the call has
+    /// really stopped: the HTTP request's connection closed, the exec process group killed and its
+    /// leader reaped (an idempotency claim is held until then).
+    pub async fn handle(&self, msg: &Message, deadline: tokio::time::Instant) -> Option<Verdict> {
         match self {
-            Handler::Http(h) => h.handle(msg).await,
-            Handler::Exec(h) => h.handle(msg).await,
+            // Dropping the request future at the deadline closes its connection.
+            Handler::Http(h) => tokio::time::timeout_at(deadline, h.handle(msg)).await.ok(),
+            Handler::Exec(h) => h.handle(msg, deadline).await,
         }
     }
 
