@@ -117,8 +117,8 @@ impl HttpHandler {
         header(&mut h, "ce-id", &msg.id);
         header(&mut h, "ce-source", &self.source);
         header(&mut h, "ce-type", CE_TYPE);
-        if let Some(t) = msg.sent_timestamp {
-            header(&mut h, "ce-time", &rfc3339_millis(t));
+        if let Some(t) = msg.sent_timestamp.and_then(rfc3339_millis) {
+            header(&mut h, "ce-time", &t);
         }
         let _ = write!(h, "ce-sqsreceivecount: {}\r\n", msg.receive_count);
         if let Some(g) = &msg.group_id {

@@ -137,33 +137,12 @@ pub fn verdict_for_exit(code: Option<i32>, signal: Option<i32>) -> Verdict {
     }
 }
 
-/// RFC 3339 UTC time of a millisecond epoch timestamp (for `ce-time`).
-pub fn rfc3339_millis(epoch_ms: u64) -> String {
-    let secs = epoch_ms / 1000;
-    let ms = epoch_ms % 1000;
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
-}
-
-/// Days since 1970-01-01 to (year, month, day), Howard Hinnant's algorithm.
-pub(crate) fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
+/// RFC 3339 UTC time of a millisecond epoch timestamp (for `ce-time`), always with three fraction
+/// digits. None past jiff's range (its last instant is in 9999-12-30), which no SQS SentTimestamp
+/// reaches; the header is then left out.
+pub fn rfc3339_millis(epoch_ms: u64) -> Option<String> {
+    let ts = jiff::Timestamp::from_millisecond(i64::try_from(epoch_ms).ok()?).ok()?;
+    Some(format!("{ts:.3}"))
 }
 
 #[cfg(test)]
@@ -241,11 +220,20 @@ mod tests {
 
     #[test]
     fn rfc3339_of_epoch_millis() {
-        assert_eq!(rfc3339_millis(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339_millis(951_782_400_123), "2000-02-29T00:00:00.123Z");
-        assert_eq!(
-            rfc3339_millis(1_767_225_599_999),
-            "2025-12-31T23:59:59.999Z"
-        );
+        for (ms, text) in [
+            (0, "1970-01-01T00:00:00.000Z"),
+            (100, "1970-01-01T00:00:00.100Z"),
+            (951_782_400_123, "2000-02-29T00:00:00.123Z"),
+            (951_868_800_000, "2000-03-01T00:00:00.000Z"),
+            (1_767_225_599_999, "2025-12-31T23:59:59.999Z"),
+            (1_709_164_799_001, "2024-02-28T23:59:59.001Z"),
+            (4_107_456_000_000, "2100-02-28T00:00:00.000Z"),
+            (4_107_542_400_000, "2100-03-01T00:00:00.000Z"),
+            (253_402_207_199_999, "9999-12-30T21:59:59.999Z"),
+        ] {
+            assert_eq!(rfc3339_millis(ms).as_deref(), Some(text), "{ms}");
+        }
+        assert_eq!(rfc3339_millis(253_402_300_800_000), None);
+        assert_eq!(rfc3339_millis(u64::MAX), None);
     }
 }
