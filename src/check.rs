@@ -311,10 +311,7 @@ pub struct LiveFacts;
 impl FactsReader for LiveFacts {
     async fn facts(&self, qc: &QueueConsumer) -> Result<Facts, String> {
         let q = &qc.spec.queue;
-        let region = q
-            .region
-            .clone()
-            .or_else(|| crate::aws::facts::region_from_url(&q.url));
+        let region = crate::aws::facts::queue_region(q.region.as_deref(), &q.url);
         let conf =
             crate::aws::controller_sdk_config(region.as_deref(), q.endpoint.as_deref()).await;
         let reader = crate::aws::sqs::SqsReader::new(aws_sdk_sqs::Client::new(&conf));

@@ -187,7 +187,12 @@ impl QueueArn {
     pub fn parse(arn: &str) -> Option<QueueArn> {
         let parts: Vec<&str> = arn.split(':').collect();
         match parts.as_slice() {
-            ["arn", partition, "sqs", region, account, name] if !name.is_empty() => {
+            ["arn", partition, "sqs", region, account, name]
+                if !partition.is_empty()
+                    && !region.is_empty()
+                    && !account.is_empty()
+                    && !name.is_empty() =>
+            {
                 Some(QueueArn {
                     partition: partition.to_string(),
                     region: region.to_string(),
@@ -211,16 +216,95 @@ impl std::fmt::Display for QueueArn {
     }
 }
 
-/// The region in a queue URL (`https://sqs.REGION.amazonaws.com/ACCOUNT/NAME`), if it has one.
+/// The region in a queue URL's host, if it names one: `sqs.REGION.…` (AWS's hosts, their
+/// dual-stack `sqs.REGION.api.aws`, and LocalStack's `sqs.REGION.localhost.localstack.cloud`) or the
+/// legacy `REGION.queue.amazonaws.com`. None for other hosts (`localhost:4566`, an IP address): the
+/// region then comes from `--region`/`spec.queue.region` or the SDK's environment.
 pub fn region_from_url(url: &str) -> Option<String> {
-    let host = url.split("://").nth(1)?.split('/').next()?;
-    let mut labels = host.split('.');
-    match (labels.next(), labels.next()) {
-        (Some("sqs"), Some(region)) if region.contains('-') => Some(region.to_string()),
-        (Some(region), Some("queue")) if region.contains('-') => Some(region.to_string()),
-        _ => None,
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let host = rest.split(['/', ':', '?', '#']).next()?;
+    let labels: Vec<&str> = host.split('.').collect();
+    let region = match labels.as_slice() {
+        ["sqs", region, _, ..] | [region, "queue", "amazonaws", ..] => *region,
+        _ => return None,
+    };
+    looks_like_region(region).then(|| region.to_string())
+}
+
+/// `us-east-1`, `cn-north-1`, `us-gov-west-1`: the form the CRD's rule on `spec.queue.region`
+/// accepts (`^[a-z]{2}(-[a-z]+)+-[0-9]+$`).
+fn looks_like_region(label: &str) -> bool {
+    let parts: Vec<&str> = label.split('-').collect();
+    let lower = |p: &&str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase());
+    match parts.as_slice() {
+        [first, middle @ .., last] if !middle.is_empty() => {
+            first.len() == 2
+                && lower(first)
+                && middle.iter().all(lower)
+                && !last.is_empty()
+                && last.bytes().all(|b| b.is_ascii_digit())
+        }
+        _ => false,
     }
 }
+
+/// The region a client of the queue at `url` uses: the one given, else the one in the URL. The
+/// controller (the rendered `--region`, `check`) and `qc-worker` both resolve it here.
+pub fn queue_region(given: Option<&str>, url: &str) -> Option<String> {
+    given.map(str::to_string).or_else(|| region_from_url(url))
+}
+
+/// A queue's name from its URL: the last path segment (`…/ACCOUNT/NAME` → `NAME`).
+pub fn queue_name_from_url(url: &str) -> &str {
+    url.trim_end_matches('/').rsplit('/').next().unwrap_or(url)
+}
+
+impl QueueFacts {
+    /// The queue's name (the CloudWatch `QueueName` dimension): from its ARN, else its URL.
+    pub fn name(&self) -> String {
+        self.arn
+            .as_deref()
+            .and_then(QueueArn::parse)
+            .map_or_else(|| queue_name_from_url(&self.url).to_string(), |a| a.name)
+    }
+}
+
+/// Queue URLs and the region each names, shared by the tests of every caller of [`queue_region`].
+#[cfg(test)]
+pub(crate) const REGION_CASES: &[(&str, Option<&str>)] = &[
+    ("https://sqs.us-east-1.amazonaws.com/1/q", Some("us-east-1")),
+    (
+        "https://sqs.eu-west-1.amazonaws.com:443/1/q",
+        Some("eu-west-1"),
+    ),
+    (
+        "https://us-west-2.queue.amazonaws.com/1/q",
+        Some("us-west-2"),
+    ),
+    (
+        "https://sqs.cn-north-1.amazonaws.com.cn/1/q",
+        Some("cn-north-1"),
+    ),
+    (
+        "https://sqs.us-gov-west-1.amazonaws.com/1/q",
+        Some("us-gov-west-1"),
+    ),
+    ("https://sqs.eu-central-1.api.aws/1/q", Some("eu-central-1")),
+    (
+        "http://sqs.us-east-1.localhost.localstack.cloud:4566/000000000000/q",
+        Some("us-east-1"),
+    ),
+    ("sqs.ap-south-1.amazonaws.com/1/q", Some("ap-south-1")),
+    ("http://localhost:4566/000000000000/q", None),
+    ("localhost:4566/000000000000/q", None),
+    ("http://127.0.0.1:4566/000/q", None),
+    ("http://sqs.local-stack:4566/1/q", None),
+    ("http://sqs.a-1.example:4566/1/q", None),
+    ("http://sqs.us-east-1a.example/1/q", None),
+    ("http://sqs:9324/queue/q", None),
+    ("https://queue.amazonaws.com/1/q", None),
+    ("", None),
+];
 
 #[cfg(test)]
 mod tests {
@@ -295,15 +379,47 @@ mod tests {
             a.to_string(),
             "arn:aws:sqs:eu-west-1:123456789012:orders-dlq"
         );
-        assert!(QueueArn::parse("arn:aws:sns:eu-west-1:1:x").is_none());
+        let cn = QueueArn::parse("arn:aws-cn:sqs:cn-north-1:1:q").unwrap();
+        assert_eq!((cn.account.as_str(), cn.name.as_str()), ("1", "q"));
+        for bad in [
+            "",
+            "q",
+            "arn:aws:sns:eu-west-1:1:x",
+            "arn:aws:sqs:us-east-1::q",
+            "arn:aws:sqs::1:q",
+            "arn:aws:sqs:us-east-1:1:",
+            "arn:aws:sqs:us-east-1:1:q:extra",
+        ] {
+            assert_eq!(QueueArn::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn region_comes_from_the_url_host_when_not_given() {
+        for (url, region) in REGION_CASES {
+            assert_eq!(region_from_url(url).as_deref(), *region, "{url}");
+            assert_eq!(queue_region(None, url).as_deref(), *region, "{url}");
+            assert_eq!(
+                queue_region(Some("af-south-1"), url).as_deref(),
+                Some("af-south-1"),
+                "{url}"
+            );
+        }
+    }
+
+    #[test]
+    fn queue_names_from_arn_else_url() {
         assert_eq!(
-            region_from_url("https://sqs.us-east-1.amazonaws.com/1/q").as_deref(),
-            Some("us-east-1")
+            queue_name_from_url("https://sqs.us-east-1.amazonaws.com/1/orders.fifo"),
+            "orders.fifo"
         );
-        assert_eq!(
-            region_from_url("https://us-west-2.queue.amazonaws.com/1/q").as_deref(),
-            Some("us-west-2")
-        );
-        assert_eq!(region_from_url("http://127.0.0.1:4566/1/q"), None);
+        assert_eq!(queue_name_from_url("http://h/1/q/"), "q");
+        assert_eq!(queue_name_from_url("q"), "q");
+        let mut f = QueueFacts::from_attributes("http://h/1/by-url", &attrs(&[])).unwrap();
+        assert_eq!(f.name(), "by-url");
+        f.arn = Some("arn:aws:sqs:us-east-1:1:by-arn".into());
+        assert_eq!(f.name(), "by-arn");
+        f.arn = Some("not an arn".into());
+        assert_eq!(f.name(), "by-url");
     }
 }

@@ -472,10 +472,7 @@ fn redrive(args: RedriveArgs) -> ExitCode {
         .clone()
         .unwrap_or_else(|| k8s_openapi::jiff::Timestamp::now().to_string());
     if let Some(url) = &args.queue_url {
-        let region = args
-            .region
-            .clone()
-            .or_else(|| qc::aws::facts::region_from_url(url));
+        let region = qc::aws::facts::queue_region(args.region.as_deref(), url);
         let result = rt.block_on(async {
             let conf = qc::aws::sdk_config(region.as_deref(), args.endpoint_url.as_deref()).await;
             let client = aws_sdk_sqs::Client::new(&conf);

@@ -10,9 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use crate::api::{Duration, QueueConsumerSpec};
 use crate::aws::cloudwatch::{self, Alarms, BatchOptions, CloudWatchAlarms};
 use crate::aws::limit::{self, LimitConfig, Limiter};
-use crate::aws::{
-    DeadLetterFacts, Facts, ObserveError, QueueArn, QueueFacts, QueueReader, SqsReader, observe,
-};
+use crate::aws::{DeadLetterFacts, Facts, ObserveError, QueueReader, SqsReader, observe};
 use crate::scaling::Timestamp;
 
 /// The AWS clients for one region and endpoint.
@@ -258,31 +256,17 @@ pub async fn with_oldest_age(mut facts: Facts, alarms: &dyn Alarms) -> Facts {
     facts.oldest_age_seconds = if empty {
         Some(0)
     } else {
-        match queue_name(q) {
-            Some(name) => oldest_age(alarms, &name).await,
-            None => None,
-        }
+        oldest_age(alarms, &q.name()).await
     };
     if let DeadLetterFacts::Found {
         queue,
         oldest_age_seconds,
     } = &mut facts.dead_letter
         && queue.visible.unwrap_or(0) > 0
-        && let Some(name) = queue_name(queue)
     {
-        *oldest_age_seconds = oldest_age(alarms, &name).await;
+        *oldest_age_seconds = oldest_age(alarms, &queue.name()).await;
     }
     facts
-}
-
-/// A queue's name, the CloudWatch dimension: from its ARN, else the last segment of its URL.
-fn queue_name(queue: &QueueFacts) -> Option<String> {
-    queue
-        .arn
-        .as_deref()
-        .and_then(QueueArn::parse)
-        .map(|a| a.name)
-        .or_else(|| queue.url.rsplit('/').next().map(str::to_string))
 }
 
 async fn oldest_age(alarms: &dyn Alarms, name: &str) -> Option<i64> {

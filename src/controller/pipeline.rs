@@ -5,7 +5,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 
 use crate::api::QueueConsumer;
 use crate::aws::cloudwatch::{AlarmSpec, dead_letter_alarm};
-use crate::aws::{DeadLetterFacts, Facts, ObserveError, QueueArn};
+use crate::aws::{DeadLetterFacts, Facts, ObserveError};
 use crate::render::{self, RenderError, RenderOptions};
 use crate::scaling::{self, History, Timestamp};
 use crate::validate::{self, Report};
@@ -104,19 +104,6 @@ pub fn alarm_name(qc: &QueueConsumer) -> String {
     s
 }
 
-/// The DLQ's name, for the CloudWatch dimension: from its ARN, else the last segment of its URL.
-fn queue_name(dead_letter: &DeadLetterFacts) -> Option<String> {
-    match dead_letter {
-        DeadLetterFacts::Found { queue, .. } => queue
-            .arn
-            .as_deref()
-            .and_then(QueueArn::parse)
-            .map(|a| a.name)
-            .or_else(|| queue.url.rsplit('/').next().map(str::to_string)),
-        _ => None,
-    }
-}
-
 /// Whether the QueueConsumer controls `live` (its controller owner reference carries our uid).
 pub fn controls(qc: &QueueConsumer, live: &Deployment) -> bool {
     let uid = qc.metadata.uid.as_deref();
@@ -151,15 +138,12 @@ pub fn decide(
         Observation::Failed(_) | Observation::Offline => AlarmPlan::Unchanged,
         Observation::Read(_) if !qc.spec.dead_letter.alarm => AlarmPlan::Remove,
         Observation::Read(f) => match &f.dead_letter {
-            DeadLetterFacts::Found { .. } => match queue_name(&f.dead_letter) {
-                Some(q) => AlarmPlan::Keep(Box::new(dead_letter_alarm(
-                    &alarm_name(qc),
-                    &q,
-                    qc.metadata.namespace.as_deref().unwrap_or("default"),
-                    qc.metadata.name.as_deref().unwrap_or(""),
-                ))),
-                None => AlarmPlan::Unchanged,
-            },
+            DeadLetterFacts::Found { queue, .. } => AlarmPlan::Keep(Box::new(dead_letter_alarm(
+                &alarm_name(qc),
+                &queue.name(),
+                qc.metadata.namespace.as_deref().unwrap_or("default"),
+                qc.metadata.name.as_deref().unwrap_or(""),
+            ))),
             DeadLetterFacts::None | DeadLetterFacts::Missing { .. } => AlarmPlan::Remove,
             DeadLetterFacts::Unreachable { .. } | DeadLetterFacts::NotRead { .. } => {
                 AlarmPlan::Unchanged

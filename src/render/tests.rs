@@ -467,6 +467,22 @@ fn no_region_without_one_in_spec_or_url() {
 }
 
 #[test]
+fn region_from_the_queue_url_as_the_worker_resolves_it() {
+    for (url, region) in crate::aws::facts::REGION_CASES {
+        let mut spec = http_spec();
+        spec["queue"] = json!({ "url": url });
+        let w = worker_args(
+            &qc(spec).spec,
+            9090,
+            &WorkerLaunch::Http {
+                url: "http://127.0.0.1:8080/".into(),
+            },
+        );
+        assert_eq!(arg_after(&w, "--region"), *region, "{url}");
+    }
+}
+
+#[test]
 fn render_is_deterministic() {
     assert_eq!(render(exec_spec()), render(exec_spec()));
 }

@@ -2,7 +2,7 @@
 //! Every setting is spelled out, so `kubectl describe pod` shows what the worker runs with.
 
 use crate::api::QueueConsumerSpec;
-use crate::aws::facts::region_from_url;
+use crate::aws::facts::queue_region;
 
 use super::shutdown_timeout;
 
@@ -17,10 +17,7 @@ pub enum WorkerLaunch {
 
 /// The region of the spec, else the one in the queue URL; None lets the SDK's environment decide.
 pub fn region(spec: &QueueConsumerSpec) -> Option<String> {
-    spec.queue
-        .region
-        .clone()
-        .or_else(|| region_from_url(&spec.queue.url))
+    queue_region(spec.queue.region.as_deref(), &spec.queue.url)
 }
 
 /// Arguments after the `qc-worker` executable.

@@ -6,6 +6,7 @@ use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName};
 use tokio::sync::OnceCell;
 
 use super::sqs::Message;
+use crate::aws::facts::{QueueArn, parse_redrive_policy};
 
 /// The attribute that carries why the handler called the message poison.
 pub const REASON_ATTRIBUTE: &str = "qc-poison-reason";
@@ -73,22 +74,21 @@ impl DeadLetter {
         else {
             return Ok(None);
         };
-        let arn = serde_json::from_str::<serde_json::Value>(policy)
-            .ok()
-            .and_then(|v| v["deadLetterTargetArn"].as_str().map(str::to_string))
-            .ok_or_else(|| DeadLetterError::ParseTargetArn(policy.clone()))?;
-        let (account, name) =
-            account_and_name(&arn).ok_or_else(|| DeadLetterError::ParseTargetArn(arn.clone()))?;
+        let arn = parse_redrive_policy(policy)
+            .map_err(|_| DeadLetterError::ParseTargetArn(policy.clone()))?
+            .dead_letter_target_arn;
+        let QueueArn { account, name, .. } =
+            QueueArn::parse(&arn).ok_or(DeadLetterError::ParseTargetArn(arn))?;
         let out = self
             .client
             .get_queue_url()
-            .queue_name(name)
-            .queue_owner_aws_account_id(account)
+            .queue_name(&name)
+            .queue_owner_aws_account_id(&account)
             .send()
             .await
             .map_err(|e| DeadLetterError::FindQueue {
-                name: name.to_string(),
-                account: account.to_string(),
+                name,
+                account,
                 reason: crate::aws::error_chain(&e),
             })?;
         Ok(out.queue_url)
@@ -141,21 +141,6 @@ impl DeadLetter {
     }
 }
 
-/// `arn:aws:sqs:REGION:ACCOUNT:NAME` → (ACCOUNT, NAME).
-pub fn account_and_name(arn: &str) -> Option<(&str, &str)> {
-    let mut parts = arn.splitn(6, ':');
-    let (arn_, _partition, service, _region, account, name) = (
-        parts.next()?,
-        parts.next()?,
-        parts.next()?,
-        parts.next()?,
-        parts.next()?,
-        parts.next()?,
-    );
-    (arn_ == "arn" && service == "sqs" && !account.is_empty() && !name.is_empty())
-        .then_some((account, name))
-}
-
 /// At most `max` bytes of `s`, cut at a character boundary.
 pub fn truncate(s: &str, max: usize) -> &str {
     if s.len() <= max {
@@ -171,26 +156,6 @@ pub fn truncate(s: &str, max: usize) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn target_arns_name_account_and_queue() {
-        assert_eq!(
-            account_and_name("arn:aws:sqs:us-east-1:123456789012:orders-dlq.fifo"),
-            Some(("123456789012", "orders-dlq.fifo"))
-        );
-        assert_eq!(
-            account_and_name("arn:aws-cn:sqs:cn-north-1:1:q"),
-            Some(("1", "q"))
-        );
-        for bad in [
-            "",
-            "arn:aws:sns:us-east-1:1:t",
-            "arn:aws:sqs:us-east-1::q",
-            "q",
-        ] {
-            assert_eq!(account_and_name(bad), None, "{bad}");
-        }
-    }
 
     #[test]
     fn reasons_are_cut_at_a_character_boundary() {

@@ -237,10 +237,7 @@ pub async fn run(
         move || wait_signal(rx.clone())
     };
 
-    let region = config
-        .region
-        .clone()
-        .or_else(|| sqs::region_from_url(&config.queue_url));
+    let region = crate::aws::facts::queue_region(config.region.as_deref(), &config.queue_url);
     let sdk = crate::aws::sdk_config(region.as_deref(), config.endpoint_url.as_deref()).await;
     // The SDK retries a failed request (standard mode, AWS_MAX_ATTEMPTS); a call that still fails is
     // backed off with jitter by the worker, without blocking a slot.
@@ -498,9 +495,7 @@ async fn open_store(
 }
 
 /// The queue's name: the last path segment of its URL.
-pub fn queue_name(url: &str) -> &str {
-    url.trim_end_matches('/').rsplit('/').next().unwrap_or(url)
-}
+pub use crate::aws::facts::queue_name_from_url as queue_name;
 
 fn log_start(config: &Config, info: &QueueInfo, heartbeat: Option<StdDuration>) {
     let vt = info.visibility_timeout;

@@ -710,33 +710,16 @@ pub fn parse_queue_info(attrs: &HashMap<String, String>) -> Result<QueueInfo, St
     let vt: u64 = vt
         .parse()
         .map_err(|_| format!("VisibilityTimeout {vt:?} is not a whole number of seconds"))?;
-    let max_receive_count = attrs.get("RedrivePolicy").and_then(|p| {
-        let v: serde_json::Value = serde_json::from_str(p).ok()?;
-        match v.get("maxReceiveCount")? {
-            serde_json::Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
-            serde_json::Value::String(s) => s.parse().ok(),
-            _ => None,
-        }
-    });
+    let max_receive_count = attrs
+        .get(crate::aws::facts::ATTR_REDRIVE_POLICY)
+        .and_then(|p| crate::aws::facts::parse_redrive_policy(p).ok())
+        .map(|p| p.max_receive_count);
     Ok(QueueInfo {
         visibility_timeout: Duration::from_secs(vt),
         arn: attrs.get("QueueArn").cloned().unwrap_or_default(),
         fifo: attrs.get("FifoQueue").is_some_and(|v| v == "true"),
         max_receive_count,
     })
-}
-
-/// The region in an SQS URL (`https://sqs.eu-west-1.amazonaws.com/...` or the legacy
-/// `https://eu-west-1.queue.amazonaws.com/...`); None for other hosts such as local emulators.
-pub fn region_from_url(url: &str) -> Option<String> {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let host = rest.split(['/', ':']).next()?;
-    let labels: Vec<&str> = host.split('.').collect();
-    match labels.as_slice() {
-        ["sqs", region, "amazonaws", ..] => Some((*region).to_string()),
-        [region, "queue", "amazonaws", ..] => Some((*region).to_string()),
-        _ => None,
-    }
 }
 
 #[cfg(test)]
@@ -746,23 +729,6 @@ mod tests {
     use aws_sdk_sqs::error::ErrorMetadata;
     use aws_sdk_sqs::operation::receive_message::ReceiveMessageError;
     use aws_smithy_types::body::SdkBody;
-
-    #[test]
-    fn region_comes_from_aws_hosts_only() {
-        assert_eq!(
-            region_from_url("https://sqs.eu-west-1.amazonaws.com/1/q").as_deref(),
-            Some("eu-west-1")
-        );
-        assert_eq!(
-            region_from_url("https://us-east-2.queue.amazonaws.com/1/q").as_deref(),
-            Some("us-east-2")
-        );
-        assert_eq!(
-            region_from_url("https://sqs.cn-north-1.amazonaws.com.cn/1/q").as_deref(),
-            Some("cn-north-1")
-        );
-        assert_eq!(region_from_url("http://127.0.0.1:4566/000/q"), None);
-    }
 
     #[test]
     fn queue_info_reads_vt_fifo_and_redrive() {
