@@ -27,6 +27,8 @@ fn sample(at_s: u64, visible: u64, in_flight: u64) -> Sample {
         visible,
         in_flight,
         delayed: 0,
+        deleted: None,
+        oldest_age: None,
         at: Timestamp::from_secs(at_s),
     }
 }
@@ -202,13 +204,14 @@ fn scale_up_is_immediate_even_inside_a_stabilization_window() {
 
 #[test]
 fn scale_down_only_to_the_highest_recommendation_of_the_window() {
-    // window 5 m; (t, visible, inFlight) with recommendations 9, 8, 5, 2
-    let base = [(0, 0, 90), (300, 0, 80), (400, 0, 50), (590, 0, 20)];
+    // window 5 m; (t, visible, inFlight) with recommendations 9, 8, 5, 2 (in flight a multiple of 9, so
+    // the scale-down band, ceil(inFlight / (C × 0.9)), is the recommendation too)
+    let base = [(0, 0, 81), (300, 0, 72), (400, 0, 45), (590, 0, 18)];
     let cases = [
         // (extra samples, current) → (replicas, limited by)
         (vec![], 10, 8, Some(Limit::Stabilization)), // at 590 the window [290, 590] still holds 8
-        (vec![(705, 0, 20)], 8, 2, None),            // at 705 the window [405, 705] holds 2 and 2
-        (vec![(650, 0, 20)], 8, 5, Some(Limit::Stabilization)), // [350, 650]: 5 at 400
+        (vec![(705, 0, 18)], 8, 2, None),            // at 705 the window [405, 705] holds 2 and 2
+        (vec![(650, 0, 18)], 8, 5, Some(Limit::Stabilization)), // [350, 650]: 5 at 400
         (vec![], 6, 6, Some(Limit::Stabilization)), // never above current: the window only holds up
     ];
     for (extra, current, want, limit) in cases {
@@ -238,27 +241,31 @@ fn the_in_flight_term_is_the_mean_of_max_backlog_age_never_above_the_reading() {
         let samples: Vec<Reading> = (0..=600).step_by(15).map(|t| (t, 0, readings(t))).collect();
         decide_on(&spec(), &samples, current)
     };
-    let cases: [Case<'_>; 4] = [
-        // the highest raw reading would hold ceil(46 / 10) = 5; the mean of 4 samples is 40 → 4
+    let cases: [Case<'_>; 5] = [
+        // a scale-down keeps the load at 90 %: the highest raw reading would hold ceil(46 / 9) = 6; the
+        // mean of 4 samples is 40 → ceil(40 / 9) = 5
         (
             "alternating, last 34",
             &|t| if t % 30 == 0 { 34 } else { 46 },
-            4,
-            None,
+            5,
+            Some(Limit::Stabilization),
         ),
-        // the floor still holds what is in flight now
+        // the floor (ceil(46 / 10) = 5) would hold what is in flight now; the band holds as much
         (
             "alternating, last 46",
             &|t| if t % 30 == 0 { 46 } else { 34 },
             5,
-            Some(Limit::InFlight),
+            Some(Limit::Stabilization),
         ),
-        ("steady 46", &|_| 46, 5, None),
-        // a reading below the mean counts as itself: 0 in flight needs no replica for in-flight
+        // 46 on 5 replicas is 92 % busy: the band keeps 6
+        ("steady 46", &|_| 46, 6, Some(Limit::Stabilization)),
+        ("steady 45", &|_| 45, 5, None),
+        // a reading below the mean counts as itself: 0 in flight needs no replica for in-flight; the
+        // window still holds the busy samples (46 at 90 %: 6)
         (
             "last 60 s quiet",
             &|t| if t > 540 { 0 } else { 46 },
-            5,
+            6,
             Some(Limit::Stabilization),
         ),
     ];
@@ -671,14 +678,15 @@ fn with_a_declared_mean_starting_replicas_stay_while_a_backlog_waits() {
     let cases = [
         // the recommendation is 5 (see below): without the rule it would go there
         (MEAN, 2990, 10, 11, 11, Some(Limit::Starting)),
-        // half of them busy: the rest still starting
-        (MEAN, 2990, 50, 11, 11, Some(Limit::Starting)),
+        // half of them busy: the band's load alone holds them (λ × mean = 50 + 0.8 × 30 / 5 = 54.8 slots
+        // → 7, + 5 for the backlog); the rule below would too
+        (MEAN, 2990, 50, 11, 11, Some(Limit::Stabilization)),
         // nothing visible: nothing to wait for; the floor holds the 3 busy ones
         (MEAN, 0, 30, 11, 3, Some(Limit::InFlight)),
         // every slot busy: nothing is starting (the floor then holds them all)
         (MEAN, 2000, 110, 11, 11, Some(Limit::InFlight)),
-        // no mean: DESIGN has no such rule; 600 visible need 2, 10 in flight 1
-        (None, 600, 10, 11, 3, None),
+        // no mean: DESIGN has no such rule; 600 visible need 2, 10 in flight 1, but 2 at 90 % (the band)
+        (None, 600, 10, 11, 4, Some(Limit::Stabilization)),
         (MEAN, 600, 10, 11, 11, Some(Limit::Starting)),
     ];
     for (mean, visible, in_flight, current, want, limit) in cases {
@@ -690,4 +698,194 @@ fn with_a_declared_mean_starting_replicas_stay_while_a_backlog_waits() {
         );
     }
     assert_eq!(burst(MEAN, 2990, 10, 11).recommended, 5);
+}
+
+/// A sample with the workers' deleted count since the previous one and the oldest message's age.
+fn counted(at_s: u64, visible: u64, in_flight: u64, deleted: Option<u64>, age_s: u64) -> Sample {
+    Sample {
+        deleted,
+        oldest_age: Some(Duration::from_secs(age_s)),
+        ..sample(at_s, visible, in_flight)
+    }
+}
+
+fn decide_samples(
+    spec: &ScalingSpec,
+    mean: Option<Duration>,
+    samples: &[Sample],
+    current: u32,
+) -> Decision {
+    let mut h = History::for_spec(spec, None);
+    for s in samples {
+        h.push(*s).unwrap();
+    }
+    let now = samples.last().map_or(Timestamp::from_secs(0), |s| s.at);
+    decide(spec, P99, mean, C, &h, current, now)
+}
+
+#[test]
+fn scale_down_leaves_the_remaining_replicas_at_most_90_percent_busy() {
+    // no mean: the load is the in-flight term's input; steady in flight for 10 min, window 5 m.
+    // (in flight, current) → replicas: up at full use, down only to ceil(load / (C × 0.9))
+    let cases = [
+        (40, 4, 4), // 40 on 4 replicas: full, the recommendation is 4, no scale-up
+        (41, 4, 5), // one more: scale-up at once, at full use
+        (40, 5, 5), // but from 5, 4 would be 100 % busy: held (4 × 9 = 36 < 40)
+        (36, 5, 4), // 36 fit 4 replicas at 90 %
+        (37, 5, 5),
+        (40, 8, 5), // a real drop still goes down, to 5
+        (0, 3, 0),  // nothing: no headroom on nothing
+    ];
+    for (in_flight, current, want) in cases {
+        let samples: Vec<Reading> = (0..=600).step_by(15).map(|t| (t, 0, in_flight)).collect();
+        let d = decide_on(&spec(), &samples, current);
+        assert_eq!(
+            d.replicas, want,
+            "{in_flight} in flight from {current}: {d}"
+        );
+        assert_eq!(d.recommended, in_flight.div_ceil(10) as u32, "{d}");
+    }
+}
+
+#[test]
+fn with_a_declared_mean_the_arrivals_are_counted_from_the_deleted_messages() {
+    // mean 0.8 s, samples 15 s apart, nothing visible, 40 in flight at both, window 0 s (only the band
+    // holds). Arrivals = Δ(visible + in flight) + deleted: λ × mean slots are busy; scale-down to
+    // ceil(λ × mean / (C × 0.9)). (deleted since the previous sample, current) → replicas
+    let s = ScalingSpec {
+        scale_down_stabilization: Duration::from_secs(0).into(),
+        ..spec()
+    };
+    let cases = [
+        (Some(750), 8, 5), // 50/s × 0.8 = 40 slots → 40 / 9 → 5
+        (Some(600), 8, 4), // 40/s → 32 slots → 4 (the floor: 40 in flight need 4)
+        (Some(0), 8, 4),   // nothing finished: λ = 0; the in-flight floor holds 4
+        (None, 8, 5),      // unknown: Little's law, in flight / mean = 50/s → 5
+    ];
+    for (deleted, current, want) in cases {
+        let samples = [
+            counted(0, 0, 40, deleted, 0),
+            counted(15, 0, 40, deleted, 0),
+        ];
+        let d = decide_samples(&s, MEAN, &samples, current);
+        assert_eq!(d.replicas, want, "deleted {deleted:?} from {current}: {d}");
+    }
+    // while a backlog waits, the in-flight term takes the counted arrivals' share: 1000 → 700 visible,
+    // 100 in flight, 200 deleted in 5 s: arrivals −300 + 200 < 0 → 0; 700 seen need 1
+    let d = decide_samples(
+        &s,
+        MEAN,
+        &[
+            counted(0, 1000, 100, Some(200), 5),
+            counted(5, 700, 100, Some(200), 5),
+        ],
+        1,
+    );
+    assert_eq!(
+        (d.replicas, d.terms.unwrap().in_flight_mean),
+        (1, 0.0),
+        "{d}"
+    );
+}
+
+#[test]
+fn no_scale_down_while_the_oldest_message_could_not_wait_for_a_replica_to_come_back() {
+    // T 60 s, P 2 s, start-up 30 s (auto, unmeasured): a replica let go comes back in 30 s, so not while
+    // the oldest visible message is older than 60 − 30 − 2 = 28 s. Window 0 s; from 6, 5 in flight (1
+    // replica, whose 5 free slots take the 50 visible in time). (oldest age, visible) → (replicas, limited by)
+    let s = ScalingSpec {
+        scale_down_stabilization: Duration::from_secs(0).into(),
+        ..spec()
+    };
+    let cases = [
+        (20, 50, 1, None),
+        (28, 50, 1, None),
+        (29, 50, 6, Some(Limit::OldestAge)),
+        (59, 50, 6, Some(Limit::OldestAge)),
+        (40, 0, 1, None), // nothing visible: the age is of no message (a stale CloudWatch reading)
+    ];
+    for (age, visible, want, limit) in cases {
+        let samples = [
+            counted(0, visible, 5, None, age),
+            counted(15, visible, 5, None, age),
+        ];
+        let d = decide_samples(&s, None, &samples, 6);
+        assert_eq!(
+            (d.replicas, d.limited_by),
+            (want, limit),
+            "oldest {age} s, {visible} visible: {d}"
+        );
+    }
+    // scale-up is never held
+    let d = decide_samples(
+        &s,
+        None,
+        &[
+            counted(0, 3000, 10, None, 50),
+            counted(15, 3000, 10, None, 50),
+        ],
+        6,
+    );
+    assert_eq!((d.replicas, d.reason), (11, Reason::ScaleUp), "{d}");
+}
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn reading() -> impl Strategy<Value = (u64, u64, Option<u64>, u64)> {
+        (
+            0u64..5000,
+            0u64..400,
+            proptest::option::of(0u64..3000),
+            0u64..120,
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Whatever the samples, deleted counts and ages: the decision is a pure function, never below
+        /// what holds the in-flight messages (unless maxReplicas is lower), takes a higher recommendation
+        /// at once, and leaves zero only on two samples above the activation backlog.
+        #[test]
+        fn the_guarantees_hold_with_every_new_input(
+            readings in proptest::collection::vec(reading(), 1..12),
+            poll in 1u64..30,
+            current in 0u32..25,
+            mean in proptest::option::of(100u64..2000),
+            window in 0u64..120,
+        ) {
+            let s = ScalingSpec {
+                max_replicas: 20,
+                scale_down_stabilization: Duration::from_secs(window).into(),
+                ..spec()
+            };
+            let mean = mean.map(Duration::from_millis);
+            let samples: Vec<Sample> = readings
+                .iter()
+                .enumerate()
+                .map(|(i, &(v, f, d, age))| counted(i as u64 * poll, v, f, d, age))
+                .collect();
+            let d = decide_samples(&s, mean, &samples, current);
+            prop_assert_eq!(&d, &decide_samples(&s, mean, &samples, current));
+            let last = samples.last().unwrap();
+            let busy = u32::try_from(last.in_flight.div_ceil(u64::from(C))).unwrap();
+            if current > 0 {
+                prop_assert!(d.replicas >= current.min(busy).min(s.max_replicas), "{}", d);
+                if d.recommended > current {
+                    prop_assert_eq!(d.replicas, d.recommended);
+                    prop_assert_eq!(d.reason, Reason::ScaleUp);
+                }
+                if d.replicas < current {
+                    prop_assert!(d.replicas >= d.recommended, "{}", d);
+                }
+            } else {
+                let over = |x: &Sample| x.visible > 0;
+                let two = samples.len() >= 2 && over(last) && over(&samples[samples.len() - 2]);
+                prop_assert_eq!(d.replicas > 0, two, "{}", d);
+            }
+            prop_assert!(d.replicas <= s.max_replicas);
+        }
+    }
 }

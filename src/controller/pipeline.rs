@@ -277,6 +277,8 @@ mod tests {
             visible: 900,
             in_flight: 0,
             delayed: 0,
+            deleted: None,
+            oldest_age: None,
             at: Timestamp::from_secs(10),
         })
         .unwrap();
@@ -358,6 +360,8 @@ mod tests {
                 visible,
                 in_flight,
                 delayed: 0,
+                deleted: None,
+                oldest_age: None,
                 at: Timestamp::from_secs(10),
             })
             .unwrap();

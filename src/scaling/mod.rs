@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Serialize;
 
 use crate::api::conditions::reason as condition_reason;
-use crate::api::{Duration, QueueConsumerSpec, ScalingSpec};
+use crate::api::{DEFAULT_STARTUP, Duration, QueueConsumerSpec, ScalingSpec};
 use crate::aws::facts::QueueFacts;
 
 /// Upper bound on retained samples whatever the window: a 1s poll interval and a one-hour window fit.
@@ -84,6 +84,12 @@ pub struct Sample {
     pub in_flight: u64,
     /// ApproximateNumberOfMessagesDelayed: not receivable yet, so not counted as work (see docs/scaling.md).
     pub delayed: u64,
+    /// Messages the consumer's workers deleted since the previous sample, when known (their counters). With
+    /// it the arrivals between two samples are counted, not estimated: Δ(visible + in flight) + deleted.
+    /// None: the policy estimates the completions by Little's law (in flight / mean).
+    pub deleted: Option<u64>,
+    /// The age of the oldest visible message (ApproximateAgeOfOldestMessage), when known.
+    pub oldest_age: Option<Duration>,
     pub at: Timestamp,
 }
 
@@ -98,6 +104,8 @@ impl Sample {
             visible: count(facts.visible, "ApproximateNumberOfMessages")?,
             in_flight: count(facts.in_flight, "ApproximateNumberOfMessagesNotVisible")?,
             delayed: count(facts.delayed, "ApproximateNumberOfMessagesDelayed").unwrap_or(0),
+            deleted: None,
+            oldest_age: None,
             at,
         })
     }
@@ -248,6 +256,11 @@ pub fn measured_startup(pods: &[(Timestamp, Timestamp)]) -> Option<Duration> {
     took.get(took.len() / 2).map(|d| (*d).min(MAX_STARTUP))
 }
 
+/// Percent: a scale-down goes only as low as leaves the remaining replicas this busy with the measured
+/// load (scale-up still happens at full use). The band between the two is what keeps a load at the edge of
+/// a replica from adding and removing it on every wobble (docs/scaling.md, "Damping churn").
+pub const SCALE_DOWN_UTILIZATION: u32 = 90;
+
 /// A sample older than this many poll intervals is stale: the policy holds rather than act on it.
 pub const STALE_AFTER_POLLS: u32 = 3;
 
@@ -294,6 +307,9 @@ pub enum Limit {
     /// With a declared mean: a backlog waits and some replicas are not busy yet, i.e. still starting
     /// (a ready slot takes a visible message at once); they are what will drain it, so none is removed.
     Starting,
+    /// The oldest visible message has less than a start-up plus P left before maxBacklogAge: a replica let
+    /// go now could not come back in time.
+    OldestAge,
 }
 
 impl Limit {
@@ -306,6 +322,7 @@ impl Limit {
             Limit::InFlight => "InFlight",
             Limit::Activation => "Activation",
             Limit::Starting => "Starting",
+            Limit::OldestAge => "OldestAge",
         }
     }
 }
@@ -523,10 +540,10 @@ pub fn decide(
     } else {
         let window_max = (0..samples.len())
             .filter(|&i| samples[i].at > since)
-            .map(|i| model.recommend(&samples, i).clamped)
+            .map(|i| model.recommend(&samples, i).keep)
             .max()
-            .unwrap_or(rec.clamped)
-            .max(rec.clamped);
+            .unwrap_or(rec.keep)
+            .max(rec.keep);
         terms.window_max = Some(window_max);
         if window_max > rec.clamped {
             limited_by = Some(Limit::Stabilization);
@@ -542,6 +559,19 @@ pub fn decide(
     {
         target = current;
         limited_by = Some(Limit::Starting);
+    }
+    // a replica let go comes back only after a start-up: not while the oldest visible message has less than
+    // a start-up plus P left before maxBacklogAge
+    if target < current
+        && latest.visible > 0
+        && latest.oldest_age.is_some_and(|age| {
+            age.saturating_add(history.startup().unwrap_or(DEFAULT_STARTUP))
+                .saturating_add(p99)
+                > spec.max_backlog_age
+        })
+    {
+        target = current;
+        limited_by = Some(Limit::OldestAge);
     }
     let floor = current.min(saturate_u32(
         latest.in_flight.div_ceil(u64::from(concurrency.max(1))),
@@ -590,6 +620,9 @@ struct Model {
 struct Recommendation {
     raw: u64,
     clamped: u32,
+    /// What a scale-down may go to from this sample: the recommendation with the arrivals' load sized at
+    /// [`SCALE_DOWN_UTILIZATION`] (never below `clamped`).
+    keep: u32,
     limit: Option<Limit>,
     terms: Terms,
 }
@@ -660,23 +693,33 @@ impl Model {
         if own < sum {
             sum = own;
         }
-        if let (Some(mean_ms), Some(p)) = (self.mean_ms, prev)
+        // the slots the arrivals since the previous sample keep busy, λ × mean, as (slots × dt, dt): arrivals
+        // are Δ(visible + in flight) + deleted; without a deleted count, completions × mean is estimated
+        // as in flight (Little's law)
+        let load = match (self.mean_ms, prev) {
+            (Some(mean_ms), Some(p)) => {
+                let dt = u128::from(s.at.as_millis().saturating_sub(p.at.as_millis()).max(1));
+                let work =
+                    |x: &Sample| i128::from(x.visible).saturating_add(i128::from(x.in_flight));
+                let growth = work(s).saturating_sub(work(p));
+                let mean = i128::try_from(mean_ms).unwrap_or(i128::MAX);
+                let x = match s.deleted {
+                    Some(d) => mean.saturating_mul(growth.saturating_add(i128::from(d))),
+                    None => i128::from(s.in_flight)
+                        .saturating_mul(i128::try_from(dt).unwrap_or(i128::MAX))
+                        .saturating_add(mean.saturating_mul(growth)),
+                };
+                Some((u128::try_from(x.max(0)).unwrap_or(0), dt))
+            }
+            _ => None,
+        };
+        if let Some((load_x_dt, dt)) = load
             && s.visible > 0
         {
-            // arrivals × mean = completions × mean + growth × mean = in flight + mean × growth / dt;
-            // like the mean, it only lowers the term (a growing backlog is the backlog term's job)
-            let dt = i128::from(s.at.as_millis().saturating_sub(p.at.as_millis()).max(1));
-            let work = |x: &Sample| i128::from(x.visible).saturating_add(i128::from(x.in_flight));
-            let growth = work(s).saturating_sub(work(p));
-            let mean = i128::try_from(mean_ms).unwrap_or(i128::MAX);
-            let arrivals_x_dt = i128::from(s.in_flight)
-                .saturating_mul(dt)
-                .saturating_add(mean.saturating_mul(growth))
-                .max(0);
-            let arrivals_n = u128::try_from(arrivals_x_dt)
-                .unwrap_or(0)
-                .saturating_mul(n)
-                .div_ceil(dt.unsigned_abs());
+            // while a backlog waits, in flight measures the ready capacity, not the arrivals: take the
+            // arrivals' share; like the mean, it only lowers the term (a growing backlog is the backlog
+            // term's job)
+            let arrivals_n = load_x_dt.saturating_mul(n).div_ceil(dt);
             if arrivals_n < sum {
                 sum = arrivals_n;
             }
@@ -721,10 +764,25 @@ impl Model {
         } else {
             (raw as u32, None)
         };
+        // scale-down: the load (the arrivals' λ × mean, else the in-flight term's input) at
+        // SCALE_DOWN_UTILIZATION, so a load at the edge of a replica does not flap across it
+        let keep_in_flight = if !self.scale_on_in_flight || (s.in_flight == 0 && s.visible == 0) {
+            0
+        } else {
+            let (x, d) = load.unwrap_or((sum, n));
+            u64::try_from(
+                x.saturating_mul(100)
+                    .div_ceil(d * c * u128::from(SCALE_DOWN_UTILIZATION)),
+            )
+            .unwrap_or(u64::MAX)
+        };
+        let keep_raw = keep_in_flight.saturating_add(backlog_replicas).max(raw);
+        let keep = keep_raw.clamp(u64::from(self.min), u64::from(self.max)) as u32;
         let (per_new, per_seen) = self.per_replica();
         Recommendation {
             raw,
             clamped,
+            keep: keep.max(clamped),
             limit,
             terms: Terms {
                 visible: s.visible,

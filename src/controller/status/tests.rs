@@ -397,6 +397,8 @@ fn scale_decision(
             visible: *visible,
             in_flight: *in_flight,
             delayed: 0,
+            deleted: None,
+            oldest_age: None,
             at: Timestamp::from_secs(100 + i as u64),
         })
         .unwrap();

@@ -36,6 +36,10 @@ pub struct Observation {
     pub replicas: u32,
     /// Replicas ready to take messages.
     pub ready: u32,
+    /// Messages handled and deleted since the start (the workers' deleted counters, summed).
+    pub deleted: u64,
+    /// Age of the oldest waiting message, ms (ApproximateAgeOfOldestMessage); 0 when none waits.
+    pub oldest_age_ms: u64,
 }
 
 /// Per-message and per-second measurements of one run.
@@ -72,6 +76,7 @@ pub struct Engine<'a> {
     existing: u32,
     free_slots: u64,
     in_flight: u64,
+    deleted: u64,
     next_seq: u64,
     next_second: u64,
     replica_ms: u128,
@@ -107,6 +112,7 @@ impl<'a> Engine<'a> {
             existing: 0,
             free_slots: 0,
             in_flight: 0,
+            deleted: 0,
             next_seq: 0,
             next_second: 0,
             replica_ms: 0,
@@ -188,6 +194,12 @@ impl<'a> Engine<'a> {
             in_flight: self.in_flight,
             replicas: self.target,
             ready: self.ready,
+            deleted: self.deleted,
+            oldest_age_ms: if self.started < self.arrived {
+                self.now.saturating_sub(self.msgs[self.started].at)
+            } else {
+                0
+            },
         }
     }
 
@@ -377,6 +389,7 @@ impl<'a> Engine<'a> {
         let r = &mut self.replicas[idx];
         r.busy -= 1;
         self.in_flight -= 1;
+        self.deleted += 1;
         let draining = r.state == State::Draining;
         match r.state {
             State::Ready => self.free_slots += 1,

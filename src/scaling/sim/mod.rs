@@ -152,6 +152,8 @@ pub struct Ours {
     history: History,
     next: u64,
     poll_ms: u64,
+    /// The engine's deleted count at the previous sample.
+    deleted: u64,
 }
 
 impl Ours {
@@ -166,6 +168,7 @@ impl Ours {
             poll_ms: u64::try_from(cfg.scaling.poll_interval.as_millis())
                 .unwrap_or(u64::MAX)
                 .max(1000),
+            deleted: 0,
         }
     }
 }
@@ -182,8 +185,11 @@ impl Scaler for Ours {
             visible: obs.visible,
             in_flight: obs.in_flight,
             delayed: 0,
+            deleted: Some(obs.deleted.saturating_sub(self.deleted)),
+            oldest_age: Some(Duration::from_millis(obs.oldest_age_ms)),
             at,
         };
+        self.deleted = obs.deleted;
         if self.history.push(sample).is_err() {
             return current;
         }
