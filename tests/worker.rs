@@ -546,6 +546,58 @@ async fn heartbeats_failing_until_the_lease_ends_count_a_lost_lease() {
     assert!(w.wait_exit(SECS(20)).await.success());
 }
 
+/// Handlers longer than the heartbeat interval (2 s against VT 3 s, interval 1 s): once their time
+/// is known, no batch waits locally for a slot any more (it would wait a whole handler time, on
+/// heartbeats, hidden from other consumers); the worker receives only into free slots, so no more
+/// than `concurrency` messages are in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_handlers_stop_the_waiting_batch() {
+    let q = TestQueue::new("no-prefetch", 3, 5, false).await;
+    let bodies = numbered(10);
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::ok(SECS(2))).await;
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--concurrency",
+        "2",
+        "--batch-size",
+        "2",
+        "--timeout",
+        "20s",
+        "--http-url",
+        &h.url,
+    ]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(30), "the first two handled", || async {
+        h.finished_calls() >= 2
+    })
+    .await;
+    // Room for the first two to be deleted and their slots freed.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // From here on: at most 2 in flight (without the rule: 2 running + 2 waiting after each round).
+    let mut most = 0.0f64;
+    let deadline = std::time::Instant::now() + SECS(60);
+    while w.metric("qc_worker_messages_deleted_total").await != Some(10.0) {
+        assert!(std::time::Instant::now() < deadline, "10 deleted");
+        if let Some(n) = w.metric("qc_worker_in_flight").await {
+            most = most.max(n);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(most <= 2.0, "at most concurrency in flight, saw {most}");
+    assert_eq!(
+        w.log_lines("handlers take longer than the heartbeat interval: receiving only into free slots, no batch waits locally")
+            .len(),
+        1
+    );
+    let counts = h.counts_by_body();
+    for b in &bodies {
+        assert_eq!(counts.get(b), Some(&1), "{b} handled once: {counts:?}");
+    }
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handler_timeout_is_transient_and_retried() {
     let q = TestQueue::new("timeout", 5, 5, false).await;

@@ -1,7 +1,9 @@
 //! The receive loop. At most `concurrency` messages run at once. With heartbeats on (standard
 //! queues), one more batch may wait locally, kept alive by heartbeats: the next receive is then in
-//! flight before slots free up, and a busy queue is received in whole batches. Without heartbeats
-//! the worker receives only into free slots. FIFO groups run in order, one chain per MessageGroupId.
+//! flight before slots free up, and a busy queue is received in whole batches; not once handlers
+//! take longer than the heartbeat interval on average (a waiting message would cost heartbeats and
+//! be kept from other consumers for a whole handler time). Without heartbeats the worker receives
+//! only into free slots. FIFO groups run in order, one chain per MessageGroupId.
 
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
@@ -29,6 +31,10 @@ pub struct Settings {
     pub fifo: bool,
     /// Messages that may wait locally for a slot (0: receive only into free slots).
     pub prefetch: usize,
+    /// The waiting batch is kept only while the mean handler time is below this (the heartbeat
+    /// interval): a message that would wait longer than that for a slot costs heartbeats and is
+    /// better left on the queue for another consumer. None: always.
+    pub prefetch_while_under: Option<Duration>,
     /// From the shutdown signal until handlers still running are abandoned (released).
     pub drain_budget: Duration,
 }
@@ -64,9 +70,7 @@ impl Dispatcher {
         let p = self.processor.clone();
         let metrics = p.metrics.clone();
         let s = &self.settings;
-        let capacity = s.concurrency + s.prefetch;
-        let full = s.batch_size.min(capacity).max(1);
-        let max_parallel = s.concurrency.div_ceil(full).clamp(1, MAX_PARALLEL_RECEIVES);
+        let mut prefetching = true;
 
         let groups: Groups = Arc::new(Mutex::new(HashMap::new()));
         let mut tasks: JoinSet<()> = JoinSet::new();
@@ -88,6 +92,26 @@ impl Dispatcher {
         let mut drain_deadline = Instant::now();
 
         loop {
+            // Long handlers (mean above the heartbeat interval): no batch waits for a slot.
+            let prefetch = match (s.prefetch_while_under, latency_ewma) {
+                (Some(limit), Some(mean)) if mean >= limit.as_secs_f64() => 0,
+                _ => s.prefetch,
+            };
+            if s.prefetch > 0 && prefetching != (prefetch > 0) {
+                prefetching = prefetch > 0;
+                tracing::info!(
+                    mean_handler_ms = latency_ewma.map(|l| (l * 1000.0) as u64),
+                    "{}",
+                    if prefetching {
+                        "handlers are shorter than the heartbeat interval again: one batch may wait locally for a slot"
+                    } else {
+                        "handlers take longer than the heartbeat interval: receiving only into free slots, no batch waits locally"
+                    }
+                );
+            }
+            let capacity = s.concurrency + prefetch;
+            let full = s.batch_size.min(capacity).max(1);
+            let max_parallel = s.concurrency.div_ceil(full).clamp(1, MAX_PARALLEL_RECEIVES);
             if !draining && paused.is_none() && backoff_until.is_none() {
                 loop {
                     let free = capacity.saturating_sub(in_flight + reserved);

@@ -361,6 +361,7 @@ pub async fn run(
         } else {
             0
         },
+        prefetch_while_under: heartbeat,
         drain_budget: total.saturating_sub(flush_reserve),
     };
     metrics.set_readiness(Readiness::Ready);
