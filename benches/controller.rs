@@ -1,7 +1,6 @@
 //! What one reconcile costs: CPU time of the pure steps, and wall time and API requests of whole
 //! reconciles against the in-memory Kubernetes API with an in-memory queue reader.
 //! `cargo bench --bench controller` prints a table; under `cargo test` it runs a small smoke pass.
-#![allow(clippy::unwrap_used)]
 
 #[path = "../tests/fake_kube/mod.rs"]
 mod fake_kube;

@@ -7,7 +7,6 @@
 //! AWS_ENDPOINT_URL_CLOUDWATCH, which the SDK (so the controller) honours; the manifests name no
 //! endpoint. Knobs: QC_BENCH_SCALES ("100:100,1000:1000,10000:1000" as consumers:queues),
 //! QC_BENCH_POLL (15s), QC_BENCH_INTERVALS (3). Without `--bench` (cargo test) it does nothing.
-#![allow(clippy::unwrap_used)]
 
 #[path = "../tests/fake_kube/mod.rs"]
 mod fake_kube;

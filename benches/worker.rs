@@ -5,7 +5,6 @@
 //! the handler times drawn in that run), CPU per message and peak RSS of the consumer process. Run
 //! it with `bash scripts/bench-worker` (it starts fauxqs and installs sqs-consumer);
 //! `cargo test --all-targets` only builds it.
-#![allow(clippy::unwrap_used)]
 
 #[path = "../tests/common/mod.rs"]
 mod common;

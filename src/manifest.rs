@@ -45,8 +45,6 @@ pub enum ManifestError {
         "{path}: expected the output of `aws sqs get-queue-attributes --attribute-names All` (an object with \"Attributes\")"
     )]
     AttributesShape { path: PathBuf },
-    #[error("{path}: no {KIND} ({API_VERSION}) in this file")]
-    NoQueueConsumer { path: PathBuf },
 }
 
 /// A document of a manifest file.
@@ -83,22 +81,6 @@ pub fn load_str(text: &str) -> Result<Vec<Document>, String> {
         .filter(|v| !v.is_null())
         .map(classify)
         .collect())
-}
-
-/// The first valid QueueConsumer of a file, for commands that take one (`plan`, `simulate`).
-pub fn load_one(
-    path: &Path,
-) -> Result<Result<QueueConsumer, (String, Vec<FieldError>)>, ManifestError> {
-    for doc in load_file(path)? {
-        match doc {
-            Document::Valid(qc) => return Ok(Ok(*qc)),
-            Document::Invalid { name, errors } => return Ok(Err((name, errors))),
-            Document::Other { .. } => {}
-        }
-    }
-    Err(ManifestError::NoQueueConsumer {
-        path: path.to_path_buf(),
-    })
 }
 
 fn name_of(v: &Value) -> String {

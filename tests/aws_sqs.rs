@@ -1,6 +1,5 @@
 //! The SQS adapter against a real moto server: facts of real queues and DLQs, missing queues,
 //! a deleted DLQ, a closed endpoint and refused credentials.
-#![allow(clippy::unwrap_used)]
 
 mod common;
 

@@ -1,7 +1,6 @@
 //! The worker's rows of the bad-input table (issue #11): flags and environment, handler answers, and
 //! the odd inputs around them. Each row is named; each expects a clear error naming the flag and the
 //! fix, or a safe outcome with nothing lost. The manifest rows live in tests/bad_input_manifests.rs.
-#![allow(clippy::unwrap_used)]
 
 #[path = "common/mod.rs"]
 mod common;

@@ -1,5 +1,4 @@
 //! `qc-operator check --live` against real queues on moto: the rules see the real settings.
-#![allow(clippy::unwrap_used)]
 
 mod common;
 

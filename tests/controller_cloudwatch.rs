@@ -1,6 +1,5 @@
 //! The CloudWatch adapter against a real CloudWatch-compatible server (moto): the DLQ alarm's
 //! lifecycle, the age-of-oldest-message read, and the batching of both across QueueConsumers.
-#![allow(clippy::unwrap_used)]
 
 mod common;
 

@@ -1,6 +1,5 @@
 //! The in-memory Kubernetes API the reconcile tests run against behaves like an API server where the
 //! controller depends on it: apply ownership and conflicts, no-op writes, status, watch, deletion.
-#![allow(clippy::unwrap_used)]
 
 mod fake_kube;
 

@@ -2,7 +2,6 @@
 //! controller scrapes, through Pods of the in-memory API whose IPs and ports point at them. Observed
 //! P99 against the declared one, pod-deletion-cost before a scale-down, per-consumer series, and
 //! `Ready=False/RolloutStalled` from crash-looping pods.
-#![allow(clippy::unwrap_used)]
 
 mod common;
 mod fake_kube;

@@ -3,7 +3,6 @@
 //! the annotation `sqs.consumers.dev/redrive-request` (the controller's own move on moto, which has no
 //! move tasks; SQS's move task against a scripted stand-in for StartMessageMoveTask and
 //! ListMessageMoveTasks that forwards every other call to moto).
-#![allow(clippy::unwrap_used)]
 
 mod common;
 mod fake_kube;

@@ -1,6 +1,5 @@
 //! `qc-operator plan`: the real binary on the samples, offline, with attribute files and live against
 //! moto; its Deployment is the one reconcile applies.
-#![allow(clippy::unwrap_used)]
 
 mod common;
 

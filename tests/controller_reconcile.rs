@@ -1,6 +1,5 @@
 //! Reconcile against the in-memory Kubernetes API and a real SQS/CloudWatch server (moto): what gets
 //! applied, what status says about the queue and its DLQ, the alarm's life, and what is left alone.
-#![allow(clippy::unwrap_used)]
 
 mod common;
 mod fake_kube;

@@ -1,6 +1,5 @@
 //! `run` end to end against the in-memory Kubernetes API: watches drive reconciles, the endpoints
 //! answer, and with leader election only the Lease holder acts until it steps down.
-#![allow(clippy::unwrap_used)]
 
 mod fake_kube;
 

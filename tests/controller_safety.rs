@@ -1,7 +1,6 @@
 //! The controller's safety promises against the in-memory Kubernetes API and moto: a failing step never
 //! slows another, a tenant-chosen endpoint gets no request unless the operator allows it, a silent
 //! endpoint cannot hang a reconcile, and the DLQ alarm deleted is always this object's own.
-#![allow(clippy::unwrap_used)]
 
 mod common;
 mod fake_kube;

@@ -1,6 +1,5 @@
 //! The scaler wired into reconcile, against the in-memory Kubernetes API and a real SQS server (moto):
 //! replicas follow the queue through the scaler's own apply, hold on AWS errors and enforced findings.
-#![allow(clippy::unwrap_used)]
 
 mod common;
 mod fake_kube;

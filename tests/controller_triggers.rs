@@ -3,7 +3,6 @@
 //! on (spec, Deployment rollout progress or deletion) must, at once and not at the next poll. Then, on
 //! moto: per poll interval each QueueConsumer is reconciled once, each queue read once, CloudWatch a
 //! few times in all, and nothing written to Kubernetes.
-#![allow(clippy::unwrap_used)]
 
 mod common;
 mod fake_kube;

@@ -1,6 +1,5 @@
 //! The example handlers of docs/handler-contract.md (examples/handlers/), each driven by the real
 //! `qc-worker` against moto: successes deleted, a transient failure retried, poison per --on-poison.
-#![allow(clippy::unwrap_used)]
 
 #[path = "common/mod.rs"]
 mod common;

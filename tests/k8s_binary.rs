@@ -1,6 +1,5 @@
 //! `qc-operator run`, the binary, against the real Kubernetes API server `scripts/test` starts: over TLS
 //! with a client certificate from a kubeconfig, as on a cluster.
-#![allow(clippy::unwrap_used)]
 
 mod common;
 

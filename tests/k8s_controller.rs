@@ -5,7 +5,6 @@
 //! QueueConsumer itself: status by server-side apply (conditions merged as a list-map keyed by type),
 //! no-op reconciles, generation and observedGeneration, the finalizer holding a deletion, watches and
 //! requeues, and that only the leader writes status.
-#![allow(clippy::unwrap_used)]
 
 mod common;
 mod fake_kube;

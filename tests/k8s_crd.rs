@@ -2,7 +2,6 @@
 //! `scripts/test` starts): it installs without warnings, the server defaults every sample and valid
 //! manifest exactly as the Rust types do, and `kubectl get qc` and `kubectl explain` work.
 //! The invalid manifests (server and `check` naming the same field) are in tests/manifest_errors.rs.
-#![allow(clippy::unwrap_used)]
 
 mod common;
 

@@ -2,7 +2,6 @@
 //! runs against the fake and against the real Kubernetes API server `scripts/test` starts, and every
 //! step must give the same result (what is compared is what the controller and its tests rely on;
 //! docs/testing.md lists what the fake still does not imitate).
-#![allow(clippy::unwrap_used)]
 
 mod common;
 mod fake_kube;

@@ -1,6 +1,5 @@
 //! Bad QueueConsumer documents are rejected with the field named, never a panic; the real Kubernetes
 //! API server (the CRD's schema and CEL rules) rejects each of them for the same field.
-#![allow(clippy::unwrap_used)]
 
 mod common;
 

@@ -3,7 +3,6 @@
 //!
 //! Tests that render need real `helm` and `kubectl` (`scripts/test` installs them and sets QC_REQUIRE_HELM=1,
 //! so there they cannot skip); a bare `cargo test` without them skips those tests with a note.
-#![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,6 @@
 //! Property tests (issue #11): the worker's HTTP/1.1 answer reader and chunked decoder, the duration
 //! parser and the manifest loader take any input without panicking, and round-trip where they can.
 //! The SQS answers are parsed by aws-sdk-sqs, which has its own tests.
-#![allow(clippy::unwrap_used)]
 
 use std::time::Duration as StdDuration;
 

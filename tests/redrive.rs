@@ -1,7 +1,6 @@
 //! DLQ redrive by receive → send → delete against a real SQS server (moto): every message back in the
 //! source with its body, attributes, trace header and FIFO group order; the DLQ empty; `--max` bounds
 //! the move; the CLI (`qc-operator redrive --queue-url`) prints how many it moved.
-#![allow(clippy::unwrap_used)]
 
 mod common;
 

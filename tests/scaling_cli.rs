@@ -1,5 +1,4 @@
 //! `qc-operator simulate` as a user runs it: the real binary, files on disk, exit codes and output.
-#![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

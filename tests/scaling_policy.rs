@@ -1,5 +1,4 @@
 //! Table tests of the replica policy (src/scaling): one table per clause of DESIGN "Scaling".
-#![allow(clippy::unwrap_used)]
 
 use qc::api::{Duration, ScalingSpec, Stabilization};
 use qc::scaling::{

@@ -1,6 +1,5 @@
 //! The queue simulator (src/scaling/sim): conservation of messages, draining of removed replicas, start-up
 //! delay, determinism, and the behaviours that tell the three policies apart. Counts, never timings.
-#![allow(clippy::unwrap_used)]
 
 use qc::api::{Duration, ScalingSpec};
 use qc::scaling::sim::engine::Engine;

@@ -1,6 +1,5 @@
 //! End-to-end tests of `qc-worker`: the real binary against the moto server (and redis), with handlers
 //! that record every call. Assertions are on counts and queue state, never on tight timings.
-#![allow(clippy::unwrap_used)]
 
 #[path = "common/mod.rs"]
 mod common;

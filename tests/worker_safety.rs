@@ -1,7 +1,6 @@
 //! Data-safety drills of `qc-worker` (issue #11): each reproduces a way a default lost, skipped or
 //! double-handled a message, against the moto server, redis and real processes. docs/reliability.md
 //! records each drill with its counts.
-#![allow(clippy::unwrap_used)]
 
 #[path = "common/mod.rs"]
 mod common;

@@ -22,7 +22,6 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 pub const GROUP: &str = "sqs.consumers.dev";
-pub const VERSION: &str = "v1alpha1";
 pub const KIND: &str = "QueueConsumer";
 pub const API_VERSION: &str = "sqs.consumers.dev/v1alpha1";
 /// Annotation that asks for one move of the DLQ's messages back to the source: any new value (a token)

@@ -1,4 +1,5 @@
 //! `qc-operator`: the QueueConsumer controller and its offline tools (argument parsing and wiring only).
+#![deny(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -1,5 +1,6 @@
 //! `qc-worker`: the bundled SQS consumer (argument parsing, signals and wiring only).
 //! Every flag is also read from `QC_<FLAG>` in the environment, as the controller renders them.
+#![deny(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -5,7 +5,6 @@
 //! The worker's rows (SQS answers, handler answers, env and flags) are in tests/bad_input_worker.rs.
 //! The controller's own behaviour on such input (no request to a refused endpoint, a silent endpoint,
 //! status naming another alarm) is tested against moto in tests/controller_safety.rs.
-#![allow(clippy::unwrap_used)]
 
 use std::path::PathBuf;
 use std::process::Command;

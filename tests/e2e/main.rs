@@ -7,7 +7,6 @@
 //!   QC_E2E_MOTO_IMAGE   moto server image, default motoserver/moto:latest
 //!   QC_E2E_INSTALL_CRDS false when the CRD already exists (another release owns it), default true
 //!   QC_E2E_KEEP=1       leave the namespaces for debugging
-#![allow(clippy::unwrap_used)]
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;

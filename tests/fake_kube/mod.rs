@@ -11,7 +11,7 @@
 //! `status.conditions` of a QueueConsumer is a list-map keyed by `type`, as in the CRD: server-side apply
 //! merges and owns it per condition. Other lists are atomic for field ownership. What the fake still
 //! cannot imitate is listed in docs/testing.md; tests/k8s_fake_diff.rs compares it with a real server.
-#![allow(dead_code, clippy::unwrap_used)]
+#![allow(dead_code)]
 
 pub mod aws;
 pub mod rbac;
