@@ -289,3 +289,199 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! What the controller renders for the worker container parses with this command line: every
+    //! flag `render` writes is one `qc-worker` knows, and each setting arrives with its spec's value.
+
+    use clap::CommandFactory;
+    use k8s_openapi::api::core::v1::Container;
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    use qc::api::{IdempotencyStore, QueueConsumer};
+    use qc::manifest::{Document, load_file};
+    use qc::render::{self, COPIED_WORKER_BINARY, RenderOptions, WORKER_BINARY};
+
+    use super::*;
+
+    /// The container that runs `qc-worker` (not the init container that copies it).
+    fn worker_container(qc: &QueueConsumer) -> Container {
+        let d = render::deployment(qc, &RenderOptions::default()).unwrap();
+        let pod = d.spec.template.spec.unwrap();
+        pod.containers
+            .into_iter()
+            .find(|c| {
+                c.command.as_deref().is_some_and(|cmd| {
+                    cmd.len() == 1 && [WORKER_BINARY, COPIED_WORKER_BINARY].contains(&&*cmd[0])
+                })
+            })
+            .unwrap()
+    }
+
+    fn round_trip(qc: &QueueConsumer) {
+        let name = qc.metadata.name.clone().unwrap();
+        let c = worker_container(qc);
+        let mut argv = c.command.clone().unwrap();
+        argv.extend(c.args.clone().unwrap());
+        let cli = Cli::try_parse_from(&argv)
+            .unwrap_or_else(|e| panic!("{name}: qc-worker refuses {argv:?}:\n{e}"));
+        let mut got = config(cli).unwrap_or_else(|e| panic!("{name}: {argv:?}: {e}"));
+        // QC_REDIS_URL comes from a Secret through the environment (checked below); the kubelet's
+        // part is played here.
+        if c.env.iter().flatten().any(|e| e.name == "QC_REDIS_URL") {
+            got.redis_url = Some("redis://from-the-secret:6379/0".into());
+        }
+        got.validate()
+            .unwrap_or_else(|e| panic!("{name}: {argv:?}: {e}"));
+
+        let s = &qc.spec;
+        let p = &s.processing;
+        let i = &s.idempotency;
+        assert_eq!(got.queue_url, s.queue.url, "{name}");
+        assert_eq!(got.region, render::region(s), "{name}");
+        assert_eq!(got.endpoint_url, s.queue.endpoint, "{name}");
+        assert_eq!(got.concurrency, p.concurrency, "{name}");
+        assert_eq!(got.batch_size, p.batch_size, "{name}");
+        assert_eq!(got.wait_time, p.wait_time, "{name}");
+        assert_eq!(got.timeout, p.timeout, "{name}");
+        assert_eq!(got.heartbeat, p.heartbeat.enabled, "{name}");
+        assert_eq!(got.heartbeat_interval, p.heartbeat.interval, "{name}");
+        assert_eq!(got.retry_base, p.retry_backoff.base, "{name}");
+        assert_eq!(got.retry_max, p.retry_backoff.max, "{name}");
+        assert_eq!(got.on_poison, p.on_poison, "{name}");
+        assert_eq!(got.idempotency_store, i.store, "{name}");
+        assert_eq!(got.idempotency_key, i.key, "{name}");
+        assert_eq!(got.idempotency_ttl, i.ttl, "{name}");
+        assert_eq!(
+            got.shutdown_timeout(),
+            render::shutdown_timeout(s).as_std(),
+            "{name}"
+        );
+        // The probes reach the worker where it serves them.
+        let probe_port = c
+            .readiness_probe
+            .as_ref()
+            .and_then(|p| p.http_get.as_ref())
+            .map(|g| g.port.clone());
+        assert_eq!(
+            probe_port.map(|p| format!(
+                "0.0.0.0:{}",
+                match p {
+                    IntOrString::Int(n) => n.to_string(),
+                    IntOrString::String(s) => s,
+                }
+            )),
+            Some(got.metrics_addr.clone()),
+            "{name}"
+        );
+        let want = match s.handler.http.as_ref() {
+            Some(h) => HandlerConfig::Http {
+                url: format!("http://127.0.0.1:{}{}", h.port, h.path),
+            },
+            None => HandlerConfig::Exec {
+                command: s.handler.exec.as_ref().unwrap().command.clone(),
+            },
+        };
+        assert_eq!(got.handler, want, "{name}");
+
+        // The settings rendered as environment variables are ones qc-worker reads.
+        let known: Vec<String> = Cli::command()
+            .get_arguments()
+            .filter_map(|a| a.get_env())
+            .map(|e| e.to_string_lossy().into_owned())
+            .collect();
+        for e in c.env.iter().flatten().filter(|e| e.name.starts_with("QC_")) {
+            assert!(known.contains(&e.name), "{name}: env {} is no flag", e.name);
+        }
+        let redis_env = c.env.iter().flatten().any(|e| e.name == "QC_REDIS_URL");
+        assert_eq!(redis_env, i.store == IdempotencyStore::Redis, "{name}");
+    }
+
+    fn samples() -> Vec<QueueConsumer> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/samples");
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if !path.to_string_lossy().contains("queueconsumer") {
+                continue;
+            }
+            for doc in load_file(&path).unwrap() {
+                match doc {
+                    Document::Valid(qc) => out.push(*qc),
+                    Document::Invalid { name, errors } => panic!("{name}: {errors:?}"),
+                    Document::Other { .. } => {}
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_sample_renders_a_command_line_qc_worker_parses() {
+        let all = samples();
+        assert!(all.len() >= 3, "{}", all.len());
+        for qc in &all {
+            round_trip(qc);
+        }
+    }
+
+    #[test]
+    fn a_spec_with_every_option_set_round_trips() {
+        let yaml = r#"
+apiVersion: sqs.consumers.dev/v1alpha1
+kind: QueueConsumer
+metadata: {name: everything, namespace: shop}
+spec:
+  queue:
+    url: http://sqs.eu-central-1.localhost.localstack.cloud:4566/000000000000/orders.fifo
+    region: eu-west-3
+    endpoint: http://localstack:4566
+  processing:
+    p99: 40s
+    mean: 5s
+    timeout: 1m30s
+    concurrency: 17
+    batchSize: 3
+    waitTime: 7s
+    heartbeat: {enabled: false, interval: 11s}
+    retryBackoff: {base: 2s, max: 7m}
+    onPoison: delete
+    outageTolerance: 45m
+  handler:
+    http: {port: 8181, path: /hooks/sqs}
+  idempotency:
+    store: redis
+    key: jsonPointer:/order/id
+    ttl: 36h
+    redis:
+      urlSecretRef: {name: redis, key: url}
+  template:
+    spec:
+      containers: [{name: app, image: example.org/app:1}]
+"#;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("everything.yaml");
+        std::fs::write(&path, yaml).unwrap();
+        let docs = load_file(&path).unwrap();
+        let Some(Document::Valid(qc)) = docs.into_iter().next() else {
+            panic!("the spec with every option is not valid");
+        };
+        round_trip(&qc);
+        // Each option differs from qc-worker's default, so a flag dropped by render would show.
+        let c = worker_container(&qc);
+        let args = c.args.unwrap();
+        for flag in [
+            "--region",
+            "--endpoint-url",
+            "--heartbeat",
+            "--heartbeat-interval",
+            "--on-poison",
+            "--idempotency-store",
+            "--idempotency-key",
+            "--idempotency-ttl",
+            "--shutdown-timeout",
+        ] {
+            assert!(args.iter().any(|a| a == flag), "{flag} missing: {args:?}");
+        }
+    }
+}
