@@ -32,8 +32,8 @@ fn manifest() -> QueueConsumer {
 
 /// The binary itself against a real API server over TLS with a client certificate (the kubeconfig
 /// way): it must connect, watch and reconcile (the reconcile then fails reading the Deployment, which
-/// the CRD server does not serve). Before the crypto provider was chosen in `run`, it panicked on the
-/// first TLS connection.
+/// the CRD server does not serve). The TLS connection needs the process-wide crypto provider `run`
+/// chooses (two are in the tree), or it panics.
 #[tokio::test]
 async fn qc_operator_run_connects_to_a_real_api_server() {
     let test = "qc_operator_run_connects_to_a_real_api_server";

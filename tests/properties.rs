@@ -1,4 +1,4 @@
-//! Property tests (issue #11): the worker's HTTP/1.1 answer reader and chunked decoder, the duration
+//! Property tests: the worker's HTTP/1.1 answer reader and chunked decoder, the duration
 //! parser and the manifest loader take any input without panicking, and round-trip where they can.
 //! The SQS answers are parsed by aws-sdk-sqs, which has its own tests.
 

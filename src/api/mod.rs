@@ -978,7 +978,7 @@ pub struct ObservedStatus {
     pub sampled_at: Option<Time>,
 }
 
-/// Defaults of DESIGN "The API", one function per field so serde and schemars share them.
+/// The API's defaults, one function per field so serde and schemars share them.
 pub mod defaults {
     use super::Duration;
     pub fn yes() -> bool {

@@ -1,5 +1,5 @@
-//! The status a reconcile writes, computed from what it observed and decided: conditions of DESIGN's
-//! table, findings, queue and DLQ blocks. Pure; `lastTransitionTime` moves only when a status flips.
+//! The status a reconcile writes, computed from what it observed and decided: the conditions of
+//! docs/controller.md ("Status"), findings, queue and DLQ blocks. Pure; `lastTransitionTime` moves only when a status flips.
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};

@@ -1,4 +1,4 @@
-//! The `qc-worker` command line of DESIGN "The worker", rendered from a spec.
+//! The `qc-worker` command line (docs/worker.md, "Command line"), rendered from a spec.
 //! Every setting is spelled out, so `kubectl describe pod` shows what the worker runs with.
 
 use crate::api::QueueConsumerSpec;

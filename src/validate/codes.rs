@@ -46,7 +46,7 @@ pub const DEAD_LETTER_RULES: &[&str] = &[
     DEAD_LETTER_QUEUE_MISSING,
 ];
 
-/// Every rule code, in the order of DESIGN's table.
+/// Every rule code, in the order docs/rules.md describes them.
 pub const ALL: &[&str] = &[
     VISIBILITY_TIMEOUT_BELOW_BUDGET,
     VISIBILITY_TIMEOUT_BELOW_SIX_TIMES_MEAN,

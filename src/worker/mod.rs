@@ -61,7 +61,7 @@ pub enum HandlerConfig {
     Exec { command: Vec<String> },
 }
 
-/// Everything on the command line (DESIGN "The worker"), already parsed.
+/// Everything on the command line (docs/worker.md, "Command line"), already parsed.
 #[derive(Clone, Debug)]
 pub struct Config {
     pub queue_url: String,

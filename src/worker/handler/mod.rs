@@ -1,5 +1,6 @@
 //! The user's handler, behind one call: HTTP (CloudEvents binary mode) or exec (body on stdin).
-//! The status-code and exit-code mappings of DESIGN "The worker" are pure functions, tested by table.
+//! The status-code and exit-code mappings of docs/handler-contract.md are pure functions, tested by
+//! table.
 
 mod exec;
 mod http;
@@ -87,7 +88,7 @@ impl Handler {
     }
 }
 
-/// DESIGN's HTTP mapping: 2xx success; 400/422 poison; 429/503 transient after Retry-After if given;
+/// The HTTP mapping (docs/handler-contract.md): 2xx success; 400/422 poison; 429/503 transient after Retry-After if given;
 /// anything else transient with the normal backoff.
 pub fn verdict_for_status(status: u16, retry_after: Option<&str>, now: SystemTime) -> Verdict {
     match status {
@@ -117,7 +118,7 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
 /// EX_DATAERR from sysexits.h: the input data was incorrect.
 pub const EXIT_POISON: i32 = 65;
 
-/// DESIGN's exec mapping: exit 0 success, 65 poison, any other exit or a signal transient.
+/// The exec mapping (docs/handler-contract.md): exit 0 success, 65 poison, any other exit or a signal transient.
 pub fn verdict_for_exit(code: Option<i32>, signal: Option<i32>) -> Verdict {
     match (code, signal) {
         (Some(0), _) => Verdict::Success,
