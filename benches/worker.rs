@@ -698,6 +698,16 @@ mod heartbeats {
         let _ = child.wait();
         let _ = client.delete_queue().queue_url(&url).send().await;
         let (calls, distinct) = handler.totals();
+        if calls > distinct {
+            // A lapsed lease: show why (the consumer's warnings).
+            let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().take(30).collect();
+            eprintln!(
+                "{} messages handled twice; first log lines:\n{}",
+                calls - distinct,
+                lines.join("\n")
+            );
+        }
         let action = |a: &str| *counts.get(&format!("AmazonSQS.{a}")).unwrap_or(&0);
         HbRun {
             consumer: match consumer {
