@@ -3,7 +3,7 @@
 use qc::api::{Duration, ScalingSpec, Stabilization};
 use qc::scaling::{
     Decision, History, Limit, MAX_SAMPLES, MAX_STARTUP, Reason, Sample, ScalingError, Timestamp,
-    decide, measured_startup,
+    decide, decide_with_waiting, measured_startup,
 };
 
 const P99: Duration = Duration::from_secs(2);
@@ -887,4 +887,48 @@ mod properties {
             prop_assert!(d.replicas <= s.max_replicas);
         }
     }
+}
+
+/// Workers with heartbeats hold one batch (here 10) beyond their C slots while a backlog lasts. A
+/// saturated fleet then shows C + 10 in flight per replica; read as load, that asked for twice the
+/// replicas, and each scale-up's new batches asked for more again, until maxReplicas.
+#[test]
+fn a_waiting_batch_per_replica_is_backlog_not_load() {
+    let s = spec();
+    let decide_held = |readings: &[Reading], current: u32, waiting: u32| {
+        let mut h = History::for_spec(&s, None);
+        for &(t, v, f) in readings {
+            h.push(sample(t, v, f)).unwrap();
+        }
+        let now = Timestamp::from_secs(readings.last().map_or(0, |r| r.0));
+        decide_with_waiting(&s, P99, None, C, waiting, &h, current, now)
+    };
+    // 5 replicas running 10 each and holding 10 each waiting, nothing visible, for a minute.
+    let saturated: Vec<Reading> = (0..=60).step_by(15).map(|t| (t, 0, 100)).collect();
+    let without = decide_held(&saturated, 5, 0);
+    assert_eq!(without.replicas, 10, "counted as load: {without}");
+    let with = decide_held(&saturated, 5, 10);
+    // 50 running need the 5 replicas; the 50 waiting are backlog: a fleet holding waiting batches is at
+    // capacity, so DESIGN's backlog term asks for one more replica (ceil(50 / 300)), not five more
+    assert_eq!(with.replicas, 6, "{with}");
+    let t = with.terms.unwrap();
+    assert_eq!((t.in_flight_replicas, t.backlog_replicas), (5, 1), "{with}");
+    // A backlog on top: 50 waiting + 1000 visible = 1050 backlog → 4 replicas' worth (300 each).
+    let busy: Vec<Reading> = (0..=60).step_by(15).map(|t| (t, 1000, 100)).collect();
+    let d = decide_held(&busy, 5, 10);
+    assert_eq!(d.replicas, 5 + 4, "{d}");
+    // Only up to `waiting` per replica is taken as local: in flight beyond that (a crashed pod's
+    // leases, another consumer's messages) stays in the in-flight term as before.
+    let beyond: Vec<Reading> = (0..=60).step_by(15).map(|t| (t, 0, 130)).collect();
+    assert_eq!(
+        decide_held(&beyond, 5, 10).replicas,
+        8 + 1,
+        "ceil((130 − 50) / 10) = 8 for the in-flight term, 1 for the 50 waiting"
+    );
+    // A fleet that is not saturated holds nothing waiting: unchanged.
+    let light: Vec<Reading> = (0..=60).step_by(15).map(|t| (t, 0, 30)).collect();
+    assert_eq!(
+        decide_held(&light, 5, 10).replicas,
+        decide_held(&light, 5, 0).replicas
+    );
 }

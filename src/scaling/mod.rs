@@ -434,11 +434,12 @@ pub fn decide_for(
     current: u32,
     now: Timestamp,
 ) -> Decision {
-    decide(
+    decide_with_waiting(
         &spec.scaling,
         spec.processing.p99,
         spec.processing.mean,
         spec.processing.concurrency,
+        crate::validate::prefetch(spec),
         history,
         current,
         now,
@@ -468,6 +469,27 @@ pub fn decide(
     current: u32,
     now: Timestamp,
 ) -> Decision {
+    decide_with_waiting(spec, p99, mean, concurrency, 0, history, current, now)
+}
+
+/// [`decide`] for workers that may each hold `waiting` received messages beyond their `concurrency`
+/// slots (the batch a worker with heartbeats receives before slots free up; `validate::prefetch`).
+/// In flight above what the current replicas can run, up to `waiting` per replica, sits in those
+/// local batches: it is backlog the replicas work through next, not load that needs replicas of its
+/// own, so it counts as (seen) visible backlog. Without this a saturated fleet holding C + batchSize
+/// messages per replica read as needing twice its replicas, and every scale-up made the next look
+/// bigger (docs/scaling.md, "The waiting batch").
+#[allow(clippy::too_many_arguments)]
+pub fn decide_with_waiting(
+    spec: &ScalingSpec,
+    p99: Duration,
+    mean: Option<Duration>,
+    concurrency: u32,
+    waiting: u32,
+    history: &History,
+    current: u32,
+    now: Timestamp,
+) -> Decision {
     let hold = |reason, limited_by, terms| Decision {
         replicas: current,
         recommended: current,
@@ -484,7 +506,19 @@ pub fn decide(
     }
 
     let model = Model::new(spec, p99, mean, concurrency);
-    let samples: Vec<&Sample> = history.samples().collect();
+    let running = u64::from(current).saturating_mul(model.concurrency);
+    let held = u64::from(current).saturating_mul(u64::from(waiting));
+    let owned: Vec<Sample> = history
+        .samples()
+        .map(|s| {
+            let mut s = *s;
+            let local = s.in_flight.saturating_sub(running).min(held);
+            s.in_flight -= local;
+            s.visible = s.visible.saturating_add(local);
+            s
+        })
+        .collect();
+    let samples: Vec<&Sample> = owned.iter().collect();
     let rec = model.recommend(&samples, samples.len() - 1);
     let mut terms = rec.terms;
 
