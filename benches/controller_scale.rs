@@ -6,7 +6,8 @@
 //! which starts SQS (fauxqs) and CloudWatch (moto) and names them in AWS_ENDPOINT_URL_SQS and
 //! AWS_ENDPOINT_URL_CLOUDWATCH, which the SDK (so the controller) honours; the manifests name no
 //! endpoint. Knobs: QC_BENCH_SCALES ("100:100,1000:1000,10000:1000" as consumers:queues),
-//! QC_BENCH_POLL (15s), QC_BENCH_INTERVALS (3). Without `--bench` (cargo test) it does nothing.
+//! QC_BENCH_POLL (15s), QC_BENCH_INTERVALS (3), QC_BENCH_CONCURRENCY (the default reconcile
+//! concurrency), QC_BENCH_ALARMS (1; 0: no DLQ alarms). Without `--bench` (cargo test) it does nothing.
 
 #[path = "../tests/fake_kube/mod.rs"]
 mod fake_kube;
@@ -119,7 +120,9 @@ fn manifest(name: &str, url: &str, poll: &str) -> serde_json::Value {
             "handler": {"http": {"port": 8080}},
             "template": {"spec": {"containers": [{"name": "app", "image": "app:1",
                 "ports": [{"containerPort": 8080}]}]}},
-            "scaling": {"pollInterval": poll}
+            "scaling": {"pollInterval": poll},
+            // QC_BENCH_ALARMS=0: no DLQ alarm, so a catch-up is not bounded by moto's PutMetricAlarm.
+            "deadLetter": {"alarm": !std::env::var("QC_BENCH_ALARMS").is_ok_and(|v| v == "0")}
         }
     })
 }
@@ -293,7 +296,10 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) {
             namespaces: vec![NS.into()],
             metrics_addr: addr,
             leader: None,
-            reconcile_concurrency: DEFAULT_RECONCILE_CONCURRENCY,
+            reconcile_concurrency: std::env::var("QC_BENCH_CONCURRENCY")
+                .ok()
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(DEFAULT_RECONCILE_CONCURRENCY),
         },
         async move {
             let _ = stop_rx.await;
@@ -388,7 +394,12 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) {
     let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
 
     println!(
-        "\n### {n} QueueConsumers on {q} queues (+ {q} DLQs), poll {poll_s}; SQS on {}, CloudWatch on moto; queues created in {took:.1?}; run {:.1?}; load average {}\n",
+        "\n### {n} QueueConsumers on {q} queues (+ {q} DLQs), poll {poll_s}; DLQ alarms {}; SQS on {}, CloudWatch on moto; queues created in {took:.1?}; run {:.1?}; load average {}\n",
+        if std::env::var("QC_BENCH_ALARMS").is_ok_and(|v| v == "0") {
+            "off"
+        } else {
+            "on"
+        },
         std::env::var("QC_BENCH_SQS").unwrap_or_else(|_| "fauxqs".into()),
         started.elapsed(),
         std::fs::read_to_string("/proc/loadavg")
