@@ -78,14 +78,14 @@ pub fn budget(spec: &QueueConsumerSpec) -> Duration {
 }
 
 /// Visibility the worker sets after the k-th failed receive: base × 2^(k-1), capped at max and 12h.
+/// The worker's own function, so the rules predict exactly what it does.
 pub fn backoff(spec: &QueueConsumerSpec, receive_count: u32) -> Duration {
     let b = &spec.processing.retry_backoff;
-    let shift = receive_count.saturating_sub(1).min(40);
-    let raw = b.base.as_millis().saturating_mul(1u128 << shift);
-    let capped = raw
-        .min(b.max.as_millis())
-        .min(VISIBILITY_MAXIMUM.as_millis());
-    Duration::from_millis(capped as u64)
+    Duration::from_std(crate::worker::backoff::retry_delay(
+        b.base.as_std(),
+        b.max.as_std(),
+        receive_count,
+    ))
 }
 
 /// How long a failing message stays on the source queue before redrive moves it: each of the R
