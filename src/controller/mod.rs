@@ -758,10 +758,14 @@ async fn set_deletion_costs(qc: &QueueConsumer, ctx: &Context, ns: &str, pods: O
 /// The queue's counts into this QueueConsumer's history, when a sample is due.
 fn record_sample(qc: &QueueConsumer, ctx: &Context, o: &observe::Observed) {
     let key = scale::key(qc);
-    match ctx
-        .scaling
-        .record(&key, &qc.spec, &o.facts.queue, o.at, observe::wall_clock())
-    {
+    match ctx.scaling.record_with_age(
+        &key,
+        &qc.spec,
+        &o.facts.queue,
+        o.facts.oldest_age_seconds,
+        o.at,
+        observe::wall_clock(),
+    ) {
         Ok(scale::Recorded::Restarted) => {
             tracing::info!(queueconsumer = %key, "no sample for longer than the stabilization window: scaling history restarted")
         }

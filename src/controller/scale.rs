@@ -88,7 +88,24 @@ impl Histories {
         at: Timestamp,
         now: Timestamp,
     ) -> Result<Recorded, ScalingError> {
-        let sample = Sample::from_facts(facts, at)?;
+        self.record_with_age(key, spec, facts, None, at, now)
+    }
+
+    /// [`Self::record`], with the oldest visible message's age (CloudWatch
+    /// ApproximateAgeOfOldestMessage, when read; a negative reading counts as unknown).
+    pub fn record_with_age(
+        &self,
+        key: &str,
+        spec: &QueueConsumerSpec,
+        facts: &QueueFacts,
+        oldest_age_seconds: Option<i64>,
+        at: Timestamp,
+        now: Timestamp,
+    ) -> Result<Recorded, ScalingError> {
+        let mut sample = Sample::from_facts(facts, at)?;
+        sample.oldest_age = oldest_age_seconds
+            .and_then(|s| u64::try_from(s).ok())
+            .map(Duration::from_secs);
         let mut entries = self.lock();
         sweep(&mut entries, now);
         let tracked = entry(&mut entries, key, spec, now);
@@ -253,6 +270,23 @@ mod tests {
 
     fn s(secs: u64) -> Timestamp {
         Timestamp::from_secs(secs)
+    }
+
+    #[test]
+    fn the_oldest_message_age_goes_with_the_sample() {
+        let h = Histories::new();
+        let sp = spec("15s", "auto");
+        let age =
+            |h: &Histories, t| h.with_history("k", s(t), |x| x.latest().and_then(|l| l.oldest_age));
+        h.record_with_age("k", &sp, &facts(5), Some(40), s(0), s(0))
+            .unwrap();
+        assert_eq!(age(&h, 0), Some(Duration::from_secs(40)));
+        // a negative reading is no reading; none read is none
+        h.record_with_age("k", &sp, &facts(5), Some(-1), s(15), s(15))
+            .unwrap();
+        assert_eq!(age(&h, 15), None);
+        h.record("k", &sp, &facts(5), s(30), s(30)).unwrap();
+        assert_eq!(age(&h, 30), None);
     }
 
     #[test]
