@@ -4,6 +4,8 @@
 
 #[path = "common/mod.rs"]
 mod common;
+#[path = "worker/sqs_script.rs"]
+mod sqs_script;
 #[path = "worker/support.rs"]
 mod support;
 
@@ -80,6 +82,16 @@ fn flag_rows() -> Vec<FlagRow> {
             "TOKIO_WORKER_THREADS=-3",
             vec![("TOKIO_WORKER_THREADS", "-3")],
             vec!["TOKIO_WORKER_THREADS"],
+        ),
+        env_row(
+            "SSL_CERT_FILE pointing at an empty file",
+            vec![("SSL_CERT_FILE", "/dev/null")],
+            vec!["SSL_CERT_FILE", "no PEM certificate", "unset it"],
+        ),
+        env_row(
+            "SSL_CERT_FILE pointing at no file",
+            vec![("SSL_CERT_FILE", "/nonexistent/ca.pem")],
+            vec!["SSL_CERT_FILE", "cannot read", "unset it"],
         ),
         env_row(
             "QC_BATCH_SIZE=12 from the environment",
@@ -727,4 +739,307 @@ async fn redis_password_is_never_logged() {
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("--redis-url"), "{stderr}");
     assert!(!stderr.contains("s3cr3t-pw"), "{stderr}");
+}
+
+// ---- Odd SQS answers (issue #11 item 9), from the scripted stand-in in tests/worker/sqs_script.rs.
+
+use sqs_script::{Answer as Sqs, SqsCall, SqsScript, messages};
+
+/// A row's check, run against its own stand-in and worker.
+type RowRun = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+
+/// One odd SQS answer: the script, why moto cannot be made to give it, and what must hold.
+struct SqsRow {
+    name: &'static str,
+    why_scripted: &'static str,
+    run: fn() -> RowRun,
+}
+
+fn sqs_rows() -> Vec<SqsRow> {
+    vec![
+        SqsRow {
+            name: "receive answers 5 messages when asked for 1",
+            why_scripted: "moto honours MaxNumberOfMessages",
+            run: || Box::pin(more_than_asked()),
+        },
+        SqsRow {
+            name: "DeleteMessageBatch Failed lists an entry twice and ids that name no entry",
+            why_scripted: "moto answers each entry once, with the ids it was sent",
+            run: || Box::pin(delete_failed_odd_ids()),
+        },
+        SqsRow {
+            name: "ChangeMessageVisibilityBatch Failed lists an unknown id and leaves an entry unanswered",
+            why_scripted: "moto answers every entry, with the ids it was sent",
+            run: || Box::pin(release_failed_odd_ids()),
+        },
+        SqsRow {
+            name: "an empty 200 to a delete (no body, then {})",
+            why_scripted: "moto always lists the entries it deleted",
+            run: || Box::pin(empty_200_to_a_delete()),
+        },
+        SqsRow {
+            name: "a receive hanging 11 s",
+            why_scripted: "moto answers a long poll when its wait time ends",
+            run: || Box::pin(receive_hangs()),
+        },
+    ]
+}
+
+/// A worker on the stand-in: concurrency 1, batches of 1, 1 s polls.
+fn odd_worker(sqs: &SqsScript, handler: &str, extra: &[&str]) -> Worker {
+    let mut a = args(&[
+        "--queue-url",
+        &sqs.queue_url,
+        "--endpoint-url",
+        &sqs.endpoint,
+        "--wait-time",
+        "1s",
+        "--concurrency",
+        "1",
+        "--batch-size",
+        "1",
+        "--http-url",
+        handler,
+    ]);
+    a.extend(args(extra));
+    Worker::start_with_env(
+        Arc::new(tempfile::tempdir().unwrap()),
+        &a,
+        &[
+            ("AWS_ACCESS_KEY_ID", "testing"),
+            ("AWS_SECRET_ACCESS_KEY", "testing"),
+            ("AWS_REGION", "us-east-1"),
+        ],
+    )
+}
+
+/// Polls `check` for up to `limit`; Err(what) if it never holds.
+async fn within<F, Fut>(limit: Duration, what: &str, mut check: F) -> Result<(), String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if check().await {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!("timed out waiting for: {what}"))
+}
+
+fn ensure(ok: bool, what: String) -> Result<(), String> {
+    if ok { Ok(()) } else { Err(what) }
+}
+
+async fn stop(mut w: Worker) -> Result<(), String> {
+    ensure(
+        w.running(),
+        format!("the worker died; log:\n{}", w.log_text()),
+    )?;
+    w.signal("TERM");
+    ensure(w.wait_exit(SECS(20)).await.success(), "clean exit".into())
+}
+
+/// Process what fits the free slots, release the rest at once with visibility 0; in flight never
+/// passes the concurrency; every message deleted or released (nothing lost).
+async fn more_than_asked() -> Result<(), String> {
+    let sqs = SqsScript::start(|c: &SqsCall| match (c.action.as_str(), c.nth) {
+        ("ReceiveMessage", 0) => messages(0..5),
+        _ => Sqs::Usual,
+    })
+    .await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(200))).await;
+    let w = odd_worker(&sqs, &h.url, &[]);
+    let all: Vec<String> = (0..5).map(|n| format!("rh-{n}")).collect();
+    within(SECS(30), "every message deleted or released", || {
+        let done = {
+            let mut d = sqs.handles_in("DeleteMessageBatch", None);
+            d.extend(sqs.handles_in("ChangeMessageVisibilityBatch", Some(0)));
+            d
+        };
+        let all = all.clone();
+        async move { all.iter().all(|rh| done.contains(rh)) }
+    })
+    .await?;
+    let deleted = sqs.handles_in("DeleteMessageBatch", None);
+    let released = sqs.handles_in("ChangeMessageVisibilityBatch", Some(0));
+    ensure(
+        deleted == ["rh-0"],
+        format!("only the message asked for is handled: deleted {deleted:?}"),
+    )?;
+    let mut r = released.clone();
+    r.sort();
+    r.dedup();
+    ensure(
+        r == ["rh-1", "rh-2", "rh-3", "rh-4"],
+        format!("the 4 extra ones released at once: {released:?}"),
+    )?;
+    ensure(
+        h.calls().len() == 1,
+        format!("handler calls: {:?}", h.calls()),
+    )?;
+    ensure(
+        h.max_active() <= 1,
+        format!("max in flight {}", h.max_active()),
+    )?;
+    let in_flight = w.metric("qc_worker_in_flight").await;
+    ensure(
+        in_flight == Some(0.0),
+        format!("in-flight gauge back to 0 (no underflow): {in_flight:?}"),
+    )?;
+    stop(w).await
+}
+
+fn failed_entry(id: &str) -> serde_json::Value {
+    serde_json::json!({"Id": id, "SenderFault": false, "Code": "InternalError", "Message": "scripted"})
+}
+
+/// Repeats and unknown ids neither panic nor count: the entry is retried until SQS confirms it.
+async fn delete_failed_odd_ids() -> Result<(), String> {
+    let sqs = SqsScript::start(|c: &SqsCall| match (c.action.as_str(), c.nth) {
+        ("ReceiveMessage", 0) => messages(0..1),
+        ("DeleteMessageBatch", 0) => Sqs::Json(serde_json::json!({
+            "Successful": [],
+            "Failed": [failed_entry("0"), failed_entry("0"), failed_entry("9"), failed_entry("zz")],
+        })),
+        _ => Sqs::Usual,
+    })
+    .await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
+    let w = odd_worker(&sqs, &h.url, &[]);
+    within(SECS(30), "the delete retried", || {
+        let n = sqs.calls_of("DeleteMessageBatch").len();
+        async move { n >= 2 }
+    })
+    .await?;
+    within(SECS(10), "counted deleted once", || async {
+        w.metric("qc_worker_messages_deleted_total").await == Some(1.0)
+    })
+    .await?;
+    let deletes = sqs.handles_in("DeleteMessageBatch", None);
+    ensure(
+        deletes.iter().all(|h| h == "rh-0") && deletes.len() == 2,
+        format!("sent twice, confirmed the second time: {deletes:?}"),
+    )?;
+    let failures = w.metric("qc_worker_delete_failures_total").await;
+    ensure(
+        failures == Some(0.0),
+        format!("delete failures {failures:?}"),
+    )?;
+    stop(w).await
+}
+
+/// A release the answer does not confirm (an unknown id, an entry left out) is sent again.
+async fn release_failed_odd_ids() -> Result<(), String> {
+    let sqs = SqsScript::start(|c: &SqsCall| match (c.action.as_str(), c.nth) {
+        ("ReceiveMessage", 0) => messages(0..3),
+        ("ChangeMessageVisibilityBatch", 0) => Sqs::Json(serde_json::json!({
+            "Successful": [],
+            "Failed": [failed_entry("7"), failed_entry("0"), failed_entry("0")],
+        })),
+        _ => Sqs::Usual,
+    })
+    .await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
+    let w = odd_worker(&sqs, &h.url, &[]);
+    within(
+        SECS(30),
+        "both extra messages released and confirmed",
+        || async { w.metric("qc_worker_messages_released_total").await == Some(2.0) },
+    )
+    .await?;
+    let released = sqs.handles_in("ChangeMessageVisibilityBatch", Some(0));
+    for rh in ["rh-1", "rh-2"] {
+        let n = released.iter().filter(|r| *r == rh).count();
+        ensure(
+            n == 2,
+            format!("{rh} sent again after an answer that did not confirm it: {released:?}"),
+        )?;
+    }
+    stop(w).await
+}
+
+/// An empty 200 confirms nothing: the delete is sent again until an answer lists it.
+async fn empty_200_to_a_delete() -> Result<(), String> {
+    let sqs = SqsScript::start(|c: &SqsCall| match (c.action.as_str(), c.nth) {
+        ("ReceiveMessage", 0) => messages(0..1),
+        ("DeleteMessageBatch", 0) => Sqs::Raw(""),
+        ("DeleteMessageBatch", 1) => Sqs::Raw("{}"),
+        _ => Sqs::Usual,
+    })
+    .await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
+    let w = odd_worker(&sqs, &h.url, &[]);
+    within(SECS(30), "the delete confirmed", || {
+        let n = sqs.calls_of("DeleteMessageBatch").len();
+        async move { n >= 3 }
+    })
+    .await?;
+    within(SECS(10), "counted deleted once", || async {
+        w.metric("qc_worker_messages_deleted_total").await == Some(1.0)
+    })
+    .await?;
+    let deletes = sqs.handles_in("DeleteMessageBatch", None);
+    ensure(
+        deletes == ["rh-0", "rh-0", "rh-0"],
+        format!("sent until an answer listed it: {deletes:?}"),
+    )?;
+    stop(w).await
+}
+
+/// While a receive hangs the probes answer, and SIGTERM ends the worker within its shutdown budget.
+async fn receive_hangs() -> Result<(), String> {
+    let sqs = SqsScript::start(|c: &SqsCall| match (c.action.as_str(), c.nth) {
+        ("ReceiveMessage", 0) => Sqs::After(SECS(11), Box::new(messages(0..1))),
+        _ => Sqs::Usual,
+    })
+    .await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
+    let mut w = odd_worker(&sqs, &h.url, &["--shutdown-timeout", "3s"]);
+    within(SECS(20), "the receive sent", || {
+        let n = sqs.calls_of("ReceiveMessage").len();
+        async move { n >= 1 }
+    })
+    .await?;
+    tokio::time::sleep(SECS(2)).await;
+    for path in ["/healthz", "/metrics"] {
+        let got = tokio::time::timeout(SECS(1), w.get(path)).await;
+        ensure(
+            matches!(got, Ok(Some((200, _)))),
+            format!("{path} answers within 1 s during the hang: {got:?}"),
+        )?;
+    }
+    let asked = std::time::Instant::now();
+    w.signal("TERM");
+    let status = w.wait_exit(SECS(20)).await;
+    let took = asked.elapsed();
+    ensure(status.success(), format!("clean exit: {status:?}"))?;
+    ensure(
+        took < SECS(5),
+        format!("exited within the 3 s shutdown budget (+2 s), not after the hang: {took:?}"),
+    )?;
+    ensure(
+        h.calls().is_empty(),
+        "nothing handled from a receive cut short".into(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_sqs_answer_rows_end_safely_and_lose_nothing() {
+    let rows = sqs_rows();
+    let mut failures = Vec::new();
+    for r in &rows {
+        if let Err(e) = (r.run)().await {
+            failures.push(format!("{} (scripted: {}): {e}", r.name, r.why_scripted));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} rows failed:\n{}",
+        failures.len(),
+        rows.len(),
+        failures.join("\n")
+    );
 }

@@ -224,6 +224,34 @@ fn worker_threads(value: Option<std::ffi::OsString>) -> Result<Option<usize>, St
     }
 }
 
+/// `SSL_CERT_FILE`, when set, must name a readable file holding at least one PEM certificate: the
+/// TLS clients (SQS over https, rediss://) trust only what it holds, so an empty or wrong file would
+/// fail every https call later with a bare certificate error.
+fn check_ssl_cert_file(value: Option<std::ffi::OsString>) -> Result<(), String> {
+    let Some(value) = value else { return Ok(()) };
+    let path = std::path::PathBuf::from(&value);
+    let fix = "point it at a PEM bundle of CA certificates (e.g. /etc/ssl/certs/ca-certificates.crt) or unset it";
+    if value.is_empty() {
+        return Err(format!("invalid SSL_CERT_FILE: it is set but empty; {fix}"));
+    }
+    let text = std::fs::read(&path).map_err(|e| {
+        format!(
+            "invalid SSL_CERT_FILE={}: cannot read it ({e}); {fix}",
+            path.display()
+        )
+    })?;
+    if !text.windows(CERT_MARKER.len()).any(|w| w == CERT_MARKER) {
+        return Err(format!(
+            "invalid SSL_CERT_FILE={}: it holds no PEM certificate ({} bytes), so no https server could be trusted; {fix}",
+            path.display(),
+            text.len()
+        ));
+    }
+    Ok(())
+}
+
+const CERT_MARKER: &[u8] = b"-----BEGIN CERTIFICATE-----";
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(to) = &cli.copy_self_to {
@@ -247,6 +275,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(e) = check_ssl_cert_file(std::env::var_os("SSL_CERT_FILE")) {
+        tracing::error!(error = %e, "invalid environment");
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     // One thread: the worker waits on I/O almost all the time, and on one thread its tasks never
     // wake each other across threads (a third fewer CPU per message than 2 worker threads, measured in
     // docs/benchmarks.md; one core still handles far more messages than one consumer gets).

@@ -225,7 +225,8 @@ async fn send_with_retries(
         };
         match result {
             Ok(failures) => {
-                let ok = entries.len() - failures.len();
+                // At most one failure per entry (sqs::batch_failures), so this never underflows.
+                let ok = entries.len().saturating_sub(failures.len());
                 match kind {
                     Kind::Delete => metrics.deleted.add(ok as u64),
                     Kind::Release => metrics.released.add(ok as u64),

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use super::backoff::error_backoff;
 use super::message::{Ended, Freed, Lease, Processor};
 use super::metrics::Readiness;
-use super::sqs::{Message, SqsError};
+use super::sqs::{Entry, Message, SqsError};
 
 /// Parallel receives at most; more only while the queue keeps returning messages.
 const MAX_PARALLEL_RECEIVES: usize = 8;
@@ -207,9 +207,27 @@ impl Dispatcher {
                             continue;
                         }
                     };
-                    reserved -= asked.remove(&id).unwrap_or(0);
+                    let want = asked.remove(&id).unwrap_or(0);
+                    reserved -= want;
                     match result {
-                        Ok(messages) => {
+                        Ok(mut messages) => {
+                            if messages.len() > want {
+                                // More than asked for (an odd endpoint): keep what the reserved
+                                // slots hold, hand the rest back at once so in-flight never passes
+                                // the capacity and nothing waits unheartbeated.
+                                let extra = messages.split_off(want);
+                                tracing::warn!(asked = want, answered = want + extra.len(), released = extra.len(), "receive answered more messages than asked for; releasing the extra ones");
+                                metrics.received.add(extra.len() as u64);
+                                for m in extra {
+                                    p.releaser
+                                        .send(Entry {
+                                            message_id: m.id,
+                                            receipt_handle: m.receipt_handle,
+                                            lease_until: None,
+                                        })
+                                        .await;
+                                }
+                            }
                             if errors > 0 {
                                 tracing::info!(after_failures = errors, "receiving again");
                             }

@@ -532,7 +532,8 @@ impl Sqs {
                 }),
             )
             .await?;
-        Ok(batch_failures(out.failed(), entries.len()))
+        let successful: Vec<&str> = out.successful().iter().map(|e| e.id()).collect();
+        Ok(batch_failures(out.failed(), &successful, entries.len()))
     }
 
     /// ChangeMessageVisibilityBatch (≤ 10 entries) to `secs`; Ok carries the entries that failed.
@@ -581,7 +582,8 @@ impl Sqs {
                 }),
             )
             .await?;
-        Ok(batch_failures(out.failed(), entries.len()))
+        let successful: Vec<&str> = out.successful().iter().map(|e| e.id()).collect();
+        Ok(batch_failures(out.failed(), &successful, entries.len()))
     }
 
     pub async fn change_visibility(&self, receipt_handle: &str, secs: i32) -> Result<(), SqsError> {
@@ -636,22 +638,49 @@ fn invalid_request(action: Action, e: &dyn std::error::Error) -> SqsError {
     }
 }
 
-fn batch_failures(
+/// The code of an entry a batch answer listed neither as successful nor as failed.
+pub const NO_ANSWER: &str = "NoAnswerForEntry";
+
+/// The entries of a batch call that did not succeed, at most one per entry, in entry order. An entry
+/// succeeded only if the answer lists it as successful and not as failed; one the answer does not
+/// account for (an empty 200, a `Failed` list naming unknown ids) failed with `NO_ANSWER` and is
+/// retried, never taken as done. Ids that name no entry, and repeats, are ignored.
+pub fn batch_failures(
     failed: &[aws_sdk_sqs::types::BatchResultErrorEntry],
+    successful: &[&str],
     len: usize,
 ) -> Vec<EntryFailure> {
-    failed
-        .iter()
-        .filter_map(|f| {
-            let index: usize = f.id().parse().ok()?;
-            (index < len).then(|| EntryFailure {
-                index,
+    let index = |id: &str| id.parse::<usize>().ok().filter(|i| *i < len);
+    let mut out: Vec<Option<EntryFailure>> = vec![None; len];
+    for f in failed {
+        if let Some(i) = index(f.id())
+            && out[i].is_none()
+        {
+            out[i] = Some(EntryFailure {
+                index: i,
                 code: f.code().to_string(),
                 sender_fault: f.sender_fault(),
                 message: f.message().unwrap_or_default().to_string(),
-            })
-        })
-        .collect()
+            });
+        }
+    }
+    let mut succeeded = vec![false; len];
+    for id in successful {
+        if let Some(i) = index(id) {
+            succeeded[i] = true;
+        }
+    }
+    for (i, slot) in out.iter_mut().enumerate() {
+        if slot.is_none() && !succeeded[i] {
+            *slot = Some(EntryFailure {
+                index: i,
+                code: NO_ANSWER.to_string(),
+                sender_fault: false,
+                message: "the answer listed this entry neither as successful nor as failed".into(),
+            });
+        }
+    }
+    out.into_iter().flatten().collect()
 }
 
 /// Counts every HTTP request the SDK sends (first attempts and retries) by action: what SQS bills.
@@ -834,6 +863,43 @@ mod tests {
         );
         assert_eq!(origin("https://h:1/q?x=/"), "https://h:1");
         assert_eq!(origin("http://h"), "http://h");
+    }
+
+    #[test]
+    fn batch_answers_count_only_entries_they_confirm() {
+        use aws_sdk_sqs::types::BatchResultErrorEntry;
+        let failed = |id: &str| {
+            BatchResultErrorEntry::builder()
+                .id(id)
+                .code("InternalError")
+                .sender_fault(false)
+                .build()
+                .unwrap()
+        };
+        let codes = |f: Vec<EntryFailure>| -> Vec<(usize, String)> {
+            f.into_iter().map(|f| (f.index, f.code)).collect()
+        };
+        // All confirmed.
+        assert!(batch_failures(&[], &["0", "1"], 2).is_empty());
+        // An empty 200: nothing confirmed, every entry to retry.
+        assert_eq!(
+            codes(batch_failures(&[], &[], 2)),
+            vec![(0, NO_ANSWER.into()), (1, NO_ANSWER.into())]
+        );
+        // Repeated and unknown ids: one failure per entry, none past the batch, no entry lost.
+        let f = [
+            failed("1"),
+            failed("1"),
+            failed("7"),
+            failed("x"),
+            failed("-1"),
+        ];
+        assert_eq!(
+            codes(batch_failures(&f, &["0"], 3)),
+            vec![(1, "InternalError".into()), (2, NO_ANSWER.into())]
+        );
+        // Listed both ways: failed wins (a retried delete or release is harmless).
+        assert_eq!(codes(batch_failures(&[failed("0")], &["0"], 1)).len(), 1);
     }
 
     #[test]
