@@ -712,7 +712,8 @@ async fn read_workers(
             .map(workers::crash_looping)
             .unwrap_or_default(),
     };
-    (pods, observed)
+    // Small moves of a busy consumer's numbers are not news: no status write for them.
+    (pods, status::dead_band(qc, observed))
 }
 
 fn timestamp_time(

@@ -668,6 +668,103 @@ fn seconds(s: f64) -> String {
     observed_p99(s).to_string()
 }
 
+/// The dead-band of `status.observed`: a value within this fraction of the one in status (or within
+/// [`observed_close`]'s small absolute floors) is not news, so a steady busy consumer, whose P99, mean,
+/// rate and in-flight count move a little at every scrape, is not rewritten every poll interval.
+pub const OBSERVED_DEAD_BAND: f64 = 0.2;
+/// Values inside the dead-band are still refreshed when the ones in status are older than this.
+pub const OBSERVED_REFRESH: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// What `ProcessingTimeWithinDeclared` says of these workers: True, False or Unknown.
+fn processing_verdict(spec: &crate::api::QueueConsumerSpec, w: &Workers) -> &'static str {
+    match &w.stats {
+        Some(s) if s.p99_seconds.is_some() && s.messages >= MIN_MESSAGES => {
+            if observed_p99_above_declared(spec, w).is_some() {
+                "False"
+            } else {
+                "True"
+            }
+        }
+        _ => "Unknown",
+    }
+}
+
+fn close(a: Option<f64>, b: Option<f64>, floor: f64) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => {
+            (a - b).abs() <= (OBSERVED_DEAD_BAND * a.abs().max(b.abs())).max(floor)
+        }
+        _ => false,
+    }
+}
+
+/// Whether `fresh` says nothing new against `old`: the same pods answered (and did not), and every
+/// number is within the dead-band (P99 and mean within 20 % or 1 ms, rate within 20 % or 0.01/s,
+/// messages and in flight within 20 % or 1).
+pub fn observed_close(
+    old: &crate::api::ObservedStatus,
+    fresh: &crate::api::ObservedStatus,
+) -> bool {
+    let n = |v: Option<i64>| v.map(|v| v as f64);
+    old.pods == fresh.pods
+        && old.pods_unreachable == fresh.pods_unreachable
+        && close(old.p99_seconds, fresh.p99_seconds, 0.001)
+        && close(old.mean_seconds, fresh.mean_seconds, 0.001)
+        && close(old.messages_per_second, fresh.messages_per_second, 0.01)
+        && close(n(old.messages), n(fresh.messages), 1.0)
+        && close(n(old.in_flight), n(fresh.in_flight), 1.0)
+}
+
+/// The workers as status shows them. When what was just scraped is within the dead-band of what
+/// status already says (`observed_close`), the verdict of `ProcessingTimeWithinDeclared` is the same
+/// and status's numbers are younger than [`OBSERVED_REFRESH`], the numbers (and their `sampledAt`)
+/// stay as status has them: the observed block, the condition's message and the rules run with the
+/// observed P99 then say exactly what they said, and nothing is written. A verdict that flips, a pod
+/// that comes or goes, or a number that moves by more than the band shows at once. Pure.
+pub fn dead_band(qc: &QueueConsumer, mut w: Workers) -> Workers {
+    let Some(status) = qc.status.as_ref() else {
+        return w;
+    };
+    let (Some(old), Some(fresh)) = (status.observed.as_ref(), observed_block(&w)) else {
+        return w;
+    };
+    let old_verdict = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::PROCESSING_TIME_WITHIN_DECLARED)
+        .map(|c| c.status.as_str());
+    let refresh_due = match (&old.sampled_at, &fresh.sampled_at) {
+        (Some(a), Some(b)) => {
+            b.0.as_second().saturating_sub(a.0.as_second())
+                >= i64::try_from(OBSERVED_REFRESH.as_secs()).unwrap_or(i64::MAX)
+        }
+        _ => true,
+    };
+    if refresh_due
+        || old_verdict != Some(processing_verdict(&qc.spec, &w))
+        || !observed_close(old, &fresh)
+        || old.window.is_some() != w.stats.is_some()
+    {
+        return w;
+    }
+    if let (Some(s), Some(window)) = (w.stats.as_mut(), old.window) {
+        s.p99_seconds = old.p99_seconds;
+        s.mean_seconds = old.mean_seconds;
+        s.messages_per_second = old.messages_per_second.unwrap_or(s.messages_per_second);
+        s.messages = old
+            .messages
+            .and_then(|m| u64::try_from(m).ok())
+            .unwrap_or(s.messages);
+        s.window = window;
+    }
+    if let Some(f) = old.in_flight {
+        w.in_flight = f;
+    }
+    w.sampled_at = old.sampled_at.clone();
+    w
+}
+
 /// Rounded so that noise below a millisecond does not rewrite status.
 fn round3(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0

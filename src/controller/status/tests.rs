@@ -535,3 +535,153 @@ fn a_window_that_moved_by_the_scrapes_jitter_is_no_reason_to_write() {
         &observed(60_012, 2.5)
     ));
 }
+
+/// What the pods said at one scrape of a steady busy consumer: P99 about 1.5 s, mean about 0.8 s,
+/// about 40 messages a second, 10 in flight, moving a little at every scrape.
+fn busy(p99: f64, mean: f64, rate: f64, in_flight: i64, at_secs: i64) -> Workers {
+    Workers {
+        stats: Some(Stats {
+            p99_seconds: Some(p99),
+            mean_seconds: Some(mean),
+            messages_per_second: rate,
+            messages: (rate * 60.0) as u64,
+            window: Duration::from_secs(60),
+        }),
+        pods: 2,
+        unreachable: 0,
+        in_flight,
+        sampled_at: Some(at(at_secs)),
+        crash_looping: vec![],
+    }
+}
+
+/// One reconcile's status step as `reconcile` runs it: the dead-band on what the pods said, then
+/// build; the status goes back onto the object when it differs (ignoring time), as the write does.
+/// Returns whether it would have been written.
+fn reconcile_status(q: &mut QueueConsumer, w: Workers, now_secs: i64) -> bool {
+    let w = dead_band(q, w);
+    let f = facts(dlq(0, None));
+    let d = available_deployment(2);
+    let report = Report::default();
+    let new = build(&StatusInputs {
+        qc: q,
+        facts: Observation::Read(&f),
+        report: &report,
+        render: Ok(()),
+        rollout: &Rollout::Apply,
+        deployment: Some(&d),
+        alarm: AlarmStatus::default(),
+        replicas: &ReplicaDecision::Keep,
+        scaled_at: None,
+        sampled_at: Some(at(now_secs)),
+        redrive: None,
+        workers: Some(&w),
+        now: at(now_secs),
+    });
+    let old = q.status.clone().unwrap_or_default();
+    let write = !same_ignoring_time(&old, &new);
+    if write {
+        q.status = Some(new);
+    }
+    write
+}
+
+#[test]
+fn a_steady_busy_consumer_is_not_rewritten_but_a_real_change_is() {
+    let mut q = qc(false);
+    // First sight: written.
+    assert!(reconcile_status(&mut q, busy(1.52, 0.81, 40.2, 10, 0), 0));
+    let first = q.status.clone().unwrap();
+    assert_eq!(
+        first.observed.as_ref().unwrap().p99_seconds,
+        Some(1.52),
+        "{first:?}"
+    );
+    // Ten poll intervals of the same load, every number moving by up to ~10 %: nothing written.
+    let jitter = [
+        (1.47, 0.83, 38.9, 9),
+        (1.61, 0.79, 42.5, 11),
+        (1.55, 0.84, 41.0, 10),
+        (1.44, 0.77, 37.4, 8),
+        (1.58, 0.82, 43.1, 11),
+        (1.50, 0.80, 39.6, 10),
+        (1.63, 0.86, 40.8, 12),
+        (1.49, 0.78, 41.7, 9),
+        (1.53, 0.81, 38.2, 10),
+        (1.57, 0.83, 42.0, 11),
+    ];
+    for (k, (p99, mean, rate, in_flight)) in jitter.into_iter().enumerate() {
+        let t = 15 * (k as i64 + 1);
+        assert!(
+            !reconcile_status(&mut q, busy(p99, mean, rate, in_flight, t), t),
+            "interval {k}: a steady consumer's jitter wrote status"
+        );
+    }
+    assert_eq!(q.status.as_ref(), Some(&first));
+    // Without the dead-band every one of these scrapes was a write.
+    let raw = busy(1.47, 0.83, 38.9, 9, 15);
+    let mut shown = first.clone();
+    shown.observed = observed_block(&raw);
+    assert!(!same_ignoring_time(&first, &shown));
+
+    // A real change of throughput (twice the rate): written at once.
+    assert!(reconcile_status(
+        &mut q,
+        busy(1.55, 0.8, 80.0, 20, 165),
+        165
+    ));
+    assert_eq!(
+        q.status
+            .as_ref()
+            .unwrap()
+            .observed
+            .as_ref()
+            .unwrap()
+            .messages_per_second,
+        Some(80.0)
+    );
+    // The handler slows past 1.2 x the declared 2s: the condition flips and the new P99 shows.
+    assert!(reconcile_status(&mut q, busy(2.9, 1.4, 80.0, 20, 180), 180));
+    let s = q.status.clone().unwrap();
+    assert_eq!(s.observed.as_ref().unwrap().p99_seconds, Some(2.9));
+    let c = s
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "ProcessingTimeWithinDeclared")
+        .unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "ObservedP99AboveDeclared")
+    );
+    // A flip back shows even when the number moved by less than the band: status says 2.9 s; 2.45 s
+    // (still above 1.2 x 2s) is within 20 % of it and not written, 2.38 s is too, but it is within
+    // 1.2 x 2s, so the condition flips and the new numbers go out with it.
+    assert!(!reconcile_status(
+        &mut q,
+        busy(2.45, 1.4, 80.0, 20, 195),
+        195
+    ));
+    assert!(reconcile_status(
+        &mut q,
+        busy(2.38, 1.4, 80.0, 20, 210),
+        210
+    ));
+    let s = q.status.clone().unwrap();
+    assert_eq!(s.observed.as_ref().unwrap().p99_seconds, Some(2.38));
+    let c = s
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "ProcessingTimeWithinDeclared")
+        .unwrap();
+    assert_eq!(c.status, "True");
+    // A pod more: written.
+    let mut more = busy(2.38, 1.4, 80.0, 20, 225);
+    more.pods = 3;
+    assert!(reconcile_status(&mut q, more, 225));
+    // Inside the band but older than OBSERVED_REFRESH: refreshed once, then quiet again.
+    let mut later = busy(2.3, 1.4, 81.0, 20, 225 + 300);
+    later.pods = 3;
+    assert!(reconcile_status(&mut q, later.clone(), 525));
+    later.sampled_at = Some(at(540));
+    assert!(!reconcile_status(&mut q, later, 540));
+}
