@@ -16,6 +16,12 @@
 //! Cadences are aligned on a grid of an eighth of the interval (rounded down, so a beat is only ever
 //! earlier than its interval): messages received together share every beat, and messages received
 //! apart within one grid step join the same beats.
+//!
+//! Extensions grow (`Plan`, docs/decisions.md "Growing heartbeat extensions"): the first is the
+//! visibility timeout, each later one twice the one before, up to the cap; the next beat falls due
+//! at the same fraction of the new lease as the interval is of the visibility timeout, so the slack
+//! before a lease ends grows with it. Members of one call made the same number of extensions
+//! (received together), so they get the same extension and keep one cadence.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,7 +29,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::backoff::visibility_secs;
+use super::backoff::{VISIBILITY_MAX, visibility_secs};
 use super::batcher::MAX_BATCH;
 use super::metrics::Metrics;
 use super::sqs::{Action, Entry, EntryFailure, ErrorKind, Sqs, SqsError, classify_code};
@@ -34,6 +40,62 @@ pub const WINDOW: Duration = Duration::from_millis(10);
 const GRID_STEPS: u32 = 8;
 /// Shortest deadline given to a heartbeat call (a lease nearly over still gets a real attempt).
 pub const MIN_CALL: Duration = Duration::from_millis(200);
+
+/// Longest heartbeat extension: after a crash, no message stays hidden longer than this (or its
+/// handler timeout, or the visibility timeout if that is longer).
+pub const MAX_EXTENSION: Duration = Duration::from_secs(15 * 60);
+/// Kept clear of SQS's 12 hours of visibility since the receive (the receive's own latency and
+/// rounding up to whole seconds).
+const TWELVE_HOURS_SLACK: Duration = Duration::from_secs(60);
+
+/// The heartbeat's extensions and cadence: pure, so the schedule is tested without clocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The queue's VisibilityTimeout: the first extension.
+    pub vt: Duration,
+    /// The configured heartbeat interval: the first beat's delay after the receive.
+    pub interval: Duration,
+    /// The longest extension: `max(vt, min(handler timeout, MAX_EXTENSION))`.
+    pub cap: Duration,
+}
+
+impl Plan {
+    pub fn new(vt: Duration, interval: Duration, timeout: Duration) -> Plan {
+        Plan {
+            vt,
+            interval,
+            cap: timeout.min(MAX_EXTENSION).max(vt),
+        }
+    }
+
+    /// The extension after `made` successful ones, `since_receipt` after the message was received:
+    /// `vt × 2^made`, at most `cap`, and within SQS's 12 hours of visibility since the receive (a
+    /// longer value is refused, not shortened). None: the 12 hours are (nearly) used up, no
+    /// extension is possible any more.
+    pub fn extension(&self, made: u32, since_receipt: Duration) -> Option<Duration> {
+        let grown = self
+            .vt
+            .checked_mul(1u32 << made.min(20))
+            .unwrap_or(Duration::MAX)
+            .min(self.cap)
+            .max(self.vt);
+        let left = VISIBILITY_MAX
+            .saturating_sub(since_receipt)
+            .saturating_sub(TWELVE_HOURS_SLACK);
+        let ext = grown.min(left);
+        (ext >= Duration::from_secs(1)).then_some(ext)
+    }
+
+    /// From an extension's start to the next beat: the same fraction of `extension` as the interval
+    /// is of the visibility timeout (the interval itself for an extension of one timeout).
+    pub fn gap(&self, extension: Duration) -> Duration {
+        if self.vt.is_zero() {
+            return self.interval;
+        }
+        self.interval
+            .mul_f64(extension.as_secs_f64() / self.vt.as_secs_f64())
+    }
+}
 
 /// Room a visibility change keeps before the lease ends: a quarter of the visibility timeout, at most
 /// 5 s. A call still unanswered then is given up, so a retry can still land inside the lease.
@@ -118,6 +180,8 @@ pub type Outcome = Result<Instant, SqsError>;
 
 struct Request {
     entry: Entry,
+    /// The extension, whole seconds.
+    secs: i32,
     reply: oneshot::Sender<Outcome>,
 }
 
@@ -127,18 +191,24 @@ pub struct Heartbeats {
     tx: mpsc::UnboundedSender<Request>,
     origin: Instant,
     step: Duration,
+    plan: Plan,
 }
 
 impl Heartbeats {
-    /// Starts the coalescer for extensions to `vt` every `interval`.
-    pub fn spawn(sqs: Sqs, metrics: Arc<Metrics>, vt: Duration, interval: Duration) -> Heartbeats {
+    /// Starts the coalescer for the extensions of `plan`.
+    pub fn spawn(sqs: Sqs, metrics: Arc<Metrics>, plan: Plan) -> Heartbeats {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(sqs, metrics, vt, rx));
+        tokio::spawn(run(sqs, metrics, plan.vt, rx));
         Heartbeats {
             tx,
             origin: Instant::now(),
-            step: interval / GRID_STEPS,
+            step: plan.interval / GRID_STEPS,
+            plan,
         }
+    }
+
+    pub fn plan(&self) -> &Plan {
+        &self.plan
     }
 
     /// `t` rounded down onto the shared cadence grid.
@@ -146,18 +216,20 @@ impl Heartbeats {
         align(self.origin, self.step, t)
     }
 
-    /// The next beat after a call started at `started`: one interval on, on the grid, so every
-    /// member of the call keeps the same cadence; if the call took nearly an interval, one interval
-    /// after now (still on the grid). Never later than `started + interval`'s lease allows.
-    pub fn next_after(&self, started: Instant, interval: Duration) -> Instant {
-        next_after(self.origin, self.step, started, Instant::now(), interval)
+    /// The next beat after a call started at `started`: `gap` on, on the grid, so every member of
+    /// the call keeps the same cadence; if the call took nearly that long, `gap` after now (still on
+    /// the grid).
+    pub fn next_after(&self, started: Instant, gap: Duration) -> Instant {
+        next_after(self.origin, self.step, started, Instant::now(), gap)
     }
 
-    /// Extends one message's visibility to the visibility timeout, batched with others due now.
-    pub async fn extend(&self, entry: Entry) -> Outcome {
+    /// Extends one message's visibility to `extension` from the call's start, batched with others
+    /// due now.
+    pub async fn extend(&self, entry: Entry, extension: Duration) -> Outcome {
         let (reply, answer) = oneshot::channel();
         let message_id = entry.message_id.clone();
-        if self.tx.send(Request { entry, reply }).is_err() {
+        let secs = visibility_secs(extension);
+        if self.tx.send(Request { entry, secs, reply }).is_err() {
             return Err(closed(&message_id));
         }
         answer.await.unwrap_or_else(|_| Err(closed(&message_id)))
@@ -179,7 +251,6 @@ async fn run(
     mut rx: mpsc::UnboundedReceiver<Request>,
 ) {
     let margin = lease_margin(vt);
-    let secs = visibility_secs(vt);
     let mut pending: Vec<Request> = Vec::with_capacity(MAX_BATCH);
     let mut deadline = Instant::now();
     loop {
@@ -200,21 +271,22 @@ async fn run(
             _ = tokio::time::sleep_until(deadline), if !pending.is_empty() => {}
         }
         let batch = std::mem::replace(&mut pending, Vec::with_capacity(MAX_BATCH));
-        tokio::spawn(send(sqs.clone(), metrics.clone(), secs, margin, batch));
+        tokio::spawn(send(sqs.clone(), metrics.clone(), margin, batch));
     }
     if !pending.is_empty() {
-        send(sqs, metrics, secs, margin, pending).await;
+        send(sqs, metrics, margin, pending).await;
     }
 }
 
 /// One ChangeMessageVisibilityBatch for `batch`; every member is answered.
-async fn send(sqs: Sqs, metrics: Arc<Metrics>, secs: i32, margin: Duration, batch: Vec<Request>) {
+async fn send(sqs: Sqs, metrics: Arc<Metrics>, margin: Duration, batch: Vec<Request>) {
     // A message whose task ended (aborted at the shutdown deadline) is not extended any more.
     let batch: Vec<Request> = batch.into_iter().filter(|r| !r.reply.is_closed()).collect();
     if batch.is_empty() {
         return;
     }
     let entries: Vec<Entry> = batch.iter().map(|r| r.entry.clone()).collect();
+    let secs: Vec<i32> = batch.iter().map(|r| r.secs).collect();
     let started = Instant::now();
     let limit = call_limit(
         started,
@@ -223,7 +295,7 @@ async fn send(sqs: Sqs, metrics: Arc<Metrics>, secs: i32, margin: Duration, batc
     );
     metrics.heartbeat_calls.inc();
     match sqs
-        .change_visibility_batch_within(&entries, secs, limit)
+        .change_visibility_batch_within(&entries, &secs, limit)
         .await
     {
         Ok(failures) => {
@@ -249,7 +321,11 @@ async fn send(sqs: Sqs, metrics: Arc<Metrics>, secs: i32, margin: Duration, batc
                     let started = Instant::now();
                     metrics.heartbeat_calls.inc();
                     let outcome = match sqs
-                        .change_visibility_batch_within(std::slice::from_ref(&r.entry), secs, left)
+                        .change_visibility_batch_within(
+                            std::slice::from_ref(&r.entry),
+                            &[r.secs],
+                            left,
+                        )
                         .await
                     {
                         Ok(failures) => match failures.first() {
@@ -369,6 +445,81 @@ mod tests {
                 .detail
                 .contains("MessageNotInflight")
         );
+    }
+
+    #[test]
+    fn extensions_double_up_to_the_cap_and_the_next_beat_keeps_the_fraction() {
+        let s = Duration::from_secs;
+        // VT 30 s, interval auto (10 s), handler timeout 10 min.
+        let plan = Plan::new(s(30), s(10), s(600));
+        let made: Vec<u64> = (0..8)
+            .map(|k| plan.extension(k, s(0)).unwrap().as_secs())
+            .collect();
+        assert_eq!(made, [30, 60, 120, 240, 480, 600, 600, 600]);
+        assert_eq!(plan.gap(s(30)), s(10), "the first gap is the interval");
+        assert_eq!(
+            plan.gap(s(120)),
+            s(40),
+            "a third of the lease, as the interval is of VT"
+        );
+        assert_eq!(plan.extension(u32::MAX, s(0)), Some(s(600)));
+        // The cap: the handler timeout, at most 15 minutes, never below the visibility timeout.
+        assert_eq!(Plan::new(s(30), s(10), s(7200)).cap, MAX_EXTENSION);
+        assert_eq!(Plan::new(s(30), s(10), s(5)).cap, s(30));
+        assert_eq!(
+            Plan::new(s(30), s(10), s(5)).extension(6, s(0)),
+            Some(s(30)),
+            "a timeout below VT: no growth"
+        );
+    }
+
+    #[test]
+    fn extensions_stay_inside_sqs_twelve_hours_since_the_receive() {
+        let s = Duration::from_secs;
+        let plan = Plan::new(s(300), s(100), s(13 * 3600));
+        assert_eq!(plan.extension(9, s(3600)), Some(MAX_EXTENSION));
+        // 5 minutes left of the 12 hours: 4 minutes (a minute kept clear), not the full 15.
+        assert_eq!(plan.extension(9, VISIBILITY_MAX - s(300)), Some(s(240)));
+        assert_eq!(plan.extension(0, VISIBILITY_MAX - s(61)), Some(s(1)));
+        assert_eq!(plan.extension(0, VISIBILITY_MAX - s(60)), None);
+        assert_eq!(plan.extension(0, VISIBILITY_MAX + s(1)), None);
+    }
+
+    /// The schedule with instant calls: a handler of 3 × VT at the default interval needs 4
+    /// extensions (VT, 2 VT, 4 VT, 8 VT at VT/3, 2 VT/3, 4 VT/3, 8 VT/3) instead of 9; at every moment the
+    /// lease left covers at least VT − interval (the slack of the fixed schedule) and at most
+    /// max(VT, VT/interval × the time since the receive): what a crash costs.
+    #[test]
+    fn a_long_handler_needs_few_extensions_and_a_crash_costs_a_bounded_wait() {
+        let ms = Duration::from_millis;
+        let vt = ms(3000);
+        for (interval, handler, want) in [
+            (ms(1000), ms(9000), 4),
+            (ms(1000), ms(18_000), 5),
+            (ms(1500), ms(9000), 3),
+        ] {
+            let plan = Plan::new(vt, interval, ms(60_000));
+            let ratio = vt.as_secs_f64() / interval.as_secs_f64();
+            let (mut beat, mut lease_end, mut made) = (interval, vt, 0u32);
+            let mut t = ms(0);
+            while t < handler {
+                if t >= beat {
+                    let e = plan.extension(made, beat).unwrap();
+                    made += 1;
+                    lease_end = beat + e;
+                    beat += plan.gap(e);
+                }
+                let left = lease_end - t;
+                assert!(
+                    left >= vt - interval,
+                    "{interval:?} at {t:?}: {left:?} left"
+                );
+                let bound = vt.max(t.mul_f64(ratio));
+                assert!(left <= bound, "{interval:?} at {t:?}: {left:?} > {bound:?}");
+                t += ms(10);
+            }
+            assert_eq!(made, want, "{interval:?}, handler {handler:?}");
+        }
     }
 
     #[test]

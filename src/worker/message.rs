@@ -14,7 +14,7 @@ use super::backoff::{VISIBILITY_MAX, retry_delay, visibility_secs};
 use super::batcher::Batcher;
 use super::dead_letter::DeadLetter;
 use super::handler::{Handler, Verdict};
-use super::heartbeat::{Heartbeats, lease_lost};
+use super::heartbeat::{Heartbeats, Plan, lease_lost};
 use super::idempotency::{Claim, IdempotencyError, Store, key_of};
 use super::metrics::{Metrics, OutcomeLabel};
 use super::sqs::{Entry, Message, Sqs};
@@ -101,12 +101,15 @@ impl Lease {
             .heartbeat
             .zip(processor.heartbeats.as_ref())
             .map(|(interval, hb)| hb.align(Instant::from_std(msg.received_at) + interval));
-        let lease_until = Instant::from_std(msg.received_at) + processor.visibility_timeout;
+        let received_at = Instant::from_std(msg.received_at);
+        let lease_until = received_at + processor.visibility_timeout;
         Lease {
             msg,
             beat: Beat {
                 next,
                 failures: 0,
+                made: 0,
+                received_at,
                 lease_until,
                 lost: false,
             },
@@ -129,6 +132,8 @@ impl Lease {
             let mut beat = Beat {
                 next: self.beat.next,
                 failures: self.beat.failures,
+                made: self.beat.made,
+                received_at: self.beat.received_at,
                 lease_until: self.beat.lease_until,
                 lost: self.beat.lost,
             };
@@ -235,7 +240,12 @@ struct Heartbeat {
 struct Beat {
     next: Option<Instant>,
     failures: u32,
-    /// The lease runs at least until then: receipt or the last extension's start, plus the visibility timeout.
+    /// Extensions made so far: the next one is `Plan::extension(made, ..)`.
+    made: u32,
+    /// When the receive returned (SQS's 12 hours of visibility count from the receive).
+    received_at: Instant,
+    /// The lease runs at least until then: receipt plus the visibility timeout, or the last
+    /// extension's start plus that extension.
     lease_until: Instant,
     /// The lease was lost (counted once): the message may be delivered again.
     lost: bool,
@@ -271,12 +281,25 @@ impl Beat {
         }
     }
 
-    /// One visibility extension back to the full visibility timeout, sent by the coalescer in a
-    /// ChangeMessageVisibilityBatch with the others due now; schedules the next one on the shared
-    /// cadence.
+    /// One visibility extension (growing: the visibility timeout first, then twice the one before,
+    /// up to the plan's cap), sent by the coalescer in a ChangeMessageVisibilityBatch with the
+    /// others due now; schedules the next one on the shared cadence, at the same fraction of the
+    /// new lease as the interval is of the visibility timeout.
     async fn run(&mut self, p: &Processor, receipt_handle: &str, message_id: &str) {
-        let (Some(interval), Some(heartbeats)) = (p.heartbeat, &p.heartbeats) else {
+        let Some(heartbeats) = &p.heartbeats else {
             self.next = None;
+            return;
+        };
+        let plan: &Plan = heartbeats.plan();
+        let since_receipt = Instant::now().saturating_duration_since(self.received_at);
+        let Some(extension) = plan.extension(self.made, since_receipt) else {
+            // SQS refuses any visibility past 12 hours from the receive: nothing left to extend.
+            self.next = None;
+            self.lose(
+                p,
+                message_id,
+                "SQS's 12 hours of visibility since the receive are used up",
+            );
             return;
         };
         // The coalescer gives the call the earliest member's lease end minus a margin as its
@@ -286,7 +309,7 @@ impl Beat {
             receipt_handle: receipt_handle.to_string(),
             lease_until: Some(self.lease_until.into_std()),
         };
-        match heartbeats.extend(entry).await {
+        match heartbeats.extend(entry, extension).await {
             Ok(started) => {
                 p.metrics.heartbeats.inc();
                 if started >= self.lease_until {
@@ -299,8 +322,9 @@ impl Beat {
                     );
                 }
                 self.failures = 0;
-                self.lease_until = started + p.visibility_timeout;
-                self.next = Some(heartbeats.next_after(started, interval));
+                self.made = self.made.saturating_add(1);
+                self.lease_until = started + extension;
+                self.next = Some(heartbeats.next_after(started, plan.gap(extension)));
             }
             Err(e) => {
                 p.metrics.heartbeat_failures.inc();
@@ -320,8 +344,8 @@ impl Beat {
                     None
                 } else {
                     // Retry well inside the remaining lease.
-                    let retry =
-                        (interval / 4).clamp(Duration::from_millis(100), Duration::from_secs(2));
+                    let retry = (plan.interval / 4)
+                        .clamp(Duration::from_millis(100), Duration::from_secs(2));
                     let left = self.lease_until.saturating_duration_since(Instant::now());
                     Some(Instant::now() + (retry * self.failures.min(4)).min(left / 2))
                 };
@@ -397,7 +421,11 @@ impl Processor {
         freed: mpsc::UnboundedSender<Freed>,
     ) -> Self {
         let heartbeats = heartbeat.map(|interval| {
-            Heartbeats::spawn(sqs.clone(), metrics.clone(), visibility_timeout, interval)
+            Heartbeats::spawn(
+                sqs.clone(),
+                metrics.clone(),
+                Plan::new(visibility_timeout, interval, timeout),
+            )
         });
         Processor {
             sqs,

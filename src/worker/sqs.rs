@@ -542,23 +542,36 @@ impl Sqs {
         entries: &[Entry],
         secs: i32,
     ) -> Result<Vec<EntryFailure>, SqsError> {
-        self.change_visibility_batch_within(entries, secs, CALL_TIMEOUT)
+        self.change_visibility_batch_within(entries, &vec![secs; entries.len()], CALL_TIMEOUT)
             .await
     }
 
-    /// ChangeMessageVisibilityBatch given up after `limit` (at most the usual call bound): a batch
-    /// of heartbeats is given up when the earliest member's lease has only its margin left.
+    /// ChangeMessageVisibilityBatch, entry `i` to `secs[i]` (one value per entry), given up after
+    /// `limit` (at most the usual call bound): a batch of heartbeats is given up when the earliest
+    /// member's lease has only its margin left.
     pub async fn change_visibility_batch_within(
         &self,
         entries: &[Entry],
-        secs: i32,
+        secs: &[i32],
         limit: Duration,
     ) -> Result<Vec<EntryFailure>, SqsError> {
         let action = Action::ChangeMessageVisibilityBatch;
+        if secs.len() != entries.len() {
+            return Err(SqsError {
+                action,
+                kind: ErrorKind::Other,
+                detail: format!(
+                    "{} visibility values for {} entries (a bug)",
+                    secs.len(),
+                    entries.len()
+                ),
+            });
+        }
         let built: Result<Vec<_>, _> = entries
             .iter()
+            .zip(secs)
             .enumerate()
-            .map(|(i, e)| {
+            .map(|(i, (e, &secs))| {
                 ChangeMessageVisibilityBatchRequestEntry::builder()
                     .id(i.to_string())
                     .receipt_handle(&e.receipt_handle)
