@@ -319,6 +319,63 @@ async fn a_handler_slower_than_declared_flips_processing_time_and_back() {
     rbac::assert_granted(&["config/rbac/role.yaml"], &e.fake.requests());
 }
 
+/// The deletes the workers' counters show between two scrapes go into the scaling sample, so the
+/// policy counts arrivals instead of estimating them; a pod that went away takes its last deletes with
+/// it, and the sample then carries none (the policy estimates).
+#[tokio::test]
+async fn the_workers_deletes_go_into_the_scaling_samples() {
+    let e = Env::new(30).await;
+    let handler = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
+    let worker = Worker::start(&worker_args(&e.queue, &handler, "120s"));
+    worker.wait_ready(Duration::from_secs(30)).await;
+    e.fake.create(QUEUE_CONSUMERS, e.manifest("1s", 1, 1));
+    reconcile(Arc::new(e.qc()), e.ctx.clone()).await.unwrap();
+    e.add_pod("orders-a", &worker);
+    let latest_deleted = |e: &Env| {
+        let key = qc::controller::scale::key(&e.qc());
+        e.ctx
+            .scaling
+            .with_history(&key, qc::controller::observe::wall_clock(), |h| {
+                h.latest().map(|s| s.deleted)
+            })
+    };
+    e.poll().await;
+    e.poll().await;
+    assert_eq!(latest_deleted(&e), Some(Some(0)), "nothing deleted yet");
+
+    let bodies: Vec<String> = (0..20).map(|i| format!("m{i}")).collect();
+    e.queue.send_all(&bodies, |_| String::new()).await;
+    support::eventually(
+        Duration::from_secs(60),
+        "the worker deletes all 20",
+        || async { worker.metric("qc_worker_messages_deleted_total").await == Some(20.0) },
+    )
+    .await;
+    // Let the scrapes' span be a few seconds, so the milliseconds between the queue read and the scrape
+    // of one reconcile (the sample spans one, the counters the other) stay below half a message.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    e.poll().await;
+    let got = latest_deleted(&e).flatten();
+    assert!(
+        got.is_some_and(|d| (19..=21).contains(&d)),
+        "the sample should carry the 20 deletes (scaled by the samples' over the scrapes' span, \
+         which differ by milliseconds): {got:?}"
+    );
+
+    // The pod is replaced (same worker, new name): the old pod's last deletes are unknown.
+    e.fake.delete(PODS, NS, "orders-a");
+    e.add_pod("orders-b", &worker);
+    e.poll().await;
+    assert_eq!(
+        latest_deleted(&e),
+        Some(None),
+        "a vanished pod leaves the count unknown"
+    );
+    // The next scrape sees the same pods again: counted again.
+    e.poll().await;
+    assert_eq!(latest_deleted(&e), Some(Some(0)));
+}
+
 #[tokio::test]
 async fn pod_deletion_cost_lands_on_the_idle_pod_before_a_scale_down() {
     let e = Env::new(30).await;

@@ -416,17 +416,18 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         }
         Err(refused) => Err(ObserveError::EndpointNotAllowed(refused.clone())),
     };
-    if let Ok(o) = &observed {
-        record_sample(qc, ctx, o);
-    }
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
     let live = deployments
         .get_opt(&name)
         .await
         .map_err(Error::ReadDeployment)?;
 
-    // the worker pods: crash loops, and their /metrics once per poll interval
+    // the worker pods: crash loops, and their /metrics once per poll interval; then the sample, with
+    // the deletes their counters show
     let (pods, mut workers) = read_workers(qc, ctx, &ns, false).await;
+    if let Ok(o) = &observed {
+        record_sample(qc, ctx, o);
+    }
 
     // validate, build, decide replicas; the rules run again with an observed P99 above the declared one
     let facts = pipeline::Observation::from_result(observed.as_ref().map(|o| &o.facts));
@@ -764,6 +765,7 @@ fn record_sample(qc: &QueueConsumer, ctx: &Context, o: &observe::Observed) {
         &qc.spec,
         &o.facts.queue,
         o.facts.oldest_age_seconds,
+        ctx.workers.deleted(&key),
         o.at,
         observe::wall_clock(),
     ) {

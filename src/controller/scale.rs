@@ -7,9 +7,36 @@ use std::sync::{Mutex, MutexGuard};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
+use super::workers::Deleted;
 use crate::api::{Duration, QueueConsumer, QueueConsumerSpec};
 use crate::aws::QueueFacts;
 use crate::scaling::{self, History, STALE_AFTER_POLLS, Sample, ScalingError, Timestamp};
+
+/// The deletes between two samples at `from` and `to`, from the workers' counters between their two
+/// latest scrapes: scrapes and samples both come once per `poll` but not at the same instant, so the
+/// scrapes' rate is taken over the samples' span. None (the policy then estimates completions from the
+/// in-flight count) when the scrapes could not count every delete, are older than a poll before `to`,
+/// or span more than three times the samples' span or poll (missed scrapes: a rate that old is no
+/// reading of now).
+pub fn deleted_between_samples(
+    deleted: Option<Deleted>,
+    from: Timestamp,
+    to: Timestamp,
+    poll: Duration,
+) -> Option<u64> {
+    let d = deleted?;
+    let poll_ms = u64::try_from(poll.as_std().as_millis()).unwrap_or(u64::MAX);
+    let span_ms = u64::try_from(d.span.as_std().as_millis()).unwrap_or(u64::MAX);
+    let dt_ms = to.as_millis().checked_sub(from.as_millis())?;
+    if span_ms == 0 || span_ms > poll_ms.max(dt_ms).saturating_mul(3) {
+        return None;
+    }
+    if to.as_millis().abs_diff(d.at.as_millis()) > poll_ms {
+        return None;
+    }
+    let scaled = u128::from(d.count) * u128::from(dt_ms) + u128::from(span_ms / 2);
+    u64::try_from(scaled / u128::from(span_ms)).ok()
+}
 
 /// What [`Histories::record`] did with the facts it was given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,17 +115,20 @@ impl Histories {
         at: Timestamp,
         now: Timestamp,
     ) -> Result<Recorded, ScalingError> {
-        self.record_with_age(key, spec, facts, None, at, now)
+        self.record_with_age(key, spec, facts, None, None, at, now)
     }
 
     /// [`Self::record`], with the oldest visible message's age (CloudWatch
-    /// ApproximateAgeOfOldestMessage, when read; a negative reading counts as unknown).
+    /// ApproximateAgeOfOldestMessage, when read; a negative reading counts as unknown) and the deletes
+    /// the workers' counters showed between their two latest scrapes ([`deleted_between_samples`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn record_with_age(
         &self,
         key: &str,
         spec: &QueueConsumerSpec,
         facts: &QueueFacts,
         oldest_age_seconds: Option<i64>,
+        deleted: Option<Deleted>,
         at: Timestamp,
         now: Timestamp,
     ) -> Result<Recorded, ScalingError> {
@@ -125,6 +155,10 @@ impl Histories {
             }
             _ => Recorded::Pushed,
         };
+        if let Some(previous) = tracked.history.latest() {
+            sample.deleted =
+                deleted_between_samples(deleted, previous.at, at, spec.scaling.poll_interval);
+        }
         tracked.history.push(sample)?;
         Ok(outcome)
     }
@@ -278,15 +312,63 @@ mod tests {
         let sp = spec("15s", "auto");
         let age =
             |h: &Histories, t| h.with_history("k", s(t), |x| x.latest().and_then(|l| l.oldest_age));
-        h.record_with_age("k", &sp, &facts(5), Some(40), s(0), s(0))
+        h.record_with_age("k", &sp, &facts(5), Some(40), None, s(0), s(0))
             .unwrap();
         assert_eq!(age(&h, 0), Some(Duration::from_secs(40)));
         // a negative reading is no reading; none read is none
-        h.record_with_age("k", &sp, &facts(5), Some(-1), s(15), s(15))
+        h.record_with_age("k", &sp, &facts(5), Some(-1), None, s(15), s(15))
             .unwrap();
         assert_eq!(age(&h, 15), None);
         h.record("k", &sp, &facts(5), s(30), s(30)).unwrap();
         assert_eq!(age(&h, 30), None);
+    }
+
+    #[test]
+    fn the_scrapes_deletes_are_taken_over_the_samples_span() {
+        let d = |count, span_s, at_s| {
+            Some(Deleted {
+                count,
+                span: Duration::from_secs(span_s),
+                at: s(at_s),
+            })
+        };
+        let poll = Duration::from_secs(15);
+        // scrapes 15 s apart, samples 15 s apart: the count as it is
+        assert_eq!(
+            deleted_between_samples(d(30, 15, 100), s(85), s(100), poll),
+            Some(30)
+        );
+        // samples 10 s apart over scrapes 20 s apart: the rate over the samples' span
+        assert_eq!(
+            deleted_between_samples(d(30, 20, 101), s(90), s(100), poll),
+            Some(15)
+        );
+        // no count, scrapes more than a poll away from the sample, or spanning over three polls: none
+        assert_eq!(deleted_between_samples(None, s(85), s(100), poll), None);
+        assert_eq!(
+            deleted_between_samples(d(30, 15, 80), s(85), s(100), poll),
+            None
+        );
+        assert_eq!(
+            deleted_between_samples(d(30, 46, 100), s(85), s(100), poll),
+            None
+        );
+        assert_eq!(
+            deleted_between_samples(d(30, 0, 100), s(85), s(100), poll),
+            None
+        );
+
+        // the first sample has no previous one to count from; the next one carries the deletes
+        let h = Histories::new();
+        let sp = spec("15s", "auto");
+        let latest =
+            |h: &Histories, t| h.with_history("k", s(t), |x| x.latest().and_then(|l| l.deleted));
+        h.record_with_age("k", &sp, &facts(5), None, d(7, 15, 0), s(0), s(0))
+            .unwrap();
+        assert_eq!(latest(&h, 0), None);
+        h.record_with_age("k", &sp, &facts(5), None, d(12, 15, 15), s(15), s(15))
+            .unwrap();
+        assert_eq!(latest(&h, 15), Some(12));
     }
 
     #[test]

@@ -17,6 +17,8 @@ use crate::worker::http1::Pool;
 /// The worker's handler-latency histogram and in-flight gauge (src/worker/metrics.rs).
 pub const HANDLER_HISTOGRAM: &str = "qc_worker_handler_duration_seconds";
 pub const IN_FLIGHT_GAUGE: &str = "qc_worker_in_flight";
+/// The worker's counter of messages deleted from the queue (acknowledged, poison moved, duplicates).
+pub const DELETED_COUNTER: &str = "qc_worker_messages_deleted_total";
 
 /// Pods scraped at once per QueueConsumer.
 pub const SCRAPE_CONCURRENCY: usize = 16;
@@ -154,6 +156,8 @@ pub struct PodMetrics {
     pub count: u64,
     pub sum: f64,
     pub in_flight: i64,
+    /// `qc_worker_messages_deleted_total`; None when the exposition lacks it.
+    pub deleted: Option<u64>,
 }
 
 /// Parse the parts of a worker's exposition that matter here. None when the histogram is absent.
@@ -162,7 +166,7 @@ pub fn parse(text: &str) -> Option<PodMetrics> {
     let sum_name = format!("{HANDLER_HISTOGRAM}_sum");
     let count_name = format!("{HANDLER_HISTOGRAM}_count");
     let mut buckets: Vec<(f64, u64)> = Vec::new();
-    let (mut count, mut sum, mut in_flight) = (None, None, 0i64);
+    let (mut count, mut sum, mut in_flight, mut deleted) = (None, None, 0i64, None);
     for line in text.lines() {
         if line.starts_with('#') || line.is_empty() {
             continue;
@@ -194,6 +198,12 @@ pub fn parse(text: &str) -> Option<PodMetrics> {
             count = value.parse::<f64>().ok().map(|v| v as u64);
         } else if name == IN_FLIGHT_GAUGE {
             in_flight = value.parse::<f64>().map(|v| v as i64).unwrap_or(0);
+        } else if name == DELETED_COUNTER {
+            deleted = value
+                .parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite() && *v >= 0.0)
+                .map(|v| v as u64);
         }
     }
     buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -203,6 +213,7 @@ pub fn parse(text: &str) -> Option<PodMetrics> {
         count: count?,
         sum: sum?,
         in_flight,
+        deleted,
     })
 }
 
@@ -316,9 +327,47 @@ pub fn stats(rounds: &[&Round]) -> Option<Stats> {
     })
 }
 
+/// Messages the QueueConsumer's workers deleted from `older` to `newer`: the sum of each pod's counter
+/// delta (a counter that went back is a restart, and counts from zero). None unless the two rounds account
+/// for every delete: a pod of `older` missing from `newer` (scaled in, restarted under a new name, not
+/// ready) took its last deletes with it, and a pod that did not answer or has no counter leaves a gap. A
+/// pod new in `newer` counts its whole counter: it was not ready at `older`, and a worker receives only
+/// once ready. The scaler then estimates completions instead (docs/scaling.md, "Arrivals").
+pub fn deleted_between(older: &Round, newer: &Round) -> Option<u64> {
+    if !older.unreachable.is_empty() || !newer.unreachable.is_empty() || newer.at <= older.at {
+        return None;
+    }
+    if older.pods.keys().any(|pod| !newer.pods.contains_key(pod)) {
+        return None;
+    }
+    let mut total = 0u64;
+    for (pod, now) in &newer.pods {
+        let now = now.deleted?;
+        let delta = match older.pods.get(pod) {
+            Some(before) => {
+                let before = before.deleted?;
+                if now >= before { now - before } else { now }
+            }
+            None => now,
+        };
+        total = total.saturating_add(delta);
+    }
+    Some(total)
+}
+
 /// Whether a scrape `since` the last one is due, scraping `every` interval.
 pub fn scrape_due(since: StdDuration, every: StdDuration) -> bool {
     since + super::spread::slack(every) >= every
+}
+
+/// Messages deleted by a QueueConsumer's workers between two scrapes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Deleted {
+    pub count: u64,
+    /// From the older scrape to the newer one.
+    pub span: Duration,
+    /// When the newer scrape was made.
+    pub at: Timestamp,
 }
 
 /// The rounds of one QueueConsumer, newest last.
@@ -338,6 +387,17 @@ impl Window {
 
     pub fn latest(&self) -> Option<&Round> {
         self.rounds.back()
+    }
+
+    /// The deletes between the two newest scrapes, with the time they span ([`deleted_between`]).
+    pub fn deleted(&self) -> Option<Deleted> {
+        let mut newest = self.rounds.iter().rev();
+        let (newer, older) = (newest.next()?, newest.next()?);
+        Some(Deleted {
+            count: deleted_between(older, newer)?,
+            span: Duration::from_millis(newer.at.as_millis().saturating_sub(older.at.as_millis())),
+            at: newer.at,
+        })
     }
 
     /// The rule's window: the last `WINDOW_SCRAPES`, widened until it holds `MIN_MESSAGES`.
@@ -396,6 +456,11 @@ impl Windows {
 
     pub fn get(&self, key: &str) -> Option<Window> {
         self.lock().get(key).cloned()
+    }
+
+    /// [`Window::deleted`] of `key`'s window.
+    pub fn deleted(&self, key: &str) -> Option<Deleted> {
+        self.lock().get(key).and_then(Window::deleted)
     }
 
     pub fn forget(&self, key: &str) {
@@ -506,6 +571,69 @@ mod tests {
         assert_eq!(p.bounds.len(), p.cumulative.len());
         assert_eq!(p.cumulative.last(), Some(&2));
         assert!(parse("qc_worker_in_flight 3\n").is_none());
+    }
+
+    #[test]
+    fn the_deleted_counter_is_read_from_the_workers_exposition() {
+        let m = crate::worker::metrics::Metrics::default();
+        m.handler_seconds.observe(0.3);
+        assert_eq!(parse(&m.render()).unwrap().deleted, Some(0));
+        m.deleted.add(7);
+        assert_eq!(parse(&m.render()).unwrap().deleted, Some(7));
+        // an exposition without it (another version of the worker) has no count, not zero
+        assert_eq!(parse(&text(&[(1.0, 1)], 1, 0.3, 0)).unwrap().deleted, None);
+    }
+
+    fn with_deleted(t: &str, deleted: u64) -> String {
+        format!("{t}{DELETED_COUNTER} {deleted}\n")
+    }
+
+    #[test]
+    fn deletes_between_rounds_are_summed_over_pods() {
+        let t = text(&[(1.0, 1)], 1, 0.3, 0);
+        let r = |at, pods: &[(&str, u64)]| {
+            let texts: Vec<(String, String)> = pods
+                .iter()
+                .map(|(p, d)| (p.to_string(), with_deleted(&t, *d)))
+                .collect();
+            let refs: Vec<(&str, &str)> = texts
+                .iter()
+                .map(|(p, x)| (p.as_str(), x.as_str()))
+                .collect();
+            round(at, &refs)
+        };
+        let older = r(1_000, &[("a", 100), ("b", 5)]);
+        // a: +30; b restarted (counter went back to 2): its 2 since the restart; c new: all its 4
+        let newer = r(16_000, &[("a", 130), ("b", 2), ("c", 4)]);
+        assert_eq!(deleted_between(&older, &newer), Some(36));
+        // b is gone: its deletes since `older` are unknown
+        assert_eq!(
+            deleted_between(&older, &r(16_000, &[("a", 130), ("c", 4)])),
+            None
+        );
+        // a pod that did not answer leaves a gap
+        let mut gap = newer.clone();
+        gap.unreachable.push("d".to_string());
+        assert_eq!(deleted_between(&older, &gap), None);
+        // a pod without the counter leaves a gap too
+        let mut plain = newer.clone();
+        plain.pods.get_mut("c").unwrap().deleted = None;
+        assert_eq!(deleted_between(&older, &plain), None);
+        // rounds out of order count nothing
+        assert_eq!(deleted_between(&newer, &older), None);
+
+        let mut w = Window::default();
+        w.push(older);
+        assert_eq!(w.deleted(), None, "one round has no span");
+        w.push(newer);
+        assert_eq!(
+            w.deleted(),
+            Some(Deleted {
+                count: 36,
+                span: Duration::from_secs(15),
+                at: Timestamp::from_millis(16_000)
+            })
+        );
     }
 
     #[test]
