@@ -279,7 +279,10 @@ pub async fn serve_probes(
                 async move { Ok::<_, Infallible>(route(&*probes, req.uri().path())) }
             });
             let io = hyper_util::rt::TokioIo::new(stream);
+            // One request per connection: probes and scrapes open one each, and no idle
+            // connection keeps a task alive.
             let _ = hyper::server::conn::http1::Builder::new()
+                .keep_alive(false)
                 .serve_connection(io, service)
                 .await;
         });

@@ -12,6 +12,8 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+use crate::telemetry::Exposition;
+
 /// Tries of one call while the service answers that it is throttling (the last answer is returned).
 pub const THROTTLED_ATTEMPTS: u32 = 4;
 
@@ -211,37 +213,41 @@ impl Limiter {
             }
         }
     }
-
-    /// Prometheus samples of this gate (the HELP and TYPE lines come from `render_metrics`).
-    fn samples(&self, out: &mut String, rates: &mut String) {
-        for ((action, outcome), n) in self.calls() {
-            out.push_str(&format!(
-                "qc_aws_requests_total{{service=\"{}\",action=\"{action}\",outcome=\"{}\"}} {n}\n",
-                self.service,
-                outcome.as_str()
-            ));
-        }
-        rates.push_str(&format!(
-            "qc_aws_request_rate_limit{{service=\"{}\"}} {}\n",
-            self.service,
-            self.rate()
-        ));
-    }
 }
 
 /// The gates of every service, as /metrics shows them.
 pub fn render_metrics(limiters: &[&Limiter]) -> String {
-    let mut out = String::from(
-        "# HELP qc_aws_requests_total AWS calls made by the controller, by service, action and outcome.\n# TYPE qc_aws_requests_total counter\n",
+    let calls: Vec<([(&str, &str); 3], u64)> = limiters
+        .iter()
+        .flat_map(|l| {
+            l.calls().into_iter().map(|((action, outcome), n)| {
+                (
+                    [
+                        ("service", l.service),
+                        ("action", action),
+                        ("outcome", outcome.as_str()),
+                    ],
+                    n,
+                )
+            })
+        })
+        .collect();
+    let rates: Vec<([(&str, &str); 1], f64)> = limiters
+        .iter()
+        .map(|l| ([("service", l.service)], l.rate()))
+        .collect();
+    let mut e = Exposition::new();
+    e.counter(
+        "qc_aws_requests_total",
+        "AWS calls made by the controller, by service, action and outcome.",
+        &calls.iter().map(|(l, n)| (&l[..], *n)).collect::<Vec<_>>(),
     );
-    let mut rates = String::from(
-        "# HELP qc_aws_request_rate_limit Calls a second the controller allows itself now (lower than configured after throttling).\n# TYPE qc_aws_request_rate_limit gauge\n",
+    e.gauge_f64(
+        "qc_aws_request_rate_limit",
+        "Calls a second the controller allows itself now (lower than configured after throttling).",
+        &rates.iter().map(|(l, v)| (&l[..], *v)).collect::<Vec<_>>(),
     );
-    for l in limiters {
-        l.samples(&mut out, &mut rates);
-    }
-    out.push_str(&rates);
-    out
+    e.finish()
 }
 
 #[cfg(test)]

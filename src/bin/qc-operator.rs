@@ -286,13 +286,12 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logs(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
+impl From<LogFormat> for qc::telemetry::LogFormat {
+    fn from(f: LogFormat) -> Self {
+        match f {
+            LogFormat::Json => qc::telemetry::LogFormat::Json,
+            LogFormat::Text => qc::telemetry::LogFormat::Text,
+        }
     }
 }
 
@@ -315,7 +314,7 @@ fn identity() -> String {
 fn run(args: RunArgs) -> anyhow::Result<()> {
     use anyhow::Context as _;
     use qc::controller::run::{LeaderOptions, RunOptions};
-    init_logs(args.log_format);
+    qc::telemetry::init_logging(args.log_format.into())?;
     // Two rustls crypto providers are compiled in (kube's and the AWS SDK's) and rustls then picks
     // none by itself: without this the first TLS connection to the API server panics. Already
     // installed is fine.

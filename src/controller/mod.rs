@@ -4,6 +4,7 @@
 
 pub mod alarm;
 pub mod apply;
+pub mod metrics;
 pub mod observe;
 pub mod pipeline;
 pub mod plan;
@@ -17,7 +18,7 @@ pub mod triggers;
 pub mod workers;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -37,6 +38,7 @@ use crate::render::RenderOptions;
 
 use self::alarm::AlarmChange;
 use self::apply::{FIELD_MANAGER, SCALER_FIELD_MANAGER};
+pub use self::metrics::Metrics;
 use self::observe::{AwsProvider, FactsCache};
 use self::pipeline::{ReplicaDecision, alarm_name};
 use self::scale::Histories;
@@ -97,77 +99,6 @@ impl Error {
             _ => return false,
         };
         matches!(kube_err, kube::Error::Api(s) if s.code == 409 || (s.code == 422 && matches!(self, Error::AddFinalizer(_) | Error::RemoveFinalizer(_))))
-    }
-}
-
-/// Counters served on /metrics.
-#[derive(Default)]
-pub struct Metrics {
-    pub reconciles: AtomicU64,
-    pub reconcile_errors: Mutex<HashMap<&'static str, u64>>,
-    pub deployment_applies: AtomicU64,
-    /// Writes of `spec.replicas` by the scaler (field manager `qc-operator-scaler`).
-    pub scale_writes: AtomicU64,
-    /// Writes of `controller.kubernetes.io/pod-deletion-cost` before scale-downs.
-    pub deletion_cost_writes: AtomicU64,
-    pub status_writes: AtomicU64,
-    /// Per-QueueConsumer series, from each consumer's last computed status.
-    pub consumers: series::Consumers,
-}
-
-impl Metrics {
-    fn error(&self, reason: &'static str) {
-        let mut m = match self.reconcile_errors.lock() {
-            Ok(m) => m,
-            Err(p) => p.into_inner(),
-        };
-        *m.entry(reason).or_default() += 1;
-    }
-
-    /// Prometheus text exposition.
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        out.push_str("# HELP qc_reconciles_total QueueConsumer reconciles run.\n# TYPE qc_reconciles_total counter\n");
-        out.push_str(&format!(
-            "qc_reconciles_total {}\n",
-            self.reconciles.load(Ordering::Relaxed)
-        ));
-        out.push_str("# HELP qc_reconcile_errors_total Failed reconciles by reason.\n# TYPE qc_reconcile_errors_total counter\n");
-        let errors = match self.reconcile_errors.lock() {
-            Ok(m) => m.clone(),
-            Err(p) => p.into_inner().clone(),
-        };
-        let mut errors: Vec<_> = errors.into_iter().collect();
-        errors.sort();
-        for (reason, n) in errors {
-            out.push_str(&format!(
-                "qc_reconcile_errors_total{{reason=\"{reason}\"}} {n}\n"
-            ));
-        }
-        out.push_str("# HELP qc_deployment_applies_total Worker Deployments written.\n# TYPE qc_deployment_applies_total counter\n");
-        out.push_str(&format!(
-            "qc_deployment_applies_total {}\n",
-            self.deployment_applies.load(Ordering::Relaxed)
-        ));
-        out.push_str("# HELP qc_scale_writes_total Replica changes written by the scaler.\n# TYPE qc_scale_writes_total counter\n");
-        out.push_str(&format!(
-            "qc_scale_writes_total {}\n",
-            self.scale_writes.load(Ordering::Relaxed)
-        ));
-        out.push_str("# HELP qc_status_writes_total QueueConsumer status writes.\n# TYPE qc_status_writes_total counter\n");
-        out.push_str(&format!(
-            "qc_status_writes_total {}\n",
-            self.status_writes.load(Ordering::Relaxed)
-        ));
-        let mut e = crate::telemetry::Exposition::new();
-        e.counter(
-            "qc_deletion_cost_writes_total",
-            "Pod deletion costs written before scale-downs.",
-            &[(&[], self.deletion_cost_writes.load(Ordering::Relaxed))],
-        );
-        self.consumers.render(&mut e);
-        out.push_str(&e.finish());
-        out
     }
 }
 

@@ -13,11 +13,10 @@ use kube::Api;
 use kube::runtime::{Controller, controller};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube_lease_manager::LeaseManagerBuilder;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 
 use crate::api::QueueConsumer;
 use crate::render::{LABEL_MANAGED_BY, MANAGED_BY_VALUE};
+use crate::telemetry::{self, Exposition, Probes, TelemetryError};
 
 use super::{Context, error_policy, reconcile, triggers};
 
@@ -53,11 +52,8 @@ pub const DEFAULT_RECONCILE_CONCURRENCY: u16 = 64;
 /// Why `run` stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    #[error("bind the metrics address {addr}: {source}")]
-    BindMetrics {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    BindMetrics(#[from] TelemetryError),
     #[error("set up leader election on lease {namespace}/{name}: {source}")]
     StartLeaderElection {
         namespace: String,
@@ -84,14 +80,17 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
     let health = Arc::new(Health::default());
-    let listener = TcpListener::bind(opts.metrics_addr)
-        .await
-        .map_err(|source| RunError::BindMetrics {
-            addr: opts.metrics_addr,
-            source,
-        })?;
+    let listener = telemetry::bind_probes(&opts.metrics_addr.to_string()).await?;
     tracing::info!(addr = %opts.metrics_addr, "serving /metrics, /healthz and /readyz");
-    let server = tokio::spawn(serve(listener, ctx.clone(), health.clone()));
+    let probes = Arc::new(ControllerProbes {
+        ctx: ctx.clone(),
+        health: health.clone(),
+    });
+    let server = tokio::spawn(telemetry::serve_probes(
+        listener,
+        probes,
+        std::future::pending(),
+    ));
     let shutdown: Stop = shutdown.boxed().shared();
     let result = match &opts.leader {
         None => {
@@ -240,63 +239,43 @@ async fn controllers(ctx: &Arc<Context>, namespaces: &[String], concurrency: u16
     futures::future::join_all(runs).await;
 }
 
-/// A minimal HTTP/1.1 responder: three fixed paths, one request per connection.
-async fn serve(listener: TcpListener, ctx: Arc<Context>, health: Arc<Health>) {
-    loop {
-        let Ok((mut sock, _)) = listener.accept().await else {
-            continue;
-        };
-        let ctx = ctx.clone();
-        let health = health.clone();
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 4096];
-            let mut len = 0;
-            // Read the request head; a scraper's request fits in 4 KiB.
-            while len < buf.len() {
-                match sock.read(&mut buf[len..]).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        len += n;
-                        if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
-                            break;
-                        }
-                    }
-                }
-            }
-            let head = String::from_utf8_lossy(&buf[..len]);
-            let path = head.split_whitespace().nth(1).unwrap_or("/");
-            let (code, body) = match path {
-                "/metrics" => (200, metrics_text(&ctx, &health)),
-                "/healthz" => (200, "ok\n".to_string()),
-                "/readyz" if health.ready.load(Ordering::Relaxed) => (200, "ok\n".to_string()),
-                "/readyz" => (503, "starting\n".to_string()),
-                _ => (404, "not found\n".to_string()),
-            };
-            let status = match code {
-                200 => "200 OK",
-                503 => "503 Service Unavailable",
-                _ => "404 Not Found",
-            };
-            let response = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = sock.write_all(response.as_bytes()).await;
-            let _ = sock.shutdown().await;
-        });
+/// What the controller's `/metrics`, `/healthz` and `/readyz` answer (served by
+/// `telemetry::serve_probes`, as the worker's are).
+struct ControllerProbes {
+    ctx: Arc<Context>,
+    health: Arc<Health>,
+}
+
+impl Probes for ControllerProbes {
+    fn metrics(&self) -> String {
+        metrics_text(&self.ctx, &self.health)
+    }
+
+    fn live(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn ready(&self) -> Result<(), String> {
+        if self.health.ready.load(Ordering::Relaxed) {
+            Ok(())
+        } else {
+            Err("starting".to_string())
+        }
     }
 }
 
-/// The controller's exposition: its counters, per-QueueConsumer series (of consumers that still exist)
-/// and whether it leads.
+/// The controller's exposition: its counters, per-QueueConsumer series (of consumers that still exist),
+/// the AWS gates and whether it leads.
 pub fn metrics_text(ctx: &Context, health: &Health) -> String {
     ctx.forget_deleted_consumers();
-    let mut out = ctx.metrics.render();
+    let mut e = Exposition::new();
+    ctx.metrics.render_into(&mut e);
+    e.gauge(
+        "qc_leader",
+        "Whether this replica holds the leader lease (1) or stands by (0).",
+        &[(&[], i64::from(health.leading.load(Ordering::Relaxed)))],
+    );
+    let mut out = e.finish();
     out.push_str(&ctx.aws.metrics());
-    out.push_str("# HELP qc_leader Whether this replica holds the leader lease (1) or stands by (0).\n# TYPE qc_leader gauge\n");
-    out.push_str(&format!(
-        "qc_leader {}\n",
-        u8::from(health.leading.load(Ordering::Relaxed))
-    ));
     out
 }

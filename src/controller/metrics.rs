@@ -1,0 +1,117 @@
+//! The controller's counters for `/metrics`: reconciles, errors by reason, writes by kind, and the
+//! per-QueueConsumer series. Rendered with the exposition the worker uses too (src/telemetry.rs).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::telemetry::Exposition;
+
+use super::series;
+
+/// Counters served on /metrics.
+#[derive(Default)]
+pub struct Metrics {
+    pub reconciles: AtomicU64,
+    pub reconcile_errors: Mutex<HashMap<&'static str, u64>>,
+    pub deployment_applies: AtomicU64,
+    /// Writes of `spec.replicas` by the scaler (field manager `qc-operator-scaler`).
+    pub scale_writes: AtomicU64,
+    /// Writes of `controller.kubernetes.io/pod-deletion-cost` before scale-downs.
+    pub deletion_cost_writes: AtomicU64,
+    pub status_writes: AtomicU64,
+    /// Per-QueueConsumer series, from each consumer's last computed status.
+    pub consumers: series::Consumers,
+}
+
+impl Metrics {
+    /// Counts a failed reconcile step by its reason.
+    pub(super) fn error(&self, reason: &'static str) {
+        let mut m = match self.reconcile_errors.lock() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        *m.entry(reason).or_default() += 1;
+    }
+
+    /// Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut e = Exposition::new();
+        self.render_into(&mut e);
+        e.finish()
+    }
+
+    /// Adds these families to `e`.
+    pub fn render_into(&self, e: &mut Exposition) {
+        let count = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        e.counter(
+            "qc_reconciles_total",
+            "QueueConsumer reconciles run.",
+            &[(&[], count(&self.reconciles))],
+        );
+        let mut errors: Vec<(&'static str, u64)> = match self.reconcile_errors.lock() {
+            Ok(m) => m.iter().map(|(k, v)| (*k, *v)).collect(),
+            Err(p) => p.into_inner().iter().map(|(k, v)| (*k, *v)).collect(),
+        };
+        errors.sort_unstable();
+        let labels: Vec<[(&str, &str); 1]> = errors.iter().map(|(r, _)| [("reason", *r)]).collect();
+        let samples: Vec<_> = labels
+            .iter()
+            .zip(&errors)
+            .map(|(l, (_, n))| (&l[..], *n))
+            .collect();
+        e.counter(
+            "qc_reconcile_errors_total",
+            "Failed reconciles by reason.",
+            &samples,
+        );
+        e.counter(
+            "qc_deployment_applies_total",
+            "Worker Deployments written.",
+            &[(&[], count(&self.deployment_applies))],
+        );
+        e.counter(
+            "qc_scale_writes_total",
+            "Replica changes written by the scaler.",
+            &[(&[], count(&self.scale_writes))],
+        );
+        e.counter(
+            "qc_status_writes_total",
+            "QueueConsumer status writes.",
+            &[(&[], count(&self.status_writes))],
+        );
+        e.counter(
+            "qc_deletion_cost_writes_total",
+            "Pod deletion costs written before scale-downs.",
+            &[(&[], count(&self.deletion_cost_writes))],
+        );
+        self.consumers.render(e);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_counted_by_reason_in_reason_order() {
+        let m = Metrics::default();
+        m.reconciles.fetch_add(3, Ordering::Relaxed);
+        m.error("WriteStatus");
+        m.error("ApplyDeployment");
+        m.error("WriteStatus");
+        let text = m.render();
+        assert!(
+            text.contains("# TYPE qc_reconciles_total counter\nqc_reconciles_total 3\n"),
+            "{text}"
+        );
+        let apply = text
+            .find("qc_reconcile_errors_total{reason=\"ApplyDeployment\"} 1\n")
+            .expect(&text);
+        let status = text
+            .find("qc_reconcile_errors_total{reason=\"WriteStatus\"} 2\n")
+            .expect(&text);
+        assert!(apply < status, "{text}");
+        assert!(text.contains("qc_deletion_cost_writes_total 0\n"), "{text}");
+    }
+}
