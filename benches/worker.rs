@@ -125,6 +125,7 @@ impl Consumer {
         endpoint: &str,
         handler_url: &str,
         concurrency: usize,
+        metrics_port: u16,
         log: &tempfile::NamedTempFile,
     ) -> std::process::Child {
         let mut cmd = match self {
@@ -132,7 +133,7 @@ impl Consumer {
                 let mut cmd = Command::new(env!("CARGO_BIN_EXE_qc-worker"));
                 cmd.args(["--queue-url", url, "--endpoint-url", endpoint])
                     .args(["--concurrency", &concurrency.to_string()])
-                    .args(["--metrics-addr", &format!("127.0.0.1:{}", free_port())])
+                    .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
                     .args(["--http-url", handler_url])
                     .env("RUST_LOG", "warn");
                 cmd
@@ -188,7 +189,15 @@ async fn bench_one(
 
     let log = tempfile::NamedTempFile::new().unwrap();
     let started = Instant::now();
-    let mut child = consumer.spawn(&url, &proxy.url, &handler.url, concurrency, &log);
+    let metrics_port = free_port();
+    let mut child = consumer.spawn(
+        &url,
+        &proxy.url,
+        &handler.url,
+        concurrency,
+        metrics_port,
+        &log,
+    );
     let pid = child.id();
     // Drained = nothing left on the server, polled directly (not through the proxy, not the
     // consumer), so measuring costs the consumer nothing.
@@ -207,6 +216,17 @@ async fn bench_one(
     let drain = started.elapsed();
     let cpu = cpu_time(pid);
     let peak_rss_kib = peak_rss_kib(pid);
+    if let Consumer::Worker = consumer {
+        // How full the receives were (qc_worker_receive_messages), for the log.
+        if let Some((_, text)) =
+            support::http_get(&format!("127.0.0.1:{metrics_port}"), "/metrics").await
+        {
+            eprintln!(
+                "qc-worker C={concurrency}: messages per receive: {}",
+                receive_sizes(&text)
+            );
+        }
+    }
     let _ = Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status();
@@ -234,6 +254,23 @@ async fn bench_one(
         cpu,
         peak_rss_kib,
     }
+}
+
+/// `size×count` for each answer size of `qc_worker_receive_messages` that occurred.
+fn receive_sizes(metrics: &str) -> String {
+    let mut below = 0.0;
+    let mut out = Vec::new();
+    for size in 0..=10 {
+        let name = format!("qc_worker_receive_messages_bucket{{le=\"{size}\"}}");
+        let Some(cumulative) = support::parse_metric(metrics, &name) else {
+            continue;
+        };
+        if cumulative > below {
+            out.push(format!("{size}×{}", cumulative - below));
+        }
+        below = cumulative;
+    }
+    out.join(" ")
 }
 
 /// Visible plus in-flight messages.

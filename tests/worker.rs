@@ -1728,6 +1728,64 @@ async fn sigterm_releases_messages_waiting_for_a_slot() {
     assert_eq!(h.calls().len(), 1);
 }
 
+/// While a batch waits locally every slot is busy, so a busy queue is received in whole batches:
+/// one slot, batches of 5, 20 messages of 100 ms. Each receive goes out when the waiting batch has
+/// started and is answered with 5 (before: a receive of 1 after nearly every message, into the slot
+/// it freed); never more than concurrency + batchSize messages held; each handled once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_queue_is_received_in_whole_batches_while_a_batch_waits() {
+    let q = TestQueue::new("whole-batches", 60, 5, false).await;
+    let bodies = numbered(20);
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(100))).await;
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--concurrency",
+        "1",
+        "--batch-size",
+        "5",
+        "--http-url",
+        &h.url,
+    ]));
+    let mut w = Worker::start(&a);
+    let mut most = 0.0f64;
+    let deadline = std::time::Instant::now() + SECS(60);
+    while w.metric("qc_worker_messages_deleted_total").await != Some(20.0) {
+        assert!(std::time::Instant::now() < deadline, "20 deleted");
+        if let Some(n) = w.metric("qc_worker_in_flight").await {
+            most = most.max(n);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        most <= 6.0,
+        "at most concurrency + batchSize held, saw {most}"
+    );
+    let bucket = |le: &'static str| {
+        let w = &w;
+        async move {
+            w.metric(&format!("qc_worker_receive_messages_bucket{{le=\"{le}\"}}"))
+                .await
+                .unwrap()
+        }
+    };
+    let (empty, up_to_4, up_to_5) = (bucket("0").await, bucket("4").await, bucket("5").await);
+    assert_eq!(
+        up_to_4 - empty,
+        0.0,
+        "no partial receive while the queue was busy; log:\n{}",
+        w.log_text()
+    );
+    assert_eq!(up_to_5 - up_to_4, 4.0, "four receives of 5");
+    let counts = h.counts_by_body();
+    for b in &bodies {
+        assert_eq!(counts.get(b), Some(&1), "{b} handled once: {counts:?}");
+    }
+    assert!(q.is_empty().await);
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
 const XRAY: &str = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1";
 const XRAY_AS_W3C: &str = "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-01";
 const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";

@@ -119,13 +119,16 @@ impl Dispatcher {
                     if want == 0 {
                         break;
                     }
+                    // While messages wait locally every slot is busy and the next ones are
+                    // at hand: a partial receive would only cost a request. The next receive goes
+                    // out, whole, when the waiting batch has started.
                     let launch = if receives.is_empty() {
-                        want >= full || in_flight == waiting.len() || fill_ready
+                        want >= full || (waiting.is_empty() && (in_flight == 0 || fill_ready))
                     } else {
                         want >= full && !last_empty && receives.len() < max_parallel
                     };
                     if !launch {
-                        if receives.is_empty() && fill_at.is_none() {
+                        if receives.is_empty() && waiting.is_empty() && fill_at.is_none() {
                             // More slots may free up in a moment: one full receive beats several small
                             // ones, and waiting a tenth of a handler call re-joins batches that drifted apart.
                             let wait = latency_ewma
@@ -237,6 +240,8 @@ impl Dispatcher {
                             }
                             errors = 0;
                             metrics.received.add(messages.len() as u64);
+                            metrics.receive_sizes.observe(messages.len() as f64);
+                            tracing::debug!(asked = want, answered = messages.len(), in_flight, waiting = waiting.len(), "received");
                             last_empty = messages.is_empty();
                             if last_empty {
                                 metrics.empty_receives.inc();

@@ -7,6 +7,9 @@ use crate::telemetry::{Counter, Exposition, Gauge, Histogram, LATENCY_BUCKETS, P
 
 use super::sqs::Action;
 
+/// One bucket per possible answer size of a ReceiveMessage call (MaxNumberOfMessages is at most 10).
+pub const RECEIVE_SIZE_BUCKETS: &[f64] = &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0];
+
 /// How a message ended; the `outcome` label of `qc_worker_messages_processed_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OutcomeLabel {
@@ -64,6 +67,8 @@ pub struct Metrics {
     pub heartbeat_calls: Counter,
     pub in_flight: Gauge,
     pub empty_receives: Counter,
+    /// Messages each answered ReceiveMessage returned (0 to 10).
+    pub receive_sizes: Histogram,
     pub sqs_requests: [Counter; 5],
     pub sqs_errors: [Counter; 5],
     pub idempotency_errors: Counter,
@@ -89,6 +94,7 @@ impl Default for Metrics {
             heartbeat_calls: Counter::default(),
             in_flight: Gauge::default(),
             empty_receives: Counter::default(),
+            receive_sizes: Histogram::new(RECEIVE_SIZE_BUCKETS),
             sqs_requests: Default::default(),
             sqs_errors: Default::default(),
             idempotency_errors: Counter::default(),
@@ -191,6 +197,11 @@ impl Metrics {
             "qc_worker_empty_receives_total",
             "ReceiveMessage calls that returned no message.",
             &[(&[], self.empty_receives.get())],
+        );
+        e.histogram(
+            "qc_worker_receive_messages",
+            "Messages per answered ReceiveMessage call (a busy queue should fill batchSize).",
+            &self.receive_sizes,
         );
         let labels: Vec<[(&str, &str); 1]> = Action::ALL
             .iter()
