@@ -12,10 +12,12 @@ use aws_sdk_cloudwatch::types::{
     ComparisonOperator, Dimension, Metric, MetricAlarm, MetricDataQuery, MetricStat, ScanBy,
     Statistic, Tag,
 };
+use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 
 use futures::future::BoxFuture;
 
 use super::batch::{BatchError, Batcher};
+use super::classify::ErrorKind;
 use super::error_chain;
 use super::limit::{LimitConfig, Limiter};
 
@@ -191,35 +193,21 @@ pub trait Alarms: Send + Sync {
     async fn oldest_message_age(&self, queue_name: &str) -> Result<Option<i64>, CloudWatchError>;
 }
 
-/// Map an SDK error to a reason and message, without the SDK's type parameters.
-fn classify<E: ProvideErrorMetadata + std::error::Error + 'static, R: std::fmt::Debug>(
-    e: &SdkError<E, R>,
+/// Map an SDK error to a reason (`aws::classify`) and message, without the SDK's type parameters.
+fn classify<E: ProvideErrorMetadata + std::error::Error + 'static>(
+    e: &SdkError<E, HttpResponse>,
 ) -> (&'static str, String) {
-    match e {
-        SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) => (
-            "EndpointUnreachable",
-            format!("cannot reach CloudWatch: {}", error_chain(e)),
+    let kind = crate::aws::classify::classify(e);
+    let message = match e {
+        _ if kind.is_transport() => format!("cannot reach CloudWatch: {}", error_chain(e)),
+        SdkError::ServiceError(s) => format!(
+            "{}: {}",
+            s.err().code().unwrap_or("Unknown"),
+            s.err().message().unwrap_or("no message")
         ),
-        SdkError::ServiceError(s) => {
-            let err = s.err();
-            let code = err.code().unwrap_or("Unknown");
-            let reason = match code {
-                "AccessDenied" | "AccessDeniedException" => "AccessDenied",
-                "Throttling" | "ThrottlingException" | "RequestLimitExceeded" => "Throttled",
-                "InvalidClientTokenId"
-                | "UnrecognizedClientException"
-                | "SignatureDoesNotMatch"
-                | "ExpiredToken" => "InvalidCredentials",
-                "ResourceNotFound" | "ResourceNotFoundException" => "ResourceNotFound",
-                _ => "AwsError",
-            };
-            (
-                reason,
-                format!("{code}: {}", err.message().unwrap_or("no message")),
-            )
-        }
-        _ => ("AwsError", error_chain(e)),
-    }
+        _ => error_chain(e),
+    };
+    (kind.reason(), message)
 }
 
 fn dimension(queue_name: &str) -> Dimension {
@@ -381,17 +369,17 @@ fn failure_of(e: BatchError<Failure>) -> Failure {
     }
 }
 
-fn sdk_failure<E: ProvideErrorMetadata + std::error::Error + 'static, R: std::fmt::Debug>(
-    e: &SdkError<E, R>,
+fn sdk_failure<E: ProvideErrorMetadata + std::error::Error + 'static>(
+    e: &SdkError<E, HttpResponse>,
 ) -> Failure {
     let (reason, message) = classify(e);
     Failure { reason, message }
 }
 
-fn is_throttled<E: ProvideErrorMetadata + std::error::Error + 'static, R: std::fmt::Debug>(
-    e: &SdkError<E, R>,
+fn is_throttled<E: ProvideErrorMetadata + std::error::Error + 'static>(
+    e: &SdkError<E, HttpResponse>,
 ) -> bool {
-    classify(e).0 == "Throttled"
+    crate::aws::classify::classify(e) == ErrorKind::Throttled
 }
 
 fn observed(name: &str, a: MetricAlarm) -> ObservedAlarm {
@@ -666,11 +654,11 @@ impl Alarms for CloudWatchAlarms {
         self.alarms.forget(&name.to_string());
         match result {
             Ok(_) => Ok(AlarmDeletion::Deleted),
+            Err(e) if crate::aws::classify::classify(&e) == ErrorKind::ResourceNotFound => {
+                Ok(AlarmDeletion::Absent)
+            }
             Err(e) => {
                 let (reason, message) = classify(&e);
-                if reason == "ResourceNotFound" {
-                    return Ok(AlarmDeletion::Absent);
-                }
                 Err(CloudWatchError::DeleteAlarms {
                     name: name.to_string(),
                     reason,

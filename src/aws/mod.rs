@@ -2,6 +2,7 @@
 //! `facts` is pure parsing; the SDK-backed adapter lives in `sqs`.
 
 pub mod batch;
+pub mod classify;
 pub mod cloudwatch;
 pub mod endpoints;
 pub mod facts;

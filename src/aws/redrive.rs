@@ -23,6 +23,8 @@ use aws_sdk_sqs::types::{
 };
 use sha2::{Digest, Sha256};
 
+use crate::aws::classify::{ErrorKind, classify_code};
+
 /// Messages moved per second when nobody says otherwise: well under SQS's per-queue limits and the
 /// move task's maximum of 500, so a redrive does not crowd out the consumers' own calls.
 pub const DEFAULT_RATE: u32 = 50;
@@ -94,7 +96,7 @@ where
             DisplayErrorContext(err).to_string(),
         ),
     };
-    let denied = code.contains("AccessDenied");
+    let denied = classify_code(&code) == Some(ErrorKind::AccessDenied);
     RedriveError::Call {
         action,
         queue: queue.to_string(),

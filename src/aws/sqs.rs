@@ -6,6 +6,9 @@ use std::sync::{Arc, Mutex};
 
 use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::QueueAttributeName;
+use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
+
+use crate::aws::classify::{ErrorKind, classify, classify_code};
 
 use crate::aws::facts::{DeadLetterFacts, Facts, FactsError, QueueArn, QueueFacts};
 use crate::aws::limit::{LimitConfig, Limiter};
@@ -96,123 +99,75 @@ impl SqsError {
         }
     }
 
-    /// Classify a service error by its code. Both the JSON-protocol codes and the legacy awsQuery
-    /// codes appear in the wild (emulators, older endpoints), so each family lists both.
+    /// Classify a service error by its code (`aws::classify`).
     pub fn from_code(target: &str, code: &str, message: &str) -> SqsError {
-        let target = target.to_string();
-        let (code_s, message_s) = (code.to_string(), message.to_string());
-        match code {
-            "QueueDoesNotExist"
-            | "AWS.SimpleQueueService.NonExistentQueue"
-            | "QueueDoesNotExistException" => SqsError::QueueDoesNotExist { target },
-            "AccessDenied"
-            | "AccessDeniedException"
-            | "KMS.AccessDeniedException"
-            | "KmsAccessDenied" => SqsError::AccessDenied {
-                target,
-                code: code_s,
-                message: message_s,
-            },
-            "InvalidClientTokenId"
-            | "UnrecognizedClientException"
-            | "SignatureDoesNotMatch"
-            | "IncompleteSignature"
-            | "MissingAuthenticationToken"
-            | "InvalidSecurity"
-            | "ExpiredToken"
-            | "ExpiredTokenException"
-            | "RequestExpired" => SqsError::InvalidCredentials {
-                target,
-                detail: format!("{code}: {message}"),
-            },
-            "RequestThrottled" | "ThrottlingException" | "Throttling" | "ThrottledException" => {
-                SqsError::Throttled {
-                    target,
-                    code: code_s,
-                }
-            }
-            "InvalidAddress" => SqsError::InvalidQueueUrl {
-                target,
-                message: message_s,
-            },
-            _ => SqsError::AwsError {
-                target,
-                code: code_s,
-                message: message_s,
-            },
-        }
+        let kind = classify_code(code).unwrap_or(ErrorKind::Other);
+        SqsError::of_kind(target, kind, code, message, format!("{code}: {message}"))
     }
 
-    /// Classify any SDK failure. `missing` is the operation's typed "queue does not exist" check, so
-    /// a code the SDK already mapped is not missed if its text differs.
-    fn from_sdk<E, R>(target: &str, err: &SdkError<E, R>, missing: bool) -> SqsError
+    /// Classify any SDK failure (`aws::classify`). `missing` is the operation's typed "queue does not
+    /// exist" check, so a code the SDK already mapped is not missed if its text differs.
+    fn from_sdk<E>(target: &str, err: &SdkError<E, HttpResponse>, missing: bool) -> SqsError
     where
         E: ProvideErrorMetadata + std::error::Error + 'static,
-        R: std::fmt::Debug + 'static,
     {
-        let target_s = target.to_string();
+        if missing {
+            return SqsError::QueueDoesNotExist {
+                target: target.to_string(),
+            };
+        }
+        if let SdkError::ServiceError(service) = err {
+            let e = service.err();
+            if let Some(code) = e.code() {
+                return SqsError::from_code(target, code, e.message().unwrap_or(""));
+            }
+        }
         let detail = DisplayErrorContext(err).to_string();
-        match err {
-            _ if missing => SqsError::QueueDoesNotExist { target: target_s },
-            SdkError::ServiceError(service) => {
-                let e = service.err();
-                match e.code() {
-                    Some(code) => SqsError::from_code(target, code, e.message().unwrap_or("")),
-                    None => SqsError::BadResponse {
-                        target: target_s,
-                        detail,
-                    },
-                }
-            }
-            SdkError::TimeoutError(_) => SqsError::Timeout {
-                target: target_s,
-                detail,
-            },
-            SdkError::DispatchFailure(d) if d.is_timeout() => SqsError::Timeout {
-                target: target_s,
-                detail,
-            },
-            // Credentials are resolved while the request is dispatched, so their failure arrives
-            // here rather than as a service error.
-            SdkError::DispatchFailure(_) if has_credentials_error(err) => {
-                SqsError::InvalidCredentials {
-                    target: target_s,
-                    detail,
-                }
-            }
-            SdkError::DispatchFailure(_) => SqsError::EndpointUnreachable {
-                target: target_s,
-                detail,
-            },
-            SdkError::ConstructionFailure(_) => SqsError::InvalidConfiguration {
-                target: target_s,
-                detail,
-            },
-            SdkError::ResponseError(_) => SqsError::BadResponse {
-                target: target_s,
-                detail,
-            },
-            _ => SqsError::AwsError {
-                target: target_s,
-                code: "Unknown".to_string(),
-                message: detail,
-            },
-        }
+        SqsError::of_kind(target, classify(err), "Unknown", &detail, detail.clone())
     }
-}
 
-/// Whether a credentials provider's error is in the chain (no credentials, IRSA token unreadable).
-pub(crate) fn has_credentials_error(err: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(e) = cur {
-        if e.downcast_ref::<aws_credential_types::provider::error::CredentialsError>()
-            .is_some()
-        {
-            return true;
+    /// The variant for a kind: `code` and `message` for those that name the service's answer,
+    /// `detail` for the others.
+    fn of_kind(
+        target: &str,
+        kind: ErrorKind,
+        code: &str,
+        message: &str,
+        detail: String,
+    ) -> SqsError {
+        let target = target.to_string();
+        match kind {
+            ErrorKind::QueueDoesNotExist => SqsError::QueueDoesNotExist { target },
+            ErrorKind::AccessDenied => SqsError::AccessDenied {
+                target,
+                code: code.to_string(),
+                message: message.to_string(),
+            },
+            ErrorKind::InvalidCredentials => SqsError::InvalidCredentials { target, detail },
+            ErrorKind::Throttled => SqsError::Throttled {
+                target,
+                code: code.to_string(),
+            },
+            ErrorKind::InvalidQueueUrl => SqsError::InvalidQueueUrl {
+                target,
+                message: message.to_string(),
+            },
+            ErrorKind::EndpointUnreachable => SqsError::EndpointUnreachable { target, detail },
+            ErrorKind::Timeout => SqsError::Timeout { target, detail },
+            ErrorKind::InvalidConfiguration => SqsError::InvalidConfiguration { target, detail },
+            ErrorKind::BadResponse => SqsError::BadResponse { target, detail },
+            ErrorKind::ResourceNotFound
+            | ErrorKind::KmsKeyUnusable
+            | ErrorKind::ServerError
+            | ErrorKind::InvalidReceiptHandle
+            | ErrorKind::InvalidParameter
+            | ErrorKind::Other => SqsError::AwsError {
+                target,
+                code: code.to_string(),
+                message: message.to_string(),
+            },
         }
-        cur = e.source();
     }
-    false
 }
 
 /// The controller's SQS calls per second and in flight by default: GetQueueAttributes and GetQueueUrl
@@ -714,6 +669,9 @@ mod tests {
             ("RequestThrottled", "Throttled"),
             ("ThrottlingException", "Throttled"),
             ("InvalidAddress", "InvalidQueueUrl"),
+            ("KMS.ThrottlingException", "Throttled"),
+            ("RequestLimitExceeded", "Throttled"),
+            ("KMS.DisabledException", "AwsError"),
             ("SomethingNew", "AwsError"),
         ] {
             let e = SqsError::from_code(SRC, code, "msg");

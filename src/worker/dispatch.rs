@@ -271,8 +271,8 @@ impl Dispatcher {
                             backoff_until = Some(Instant::now() + delay);
                             if e.kind.is_configuration() {
                                 ready = false;
-                                tracing::error!(reason = e.kind.reason(), error = %e.detail, hint = e.kind.hint(), retry_in_ms = delay.as_millis() as u64, "cannot receive messages; not ready");
-                                metrics.set_readiness(Readiness::Failing(format!("{}: {}", e.kind.reason(), e.kind.hint())));
+                                tracing::error!(reason = e.kind.reason(), error = %e.detail, hint = e.hint(), retry_in_ms = delay.as_millis() as u64, "cannot receive messages; not ready");
+                                metrics.set_readiness(Readiness::Failing(format!("{}: {}", e.kind.reason(), e.hint())));
                             } else {
                                 tracing::warn!(reason = e.kind.reason(), error = %e.detail, attempt = errors, retry_in_ms = delay.as_millis() as u64, "receive failed; backing off");
                             }

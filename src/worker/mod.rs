@@ -427,11 +427,11 @@ async fn read_queue(
                 attempt += 1;
                 let delay = backoff::error_backoff(attempt, fastrand::f64());
                 if e.kind.is_configuration() {
-                    tracing::error!(queue_url = sqs.url(), reason = e.kind.reason(), error = %e.detail, hint = e.kind.hint(), retry_in_ms = delay.as_millis() as u64, "cannot read the queue; not ready");
+                    tracing::error!(queue_url = sqs.url(), reason = e.kind.reason(), error = %e.detail, hint = e.hint(), retry_in_ms = delay.as_millis() as u64, "cannot read the queue; not ready");
                     metrics.set_readiness(Readiness::Failing(format!(
                         "{}: {}",
                         e.kind.reason(),
-                        e.kind.hint()
+                        e.hint()
                     )));
                 } else {
                     tracing::warn!(queue_url = sqs.url(), reason = e.kind.reason(), error = %e.detail, attempt, retry_in_ms = delay.as_millis() as u64, "cannot read the queue; retrying");

@@ -61,55 +61,12 @@ impl Action {
     }
 }
 
-/// What kind of failure an SQS call had; decides between backing off and reporting not ready.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ErrorKind {
-    QueueDoesNotExist,
-    InvalidCredentials,
-    AccessDenied,
-    /// The queue's KMS key is disabled, missing, in the wrong state or not opted in.
-    KmsKeyUnusable,
-    Throttled,
-    ServerError,
-    EndpointUnreachable,
-    Timeout,
-    InvalidReceiptHandle,
-    InvalidParameter,
-    Other,
-}
+pub use crate::aws::classify::{ErrorKind, classify_code};
 
-impl ErrorKind {
-    /// CamelCase reason, as in logs and the `reason` metric label.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            ErrorKind::QueueDoesNotExist => "QueueDoesNotExist",
-            ErrorKind::InvalidCredentials => "InvalidCredentials",
-            ErrorKind::AccessDenied => "AccessDenied",
-            ErrorKind::KmsKeyUnusable => "KmsKeyUnusable",
-            ErrorKind::Throttled => "Throttled",
-            ErrorKind::ServerError => "ServerError",
-            ErrorKind::EndpointUnreachable => "EndpointUnreachable",
-            ErrorKind::Timeout => "Timeout",
-            ErrorKind::InvalidReceiptHandle => "InvalidReceiptHandle",
-            ErrorKind::InvalidParameter => "InvalidParameter",
-            ErrorKind::Other => "AwsError",
-        }
-    }
-
-    /// Misconfiguration that retrying will not fix: the worker reports not ready until it clears.
-    pub fn is_configuration(&self) -> bool {
-        matches!(
-            self,
-            ErrorKind::QueueDoesNotExist
-                | ErrorKind::InvalidCredentials
-                | ErrorKind::AccessDenied
-                | ErrorKind::KmsKeyUnusable
-        )
-    }
-
-    /// What an operator should do about it, for the log line.
+impl SqsError {
+    /// What an operator should do about it, for the log line and `/readyz`.
     pub fn hint(&self) -> &'static str {
-        match self {
+        match self.kind {
             ErrorKind::QueueDoesNotExist => {
                 "check --queue-url (and --region/--endpoint-url): the queue does not exist"
             }
@@ -142,55 +99,6 @@ pub struct SqsError {
     pub detail: String,
 }
 
-/// The kind of an SQS error code. The SDK reports the awsQuery-compatible spelling SQS sends in
-/// `x-amzn-query-error` (`AWS.SimpleQueueService.NonExistentQueue`, `KMS.ThrottlingException`); the
-/// JSON spellings are listed too for endpoints and emulators that send only those.
-pub fn classify_code(code: &str) -> Option<ErrorKind> {
-    Some(match code {
-        "AWS.SimpleQueueService.NonExistentQueue"
-        | "QueueDoesNotExist"
-        | "QueueDoesNotExistException" => ErrorKind::QueueDoesNotExist,
-        "InvalidClientTokenId"
-        | "SignatureDoesNotMatch"
-        | "UnrecognizedClientException"
-        | "ExpiredToken"
-        | "ExpiredTokenException"
-        | "RequestExpired"
-        | "InvalidSecurity"
-        | "MissingAuthenticationToken"
-        | "IncompleteSignature" => ErrorKind::InvalidCredentials,
-        "AccessDenied"
-        | "AccessDeniedException"
-        | "KMS.AccessDeniedException"
-        | "KmsAccessDenied" => ErrorKind::AccessDenied,
-        "KMS.DisabledException"
-        | "KmsDisabled"
-        | "KMS.NotFoundException"
-        | "KmsNotFound"
-        | "KMS.InvalidStateException"
-        | "KmsInvalidState"
-        | "KMS.InvalidKeyUsageException"
-        | "KmsInvalidKeyUsage"
-        | "KMS.OptInRequired"
-        | "KmsOptInRequired" => ErrorKind::KmsKeyUnusable,
-        "Throttling"
-        | "ThrottlingException"
-        | "ThrottledException"
-        | "RequestThrottled"
-        | "RequestLimitExceeded"
-        | "TooManyRequestsException"
-        | "OverLimit"
-        | "KMS.ThrottlingException"
-        | "KmsThrottled" => ErrorKind::Throttled,
-        "ReceiptHandleIsInvalid" | "InvalidReceiptHandle" | "MessageNotInflight" => {
-            ErrorKind::InvalidReceiptHandle
-        }
-        "InvalidParameterValue" | "InvalidParameterValueException" => ErrorKind::InvalidParameter,
-        "InternalError" | "InternalFailure" | "ServiceUnavailable" => ErrorKind::ServerError,
-        _ => return None,
-    })
-}
-
 /// Classifies an SDK failure (after the SDK's own retries): the service's error code first, then
 /// the HTTP status; transport failures by their kind.
 fn classify<E>(
@@ -201,27 +109,7 @@ fn classify<E>(
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
-    let kind = match &err {
-        SdkError::TimeoutError(_) => ErrorKind::Timeout,
-        SdkError::DispatchFailure(d) if d.is_timeout() => ErrorKind::Timeout,
-        // Credentials are resolved while the request is dispatched: their failure arrives here.
-        SdkError::DispatchFailure(_) if crate::aws::sqs::has_credentials_error(&err) => {
-            ErrorKind::InvalidCredentials
-        }
-        SdkError::DispatchFailure(_) => ErrorKind::EndpointUnreachable,
-        SdkError::ServiceError(s) => {
-            let status = s.raw().status().as_u16();
-            match err.code().and_then(classify_code) {
-                Some(kind) => kind,
-                None if status == 403 => ErrorKind::AccessDenied,
-                None if status == 429 => ErrorKind::Throttled,
-                None if status >= 500 => ErrorKind::ServerError,
-                None => ErrorKind::Other,
-            }
-        }
-        SdkError::ResponseError(r) if r.raw().status().as_u16() >= 500 => ErrorKind::ServerError,
-        _ => ErrorKind::Other,
-    };
+    let kind = crate::aws::classify::classify(&err);
     let mut detail = DisplayErrorContext(&err).to_string();
     // A transport failure names where it was going: a proxy, a private endpoint or a certificate.
     if let (SdkError::DispatchFailure(_) | SdkError::TimeoutError(_), Some(endpoint)) =
