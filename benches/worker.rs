@@ -576,6 +576,9 @@ mod heartbeats {
         single: u64,
         batched: u64,
         extensions: Option<f64>,
+        /// The worker's failed extensions (retried in time or not) and leases lost.
+        beat_failures: Option<f64>,
+        leases_lost: Option<f64>,
         handled_twice: usize,
         handler_calls: usize,
     }
@@ -723,12 +726,20 @@ mod heartbeats {
         let drain = started.elapsed();
         // Counted before the consumer is stopped: a shutdown's releases are not heartbeats.
         let counts = proxy.counts();
-        let extensions = match consumer {
+        let metrics = match consumer {
             HbConsumer::Worker(..) => support::http_get(&metrics_addr, "/metrics")
                 .await
-                .and_then(|(_, text)| support::parse_metric(&text, "qc_worker_heartbeats_total")),
+                .map(|(_, text)| text),
             HbConsumer::Bbc(..) => None,
         };
+        let metric = |name: &str| {
+            metrics
+                .as_deref()
+                .and_then(|text| support::parse_metric(text, name))
+        };
+        let extensions = metric("qc_worker_heartbeats_total");
+        let beat_failures = metric("qc_worker_heartbeat_failures_total");
+        let leases_lost = metric("qc_worker_heartbeat_leases_lost_total");
         let _ = Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
             .status();
@@ -759,6 +770,8 @@ mod heartbeats {
             single: action("ChangeMessageVisibility"),
             batched: action("ChangeMessageVisibilityBatch"),
             extensions,
+            beat_failures,
+            leases_lost,
             handled_twice: calls - distinct,
             handler_calls: calls,
         }
@@ -775,13 +788,13 @@ mod heartbeats {
             handler.as_secs_f64()
         );
         println!(
-            "| consumer | C | N | heartbeat interval | heartbeat calls / msg (single + batch) | extensions / msg | handled twice | handler calls | drain / ideal |"
+            "| consumer | C | N | heartbeat interval | heartbeat calls / msg (single + batch) | extensions / msg | failed extensions / leases lost | handled twice | handler calls | drain / ideal |"
         );
-        println!("|---|---:|---:|---|---:|---:|---:|---:|---:|");
+        println!("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|");
         for r in runs {
             let n = r.messages as f64;
             println!(
-                "| {} | {} | {} | {} | {:.3} ({} + {}) | {} | {} | {} | {:.2} |",
+                "| {} | {} | {} | {} | {:.3} ({} + {}) | {} | {} | {} | {} | {:.2} |",
                 r.consumer,
                 r.concurrency,
                 r.messages,
@@ -791,6 +804,10 @@ mod heartbeats {
                 r.batched,
                 r.extensions
                     .map_or("-".to_string(), |e| format!("{:.2}", e / n)),
+                match (r.beat_failures, r.leases_lost) {
+                    (Some(f), Some(l)) => format!("{f} / {l}"),
+                    _ => "-".to_string(),
+                },
                 r.handled_twice,
                 r.handler_calls,
                 r.drain.as_secs_f64() / r.ideal.as_secs_f64()

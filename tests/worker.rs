@@ -1967,3 +1967,188 @@ async fn binary_attributes_reach_the_exec_handler_in_base64() {
     w.signal("TERM");
     assert!(w.wait_exit(SECS(20)).await.success());
 }
+
+// Growing heartbeat extensions (issue #19): each extension doubles (VT, 2 VT, 4 VT, ...) up to the
+// handler timeout (at most 15 min). What a long lease must never change: the outcome's visibility,
+// the release of unstarted messages at shutdown, and redelivery after a crash (bounded).
+
+/// A transient failure and a handler timeout, each after the lease has grown to several visibility
+/// timeouts: the outcome's retry delay (0 s here) replaces the long lease at once, so the message is
+/// handled again right away instead of when the grown lease would have ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_or_timeout_after_a_grown_lease_comes_back_at_its_retry_delay() {
+    // VT 2 s, timeout 9 s: extensions of 2, 4, 8 and 9 s at about 0.7, 1.3, 2.7 and 5.3 s, so at
+    // 8.5-9 s the lease runs to about 14-17 s from the receive.
+    let q = TestQueue::new("grown-outcome", 2, 10, false).await;
+    q.send_all(&["fail".to_string(), "hang".to_string()], |_| String::new())
+        .await;
+    let h = HttpHandler::start(|c| match (c.receive_count, c.body.as_slice()) {
+        (1, b"fail") => Reply {
+            status: 503,
+            delay: Duration::from_millis(8500),
+            retry_after: None,
+        },
+        (1, _) => Reply::ok(SECS(30)),
+        _ => Reply::ok(Duration::ZERO),
+    })
+    .await;
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--timeout",
+        "9s",
+        "--retry-base",
+        "0s",
+        "--http-url",
+        &h.url,
+    ]));
+    let mut w = Worker::start(&a);
+    eventually(SECS(60), "both handled again and deleted", || async {
+        w.metric("qc_worker_messages_deleted_total").await == Some(2.0)
+    })
+    .await;
+    assert!(
+        w.metric("qc_worker_heartbeats_total").await >= Some(6.0),
+        "the leases grew over several extensions"
+    );
+    let calls = h.calls();
+    for body in ["fail", "hang"] {
+        let of: Vec<&Call> = calls.iter().filter(|c| c.body == body.as_bytes()).collect();
+        assert_eq!(of.len(), 2, "{body}: {calls:?}");
+        let again = of[1].started - of[0].started;
+        // The grown lease would hold it until about 14-17 s after the first call; the retry
+        // delay of 0 s brings it back with the next receive.
+        assert!(
+            again < SECS(13),
+            "{body}: handled again {again:?} after the first call, not at the retry delay"
+        );
+    }
+    assert_eq!(
+        w.metric("qc_worker_messages_processed_total{outcome=\"timeout\"}")
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(
+        w.metric("qc_worker_messages_processed_total{outcome=\"transient\"}")
+            .await,
+        Some(1.0)
+    );
+    w.signal("TERM");
+    assert!(w.wait_exit(SECS(20)).await.success());
+}
+
+/// SIGTERM while a message received ahead waits for the only slot, its lease grown by background
+/// heartbeats to several visibility timeouts: it is released at once (visibility 0), the running
+/// one finishes, and a new worker handles the released one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_releases_a_waiting_message_whose_lease_grew() {
+    let q = TestQueue::new("grown-release", 2, 10, false).await;
+    let bodies = numbered(2);
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|c| {
+        if c.receive_count == 1 {
+            Reply::ok(SECS(9))
+        } else {
+            Reply::ok(Duration::ZERO)
+        }
+    })
+    .await;
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--concurrency",
+        "1",
+        "--batch-size",
+        "1",
+        "--timeout",
+        "30s",
+        "--shutdown-timeout",
+        "20s",
+        "--http-url",
+        &h.url,
+    ]));
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let mut w = Worker::start_in(dir.clone(), &a);
+    eventually(SECS(30), "one running, one waiting", || async {
+        h.calls().len() == 1 && w.metric("qc_worker_in_flight").await == Some(2.0)
+    })
+    .await;
+    // The waiting message's background beats (0.7, 1.3, 2.7, 5.3 s) have grown its lease past 20 s.
+    eventually(
+        SECS(30),
+        "the waiting lease extended four times",
+        || async { w.metric("qc_worker_heartbeats_total").await >= Some(7.0) },
+    )
+    .await;
+    w.signal("TERM");
+    eventually(SECS(5), "the waiting message visible again", || async {
+        q.counts().await.0 == 1
+    })
+    .await;
+    assert!(w.wait_exit(SECS(30)).await.success());
+    assert_eq!(h.calls().len(), 1, "the waiting message never started");
+    assert!(h.calls()[0].finished.is_some(), "the running one finished");
+    let (visible, in_flight, _) = q.counts().await;
+    assert_eq!((visible, in_flight), (1, 0), "one released, one deleted");
+    let mut rest = Worker::start_in(dir, &a);
+    eventually(SECS(30), "the released message handled", || q.is_empty()).await;
+    let counts = h.counts_by_body();
+    for b in &bodies {
+        assert_eq!(counts.get(b), Some(&1), "{b} handled once: {counts:?}");
+    }
+    rest.signal("TERM");
+    assert!(rest.wait_exit(SECS(20)).await.success());
+}
+
+/// kill -9 during a long handler whose lease has grown: the message is not lost. It comes back when
+/// the current lease ends (later than a VT after the kill: the lease grew), within the documented
+/// bound max(VT, VT/interval × the time since its receive), and a second worker handles it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_during_a_long_handler_returns_its_message_within_the_grown_lease() {
+    // VT 3 s, interval auto (1 s): extensions of 3, 6, 12, 24 s at about 1, 2, 4, 8 s.
+    let q = TestQueue::new("grown-kill9", 3, 10, false).await;
+    q.send_one("long").await;
+    let h = HttpHandler::start(|c| {
+        if c.receive_count == 1 {
+            Reply::ok(SECS(120))
+        } else {
+            Reply::ok(Duration::ZERO)
+        }
+    })
+    .await;
+    let mut a = base_args(&q);
+    a.extend(args(&["--timeout", "60s", "--http-url", &h.url]));
+    let mut first = Worker::start(&a);
+    eventually(SECS(30), "the handler called", || async {
+        !h.calls().is_empty()
+    })
+    .await;
+    let started = h.calls()[0].started;
+    eventually(SECS(30), "three extensions made", || async {
+        first.metric("qc_worker_heartbeats_total").await >= Some(3.0)
+    })
+    .await;
+    // Past the third extension (12 s at about 4 s): the lease runs to about 16 s or later.
+    tokio::time::sleep(
+        (started + Duration::from_millis(6000))
+            .saturating_duration_since(std::time::Instant::now()),
+    )
+    .await;
+    let held = started.elapsed();
+    first.kill9();
+    let killed = std::time::Instant::now();
+    let mut second = Worker::start(&a);
+    eventually(SECS(60), "handled again and deleted", || q.is_empty()).await;
+    let calls = h.calls();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert_eq!(calls[1].receive_count, 2);
+    let back = calls[1].started - killed;
+    eprintln!("held {held:?} before kill -9; handled again {back:?} after it");
+    assert!(
+        back > SECS(6),
+        "hidden past the kill by the grown lease (more than 2 VT), back after {back:?}"
+    );
+    // max(VT, 3 × time held), plus a receive's poll and moto's latency.
+    let bound = SECS(3).max(held * 3) + SECS(5);
+    assert!(back < bound, "back after {back:?}, bound {bound:?}");
+    second.signal("TERM");
+    assert!(second.wait_exit(SECS(20)).await.success());
+}

@@ -789,6 +789,79 @@ async fn a_key_in_progress_elsewhere_is_hidden_until_done_not_burned_into_the_dl
     }
 }
 
+/// Issue #19, growing extensions: with a handler of 6 × VT the gaps between extensions grow to
+/// several seconds (extensions of 2, 4, 8, 14 s), but the idempotency claim is renewed on its own
+/// timer and lives until the handler's deadline plus 10 s: two workers on one redis, each key sent
+/// twice, each key handled once, no claim lost, every copy deleted as a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_outlive_the_longer_gaps_between_grown_extensions() {
+    let q = TestQueue::new("grown-claim", 2, 2, false).await;
+    let keys = ["g-0", "g-1"];
+    let bodies: Vec<String> = keys
+        .iter()
+        .flat_map(|k| {
+            let body = format!(r#"{{"orderId":"{k}"}}"#);
+            [body.clone(), body]
+        })
+        .collect();
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::ok(SECS(12))).await;
+    let redis_url = common::redis_url();
+    let mut a = base_args(&q);
+    a.extend(args(&[
+        "--timeout",
+        "14s",
+        "--batch-size",
+        "1",
+        "--idempotency-store",
+        "redis",
+        "--redis-url",
+        &redis_url,
+        "--idempotency-key",
+        "jsonPointer:/orderId",
+        "--http-url",
+        &h.url,
+    ]));
+    let mut w1 = Worker::start(&a);
+    let mut w2 = Worker::start(&a);
+    eventually(SECS(120), "the source queue empty", || q.is_empty()).await;
+    let sum = |name: &'static str| {
+        let (w1, w2) = (&w1, &w2);
+        async move {
+            let mut total = 0.0;
+            for w in [w1, w2] {
+                total += w.metric(name).await.unwrap_or(f64::NAN);
+            }
+            total
+        }
+    };
+    let effects = effects_by_order(&h);
+    for k in keys {
+        assert_eq!(effects.get(k), Some(&1), "{k} handled once: {effects:?}");
+    }
+    assert_eq!(
+        sum("qc_worker_messages_processed_total{outcome=\"duplicate\"}").await,
+        2.0,
+        "each copy deleted as done"
+    );
+    assert_eq!(sum("qc_worker_idempotency_claims_lost_total").await, 0.0);
+    assert_eq!(sum("qc_worker_heartbeat_leases_lost_total").await, 0.0);
+    // Extensions of 2, 4, 8 and 14 s (at about 0.7, 1.3, 2.7, 5.3 and 10 s) per 12 s handler: the
+    // grown gaps were really there (a fixed VT every VT/3 would make about 18).
+    let beats = sum("qc_worker_heartbeats_total").await;
+    let handled = sum("qc_worker_messages_processed_total{outcome=\"success\"}").await;
+    assert_eq!(handled, 2.0);
+    assert!(
+        beats <= 7.0 * handled,
+        "at most 7 extensions per 12 s handler, saw {beats} for {handled}"
+    );
+    assert_eq!(q.dlq_visible().await, 0);
+    for w in [&mut w1, &mut w2] {
+        w.signal("TERM");
+        assert!(w.wait_exit(SECS(20)).await.success());
+    }
+}
+
 /// Handler calls per `orderId`.
 fn effects_by_order(h: &HttpHandler) -> HashMap<String, usize> {
     let mut m = HashMap::new();

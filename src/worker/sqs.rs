@@ -139,7 +139,9 @@ pub struct Message {
     pub attributes: Vec<(String, AttributeValue)>,
     /// The X-Ray trace header SQS keeps for the message (`AWSTraceHeader` system attribute).
     pub trace_header: Option<String>,
-    /// When the receive call returned: the lease started no later than this.
+    /// When the worker counts the lease from (`lease_start`): the receive's start, or shortly before
+    /// its answer after a long poll; never after SQS started the lease unless the answer took longer
+    /// than `RECEIVE_LAG` to be read.
     pub received_at: Instant,
 }
 
@@ -360,6 +362,7 @@ impl Sqs {
         let wait = wait.min(MAX_WAIT);
         let wait_secs = i32::try_from(wait.as_secs()).unwrap_or(20);
         let max = i32::try_from(max.clamp(1, 10)).unwrap_or(10);
+        let sent = Instant::now();
         let out = self
             .call(
                 action,
@@ -380,10 +383,10 @@ impl Sqs {
                 }),
             )
             .await?;
-        let now = Instant::now();
+        let received_at = lease_start(sent, Instant::now());
         let mut messages = Vec::new();
         for m in out.messages.unwrap_or_default() {
-            match Message::from_sdk(m, now) {
+            match Message::from_sdk(m, received_at) {
                 Some(msg) => messages.push(msg),
                 None => tracing::warn!("received a message without id or receipt handle; ignored"),
             }
@@ -517,6 +520,22 @@ impl Sqs {
             }),
         )
         .await
+    }
+}
+
+/// Longest a receive's answer is taken to have travelled (and waited for the worker) after SQS
+/// started the messages' lease, when the receive long-polled before answering.
+pub const RECEIVE_LAG: Duration = Duration::from_millis(500);
+
+/// When the leases of a receive sent at `sent` and answered at `returned` started, as the worker
+/// counts them: SQS starts a lease before it answers, so the answer's arrival is too late (a worker
+/// slow to read the answer, on a loaded machine, would count a lease that has already partly run
+/// out). A receive answered within `RECEIVE_LAG` counts from when it was sent (the earliest the
+/// lease can have started); one that long-polled longer counts from `RECEIVE_LAG` before its answer.
+pub fn lease_start(sent: Instant, returned: Instant) -> Instant {
+    match returned.checked_sub(RECEIVE_LAG) {
+        Some(t) if t > sent => t,
+        _ => sent,
     }
 }
 
@@ -655,6 +674,17 @@ pub fn parse_queue_info(attrs: &HashMap<String, String>) -> Result<QueueInfo, St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lease_counts_from_the_receive_not_from_reading_its_answer() {
+        let ms = Duration::from_millis;
+        let sent = Instant::now();
+        // Answered at once, read 400 ms late (a loaded worker): counted from the send.
+        assert_eq!(lease_start(sent, sent + ms(400)), sent);
+        assert_eq!(lease_start(sent, sent), sent);
+        // Long-polled 15 s before a message came: from shortly before the answer, not the send.
+        assert_eq!(lease_start(sent, sent + ms(15_000)), sent + ms(14_500));
+    }
     use aws_sdk_sqs::error::ConnectorError;
     use aws_sdk_sqs::error::ErrorMetadata;
     use aws_sdk_sqs::operation::receive_message::ReceiveMessageError;
