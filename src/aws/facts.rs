@@ -116,7 +116,7 @@ impl QueueFacts {
                 .transpose()
         };
         let fifo = match attrs.get(ATTR_FIFO).map(|v| v.trim().to_ascii_lowercase()) {
-            None => url.ends_with(".fifo"),
+            None => is_fifo(url),
             Some(v) if v == "true" => true,
             Some(v) if v == "false" => false,
             Some(v) => {
@@ -252,6 +252,11 @@ fn looks_like_region(label: &str) -> bool {
 /// controller (the rendered `--region`, `check`) and `qc-worker` both resolve it here.
 pub fn queue_region(given: Option<&str>, url: &str) -> Option<String> {
     given.map(str::to_string).or_else(|| region_from_url(url))
+}
+
+/// A queue URL names a FIFO queue when its name ends in `.fifo` (SQS requires it).
+pub fn is_fifo(url: &str) -> bool {
+    url.trim_end_matches('/').ends_with(".fifo")
 }
 
 /// A queue's name from its URL: the last path segment (`…/ACCOUNT/NAME` → `NAME`).

@@ -24,6 +24,7 @@ use aws_sdk_sqs::types::{
 use sha2::{Digest, Sha256};
 
 use crate::aws::classify::{ErrorKind, classify_code};
+use crate::aws::facts::is_fifo;
 
 /// Messages moved per second when nobody says otherwise: well under SQS's per-queue limits and the
 /// move task's maximum of 500, so a redrive does not crowd out the consumers' own calls.
@@ -161,11 +162,6 @@ pub fn deduplication_id(token: &str, message_id: &str) -> String {
     h.update([0u8]);
     h.update(message_id.as_bytes());
     format!("qc-redrive-{}", hex::encode(h.finalize()))
-}
-
-/// A queue URL names a FIFO queue when its name ends in `.fifo` (SQS requires it).
-pub fn is_fifo(url: &str) -> bool {
-    url.trim_end_matches('/').ends_with(".fifo")
 }
 
 /// Move the messages of `dlq_url` to `dest_url`: receive (up to 10), send as a batch, delete what was

@@ -50,13 +50,14 @@ pub fn in_flight_per_replica(spec: &QueueConsumerSpec) -> u32 {
 
 /// The batch a worker may hold waiting for a slot: `batchSize` with the heartbeat on (its leases are
 /// extended while it waits) on a standard queue, else none (the worker receives only into free slots).
+/// The worker's own rule (`worker::prefetch`), so the prediction cannot drift from what it does.
 pub fn prefetch(spec: &QueueConsumerSpec) -> u32 {
     let p = &spec.processing;
-    if p.heartbeat.enabled && !crate::aws::redrive::is_fifo(&spec.queue.url) {
-        p.batch_size
-    } else {
-        0
-    }
+    crate::worker::prefetch(
+        p.batch_size,
+        p.heartbeat.enabled,
+        crate::aws::facts::is_fifo(&spec.queue.url),
+    )
 }
 
 /// Time to work through what one replica holds: P × ceil(in-flight / C).

@@ -209,6 +209,13 @@ pub struct Summary {
     pub sqs_requests: u64,
 }
 
+/// Messages one worker may hold waiting for a slot: one batch while heartbeats keep its leases, on a
+/// standard queue (a FIFO message already waits behind its group); none without heartbeats, whose
+/// leases would run out while they wait. `validate::prefetch` predicts with this function.
+pub fn prefetch(batch_size: u32, heartbeat: bool, fifo: bool) -> u32 {
+    if heartbeat && !fifo { batch_size } else { 0 }
+}
+
 /// Runs the worker until `shutdown` completes and the drain is over.
 pub async fn run(
     config: Config,
@@ -354,13 +361,7 @@ pub async fn run(
         batch_size: config.batch_size as usize,
         wait_time: config.wait_time.as_std(),
         fifo: info.fifo,
-        // One batch may wait for a slot while heartbeats keep its leases (standard queues: a FIFO
-        // message already waits behind its group).
-        prefetch: if heartbeat.is_some() && !info.fifo {
-            config.batch_size as usize
-        } else {
-            0
-        },
+        prefetch: prefetch(config.batch_size, heartbeat.is_some(), info.fifo) as usize,
         prefetch_while_under: heartbeat,
         drain_budget: total.saturating_sub(flush_reserve),
     };
