@@ -153,6 +153,39 @@ pub struct AttributeValue {
     pub binary: Option<Vec<u8>>,
 }
 
+#[cfg(test)]
+impl Message {
+    /// A message as SQS would first deliver it, with `body` and nothing else: unit tests change the
+    /// fields they are about with `..Message::test(body)`.
+    pub fn test(body: &'static [u8]) -> Message {
+        Message {
+            id: "m-1".into(),
+            receipt_handle: "rh".into(),
+            body: Bytes::from_static(body),
+            receive_count: 1,
+            group_id: None,
+            deduplication_id: None,
+            sequence_number: None,
+            sent_timestamp: None,
+            attributes: Vec::new(),
+            trace_header: None,
+            received_at: Instant::now(),
+        }
+    }
+}
+
+#[cfg(test)]
+impl AttributeValue {
+    /// A `String` message attribute.
+    pub fn string<S: Into<String>>(s: S) -> AttributeValue {
+        AttributeValue {
+            data_type: "String".into(),
+            string: Some(s.into()),
+            binary: None,
+        }
+    }
+}
+
 impl Message {
     pub fn attribute(&self, name: &str) -> Option<&AttributeValue> {
         self.attributes

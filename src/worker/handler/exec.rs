@@ -413,19 +413,7 @@ mod tests {
     use super::*;
 
     fn message() -> Message {
-        Message {
-            id: "m-1".into(),
-            receipt_handle: "rh".into(),
-            body: bytes::Bytes::from_static(b"{}"),
-            receive_count: 1,
-            group_id: None,
-            deduplication_id: None,
-            sequence_number: None,
-            sent_timestamp: None,
-            attributes: Vec::new(),
-            trace_header: None,
-            received_at: std::time::Instant::now(),
-        }
+        Message::test(b"{}")
     }
 
     /// Process state from /proc (None: gone, reaped).

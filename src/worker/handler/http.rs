@@ -375,27 +375,17 @@ mod tests {
             DEFAULT_MAX_HEAD,
         )
         .unwrap();
-        let attr = |s: &str| AttributeValue {
-            data_type: "String".into(),
-            string: Some(s.into()),
-            binary: None,
-        };
+        let attr = AttributeValue::string;
         let msg = Message {
-            id: "m-1".into(),
-            receipt_handle: "rh".into(),
-            body: bytes::Bytes::from_static(b"<xml/>"),
             receive_count: 3,
             group_id: Some("g\r\nx-evil: 1".into()),
-            deduplication_id: None,
-            sequence_number: None,
             sent_timestamp: Some(951_782_400_123),
             attributes: vec![
                 ("Content-Type".into(), attr("application/xml")),
                 ("OrderId".into(), attr(" o-77")),
                 ("bad name".into(), attr("dropped")),
             ],
-            trace_header: None,
-            received_at: std::time::Instant::now(),
+            ..Message::test(b"<xml/>")
         };
         let head = String::from_utf8(h.head(&msg)).unwrap();
         let lines: Vec<&str> = head.split("\r\n").collect();
@@ -444,23 +434,10 @@ mod tests {
             url: "http://q/1/orders".into(),
             arn: String::new(),
         };
-        let attr = |s: String| AttributeValue {
-            data_type: "String".into(),
-            string: Some(s),
-            binary: None,
-        };
+        let attr = AttributeValue::string::<String>;
         let msg = |attributes| Message {
-            id: "m-1".into(),
-            receipt_handle: "rh".into(),
-            body: bytes::Bytes::from_static(b"{}"),
-            receive_count: 1,
-            group_id: None,
-            deduplication_id: None,
-            sequence_number: None,
-            sent_timestamp: None,
             attributes,
-            trace_header: None,
-            received_at: std::time::Instant::now(),
+            ..Message::test(b"{}")
         };
         for cap in [1024, DEFAULT_MAX_HEAD, 64 * 1024] {
             let h = HttpHandler::new("http://127.0.0.1:8080/m", &queue, 1, cap).unwrap();
@@ -499,23 +476,11 @@ mod tests {
             arn: String::new(),
         };
         let h = HttpHandler::new("http://127.0.0.1:8080/m", &queue, 1, DEFAULT_MAX_HEAD).unwrap();
-        let attr = |s: &str| AttributeValue {
-            data_type: "String".into(),
-            string: Some(s.into()),
-            binary: None,
-        };
+        let attr = AttributeValue::string;
         let msg = |trace_header: Option<&str>, attributes| Message {
-            id: "m-1".into(),
-            receipt_handle: "rh".into(),
-            body: bytes::Bytes::from_static(b"{}"),
-            receive_count: 1,
-            group_id: None,
-            deduplication_id: None,
-            sequence_number: None,
-            sent_timestamp: None,
             attributes,
             trace_header: trace_header.map(str::to_string),
-            received_at: std::time::Instant::now(),
+            ..Message::test(b"{}")
         };
         let xray = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1";
         let line = |head: &str, name: &str| {
@@ -567,20 +532,8 @@ mod tests {
             url: "http://q/1/orders".into(),
             arn: String::new(),
         };
-        let attr = |s: &str| AttributeValue {
-            data_type: "String".into(),
-            string: Some(s.into()),
-            binary: None,
-        };
+        let attr = AttributeValue::string;
         let msg = Message {
-            id: "m-1".into(),
-            receipt_handle: "rh".into(),
-            body: bytes::Bytes::from_static(b"{}"),
-            receive_count: 1,
-            group_id: None,
-            deduplication_id: None,
-            sequence_number: None,
-            sent_timestamp: None,
             // As SQS's names arrive: sorted by byte.
             attributes: vec![
                 ("ORDERID".into(), attr("upper")),
@@ -588,8 +541,7 @@ mod tests {
                 ("other".into(), attr("o")),
                 ("orderid".into(), attr("lower")),
             ],
-            trace_header: None,
-            received_at: std::time::Instant::now(),
+            ..Message::test(b"{}")
         };
         for cap in [DEFAULT_MAX_HEAD, 64 * 1024] {
             let h = HttpHandler::new("http://127.0.0.1:8080/m", &queue, 1, cap).unwrap();
