@@ -558,7 +558,7 @@ fn canonical_action(lower: &str) -> String {
     .map_or_else(|| lower.to_string(), |a| a.to_string())
 }
 
-/// Heartbeat benchmark of issue #19: N = rounds × C messages whose handler takes 3 × VisibilityTimeout,
+/// Heartbeat benchmark: N = rounds × C messages whose handler takes 3 × VisibilityTimeout,
 /// through the same latency proxy; heartbeat calls per message (ChangeMessageVisibility and
 /// ChangeMessageVisibilityBatch requests counted by the proxy during the drain), extensions per message
 /// (the worker's own counter), and messages handled more than once (a lapsed lease). The build before

@@ -23,7 +23,7 @@ const options = {
   waitTimeSeconds: 20,
   batchSize: MODE === 'batch1' ? 1 : 10,
 };
-// The heartbeat bench (issue #19): sqs-consumer's own heartbeat, in whole seconds.
+// The heartbeat bench: sqs-consumer's own heartbeat, in whole seconds.
 if (process.env.HEARTBEAT_INTERVAL) {
   options.heartbeatInterval = Number(process.env.HEARTBEAT_INTERVAL);
   options.visibilityTimeout = Number(process.env.VISIBILITY_TIMEOUT);

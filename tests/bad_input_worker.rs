@@ -1,4 +1,4 @@
-//! The worker's rows of the bad-input table (issue #11): flags and environment, handler answers, and
+//! The worker's rows of the bad-input table (docs/reliability.md): flags and environment, handler answers, and
 //! the odd inputs around them. Each row is named; each expects a clear error naming the flag and the
 //! fix, or a safe outcome with nothing lost. The manifest rows live in tests/bad_input_manifests.rs.
 
@@ -741,7 +741,7 @@ async fn redis_password_is_never_logged() {
     assert!(!stderr.contains("s3cr3t-pw"), "{stderr}");
 }
 
-// ---- Odd SQS answers (issue #11 item 9), from the scripted stand-in in tests/worker/sqs_script.rs.
+// ---- Odd SQS answers, from the scripted stand-in in tests/worker/sqs_script.rs.
 
 use sqs_script::{Answer as Sqs, SqsCall, SqsScript, messages};
 

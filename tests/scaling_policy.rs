@@ -1,4 +1,4 @@
-//! Table tests of the replica policy (src/scaling): one table per clause of DESIGN "Scaling".
+//! Table tests of the replica policy (src/scaling): one table per clause of the policy (docs/scaling.md, "The algorithm").
 
 use qc::api::{Duration, ScalingSpec, Stabilization};
 use qc::scaling::{
@@ -563,17 +563,17 @@ fn with_a_declared_mean_seen_backlog_drains_at_the_mean_and_new_backlog_at_p99()
     // 10 × (60 − 2) / 0.8 = 725 seen ones, within maxBacklogAge. (previous visible, visible) → replicas
     // from 1, nothing in flight; the previous sample is 5 s earlier.
     let cases = [
-        (None, 725, 725, 3),    // no mean: DESIGN exactly, ceil(725 / 300)
+        (None, 725, 725, 3),    // no mean: the base formula exactly, ceil(725 / 300)
         (MEAN, 725, 725, 1),    // all seen: 725 / 725
         (MEAN, 726, 726, 2),    // one more seen message needs another replica
-        (MEAN, 0, 725, 3),      // all new: P sizing, as DESIGN
+        (MEAN, 0, 725, 3),      // all new: P sizing, as the base formula
         (MEAN, 0, 300, 1),      // new boundary
         (MEAN, 0, 301, 2),      //
         (MEAN, 725, 1025, 2),   // 725 seen + 300 new = 1 + 1
         (MEAN, 725, 1026, 3),   // one more new message
         (MEAN, 2000, 725, 1),   // a shrinking backlog is all seen
         (MEAN, 3000, 2900, 4),  // 2900 / 725
-        (None, 3000, 2900, 10), // DESIGN: 2900 / 300
+        (None, 3000, 2900, 10), // base formula: 2900 / 300
     ];
     for (mean, before, visible, want) in cases {
         let d = decide_with(&spec(), mean, &[(0, before, 0), (5, visible, 0)], 1);
@@ -602,11 +602,11 @@ fn with_a_declared_mean_seen_backlog_drains_at_the_mean_and_new_backlog_at_p99()
 fn with_a_declared_mean_the_tail_allowance_needs_max_backlog_age_above_p99() {
     // 60 visible, seen at the previous sample too; (maxBacklogAge, mean) → replicas
     let cases = [
-        (Duration::from_secs(2), MEAN, 6), // T = P: no time after the tail, DESIGN: 60 / (10 × 2 / 2)
+        (Duration::from_secs(2), MEAN, 6), // T = P: no time after the tail, base formula: 60 / (10 × 2 / 2)
         (Duration::from_secs(2), None, 6),
-        (Duration::from_millis(1999), MEAN, 7), // T < P: DESIGN, 60 × 2 / (10 × 1.999) = 6.003
+        (Duration::from_millis(1999), MEAN, 7), // T < P: base formula, 60 × 2 / (10 × 1.999) = 6.003
         (Duration::from_secs(3), MEAN, 5),      // 1 s after the tail: 60 × 0.8 / (10 × 1) = 4.8
-        (Duration::from_secs(3), None, 4), // DESIGN: 60 × 2 / (10 × 3) = 4; the tail costs here
+        (Duration::from_secs(3), None, 4), // base formula: 60 × 2 / (10 × 3) = 4; the tail costs here
     ];
     for (age, mean, want) in cases {
         let s = ScalingSpec {
@@ -628,7 +628,7 @@ fn with_a_declared_mean_the_in_flight_term_takes_the_arrivals_share_while_a_back
         // draining 60/s: arrivals × mean = 100 + 0.8 × (−300 / 5) = 52 → 6 replicas, whose 8 free slots
         // drain 8 × 58 / 0.8 = 580 of the 700 seen; the other 120 need one more
         (MEAN, 1000, 700, 7, 52.0),
-        (None, 1000, 700, 13, 100.0), // DESIGN: 10 + ceil(700 / 300)
+        (None, 1000, 700, 13, 100.0), // base formula: 10 + ceil(700 / 300)
         // growing: the arrivals exceed what is in flight, the in-flight term keeps the reading; 700 seen
         // (9.7 slots) + 300 new (10 slots) → 2
         (MEAN, 700, 1000, 12, 100.0),
@@ -684,7 +684,7 @@ fn with_a_declared_mean_starting_replicas_stay_while_a_backlog_waits() {
         (MEAN, 0, 30, 11, 3, Some(Limit::InFlight)),
         // every slot busy: nothing is starting (the floor then holds them all)
         (MEAN, 2000, 110, 11, 11, Some(Limit::InFlight)),
-        // no mean: DESIGN has no such rule; 600 visible need 2, 10 in flight 1, but 2 at 90 % (the band)
+        // no mean: the base formula has no such rule; 600 visible need 2, 10 in flight 1, but 2 at 90 % (the band)
         (None, 600, 10, 11, 4, Some(Limit::Stabilization)),
         (MEAN, 600, 10, 11, 11, Some(Limit::Starting)),
     ];
@@ -909,7 +909,7 @@ fn a_waiting_batch_per_replica_is_backlog_not_load() {
     assert_eq!(without.replicas, 10, "counted as load: {without}");
     let with = decide_held(&saturated, 5, 10);
     // 50 running need the 5 replicas; the 50 waiting are backlog: a fleet holding waiting batches is at
-    // capacity, so DESIGN's backlog term asks for one more replica (ceil(50 / 300)), not five more
+    // capacity, so the base formula's backlog term asks for one more replica (ceil(50 / 300)), not five more
     assert_eq!(with.replicas, 6, "{with}");
     let t = with.terms.unwrap();
     assert_eq!((t.in_flight_replicas, t.backlog_replicas), (5, 1), "{with}");

@@ -262,7 +262,7 @@ async fn handler_running_three_visibility_timeouts_is_heartbeated_and_handled_on
     assert!(w.wait_exit(SECS(20)).await.success());
 }
 
-/// Issue #19: 20 messages in flight at once (10 running, 10 received ahead and waiting for a slot),
+/// Batched heartbeats: 20 messages in flight at once (10 running, 10 received ahead and waiting for a slot),
 /// each handler running more than two visibility timeouts: every heartbeat goes out in a
 /// ChangeMessageVisibilityBatch (none as a single ChangeMessageVisibility), several messages a call,
 /// and each message is handled exactly once. One receive at a time (concurrency = batch size): moto
@@ -1968,7 +1968,7 @@ async fn binary_attributes_reach_the_exec_handler_in_base64() {
     assert!(w.wait_exit(SECS(20)).await.success());
 }
 
-// Growing heartbeat extensions (issue #19): each extension doubles (VT, 2 VT, 4 VT, ...) up to the
+// Growing heartbeat extensions (docs/worker.md): each extension doubles (VT, 2 VT, 4 VT, ...) up to the
 // handler timeout (at most 15 min). What a long lease must never change: the outcome's visibility,
 // the release of unstarted messages at shutdown, and redelivery after a crash (bounded).
 

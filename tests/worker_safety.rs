@@ -1,5 +1,5 @@
-//! Data-safety drills of `qc-worker` (issue #11): each reproduces a way a default lost, skipped or
-//! double-handled a message, against the moto server, redis and real processes. docs/reliability.md
+//! Data-safety drills of `qc-worker`: each reproduces a way a default could lose, skip or
+//! double-handle a message, against the moto server, redis and real processes. docs/reliability.md
 //! records each drill with its counts.
 
 #[path = "common/mod.rs"]
@@ -25,7 +25,8 @@ fn string_attr(v: &str) -> MessageAttributeValue {
         .unwrap()
 }
 
-/// Item 3: three different orders whose `orderId` is empty were one handled, two deleted as duplicates.
+/// An empty key is no key: three different orders whose `orderId` is empty must all be handled, not
+/// one handled and two deleted as its duplicates.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn empty_idempotency_keys_are_handled_without_dedup_and_counted() {
     let q = TestQueue::new("empty-key", 5, 5, false).await;
@@ -88,8 +89,8 @@ fn nginx_would_reject(c: &Call) -> bool {
     lines.iter().any(|&l| l > 8192) || lines.iter().map(|l| l + 2).sum::<usize>() > 32 * 1024
 }
 
-/// Item 2: a 20 KB attribute made a 60 KB request head, the handler answered 400 and the message
-/// was deleted as poison.
+/// A 20 KB attribute would make a 60 KB request head, which a size-limited handler answers with 400,
+/// read as poison: the attribute is left out and named instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_20_kb_attribute_is_left_out_and_named_so_a_size_limited_handler_takes_the_message() {
     let q = TestQueue::new("big-attr", 5, 5, false).await;
@@ -192,8 +193,8 @@ impl Drop for OwnRedis {
     }
 }
 
-/// Item 5: while redis was down, every receive failed its claim and backed the message off, so the
-/// backlog cycled through its receives into the DLQ without one handler call.
+/// While redis is down every claim fails: receiving on would back each message off and cycle the
+/// backlog through its receives into the DLQ without one handler call, so the worker stops receiving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_outage_makes_the_worker_unready_and_stops_receiving_until_it_returns() {
     let q = TestQueue::new("store-outage", 2, 3, false).await;
@@ -299,7 +300,7 @@ fn processes_with(marker: &str) -> Vec<u32> {
     out
 }
 
-/// Item 8: in the exec layout the worker is PID 1, so whatever a handler leaves behind becomes its
+/// In the exec layout the worker is PID 1, so whatever a handler leaves behind becomes its
 /// child. Reproduced with the worker made a child subreaper before it starts (the kernel keeps the
 /// attribute across exec), which gives it PID 1's duty without a PID namespace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -439,8 +440,8 @@ async fn drain_dlq(q: &TestQueue) -> Vec<(String, HashMap<String, String>, Optio
     out
 }
 
-/// Item 1: a handler's 422 deleted the message (`onPoison: delete`, the old default). Now the default
-/// sends it to the DLQ with its body, attributes and the reason, then deletes it from the source.
+/// A handler's 422 must not destroy the message: by default (`onPoison: dead-letter`) it goes to the
+/// DLQ with its body, attributes and the reason, then is deleted from the source.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_goes_to_the_dlq_with_body_attributes_and_reason_by_default() {
     let q = TestQueue::new("poison-dlq", 30, 5, false).await;
@@ -487,7 +488,7 @@ async fn poison_goes_to_the_dlq_with_body_attributes_and_reason_by_default() {
     assert!(w.wait_exit(SECS(20)).await.success());
 }
 
-/// Item 1 on FIFO: the copy keeps its group (SQS needs a group id and a dedup id on a FIFO DLQ).
+/// Poison on FIFO: the copy keeps its group (SQS needs a group id and a dedup id on a FIFO DLQ).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifo_poison_reaches_the_fifo_dlq_in_its_group() {
     let q = TestQueue::new("poison-dlq-fifo", 30, 5, true).await;
@@ -521,7 +522,7 @@ async fn fifo_poison_reaches_the_fifo_dlq_in_its_group() {
     assert!(w.wait_exit(SECS(20)).await.success());
 }
 
-/// Item 1 without a DLQ: `dead-letter` acts as `leave`, the message stays on the queue.
+/// Poison without a DLQ: `dead-letter` acts as `leave`, the message stays on the queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_without_a_dlq_is_left_on_the_queue() {
     let client = common::sqs_client().await;
@@ -577,10 +578,10 @@ async fn poison_without_a_dlq_is_left_on_the_queue() {
     assert!(w.wait_exit(SECS(20)).await.success());
 }
 
-/// Item 7: a heartbeat call that hangs used to be waited for up to the fixed 10 s call bound, past
-/// the end of the 4 s lease it was meant to extend, so a second worker got the message too. Since
-/// issue #19 heartbeats are batched: the hung ChangeMessageVisibilityBatch carries the three
-/// messages received together, and is given up before the earliest of their leases runs out.
+/// A heartbeat call that hangs must be given up before the lease it extends runs out: waited for
+/// up to a fixed 10 s call bound, past the end of a 4 s lease, a second worker would get the message
+/// too. Heartbeats are batched: the hung ChangeMessageVisibilityBatch carries the three messages
+/// received together, and is given up before the earliest of their leases runs out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_heartbeat_call_is_given_up_in_time_to_keep_the_lease() {
     let q = TestQueue::new("hung-beat", 4, 5, false).await;
@@ -647,9 +648,9 @@ async fn a_hung_heartbeat_call_is_given_up_in_time_to_keep_the_lease() {
     }
 }
 
-/// Item 6: the group's next message used to start as soon as the previous one's delete was queued;
-/// when that delete finally failed the first message came back after the others (order 1, 2, 3, 1).
-/// Now the next message waits for SQS to confirm the delete, and a delete given up stops the group.
+/// A group's next message must not start as soon as the previous one's delete is queued: if that
+/// delete finally failed, the first message would come back after the others (order 1, 2, 3, 1). The
+/// next message waits for SQS to confirm the delete, and a delete given up stops the group.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifo_next_message_waits_for_the_delete_and_a_failed_delete_stops_the_group() {
     let q = TestQueue::new("fifo-del", 4, 10, true).await;
@@ -705,9 +706,9 @@ async fn fifo_next_message_waits_for_the_delete_and_a_failed_delete_stops_the_gr
     assert!(w.wait_exit(SECS(20)).await.success());
 }
 
-/// Item 4: a message whose key another worker had in progress was left to come back every
-/// visibility timeout while the claim lasted, and with maxReceiveCount 2 it reached the DLQ with no
-/// handler call at all. Now it is hidden until the claim ends, the holder keeps its claim while the
+/// A message whose key another worker has in progress must not come back every visibility timeout
+/// while the claim lasts (with maxReceiveCount 2 it would reach the DLQ with no handler call at all):
+/// it is hidden until the claim ends, the holder keeps its claim while the
 /// handler runs, and the copy is deleted as done once the first completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_in_progress_elsewhere_is_hidden_until_done_not_burned_into_the_dlq() {
@@ -789,7 +790,7 @@ async fn a_key_in_progress_elsewhere_is_hidden_until_done_not_burned_into_the_dl
     }
 }
 
-/// Issue #19, growing extensions: with a handler of 6 × VT the gaps between extensions grow to
+/// Growing extensions: with a handler of 6 × VT the gaps between extensions grow to
 /// several seconds (extensions of 2, 4, 8, 14 s), but the idempotency claim is renewed on its own
 /// timer and lives until the handler's deadline plus 10 s: two workers on one redis, each key sent
 /// twice, each key handled once, no claim lost, every copy deleted as a duplicate.

@@ -315,7 +315,7 @@ fn config_valid(i: &StatusInputs<'_>) -> Cond {
     }
 }
 
-/// Finding codes are the lead's constants; this maps a runtime string back to a static one.
+/// Finding codes are constants (validate::codes); this maps a runtime string back to a static one.
 fn code_reason(code: &str) -> &'static str {
     crate::validate::codes::ALL
         .iter()

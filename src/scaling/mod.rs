@@ -446,7 +446,7 @@ pub fn decide_for(
     )
 }
 
-/// Replicas for a queue consumer, from DESIGN "Scaling":
+/// Replicas for a queue consumer (docs/scaling.md, "The algorithm"):
 ///
 /// desired = ceil(inFlight / C) (if `scaleOnInFlight`) + ceil(visible / (C × maxBacklogAge / P)), clamped
 /// to [min, max]; from zero only when visible > `activationBacklog` on the latest two samples; up at once;
@@ -459,7 +459,7 @@ pub fn decide_for(
 /// declared mean"): messages already seen at the previous sample drain at the mean within
 /// maxBacklogAge − P, new ones keep P over maxBacklogAge; while a backlog waits the in-flight term takes
 /// the arrivals' share; and replicas still starting while a backlog waits are not removed
-/// ([`Limit::Starting`]). Without a mean the formula is DESIGN's exactly.
+/// ([`Limit::Starting`]). Without a mean the formula above applies exactly.
 pub fn decide(
     spec: &ScalingSpec,
     p99: Duration,
@@ -639,7 +639,7 @@ struct Model {
     /// P and maxBacklogAge in milliseconds: the backlog term is computed in integers, exactly.
     p99_ms: u128,
     age_ms: u128,
-    /// The declared mean, when it refines the sizing (declared and maxBacklogAge > P); None: DESIGN's
+    /// The declared mean, when it refines the sizing (declared and maxBacklogAge > P); None: the base
     /// formula exactly.
     mean_ms: Option<u128>,
     /// What a seen message costs a slot, and the time the seen backlog has to drain: mean and
@@ -666,7 +666,7 @@ impl Model {
         let c = concurrency.max(1);
         let p99_ms = p99.as_millis().max(1);
         let age_ms = spec.max_backlog_age.as_millis().max(1);
-        // with maxBacklogAge ≤ P there is no time left after the tail allowance: DESIGN's formula
+        // with maxBacklogAge ≤ P there is no time left after the tail allowance: the base formula
         let mean_ms = mean
             .map(|m| m.as_millis().max(1))
             .filter(|_| age_ms > p99_ms);
@@ -698,7 +698,7 @@ impl Model {
         (new, seen)
     }
 
-    /// The recommendation of `samples[i]`. Refinements inside DESIGN's formula, all pure functions of the
+    /// The recommendation of `samples[i]`. Refinements inside the base formula, all pure functions of the
     /// samples (docs/scaling.md, "Recommendation"): the in-flight term uses the mean in-flight count of
     /// the samples within maxBacklogAge up to this one, because one reading of a busy queue jitters by
     /// ±√n and the window's highest reading would otherwise hold one or two replicas too many; the
@@ -708,7 +708,7 @@ impl Model {
     /// replicas' capacity rather than the arrivals, so the term takes the arrivals' share by Little's law
     /// (in flight + mean × growth of visible + in flight per unit time); and visible messages already seen
     /// at the previous sample drain at the mean within maxBacklogAge − P, while those new since then keep
-    /// DESIGN's P sizing (their replicas still have a whole start-up ahead).
+    /// the base formula's P sizing (their replicas still have a whole start-up ahead).
     fn recommend(&self, samples: &[&Sample], i: usize) -> Recommendation {
         let s = samples[i];
         let prev = i.checked_sub(1).map(|j| samples[j]);

@@ -34,7 +34,7 @@ struct JsonRow<'a> {
     outcome: &'a Outcome,
 }
 
-/// One JSON object per (trace, policy), with the keys of DESIGN "Scaling" and a `trace` key.
+/// One JSON object per (trace, policy): the measures of docs/scaling.md "The simulator", and a `trace` key.
 pub fn json(results: &[TraceResult]) -> Result<String, serde_json::Error> {
     let rows: Vec<JsonRow<'_>> = results
         .iter()
