@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use aws_sdk_cloudwatch::types::{Dimension, MetricDatum, StandardUnit};
 use qc::aws::cloudwatch::{
-    AlarmDeletion, AlarmOwner, Alarms, BatchOptions, CloudWatchAlarms, dead_letter_alarm,
+    AlarmDeletion, AlarmOwner, AlarmWrite, Alarms, BatchOptions, CloudWatchAlarms, Ensured,
+    dead_letter_alarm,
 };
 use qc::aws::limit::{LimitConfig, Limiter};
 
@@ -108,6 +109,7 @@ fn batched(cw: aws_sdk_cloudwatch::Client) -> CloudWatchAlarms {
             window: Duration::from_millis(300),
             alarm_max_age: Duration::from_secs(300),
             metric_max_age: Duration::from_secs(60),
+            refresh: None,
         },
     )
 }
@@ -240,4 +242,207 @@ async fn an_alarm_not_made_by_the_operator_is_never_deleted() {
         alarms.describe(&name).await.unwrap().is_some(),
         "alarm survives"
     );
+}
+
+/// The controller's client: reads refreshed in the background, a pass every `every` (scaled down from
+/// the 15 s poll interval), metric values kept for 4 passes and alarm descriptions for 8 (the
+/// controller's 60 s and 5 min are 4 and 20 of its 15 s passes).
+fn background(cw: aws_sdk_cloudwatch::Client, every: Duration) -> CloudWatchAlarms {
+    CloudWatchAlarms::with_options(
+        cw,
+        Arc::new(Limiter::new("cloudwatch", LimitConfig::new(1000.0, 8))),
+        BatchOptions {
+            window: Duration::from_millis(300),
+            alarm_max_age: every * 8,
+            metric_max_age: every * 4,
+            refresh: Some(every),
+        },
+    )
+}
+
+async fn put_many_ages(cw: &aws_sdk_cloudwatch::Client, queues: &[String]) {
+    for (n, chunk) in queues.chunks(500).enumerate() {
+        let data = chunk.iter().enumerate().map(|(i, q)| {
+            MetricDatum::builder()
+                .metric_name("ApproximateAgeOfOldestMessage")
+                .dimensions(Dimension::builder().name("QueueName").value(q).build())
+                .value((n * 500 + i + 1) as f64)
+                .unit(StandardUnit::Seconds)
+                .build()
+        });
+        cw.put_metric_data()
+            .namespace("AWS/SQS")
+            .set_metric_data(Some(data.collect()))
+            .send()
+            .await
+            .unwrap();
+    }
+}
+
+/// 300 QueueConsumers' reads as the controller makes them (each the oldest age of its queue and of
+/// its DLQ: 600 metrics; and 150 DLQ alarms), against moto, with the background refresher: no read
+/// ever waits for CloudWatch; the new keys go out together (⌈600/500⌉ GetMetricData, ⌈150/100⌉
+/// DescribeAlarms); then every pass (the poll interval) makes one GetMetricData and one
+/// DescribeAlarms, each reading the share read longest ago, and every reader keeps getting its own
+/// queue's value. (300, not 1,000: moto's GetMetricData scans every stored datapoint per query, so
+/// 2,000 metrics take it longer than the scaled-down interval; the benchmark runs 1,000.)
+#[tokio::test]
+async fn many_consumers_cost_two_cloudwatch_calls_per_interval_in_the_background() {
+    let cw = cloudwatch().await;
+    let queues: Vec<String> = (0..600).map(|_| common::unique_name("bg-age")).collect();
+    put_many_ages(&cw, &queues).await;
+    let writer = CloudWatchAlarms::with_options(
+        cw.clone(),
+        Arc::new(Limiter::new("cloudwatch", LimitConfig::new(1000.0, 8))),
+        BatchOptions::default(),
+    );
+    let specs: Vec<_> = (0..150)
+        .map(|i| {
+            dead_letter_alarm(
+                &common::unique_name("qc-bg"),
+                &format!("dlq-{i}"),
+                "shop",
+                &format!("c{i}"),
+            )
+        })
+        .collect();
+    for s in &specs {
+        writer.put(s, &owner("u1")).await.unwrap();
+    }
+    let every = Duration::from_secs(3);
+    let alarms = background(cw.clone(), every);
+    // What one round of reconciles reads: never waits, so it can be called in a tight loop.
+    let round = || async {
+        let mut ages = Vec::with_capacity(queues.len());
+        for q in &queues {
+            ages.push(alarms.known_oldest_message_age(q).await.unwrap());
+        }
+        let mut states = Vec::with_capacity(specs.len());
+        for s in &specs {
+            states.push(alarms.ensure(s, &owner("u1")).await);
+        }
+        (ages, states)
+    };
+    let (ages, states) = round().await;
+    assert!(ages.iter().all(Option::is_none), "nothing is known yet");
+    assert!(states.iter().all(|s| *s == Ensured::Pending));
+    assert_eq!(alarms.limiter().calls(), Default::default(), "no call yet");
+    // Within a few seconds every answer is there, from one pass of each.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (ages, states) = round().await;
+        let done = ages.iter().all(Option::is_some)
+            && states.iter().all(|s| matches!(s, Ensured::InSync { .. }));
+        if done {
+            for (i, age) in ages.into_iter().enumerate() {
+                assert_eq!(age, Some(i as i64 + 1), "queue {i}");
+            }
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never read");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        alarms.limiter().calls_of("PutMetricAlarm"),
+        0,
+        "all in sync"
+    );
+
+    // Four intervals of steady state, every consumer reading at each.
+    while alarms.counts().0.passes < 5 || alarms.counts().1.passes < 5 {
+        let (ages, states) = round().await;
+        for (i, age) in ages.into_iter().enumerate() {
+            assert_eq!(age, Some(i as i64 + 1), "queue {i}");
+        }
+        assert!(
+            states
+                .iter()
+                .all(|s| matches!(s, Ensured::InSync { wrote: None, .. }))
+        );
+        assert!(
+            std::time::Instant::now() < deadline + every * 8,
+            "passes stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The first pass of each read every key (2 and 2 calls); each pass since, one call: the share
+    // read longest ago (a quarter of the metrics, 150, filled up to 500; of the alarms, 19, filled
+    // up to 100).
+    let (m, d) = alarms.counts();
+    eprintln!("metrics {m:?}, alarms {d:?}");
+    assert_eq!(m.max_pass_calls, 2, "{m:?}");
+    assert_eq!(
+        m.calls,
+        m.passes + 1,
+        "one GetMetricData a pass after the first: {m:?}"
+    );
+    assert_eq!(m.keys, 600 + 500 * (m.passes - 1), "{m:?}");
+    assert_eq!(d.max_pass_calls, 2, "{d:?}");
+    assert_eq!(
+        d.calls,
+        d.passes + 1,
+        "one DescribeAlarms a pass after the first: {d:?}"
+    );
+    assert_eq!(d.keys, 150 + 100 * (d.passes - 1), "{d:?}");
+    // The gate saw those calls (a pass is counted when it starts: one may still be on its way).
+    let at_gate =
+        alarms.limiter().calls_of("GetMetricData") + alarms.limiter().calls_of("DescribeAlarms");
+    assert!(at_gate + 2 >= m.calls + d.calls && at_gate <= m.calls + d.calls);
+    for s in &specs {
+        writer.delete(&s.name, &owner("u1")).await.unwrap();
+    }
+}
+
+/// In the background, `ensure` never waits: a missing alarm is put in a task of its own and reported
+/// created once read back; a hand edit is put back after the next refresh; a delete waits for a put
+/// still running, so the alarm is not created again behind it.
+#[tokio::test]
+async fn ensure_in_the_background_creates_repairs_and_deletes_without_waiting() {
+    let cw = cloudwatch().await;
+    let alarms = background(cw.clone(), Duration::from_millis(500));
+    let name = common::unique_name("qc-ensure");
+    let want = dead_letter_alarm(&name, "orders-dlq", "shop", "orders");
+    let until_in_sync = || async {
+        for _ in 0..200 {
+            match alarms.ensure(&want, &owner("u1")).await {
+                Ensured::InSync { wrote, .. } => return wrote,
+                Ensured::Pending => tokio::time::sleep(Duration::from_millis(50)).await,
+                other => panic!("{other:?}"),
+            }
+        }
+        panic!("never in sync");
+    };
+    assert_eq!(alarms.ensure(&want, &owner("u1")).await, Ensured::Pending);
+    assert_eq!(until_in_sync().await, Some(AlarmWrite::Created));
+    assert_eq!(alarms.limiter().calls_of("PutMetricAlarm"), 1);
+    assert_eq!(until_in_sync().await, None, "reported once");
+    // A hand edit: put back once the refresher has read it (within the 4 s description age).
+    let mut drifted = want.clone();
+    drifted.threshold = 10.0;
+    let fresh = CloudWatchAlarms::new(cw.clone());
+    fresh.put(&drifted, &owner("u1")).await.unwrap();
+    let mut repaired = false;
+    for _ in 0..200 {
+        if let Ensured::InSync {
+            wrote: Some(AlarmWrite::Updated),
+            ..
+        } = alarms.ensure(&want, &owner("u1")).await
+        {
+            repaired = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(repaired, "the hand edit was not put back");
+    assert_eq!(fresh.describe(&name).await.unwrap().unwrap().spec, want);
+    // Changed again and deleted at once: the delete waits for the put it started.
+    let mut moved = want.clone();
+    moved.queue_name = "orders-dlq-2".into();
+    assert_eq!(alarms.ensure(&moved, &owner("u1")).await, Ensured::Pending);
+    assert_eq!(
+        alarms.delete(&name, &owner("u1")).await.unwrap(),
+        AlarmDeletion::Deleted
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(fresh.describe(&name).await.unwrap(), None, "not recreated");
 }

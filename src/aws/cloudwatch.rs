@@ -4,7 +4,7 @@
 //! alarms and one GetMetricData up to 500 metrics; every call goes through the service's `Limiter`.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use aws_sdk_cloudwatch::error::{ProvideErrorMetadata, SdkError};
@@ -16,7 +16,7 @@ use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 
 use futures::future::BoxFuture;
 
-use super::batch::{BatchError, Batcher};
+use super::batch::{BatchError, Batcher, Counts, Known};
 use super::classify::ErrorKind;
 use super::error_chain;
 use super::limit::{LimitConfig, Limiter};
@@ -191,6 +191,85 @@ pub trait Alarms: Send + Sync {
     /// The latest ApproximateAgeOfOldestMessage of a queue (seconds); None when CloudWatch has no
     /// recent datapoint.
     async fn oldest_message_age(&self, queue_name: &str) -> Result<Option<i64>, CloudWatchError>;
+
+    /// The latest ApproximateAgeOfOldestMessage as last read, without waiting for CloudWatch where the
+    /// implementation reads in the background (`BatchOptions::refresh`): Ok(None) while it is not
+    /// read yet or too old to use ([`STALE_AFTER`] of its reuse age). By default a read, like
+    /// `oldest_message_age`.
+    async fn known_oldest_message_age(
+        &self,
+        queue_name: &str,
+    ) -> Result<Option<i64>, CloudWatchError> {
+        self.oldest_message_age(queue_name).await
+    }
+
+    /// Bring the alarm in line with `want`: describe it, and put it when it is missing or differs.
+    /// Where the implementation reads in the background, this never waits for CloudWatch: the
+    /// description is the last one read, and a put runs in a task of its own whose outcome the next
+    /// call reports. By default each step is a call, waited for.
+    async fn ensure(&self, want: &AlarmSpec, owner: &AlarmOwner) -> Ensured {
+        ensure_now(self, want, owner).await
+    }
+}
+
+/// A value read more than this many times its reuse age ago is not used: unknown rather than wrong.
+pub const STALE_AFTER: u32 = 2;
+
+/// What `Alarms::ensure` found.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Ensured {
+    /// The alarm is as wanted, in this state; `wrote` when this call (or, in the background, a put
+    /// since the last call) created or updated it.
+    InSync {
+        state: String,
+        wrote: Option<AlarmWrite>,
+    },
+    /// Not known yet: the description is not read yet, or a put is under way.
+    Pending,
+    /// The last description is older than [`STALE_AFTER`] times its reuse age and no call failed:
+    /// the refresher is behind.
+    Stale { age: Duration },
+    /// The last describe or put failed.
+    Failed(CloudWatchError),
+}
+
+/// A write `ensure` made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AlarmWrite {
+    Created,
+    Updated,
+}
+
+/// `ensure` with a call per step, waited for: describe; put when missing or different; describe
+/// again (CloudWatch decides the state of a new or changed alarm).
+pub async fn ensure_now<A: Alarms + ?Sized>(
+    alarms: &A,
+    want: &AlarmSpec,
+    owner: &AlarmOwner,
+) -> Ensured {
+    let observed = match alarms.describe(&want.name).await {
+        Ok(o) => o,
+        Err(e) => return Ensured::Failed(e),
+    };
+    let wrote = match &observed {
+        Some(o) if o.spec == *want => None,
+        Some(_) => Some(AlarmWrite::Updated),
+        None => Some(AlarmWrite::Created),
+    };
+    let observed = if wrote.is_none() {
+        observed
+    } else {
+        if let Err(e) = alarms.put(want, owner).await {
+            return Ensured::Failed(e);
+        }
+        alarms.describe(&want.name).await.ok().flatten()
+    };
+    Ensured::InSync {
+        state: observed
+            .map(|o| o.state)
+            .unwrap_or_else(|| "INSUFFICIENT_DATA".to_string()),
+        wrote,
+    }
 }
 
 /// Map an SDK error to a reason (`aws::classify`) and message, without the SDK's type parameters.
@@ -234,6 +313,10 @@ pub struct BatchOptions {
     /// How long a metric's latest value is reused. AWS/SQS metrics have one-minute resolution, so
     /// reading them more often returns the same datapoint.
     pub metric_max_age: Duration,
+    /// Some(every): reads are refreshed in the background, a pass every `every`, and the
+    /// controller's reads (`Alarms::known_oldest_message_age`, `Alarms::ensure`) take the last answer
+    /// without waiting for CloudWatch. None: every read waits for its batch.
+    pub refresh: Option<Duration>,
 }
 
 impl Default for BatchOptions {
@@ -243,6 +326,7 @@ impl Default for BatchOptions {
             window: Duration::from_millis(50),
             alarm_max_age: Duration::ZERO,
             metric_max_age: Duration::ZERO,
+            refresh: None,
         }
     }
 }
@@ -276,6 +360,23 @@ pub struct CloudWatchAlarms {
     options: BatchOptions,
     alarms: AlarmBatcher,
     metrics: MetricBatcher,
+    /// Puts running in the background (`ensure` with `BatchOptions::refresh`), and the outcome of
+    /// those done, by alarm name, until the next `ensure` of that alarm takes it.
+    writes: Arc<Mutex<HashMap<String, WriteState>>>,
+}
+
+#[derive(Clone, Debug)]
+enum WriteState {
+    Running,
+    Done(AlarmWrite),
+    Failed(CloudWatchError),
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
 }
 
 impl std::fmt::Debug for CloudWatchAlarms {
@@ -302,9 +403,23 @@ impl CloudWatchAlarms {
         limiter: Arc<Limiter>,
         options: BatchOptions,
     ) -> Self {
+        fn batcher<K, V>(
+            options: &BatchOptions,
+            per_call: usize,
+            fetch: super::batch::Fetch<K, V, Failure>,
+        ) -> Batcher<K, V, Failure>
+        where
+            K: Clone + Eq + std::hash::Hash + Send + 'static,
+            V: Clone + Default + Send + 'static,
+        {
+            match options.refresh {
+                Some(every) => Batcher::with_refresh(options.window, per_call, every, fetch),
+                None => Batcher::new(options.window, per_call, fetch),
+            }
+        }
         let (c, l) = (client.clone(), limiter.clone());
-        let alarms = Batcher::new(
-            options.window,
+        let alarms = batcher(
+            &options,
             ALARMS_PER_CALL,
             Arc::new(move |names: Vec<String>| -> BoxFuture<'static, _> {
                 let (c, l) = (c.clone(), l.clone());
@@ -312,8 +427,8 @@ impl CloudWatchAlarms {
             }),
         );
         let (c, l) = (client.clone(), limiter.clone());
-        let metrics = Batcher::new(
-            options.window,
+        let metrics = batcher(
+            &options,
             METRICS_PER_CALL,
             Arc::new(move |keys: Vec<QueueMetric>| -> BoxFuture<'static, _> {
                 let (c, l) = (c.clone(), l.clone());
@@ -326,11 +441,55 @@ impl CloudWatchAlarms {
             options,
             alarms,
             metrics,
+            writes: Arc::default(),
         }
     }
 
     pub fn limiter(&self) -> &Arc<Limiter> {
         &self.limiter
+    }
+
+    /// The metric reads' and alarm descriptions' passes (or batches) and calls so far.
+    pub fn counts(&self) -> (Counts, Counts) {
+        (self.metrics.counts(), self.alarms.counts())
+    }
+
+    /// What is known of a queue metric without waiting (the background refresher keeps it fresh).
+    pub fn known_metric(&self, metric: &str, queue: &str) -> Known<Option<f64>, CloudWatchError> {
+        let key = QueueMetric {
+            metric: metric.to_string(),
+            queue: queue.to_string(),
+        };
+        let k = self.metrics.peek(key, self.options.metric_max_age);
+        Known {
+            value: k.value,
+            error: k.error.map(|f| CloudWatchError::GetMetricData {
+                metric: metric.to_string(),
+                queue: queue.to_string(),
+                reason: f.reason,
+                message: f.message,
+            }),
+        }
+    }
+
+    /// Start a put of `want` in a task of its own, unless one is running; its outcome waits in
+    /// `writes` for the next `ensure`.
+    fn put_in_background(&self, want: &AlarmSpec, owner: &AlarmOwner, wrote: AlarmWrite) {
+        {
+            let mut writes = lock(&self.writes);
+            if matches!(writes.get(&want.name), Some(WriteState::Running)) {
+                return;
+            }
+            writes.insert(want.name.clone(), WriteState::Running);
+        }
+        let (this, want, owner) = (self.clone(), want.clone(), owner.clone());
+        tokio::spawn(async move {
+            let outcome = match this.put(&want, &owner).await {
+                Ok(()) => WriteState::Done(wrote),
+                Err(e) => WriteState::Failed(e),
+            };
+            lock(&this.writes).insert(want.name.clone(), outcome);
+        });
     }
 
     /// The latest Maximum of `metric` for queue `queue` (AWS/SQS), batched with every other read
@@ -592,6 +751,20 @@ impl Alarms for CloudWatchAlarms {
         name: &str,
         owner: &AlarmOwner,
     ) -> Result<AlarmDeletion, CloudWatchError> {
+        // A put of this alarm still running in the background would create it again after the
+        // delete: wait for it (it ends within the SDK's operation timeout), or fail and be retried.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while matches!(lock(&self.writes).get(name), Some(WriteState::Running)) {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(CloudWatchError::DeleteAlarms {
+                    name: name.to_string(),
+                    reason: "AlarmWriteInProgress",
+                    message: "a put of this alarm is still running; the delete is retried".into(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        lock(&self.writes).remove(name);
         self.alarms.forget(&name.to_string());
         // Read fresh (never the cache): the ARN, for the tags that say whose alarm this is.
         let found = self
@@ -673,6 +846,79 @@ impl Alarms for CloudWatchAlarms {
             .queue_metric(METRIC_OLDEST_AGE, queue_name)
             .await?
             .map(|v| v.round() as i64))
+    }
+
+    async fn known_oldest_message_age(
+        &self,
+        queue_name: &str,
+    ) -> Result<Option<i64>, CloudWatchError> {
+        if !self.metrics.refreshes() {
+            return self.oldest_message_age(queue_name).await;
+        }
+        let known = self.known_metric(METRIC_OLDEST_AGE, queue_name);
+        let limit = self.options.metric_max_age * STALE_AFTER;
+        match (known.value, known.error) {
+            (Some((v, age)), _) if age <= limit => Ok(v.map(|v| v.round() as i64)),
+            (_, Some(e)) => Err(e),
+            // Not read yet, or the refresher is behind: unknown, never an old age.
+            _ => Ok(None),
+        }
+    }
+
+    async fn ensure(&self, want: &AlarmSpec, owner: &AlarmOwner) -> Ensured {
+        if !self.alarms.refreshes() {
+            return ensure_now(self, want, owner).await;
+        }
+        let write = lock(&self.writes).get(&want.name).cloned();
+        let wrote = match write {
+            Some(WriteState::Running) => return Ensured::Pending,
+            Some(WriteState::Done(w)) => Some(w),
+            Some(WriteState::Failed(_)) | None => None,
+        };
+        let known = self
+            .alarms
+            .peek(want.name.clone(), self.options.alarm_max_age);
+        let limit = self.options.alarm_max_age * STALE_AFTER;
+        let observed = match (known.value, known.error) {
+            (_, Some(e)) => {
+                return Ensured::Failed(CloudWatchError::DescribeAlarms {
+                    name: want.name.clone(),
+                    reason: e.reason,
+                    message: e.message,
+                });
+            }
+            (None, None) => return Ensured::Pending,
+            (Some((_, age)), None) if age > limit => return Ensured::Stale { age },
+            (Some((o, _)), None) => o,
+        };
+        match observed {
+            Some(o) if o.spec == *want => {
+                if wrote.is_some() {
+                    lock(&self.writes).remove(&want.name);
+                }
+                Ensured::InSync {
+                    state: o.state,
+                    wrote,
+                }
+            }
+            other => {
+                let kind = if other.is_some() {
+                    AlarmWrite::Updated
+                } else {
+                    AlarmWrite::Created
+                };
+                // A put that failed is reported once, and tried again now.
+                let failed = match lock(&self.writes).remove(&want.name) {
+                    Some(WriteState::Failed(e)) => Some(e),
+                    _ => None,
+                };
+                self.put_in_background(want, owner, kind);
+                match failed {
+                    Some(e) => Ensured::Failed(e),
+                    None => Ensured::Pending,
+                }
+            }
+        }
     }
 }
 

@@ -5,7 +5,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use crate::api::QueueConsumer;
-use crate::aws::cloudwatch::{AlarmDeletion, AlarmOwner, Alarms};
+use crate::aws::cloudwatch::{AlarmDeletion, AlarmOwner, AlarmWrite, Alarms, Ensured};
 
 use super::Error;
 use super::pipeline::{AlarmPlan, alarm_name};
@@ -13,6 +13,9 @@ use super::status::{AlarmStatus, AlarmSync};
 
 /// Finalizer that holds a QueueConsumer until its CloudWatch alarm is deleted.
 pub const FINALIZER: &str = "sqs.consumers.dev/cleanup";
+
+/// AlarmSynced is Unknown for this reason when the alarm's description is too old to trust.
+pub const ALARM_NOT_REFRESHED: &str = "AlarmNotRefreshed";
 
 /// What an alarm sync did, for Events.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,35 +86,39 @@ pub async fn sync(
                 // No alarm without the finalizer that deletes it.
                 return failed(previous, e.reason(), e.to_string());
             }
-            let observed = match alarms.describe(&want.name).await {
-                Ok(o) => o,
-                Err(e) => return failed(previous, e.reason(), e.to_string()),
-            };
-            let change = match &observed {
-                Some(o) if o.spec == **want => AlarmChange::None,
-                Some(_) => AlarmChange::Updated(want.name.clone()),
-                None => AlarmChange::Created(want.name.clone()),
-            };
-            let observed = if change == AlarmChange::None {
-                observed
-            } else {
-                if let Err(e) = alarms.put(want, &owner(qc)).await {
-                    return failed(previous, e.reason(), e.to_string());
-                }
-                // Read back: CloudWatch decides the state of a new or changed alarm.
-                alarms.describe(&want.name).await.ok().flatten()
-            };
-            let state = observed
-                .map(|o| o.state)
-                .unwrap_or_else(|| "INSUFFICIENT_DATA".to_string());
-            (
-                AlarmStatus {
-                    name: Some(want.name.clone()),
-                    state: Some(state),
-                    sync: AlarmSync::InSync,
-                },
-                change,
-            )
+            // The controller's client answers from the background refresher's last description and
+            // puts in a task of its own: the reconcile never waits for CloudWatch here.
+            match alarms.ensure(want, &owner(qc)).await {
+                Ensured::InSync { state, wrote } => (
+                    AlarmStatus {
+                        name: Some(want.name.clone()),
+                        state: Some(state),
+                        sync: AlarmSync::InSync,
+                    },
+                    match wrote {
+                        None => AlarmChange::None,
+                        Some(AlarmWrite::Created) => AlarmChange::Created(want.name.clone()),
+                        Some(AlarmWrite::Updated) => AlarmChange::Updated(want.name.clone()),
+                    },
+                ),
+                // Known at a later reconcile; the condition stays as it was.
+                Ensured::Pending => (previous, AlarmChange::None),
+                Ensured::Stale { age } => (
+                    AlarmStatus {
+                        sync: AlarmSync::Unknown {
+                            reason: ALARM_NOT_REFRESHED,
+                            message: format!(
+                                "the last description of CloudWatch alarm {} is {}s old: the background refresher is behind",
+                                want.name,
+                                age.as_secs()
+                            ),
+                        },
+                        ..previous
+                    },
+                    AlarmChange::None,
+                ),
+                Ensured::Failed(e) => failed(previous, e.reason(), e.to_string()),
+            }
         }
         AlarmPlan::Remove => {
             if !has_finalizer(qc) {

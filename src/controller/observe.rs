@@ -53,6 +53,8 @@ pub struct AwsOptions {
 /// How long the controller reuses an alarm's description by default: drift made by hand and the
 /// alarm's state show in status within this; the controller's own writes show at once.
 pub const DEFAULT_ALARM_RESYNC: std::time::Duration = std::time::Duration::from_secs(300);
+/// The background CloudWatch refresher's pass period: the default poll interval.
+pub const DEFAULT_REFRESH: std::time::Duration = std::time::Duration::from_secs(15);
 /// How long the first stale CloudWatch read waits for others to join its call.
 pub const DEFAULT_BATCH_WINDOW: std::time::Duration = std::time::Duration::from_millis(250);
 
@@ -68,6 +70,7 @@ impl Default for AwsOptions {
                 metric_max_age: std::time::Duration::from_secs(
                     cloudwatch::ALARM_PERIOD_SECONDS.unsigned_abs().into(),
                 ),
+                refresh: Some(DEFAULT_REFRESH),
             },
         }
     }
@@ -232,7 +235,7 @@ impl FactsCache {
                 return Err(e);
             }
         };
-        let facts = with_oldest_age(facts, clients.alarms.as_ref()).await;
+        let facts = with_known_oldest_age(facts, clients.alarms.as_ref()).await;
         let o = Observed {
             facts,
             sampled_at: now(),
@@ -267,6 +270,40 @@ pub async fn with_oldest_age(mut facts: Facts, alarms: &dyn Alarms) -> Facts {
         *oldest_age_seconds = oldest_age(alarms, &queue.name()).await;
     }
     facts
+}
+
+/// `with_oldest_age` as the reconcile does it: from what the background refresher last read, never
+/// waiting for CloudWatch (`Alarms::known_oldest_message_age`). An age not read yet, or too old to use,
+/// is left out, like a failed read.
+pub async fn with_known_oldest_age(mut facts: Facts, alarms: &dyn Alarms) -> Facts {
+    let q = &facts.queue;
+    let empty = [q.visible, q.in_flight, q.delayed]
+        .iter()
+        .all(|c| *c == Some(0));
+    facts.oldest_age_seconds = if empty {
+        Some(0)
+    } else {
+        known_oldest_age(alarms, &q.name()).await
+    };
+    if let DeadLetterFacts::Found {
+        queue,
+        oldest_age_seconds,
+    } = &mut facts.dead_letter
+        && queue.visible.unwrap_or(0) > 0
+    {
+        *oldest_age_seconds = known_oldest_age(alarms, &queue.name()).await;
+    }
+    facts
+}
+
+async fn known_oldest_age(alarms: &dyn Alarms, name: &str) -> Option<i64> {
+    match alarms.known_oldest_message_age(name).await {
+        Ok(age) => age,
+        Err(e) => {
+            tracing::debug!(queue = %name, error = %e, "oldest message age unavailable");
+            None
+        }
+    }
 }
 
 async fn oldest_age(alarms: &dyn Alarms, name: &str) -> Option<i64> {

@@ -61,6 +61,11 @@ pub enum AlarmSync {
         reason: &'static str,
         message: String,
     },
+    /// What CloudWatch last said is too old to go by (and no call failed).
+    Unknown {
+        reason: &'static str,
+        message: String,
+    },
 }
 
 /// Everything status is computed from.
@@ -215,6 +220,7 @@ fn alarm_synced(i: &StatusInputs<'_>, old: &[Condition]) -> Option<Condition> {
             *reason,
             format!("{message}; retried every poll interval, scaling and status are not held back"),
         ),
+        AlarmSync::Unknown { reason, message } => ("Unknown", *reason, message.clone()),
         AlarmSync::NotChecked => return old.iter().find(|c| c.type_ == t).cloned(),
     };
     Some(Condition {
