@@ -40,9 +40,10 @@ use self::alarm::AlarmChange;
 use self::apply::{FIELD_MANAGER, SCALER_FIELD_MANAGER};
 pub use self::metrics::Metrics;
 use self::observe::{AwsProvider, FactsCache};
+use self::pipeline::Rollout;
 use self::pipeline::{ReplicaDecision, alarm_name};
 use self::scale::Histories;
-use self::status::{Rollout, StatusInputs, Workers};
+use self::status::{StatusInputs, Workers};
 
 /// One variant per pipeline step that can fail; each becomes a Warning Event and a requeue.
 #[derive(Debug, thiserror::Error)]
@@ -370,8 +371,8 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     // apply; a Deployment someone else controls is neither changed nor reported as ours
     let mut deployment = live.filter(|d| pipeline::controls(qc, d));
     let mut applied = None;
-    if let (Rollout::Apply, Ok(rendered)) = (&decision.rollout, &decision.deployment) {
-        let desired = apply::with_fingerprint(rendered.clone());
+    if let Rollout::Apply(rendered) = &decision.rollout {
+        let desired = apply::with_fingerprint((**rendered).clone());
         if apply::needs_apply(&desired, deployment.as_ref()) {
             let verb = if deployment.is_some() {
                 "Updated"
@@ -472,12 +473,10 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     .await;
 
     // status
-    let render_result = decision.deployment.as_ref().map(|_| ());
     let new_status = status::build(&StatusInputs {
         qc,
         facts,
         report: &decision.report,
-        render: render_result,
         rollout: &decision.rollout,
         deployment: deployment.as_ref(),
         alarm: alarm_status.clone(),
@@ -590,7 +589,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     }
     Ok(match decision.rollout {
         // Only a spec change can fix a spec that cannot be rendered.
-        Rollout::HeldInvalidSpec => Action::await_change(),
+        Rollout::HeldInvalidSpec(_) => Action::await_change(),
         // Queue depth cannot be watched: look again after the poll interval, on this
         // QueueConsumer's own slot of it.
         _ => Action::requeue(spread::next_poll(

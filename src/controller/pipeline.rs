@@ -10,8 +10,6 @@ use crate::render::{self, RenderError, RenderOptions};
 use crate::scaling::{self, History, Timestamp};
 use crate::validate::{self, Report};
 
-use super::status::Rollout;
-
 /// What is known about the queue for one decision.
 #[derive(Clone, Copy, Debug)]
 pub enum Observation<'a> {
@@ -37,11 +35,47 @@ impl<'a> Observation<'a> {
     }
 }
 
+/// Whether the rendered Deployment goes out (carrying it), and if not, why it is held.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Rollout {
+    Apply(Box<Deployment>),
+    /// The queue could not be read: the Deployment and its replicas stay as they are. The spec may
+    /// not render either; `ConfigValid` says so all the same.
+    HeldQueueUnreachable {
+        render: Result<(), RenderError>,
+    },
+    /// The spec cannot be rendered.
+    HeldInvalidSpec(RenderError),
+    /// `validation.enforce` and an Error finding.
+    HeldByValidation,
+    /// A Deployment of that name exists and another owner (or nobody) controls it: never taken over.
+    HeldForeignDeployment,
+}
+
+impl Rollout {
+    /// The Deployment to apply, when the rollout goes out.
+    pub fn deployment(&self) -> Option<&Deployment> {
+        match self {
+            Rollout::Apply(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// Why the spec cannot be rendered, whatever else holds the rollout.
+    pub fn render_error(&self) -> Option<&RenderError> {
+        match self {
+            Rollout::HeldInvalidSpec(e) | Rollout::HeldQueueUnreachable { render: Err(e) } => {
+                Some(e)
+            }
+            _ => None,
+        }
+    }
+}
+
 /// What the controller would do for one QueueConsumer.
 #[derive(Clone, Debug)]
 pub struct Decision {
     pub report: Report,
-    pub deployment: Result<Deployment, RenderError>,
     pub rollout: Rollout,
     /// The CloudWatch alarm to keep, when `deadLetter.alarm` is on and the DLQ exists.
     pub alarm: AlarmPlan,
@@ -122,17 +156,14 @@ pub fn decide(
     opts: &RenderOptions,
 ) -> Decision {
     let report = validate::evaluate(&qc.spec, facts.facts());
-    let deployment = render::deployment(qc, opts);
-    let rollout = if matches!(facts, Observation::Failed(_)) {
-        Rollout::HeldQueueUnreachable
-    } else if deployment.is_err() {
-        Rollout::HeldInvalidSpec
-    } else if live.is_some_and(|d| !controls(qc, d)) {
-        Rollout::HeldForeignDeployment
-    } else if qc.spec.validation.enforce && report.has_errors() {
-        Rollout::HeldByValidation
-    } else {
-        Rollout::Apply
+    let rollout = match render::deployment(qc, opts) {
+        rendered if matches!(facts, Observation::Failed(_)) => Rollout::HeldQueueUnreachable {
+            render: rendered.map(|_| ()),
+        },
+        Err(e) => Rollout::HeldInvalidSpec(e),
+        Ok(_) if live.is_some_and(|d| !controls(qc, d)) => Rollout::HeldForeignDeployment,
+        Ok(_) if qc.spec.validation.enforce && report.has_errors() => Rollout::HeldByValidation,
+        Ok(d) => Rollout::Apply(Box::new(d)),
     };
     let alarm = match facts {
         Observation::Failed(_) | Observation::Offline => AlarmPlan::Unchanged,
@@ -152,7 +183,6 @@ pub fn decide(
     };
     Decision {
         report,
-        deployment,
         rollout,
         alarm,
     }
@@ -217,7 +247,7 @@ pub fn decide_replicas(
     now: Timestamp,
 ) -> ReplicaDecision {
     if qc.spec.suspend
-        && *rollout != Rollout::HeldForeignDeployment
+        && !matches!(rollout, Rollout::HeldForeignDeployment)
         && let Some(d) = deployment
     {
         return ReplicaDecision::Suspended {
@@ -225,7 +255,7 @@ pub fn decide_replicas(
         };
     }
     match (rollout, deployment) {
-        (Rollout::Apply, Some(d)) => {
+        (Rollout::Apply(_), Some(d)) => {
             let current = current_replicas(d);
             let mut decision = scaling::decide_for(&qc.spec, history, current, now);
             // The short-history hold keeps replicas that may be busy after a controller restart. A
@@ -252,6 +282,11 @@ mod tests {
     use crate::scaling::Sample;
     use serde_json::json;
 
+    /// A rollout that applies (the Deployment itself does not matter to these tests).
+    fn apply() -> Rollout {
+        Rollout::Apply(Box::default())
+    }
+
     fn qc() -> QueueConsumer {
         serde_json::from_value(json!({
             "apiVersion": "sqs.consumers.dev/v1alpha1", "kind": "QueueConsumer",
@@ -270,6 +305,47 @@ mod tests {
     }
 
     #[test]
+    fn the_rollout_carries_the_deployment_or_why_it_is_held() {
+        let opts = RenderOptions::default();
+        let q = qc();
+        let err = ObserveError::ReadQueueAttributes {
+            url: q.spec.queue.url.clone(),
+            source: crate::aws::SqsError::QueueDoesNotExist {
+                target: q.spec.queue.url.clone(),
+            },
+        };
+        // Offline, a spec that renders goes out with its Deployment.
+        let d = decide(&q, Observation::Offline, None, &opts);
+        let Rollout::Apply(rendered) = &d.rollout else {
+            panic!("{:?}", d.rollout)
+        };
+        assert_eq!(rendered.metadata.name.as_deref(), Some("orders"));
+        assert_eq!(d.rollout.deployment(), Some(&**rendered));
+        assert_eq!(d.rollout.render_error(), None);
+        // A spec that cannot render: held, with the reason.
+        let mut broken = q.clone();
+        broken.spec.handler.http = None;
+        let d = decide(&broken, Observation::Offline, None, &opts);
+        assert!(
+            matches!(d.rollout, Rollout::HeldInvalidSpec(_)),
+            "{:?}",
+            d.rollout
+        );
+        assert!(d.rollout.render_error().is_some());
+        // The queue unreadable as well: held for the queue, and the render error is still known.
+        let d = decide(&broken, Observation::Failed(&err), None, &opts);
+        assert!(
+            matches!(d.rollout, Rollout::HeldQueueUnreachable { render: Err(_) }),
+            "{:?}",
+            d.rollout
+        );
+        assert!(d.rollout.render_error().is_some());
+        assert_eq!(d.rollout.deployment(), None);
+        let d = decide(&q, Observation::Failed(&err), None, &opts);
+        assert_eq!(d.rollout, Rollout::HeldQueueUnreachable { render: Ok(()) });
+    }
+
+    #[test]
     fn only_a_rollout_that_applies_is_scaled() {
         let q = qc();
         let mut h = History::new(crate::api::Duration::from_secs(600));
@@ -285,8 +361,8 @@ mod tests {
         let now = Timestamp::from_secs(11);
         let d = deployment(Some(1));
         for held in [
-            Rollout::HeldQueueUnreachable,
-            Rollout::HeldInvalidSpec,
+            Rollout::HeldQueueUnreachable { render: Ok(()) },
+            Rollout::HeldInvalidSpec(RenderError::NoHandler),
             Rollout::HeldByValidation,
             Rollout::HeldForeignDeployment,
         ] {
@@ -295,21 +371,14 @@ mod tests {
             assert_eq!(r.write(), None);
         }
         assert_eq!(
-            decide_replicas(&q, &Rollout::Apply, None, false, &h, now),
+            decide_replicas(&q, &apply(), None, false, &h, now),
             ReplicaDecision::Keep
         );
         // 900 visible at 300 per replica: 3, from 1.
-        let r = decide_replicas(&q, &Rollout::Apply, Some(&d), false, &h, now);
+        let r = decide_replicas(&q, &apply(), Some(&d), false, &h, now);
         assert_eq!(r.write(), Some(3));
         // Already at 3: nothing to write.
-        let r = decide_replicas(
-            &q,
-            &Rollout::Apply,
-            Some(&deployment(Some(3))),
-            false,
-            &h,
-            now,
-        );
+        let r = decide_replicas(&q, &apply(), Some(&deployment(Some(3))), false, &h, now);
         assert!(matches!(r, ReplicaDecision::Scale { current: 3, .. }));
         assert_eq!(r.write(), None);
     }
@@ -321,9 +390,9 @@ mod tests {
         let h = History::new(crate::api::Duration::from_secs(600));
         let now = Timestamp::from_secs(11);
         for rollout in [
-            Rollout::Apply,
-            Rollout::HeldQueueUnreachable,
-            Rollout::HeldInvalidSpec,
+            apply(),
+            Rollout::HeldQueueUnreachable { render: Ok(()) },
+            Rollout::HeldInvalidSpec(RenderError::NoHandler),
             Rollout::HeldByValidation,
         ] {
             let r = decide_replicas(&q, &rollout, Some(&deployment(Some(3))), false, &h, now);
@@ -345,7 +414,7 @@ mod tests {
         );
         assert_eq!(r, ReplicaDecision::Keep);
         assert_eq!(
-            decide_replicas(&q, &Rollout::Apply, None, false, &h, now),
+            decide_replicas(&q, &apply(), None, false, &h, now),
             ReplicaDecision::Keep
         );
     }
@@ -371,10 +440,10 @@ mod tests {
         // The API server defaulted the new Deployment to 1 replica.
         let d = deployment(None);
         let idle = sample(0, 0);
-        let r = decide_replicas(&q, &Rollout::Apply, Some(&d), true, &idle, now);
+        let r = decide_replicas(&q, &apply(), Some(&d), true, &idle, now);
         assert_eq!(r.write(), Some(0), "{r:?}");
         // The same Deployment found (not created) after a restart: held for the window.
-        let r = decide_replicas(&q, &Rollout::Apply, Some(&d), false, &idle, now);
+        let r = decide_replicas(&q, &apply(), Some(&d), false, &idle, now);
         assert_eq!(r.write(), None, "{r:?}");
         assert!(matches!(
             &r,
@@ -383,17 +452,17 @@ mod tests {
         ));
         // Work in flight or waiting: the new replica stays.
         for h in [sample(0, 3), sample(2, 0)] {
-            let r = decide_replicas(&q, &Rollout::Apply, Some(&d), true, &h, now);
+            let r = decide_replicas(&q, &apply(), Some(&d), true, &h, now);
             assert_ne!(r.write(), Some(0), "{r:?}");
         }
         // minReplicas 2: up to 2 as before, created or not.
         q.spec.scaling.min_replicas = 2;
-        let r = decide_replicas(&q, &Rollout::Apply, Some(&d), true, &idle, now);
+        let r = decide_replicas(&q, &apply(), Some(&d), true, &idle, now);
         assert_eq!(r.write(), Some(2));
         // No usable sample: nothing written.
         let stale = decide_replicas(
             &q,
-            &Rollout::Apply,
+            &apply(),
             Some(&d),
             true,
             &idle,

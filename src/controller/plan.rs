@@ -9,8 +9,8 @@ use crate::api::{API_VERSION, KIND, QueueConsumer, QueueConsumerStatus};
 use crate::render::RenderOptions;
 
 use super::apply;
-use super::pipeline::{self, AlarmPlan, Observation, ReplicaDecision};
-use super::status::{self, AlarmStatus, Rollout, StatusInputs};
+use super::pipeline::{self, AlarmPlan, Observation, ReplicaDecision, Rollout};
+use super::status::{self, AlarmStatus, StatusInputs};
 
 /// The plan for one QueueConsumer.
 #[derive(Clone, Debug)]
@@ -40,21 +40,9 @@ pub fn plan(
 ) -> Planned {
     let name = qc.metadata.name.clone().unwrap_or_default();
     let decision = pipeline::decide(qc, facts, None, opts);
-    let (deployment, held) = match (&decision.rollout, &decision.deployment) {
-        (Rollout::Apply, Ok(d)) => (Some(apply::with_fingerprint(d.clone())), None),
-        (_, Err(e)) => (None, Some(format!("the spec cannot be rendered: {e}"))),
-        (Rollout::HeldByValidation, _) => (
-            None,
-            Some("held: an Error finding and validation.enforce is true".to_string()),
-        ),
-        (Rollout::HeldForeignDeployment, _) => (
-            None,
-            Some("held: a Deployment of this name belongs to someone else".to_string()),
-        ),
-        (_, Ok(_)) => (
-            None,
-            Some("held: the queue could not be read, so nothing would change".to_string()),
-        ),
+    let (deployment, held) = match &decision.rollout {
+        Rollout::Apply(d) => (Some(apply::with_fingerprint((**d).clone())), None),
+        held => (None, Some(why_held(held))),
     };
     let alarm = match &decision.alarm {
         AlarmPlan::Keep(a) => AlarmStatus {
@@ -71,7 +59,6 @@ pub fn plan(
         qc: &fresh,
         facts,
         report: &decision.report,
-        render: decision.deployment.as_ref().map(|_| ()),
         rollout: &decision.rollout,
         deployment: deployment.as_ref(),
         alarm,
@@ -87,9 +74,22 @@ pub fn plan(
         name,
         deployment,
         held,
-        has_errors: decision.report.has_errors() || decision.deployment.is_err(),
+        has_errors: decision.report.has_errors() || decision.rollout.render_error().is_some(),
         status,
     }
+}
+
+/// Why `plan` shows no Deployment: a spec that cannot be rendered is said first.
+fn why_held(rollout: &Rollout) -> String {
+    if let Some(e) = rollout.render_error() {
+        return format!("the spec cannot be rendered: {e}");
+    }
+    match rollout {
+        Rollout::HeldByValidation => "held: an Error finding and validation.enforce is true",
+        Rollout::HeldForeignDeployment => "held: a Deployment of this name belongs to someone else",
+        _ => "held: the queue could not be read, so nothing would change",
+    }
+    .to_string()
 }
 
 /// The plan as multi-document YAML: the Deployment, then the QueueConsumer's status (a document

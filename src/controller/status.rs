@@ -9,10 +9,10 @@ use crate::api::{
     DeadLetterStatus, Duration, QueueConsumer, QueueConsumerStatus, QueueStatus, RedriveStatus,
 };
 use crate::aws::{DeadLetterFacts, Facts, ObserveError};
-use crate::render::{self, RenderError};
+use crate::render;
 use crate::validate::Report;
 
-use super::pipeline::{Observation, ReplicaDecision};
+use super::pipeline::{Observation, ReplicaDecision, Rollout};
 use super::workers::{MIN_MESSAGES, Stats, TOLERANCE};
 
 /// Offline (`plan` without `--live`), the DLQ is not read: its health is unknown for that reason.
@@ -22,20 +22,6 @@ pub const DEPLOYMENT_NOT_OWNED: &str = "DeploymentNotOwned";
 /// Offline, the queue is not read at all.
 pub const QUEUE_NOT_READ: &str = "QueueNotRead";
 const OFFLINE: &str = "not read: plan ran offline (use --live or --attributes FILE)";
-
-/// Whether the rendered Deployment goes out, and if not, why it is held.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Rollout {
-    Apply,
-    /// The queue could not be read: the Deployment and its replicas stay as they are.
-    HeldQueueUnreachable,
-    /// The spec cannot be rendered.
-    HeldInvalidSpec,
-    /// `validation.enforce` and an Error finding.
-    HeldByValidation,
-    /// A Deployment of that name exists and another owner (or nobody) controls it: never taken over.
-    HeldForeignDeployment,
-}
 
 /// The managed CloudWatch alarm, as far as status is concerned.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -73,7 +59,6 @@ pub struct StatusInputs<'a> {
     pub qc: &'a QueueConsumer,
     pub facts: Observation<'a>,
     pub report: &'a Report,
-    pub render: Result<(), &'a RenderError>,
     pub rollout: &'a Rollout,
     /// The live Deployment after apply (None when it does not exist).
     pub deployment: Option<&'a Deployment>,
@@ -264,7 +249,7 @@ fn queue_reachable(i: &StatusInputs<'_>) -> Cond {
 
 fn config_valid(i: &StatusInputs<'_>) -> Cond {
     let t = conditions::CONFIG_VALID;
-    if let Err(e) = i.render {
+    if let Some(e) = i.rollout.render_error() {
         return (t, "False", e.reason(), e.to_string());
     }
     if let Observation::Failed(e @ ObserveError::EndpointNotAllowed(_)) = i.facts {
@@ -287,7 +272,7 @@ fn config_valid(i: &StatusInputs<'_>) -> Cond {
             .map(|f| format!("{}: {}", f.code, f.message))
             .collect::<Vec<_>>()
             .join("; ");
-        if *i.rollout == Rollout::HeldByValidation {
+        if matches!(i.rollout, Rollout::HeldByValidation) {
             message.push_str("; rollout held because validation.enforce is true");
         }
         // Reasons are CamelCase identifiers: a finding code is one.
@@ -439,13 +424,13 @@ fn scaling_active(i: &StatusInputs<'_>) -> Cond {
             reason::HELD_BY_VALIDATION,
             held("an Error finding and validation.enforce"),
         ),
-        Rollout::HeldInvalidSpec => (
+        Rollout::HeldInvalidSpec(_) => (
             t,
             "False",
             reason::HELD_BY_VALIDATION,
             held("the spec cannot be rendered"),
         ),
-        Rollout::HeldQueueUnreachable => (
+        Rollout::HeldQueueUnreachable { .. } => (
             t,
             "False",
             reason::METRICS_UNAVAILABLE,
@@ -457,7 +442,7 @@ fn scaling_active(i: &StatusInputs<'_>) -> Cond {
             DEPLOYMENT_NOT_OWNED,
             "the Deployment of this name belongs to someone else: nothing is scaled".to_string(),
         ),
-        Rollout::Apply => {
+        Rollout::Apply(_) => {
             if let ReplicaDecision::Scale { decision, .. } = i.replicas {
                 let reason = decision.condition_reason();
                 let status = if reason == reason::METRICS_UNAVAILABLE {
@@ -497,7 +482,7 @@ fn ready(i: &StatusInputs<'_>, queue: &Cond, config: &Cond, name: &str) -> Cond 
     if config.1 == "False" {
         return (t, "False", reason::CONFIG_INVALID, config.3.clone());
     }
-    if *i.rollout == Rollout::HeldForeignDeployment {
+    if matches!(i.rollout, Rollout::HeldForeignDeployment) {
         return (
             t,
             "False",

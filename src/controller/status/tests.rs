@@ -7,6 +7,11 @@ use super::*;
 use crate::api::{Finding, Severity};
 use crate::aws::{ObserveError, QueueFacts, SqsError};
 
+/// A rollout that applies (the Deployment itself does not matter to these tests).
+fn apply() -> Rollout {
+    Rollout::Apply(Box::default())
+}
+
 const URL: &str = "https://sqs.us-east-1.amazonaws.com/123456789012/orders";
 const DLQ_URL: &str = "https://sqs.us-east-1.amazonaws.com/123456789012/orders-dlq";
 
@@ -92,7 +97,6 @@ fn build_with(
             qc,
             facts: obs,
             report,
-            render: Ok(()),
             rollout: &rollout,
             deployment,
             alarm: AlarmStatus::default(),
@@ -159,7 +163,7 @@ fn conditions_per_dead_letter_state() {
             &q,
             Observation::Read(&f),
             &report,
-            Rollout::Apply,
+            apply(),
             Some(&d),
             at(100),
         );
@@ -186,7 +190,7 @@ fn unreachable_queue_holds_and_keeps_last_numbers() {
         &q,
         Observation::Read(&f),
         &Report::default(),
-        Rollout::Apply,
+        apply(),
         None,
         at(100),
     );
@@ -200,7 +204,7 @@ fn unreachable_queue_holds_and_keeps_last_numbers() {
         &q,
         Observation::Failed(&err),
         &Report::default(),
-        Rollout::HeldQueueUnreachable,
+        Rollout::HeldQueueUnreachable { render: Ok(()) },
         Some(&d),
         at(200),
     );
@@ -267,7 +271,7 @@ fn transition_time_moves_only_on_a_flip() {
         &q,
         Observation::Read(&f),
         &Report::default(),
-        Rollout::Apply,
+        apply(),
         Some(&d),
         at(100),
     );
@@ -276,7 +280,7 @@ fn transition_time_moves_only_on_a_flip() {
         &q,
         Observation::Read(&f),
         &Report::default(),
-        Rollout::Apply,
+        apply(),
         Some(&d),
         at(200),
     );
@@ -292,7 +296,7 @@ fn transition_time_moves_only_on_a_flip() {
         &q,
         Observation::Read(&f2),
         &Report::default(),
-        Rollout::Apply,
+        apply(),
         Some(&d),
         at(300),
     );
@@ -316,7 +320,7 @@ fn sampled_at_stays_while_numbers_stay() {
         &q,
         Observation::Read(&f),
         &Report::default(),
-        Rollout::Apply,
+        apply(),
         None,
         at(100),
     );
@@ -325,7 +329,7 @@ fn sampled_at_stays_while_numbers_stay() {
         &q,
         Observation::Read(&f),
         &Report::default(),
-        Rollout::Apply,
+        apply(),
         None,
         at(200),
     );
@@ -341,7 +345,7 @@ fn first_healthy_reconcile_is_no_news() {
         &q,
         Observation::Read(&f),
         &Report::default(),
-        Rollout::Apply,
+        apply(),
         Some(&d),
         at(1),
     );
@@ -366,7 +370,7 @@ fn ready_needs_an_available_deployment_or_zero_replicas() {
         &q,
         Observation::Read(&f),
         &Report::default(),
-        Rollout::Apply,
+        apply(),
         Some(&unavailable),
         at(1),
     );
@@ -377,7 +381,7 @@ fn ready_needs_an_available_deployment_or_zero_replicas() {
         &q,
         Observation::Read(&f),
         &Report::default(),
-        Rollout::Apply,
+        apply(),
         Some(&zero),
         at(1),
     );
@@ -426,8 +430,7 @@ fn scaling_active_and_desired_replicas_follow_the_decision() {
             qc: &q,
             facts: Observation::Read(&f),
             report: &report,
-            render: Ok(()),
-            rollout: &Rollout::Apply,
+            rollout: &apply(),
             deployment: Some(&d),
             alarm: AlarmStatus::default(),
             replicas,
@@ -477,8 +480,7 @@ fn scaling_active_and_desired_replicas_follow_the_decision() {
         qc: &later,
         facts: Observation::Read(&f),
         report: &report,
-        render: Ok(()),
-        rollout: &Rollout::Apply,
+        rollout: &apply(),
         deployment: Some(&d),
         alarm: AlarmStatus::default(),
         replicas: &rd,
@@ -567,8 +569,7 @@ fn reconcile_status(q: &mut QueueConsumer, w: Workers, now_secs: i64) -> bool {
         qc: q,
         facts: Observation::Read(&f),
         report: &report,
-        render: Ok(()),
-        rollout: &Rollout::Apply,
+        rollout: &apply(),
         deployment: Some(&d),
         alarm: AlarmStatus::default(),
         replicas: &ReplicaDecision::Keep,
