@@ -16,6 +16,23 @@ pub const SCALER_FIELD_MANAGER: &str = "qc-operator-scaler";
 /// check cannot see) still triggers an apply.
 pub const RENDERED_HASH: &str = "sqs.consumers.dev/rendered-hash";
 
+/// What the apply step wrote: the Deployment was absent, or it differed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applied {
+    Created,
+    Updated,
+}
+
+impl Applied {
+    /// The verb of the `DeploymentCreated` / `DeploymentUpdated` Event.
+    pub fn verb(self) -> &'static str {
+        match self {
+            Applied::Created => "Created",
+            Applied::Updated => "Updated",
+        }
+    }
+}
+
 /// The rendered Deployment with its fingerprint annotation.
 pub fn with_fingerprint(mut d: Deployment) -> Deployment {
     if let Some(a) = d.metadata.annotations.as_mut() {

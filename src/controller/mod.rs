@@ -37,7 +37,7 @@ use crate::aws::endpoints::AllowedEndpoints;
 use crate::render::RenderOptions;
 
 use self::alarm::AlarmChange;
-use self::apply::{FIELD_MANAGER, SCALER_FIELD_MANAGER};
+use self::apply::{Applied, FIELD_MANAGER, SCALER_FIELD_MANAGER};
 pub use self::metrics::Metrics;
 use self::observe::{AwsProvider, FactsCache};
 use self::pipeline::Rollout;
@@ -375,9 +375,9 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         let desired = apply::with_fingerprint((**rendered).clone());
         if apply::needs_apply(&desired, deployment.as_ref()) {
             let verb = if deployment.is_some() {
-                "Updated"
+                Applied::Updated
             } else {
-                "Created"
+                Applied::Created
             };
             let written = deployments
                 .patch(
@@ -405,7 +405,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
             qc,
             &decision.rollout,
             deployment.as_ref(),
-            applied == Some("Created"),
+            applied == Some(Applied::Created),
             h,
             now,
         )
@@ -546,7 +546,8 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         ctx.distinct_event(qc, e.warning, "Redrive", e.reason, e.note)
             .await;
     }
-    if let Some(verb) = applied {
+    if let Some(applied) = applied {
+        let verb = applied.verb();
         ctx.event(
             qc,
             false,

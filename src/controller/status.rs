@@ -113,11 +113,11 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
         processing,
     ]
     .into_iter()
-    .map(|(type_, status, reason, message)| Condition {
-        type_: type_.to_string(),
-        status: status.to_string(),
-        reason: reason.to_string(),
-        message,
+    .map(|c| Condition {
+        type_: c.type_.to_string(),
+        status: c.status.as_str().to_string(),
+        reason: c.reason.to_string(),
+        message: c.message,
         observed_generation: generation,
         last_transition_time: i.now.clone(),
     })
@@ -180,14 +180,50 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
     }
 }
 
-type Cond = (&'static str, &'static str, &'static str, String);
+/// The status of a condition, as the Kubernetes API conventions spell it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    True,
+    False,
+    Unknown,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::True => "True",
+            Status::False => "False",
+            Status::Unknown => "Unknown",
+        }
+    }
+}
+
+/// One condition as a step of `build` decides it; made a `Condition` with the generation and time.
+#[derive(Clone, Debug, PartialEq)]
+struct Cond {
+    type_: &'static str,
+    status: Status,
+    reason: &'static str,
+    message: String,
+}
+
+impl Cond {
+    fn new(type_: &'static str, status: Status, reason: &'static str, message: String) -> Cond {
+        Cond {
+            type_,
+            status,
+            reason,
+            message,
+        }
+    }
+}
 
 /// None until CloudWatch was first asked: an unknown alarm on a first reconcile is no news.
 fn alarm_synced(i: &StatusInputs<'_>, old: &[Condition]) -> Option<Condition> {
     let t = conditions::ALARM_SYNCED;
     let (status, reason, message) = match &i.alarm.sync {
         AlarmSync::InSync => (
-            "True",
+            Status::True,
             reason::ALARM_IN_SYNC,
             format!(
                 "CloudWatch alarm {} is in sync",
@@ -195,22 +231,22 @@ fn alarm_synced(i: &StatusInputs<'_>, old: &[Condition]) -> Option<Condition> {
             ),
         ),
         AlarmSync::NotManaged => (
-            "True",
+            Status::True,
             reason::ALARM_NOT_MANAGED,
             "no alarm is kept: deadLetter.alarm is false or the queue has no dead-letter queue"
                 .to_string(),
         ),
         AlarmSync::Failed { reason, message } => (
-            "False",
+            Status::False,
             *reason,
             format!("{message}; retried every poll interval, scaling and status are not held back"),
         ),
-        AlarmSync::Unknown { reason, message } => ("Unknown", *reason, message.clone()),
+        AlarmSync::Unknown { reason, message } => (Status::Unknown, *reason, message.clone()),
         AlarmSync::NotChecked => return old.iter().find(|c| c.type_ == t).cloned(),
     };
     Some(Condition {
         type_: t.to_string(),
-        status: status.to_string(),
+        status: status.as_str().to_string(),
         reason: reason.to_string(),
         message,
         observed_generation: i.qc.metadata.generation,
@@ -220,27 +256,27 @@ fn alarm_synced(i: &StatusInputs<'_>, old: &[Condition]) -> Option<Condition> {
 
 fn queue_reachable(i: &StatusInputs<'_>) -> Cond {
     match i.facts {
-        Observation::Read(f) => (
+        Observation::Read(f) => Cond::new(
             conditions::QUEUE_REACHABLE,
-            "True",
+            Status::True,
             reason::QUEUE_ATTRIBUTES_READ,
             format!("read the attributes of {}", f.queue.url),
         ),
-        Observation::Offline => (
+        Observation::Offline => Cond::new(
             conditions::QUEUE_REACHABLE,
-            "Unknown",
+            Status::Unknown,
             QUEUE_NOT_READ,
             OFFLINE.to_string(),
         ),
-        Observation::Failed(e @ ObserveError::EndpointNotAllowed(_)) => (
+        Observation::Failed(e @ ObserveError::EndpointNotAllowed(_)) => Cond::new(
             conditions::QUEUE_REACHABLE,
-            "Unknown",
+            Status::Unknown,
             e.reason(),
             "not read: spec.queue.endpoint is not allowed (see ConfigValid)".to_string(),
         ),
-        Observation::Failed(e) => (
+        Observation::Failed(e) => Cond::new(
             conditions::QUEUE_REACHABLE,
-            "False",
+            Status::False,
             e.reason(),
             format!("{e}; the Deployment and its replicas are left as they are"),
         ),
@@ -250,12 +286,12 @@ fn queue_reachable(i: &StatusInputs<'_>) -> Cond {
 fn config_valid(i: &StatusInputs<'_>) -> Cond {
     let t = conditions::CONFIG_VALID;
     if let Some(e) = i.rollout.render_error() {
-        return (t, "False", e.reason(), e.to_string());
+        return Cond::new(t, Status::False, e.reason(), e.to_string());
     }
     if let Observation::Failed(e @ ObserveError::EndpointNotAllowed(_)) = i.facts {
-        return (
+        return Cond::new(
             t,
-            "False",
+            Status::False,
             e.reason(),
             format!("{e}; nothing is rolled out and no AWS call is made"),
         );
@@ -276,13 +312,13 @@ fn config_valid(i: &StatusInputs<'_>) -> Cond {
             message.push_str("; rollout held because validation.enforce is true");
         }
         // Reasons are CamelCase identifiers: a finding code is one.
-        return (t, "False", code_reason(&first.code), message);
+        return Cond::new(t, Status::False, code_reason(&first.code), message);
     }
     let warnings = i.report.findings.len();
     match i.facts {
-        Observation::Failed(_) | Observation::Offline => (
+        Observation::Failed(_) | Observation::Offline => Cond::new(
             t,
-            "Unknown",
+            Status::Unknown,
             if matches!(i.facts, Observation::Offline) {
                 QUEUE_NOT_READ
             } else {
@@ -293,9 +329,9 @@ fn config_valid(i: &StatusInputs<'_>) -> Cond {
                 i.report.skipped.len()
             ),
         ),
-        Observation::Read(_) => (
+        Observation::Read(_) => Cond::new(
             t,
-            "True",
+            Status::True,
             reason::NO_ERRORS,
             if warnings == 0 {
                 "no findings".to_string()
@@ -320,17 +356,17 @@ fn dead_letter_healthy(i: &StatusInputs<'_>) -> Cond {
     let facts = match i.facts {
         Observation::Read(f) => f,
         Observation::Offline => {
-            return (
+            return Cond::new(
                 t,
-                "Unknown",
+                Status::Unknown,
                 DEAD_LETTER_QUEUE_NOT_READ,
                 OFFLINE.to_string(),
             );
         }
         Observation::Failed(_) => {
-            return (
+            return Cond::new(
                 t,
-                "Unknown",
+                Status::Unknown,
                 reason::QUEUE_UNREACHABLE,
                 "the source queue could not be read, so neither could its redrive policy"
                     .to_string(),
@@ -338,32 +374,32 @@ fn dead_letter_healthy(i: &StatusInputs<'_>) -> Cond {
         }
     };
     match &facts.dead_letter {
-        DeadLetterFacts::None => (
+        DeadLetterFacts::None => Cond::new(
             t,
-            "False",
+            Status::False,
             reason::NO_DEAD_LETTER_QUEUE,
             format!(
                 "queue {} has no redrive policy: a message that always fails is retried until retention expires",
                 facts.queue.url
             ),
         ),
-        DeadLetterFacts::Missing { arn } => (
+        DeadLetterFacts::Missing { arn } => Cond::new(
             t,
-            "False",
+            Status::False,
             reason::NO_DEAD_LETTER_QUEUE,
             format!(
                 "the redrive policy names {arn}, which does not exist: create it or fix the policy"
             ),
         ),
-        DeadLetterFacts::Unreachable { arn, error } => (
+        DeadLetterFacts::Unreachable { arn, error } => Cond::new(
             t,
-            "Unknown",
+            Status::Unknown,
             reason::DEAD_LETTER_QUEUE_UNREACHABLE,
             format!("dead-letter queue {arn} could not be read: {error}"),
         ),
-        DeadLetterFacts::NotRead { arn } => (
+        DeadLetterFacts::NotRead { arn } => Cond::new(
             t,
-            "Unknown",
+            Status::Unknown,
             DEAD_LETTER_QUEUE_NOT_READ,
             format!("dead-letter queue {arn} was not read"),
         ),
@@ -371,9 +407,9 @@ fn dead_letter_healthy(i: &StatusInputs<'_>) -> Cond {
             queue,
             oldest_age_seconds,
         } => match queue.visible {
-            Some(0) => (
+            Some(0) => Cond::new(
                 t,
-                "True",
+                Status::True,
                 reason::DEAD_LETTER_QUEUE_EMPTY,
                 format!("dead-letter queue {} is empty", queue.url),
             ),
@@ -382,16 +418,16 @@ fn dead_letter_healthy(i: &StatusInputs<'_>) -> Cond {
                     .and_then(|s| u64::try_from(s).ok())
                     .map(|s| format!(", the oldest {} old", Duration::from_secs(s)))
                     .unwrap_or_default();
-                (
+                Cond::new(
                     t,
-                    "False",
+                    Status::False,
                     reason::MESSAGES_IN_DEAD_LETTER_QUEUE,
                     format!("{n} message(s) in dead-letter queue {}{age}", queue.url),
                 )
             }
-            None => (
+            None => Cond::new(
                 t,
-                "Unknown",
+                Status::Unknown,
                 DEAD_LETTER_QUEUE_NOT_READ,
                 format!("dead-letter queue {} reported no message count", queue.url),
             ),
@@ -415,30 +451,30 @@ fn scaling_active(i: &StatusInputs<'_>) -> Cond {
                 "spec.suspend is true: scaling {current} replica(s) to 0 (pods drain what they hold), the scaler is paused; set it to false to resume"
             )
         };
-        return (t, "False", reason::SUSPENDED, message);
+        return Cond::new(t, Status::False, reason::SUSPENDED, message);
     }
     match i.rollout {
-        Rollout::HeldByValidation => (
+        Rollout::HeldByValidation => Cond::new(
             t,
-            "False",
+            Status::False,
             reason::HELD_BY_VALIDATION,
             held("an Error finding and validation.enforce"),
         ),
-        Rollout::HeldInvalidSpec(_) => (
+        Rollout::HeldInvalidSpec(_) => Cond::new(
             t,
-            "False",
+            Status::False,
             reason::HELD_BY_VALIDATION,
             held("the spec cannot be rendered"),
         ),
-        Rollout::HeldQueueUnreachable { .. } => (
+        Rollout::HeldQueueUnreachable { .. } => Cond::new(
             t,
-            "False",
+            Status::False,
             reason::METRICS_UNAVAILABLE,
             held("queue depth is unknown"),
         ),
-        Rollout::HeldForeignDeployment => (
+        Rollout::HeldForeignDeployment => Cond::new(
             t,
-            "False",
+            Status::False,
             DEPLOYMENT_NOT_OWNED,
             "the Deployment of this name belongs to someone else: nothing is scaled".to_string(),
         ),
@@ -446,29 +482,34 @@ fn scaling_active(i: &StatusInputs<'_>) -> Cond {
             if let ReplicaDecision::Scale { decision, .. } = i.replicas {
                 let reason = decision.condition_reason();
                 let status = if reason == reason::METRICS_UNAVAILABLE {
-                    "False"
+                    Status::False
                 } else {
-                    "True"
+                    Status::True
                 };
-                return (t, status, reason, decision.to_string());
+                return Cond::new(t, status, reason, decision.to_string());
             }
             // No scaler ran (`plan`): say what the Deployment asks for.
             let max = i.qc.spec.scaling.max_replicas;
             match replicas {
-                None => (
+                None => Cond::new(
                     t,
-                    "Unknown",
+                    Status::Unknown,
                     reason::SCALING,
                     "replicas not decided yet".to_string(),
                 ),
-                Some(0) => (t, "True", reason::SCALED_TO_ZERO, "0 replicas".to_string()),
-                Some(r) if u32::try_from(r).is_ok_and(|r| r >= max) => (
+                Some(0) => Cond::new(
                     t,
-                    "True",
+                    Status::True,
+                    reason::SCALED_TO_ZERO,
+                    "0 replicas".to_string(),
+                ),
+                Some(r) if u32::try_from(r).is_ok_and(|r| r >= max) => Cond::new(
+                    t,
+                    Status::True,
                     reason::AT_MAX_REPLICAS,
                     format!("{r} replicas, the maximum"),
                 ),
-                Some(r) => (t, "True", reason::SCALING, format!("{r} replica(s)")),
+                Some(r) => Cond::new(t, Status::True, reason::SCALING, format!("{r} replica(s)")),
             }
         }
     }
@@ -476,16 +517,26 @@ fn scaling_active(i: &StatusInputs<'_>) -> Cond {
 
 fn ready(i: &StatusInputs<'_>, queue: &Cond, config: &Cond, name: &str) -> Cond {
     let t = conditions::READY;
-    if queue.1 == "False" {
-        return (t, "False", reason::QUEUE_UNREACHABLE, queue.3.clone());
+    if queue.status == Status::False {
+        return Cond::new(
+            t,
+            Status::False,
+            reason::QUEUE_UNREACHABLE,
+            queue.message.clone(),
+        );
     }
-    if config.1 == "False" {
-        return (t, "False", reason::CONFIG_INVALID, config.3.clone());
+    if config.status == Status::False {
+        return Cond::new(
+            t,
+            Status::False,
+            reason::CONFIG_INVALID,
+            config.message.clone(),
+        );
     }
     if matches!(i.rollout, Rollout::HeldForeignDeployment) {
-        return (
+        return Cond::new(
             t,
-            "False",
+            Status::False,
             DEPLOYMENT_NOT_OWNED,
             format!(
                 "Deployment {name} exists and is not controlled by this QueueConsumer: it is left alone; rename the QueueConsumer or delete that Deployment"
@@ -495,17 +546,17 @@ fn ready(i: &StatusInputs<'_>, queue: &Cond, config: &Cond, name: &str) -> Cond 
     if let Some(d) = i.deployment
         && let Some(why) = rollout_stalled(d, i.workers)
     {
-        return (
+        return Cond::new(
             t,
-            "False",
+            Status::False,
             reason::ROLLOUT_STALLED,
             format!("the rollout of Deployment {name} is stalled: {why}"),
         );
     }
     match i.deployment {
-        None => (
+        None => Cond::new(
             t,
-            "False",
+            Status::False,
             reason::DEPLOYMENT_UNAVAILABLE,
             format!("Deployment {name} does not exist yet"),
         ),
@@ -516,16 +567,16 @@ fn ready(i: &StatusInputs<'_>, queue: &Cond, config: &Cond, name: &str) -> Cond 
                 .as_ref()
                 .and_then(|s| s.ready_replicas)
                 .unwrap_or(0);
-            (
+            Cond::new(
                 t,
-                "True",
+                Status::True,
                 reason::AVAILABLE,
                 format!("Deployment {name} is available ({ready}/{want} replicas ready)"),
             )
         }
-        Some(_) => (
+        Some(_) => Cond::new(
             t,
-            "False",
+            Status::False,
             reason::DEPLOYMENT_UNAVAILABLE,
             format!("Deployment {name} has no available replica yet"),
         ),
@@ -567,9 +618,9 @@ fn processing_time(i: &StatusInputs<'_>) -> Cond {
     let t = conditions::PROCESSING_TIME_WITHIN_DECLARED;
     let declared = i.qc.spec.processing.p99;
     let Some(w) = i.workers else {
-        return (
+        return Cond::new(
             t,
-            "Unknown",
+            Status::Unknown,
             reason::NO_OBSERVATIONS,
             "the worker pods were not read (plan reads no pod)".to_string(),
         );
@@ -585,12 +636,12 @@ fn processing_time(i: &StatusInputs<'_>) -> Cond {
         } else {
             "waiting for a second scrape of the worker pods".to_string()
         };
-        return (t, "Unknown", reason::NO_OBSERVATIONS, why);
+        return Cond::new(t, Status::Unknown, reason::NO_OBSERVATIONS, why);
     };
     let (Some(p99), true) = (stats.p99_seconds, stats.messages >= MIN_MESSAGES) else {
-        return (
+        return Cond::new(
             t,
-            "Unknown",
+            Status::Unknown,
             reason::NO_OBSERVATIONS,
             // The window is in status.observed; here it would change the message (and so write
             // status) at every scrape while it widens over an idle consumer.
@@ -621,18 +672,18 @@ fn processing_time(i: &StatusInputs<'_>) -> Cond {
             .facts()
             .map(|f| format!(" (the queue has {})", f.queue.visibility_timeout))
             .unwrap_or_default();
-        (
+        Cond::new(
             t,
-            "False",
+            Status::False,
             reason::OBSERVED_P99_ABOVE_DECLARED,
             format!(
                 "{seen} is more than {percent}% above the declared p99 {declared}: with it the VisibilityTimeout needs at least {needs}{has}; raise processing.p99 or speed up the handler"
             ),
         )
     } else {
-        (
+        Cond::new(
             t,
-            "True",
+            Status::True,
             reason::OBSERVED_P99_WITHIN_DECLARED,
             format!("{seen} is within {percent}% of the declared p99 {declared}"),
         )
@@ -667,16 +718,16 @@ pub const OBSERVED_DEAD_BAND: f64 = 0.2;
 pub const OBSERVED_REFRESH: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// What `ProcessingTimeWithinDeclared` says of these workers: True, False or Unknown.
-fn processing_verdict(spec: &crate::api::QueueConsumerSpec, w: &Workers) -> &'static str {
+fn processing_verdict(spec: &crate::api::QueueConsumerSpec, w: &Workers) -> Status {
     match &w.stats {
         Some(s) if s.p99_seconds.is_some() && s.messages >= MIN_MESSAGES => {
             if observed_p99_above_declared(spec, w).is_some() {
-                "False"
+                Status::False
             } else {
-                "True"
+                Status::True
             }
         }
-        _ => "Unknown",
+        _ => Status::Unknown,
     }
 }
 
@@ -733,7 +784,7 @@ pub fn dead_band(qc: &QueueConsumer, mut w: Workers) -> Workers {
         _ => true,
     };
     if refresh_due
-        || old_verdict != Some(processing_verdict(&qc.spec, &w))
+        || old_verdict != Some(processing_verdict(&qc.spec, &w).as_str())
         || !observed_close(old, &fresh)
         || old.window.is_some() != w.stats.is_some()
     {
@@ -953,14 +1004,14 @@ pub fn transitions(old: &[Condition], new: &[Condition]) -> Vec<Transition> {
     new.iter()
         .filter(|c| match old.iter().find(|o| o.type_ == c.type_) {
             Some(o) => o.status != c.status,
-            None => c.status != "True" && c.reason != reason::NO_OBSERVATIONS,
+            None => c.status != Status::True.as_str() && c.reason != reason::NO_OBSERVATIONS,
         })
         .map(|c| Transition {
             type_: c.type_.clone(),
             status: c.status.clone(),
             reason: c.reason.clone(),
             message: c.message.clone(),
-            warning: c.status != "True",
+            warning: c.status != Status::True.as_str(),
         })
         .collect()
 }
