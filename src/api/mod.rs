@@ -186,8 +186,11 @@ pub struct ProcessingSpec {
     /// short polling (more empty receives). Default: 20s.
     #[serde(default = "defaults::wait_time")]
     pub wait_time: Duration,
-    /// Per-message visibility extension (ChangeMessageVisibility) while a handler runs. Default:
-    /// enabled, every third of the visibility timeout.
+    /// Per-message visibility extension (ChangeMessageVisibility) while a handler runs: first one
+    /// visibility timeout at `interval` after the receive, then each extension twice the one before
+    /// (up to processing.timeout, at most 15m), its beat at the same fraction of the new lease; after
+    /// a crash a message returns within max(visibility timeout, VT/interval × the time it was held).
+    /// Default: enabled, interval a third of the visibility timeout.
     #[serde(default)]
     pub heartbeat: HeartbeatSpec,
     /// Backoff of transient failures, applied with ChangeMessageVisibility: base × 2^(receives−1),
@@ -211,7 +214,8 @@ pub struct HeartbeatSpec {
     /// Extend the visibility of each in-flight message while its handler runs. Default: true.
     #[serde(default = "defaults::yes")]
     pub enabled: bool,
-    /// How often: `auto` (a third of the queue's visibility timeout) or a duration such as 10s.
+    /// When the first extension falls due after the receive (later ones spread out as extensions
+    /// grow): `auto` (a third of the queue's visibility timeout) or a duration such as 10s.
     /// Default: auto.
     #[serde(default)]
     pub interval: HeartbeatInterval,
@@ -289,7 +293,7 @@ impl JsonSchema for HeartbeatInterval {
             "type": "string",
             "pattern": r"^(auto|([0-9]+(ms|s|m|h))+)$",
             "maxLength": 32,
-            "description": "How often: auto (a third of the visibility timeout) or a duration such as 10s (units ms, s, m, h). Default: auto."
+            "description": "When the first extension falls due after the receive (later ones spread out as extensions grow): auto (a third of the visibility timeout) or a duration such as 10s (units ms, s, m, h). Default: auto."
         })
     }
 }

@@ -53,7 +53,9 @@ struct Cli {
     /// Extend the visibility of in-flight messages.
     #[arg(long, env = "QC_HEARTBEAT", default_value_t = true, action = ArgAction::Set, value_name = "true|false")]
     heartbeat: bool,
-    /// Heartbeat period: auto (a third of the queue's visibility timeout) or a duration.
+    /// Delay of the first heartbeat after the receive: auto (a third of the queue's visibility
+    /// timeout) or a duration; later extensions double (up to --timeout, at most 15m) and their
+    /// beats spread out in proportion.
     #[arg(long, env = "QC_HEARTBEAT_INTERVAL", default_value = "auto")]
     heartbeat_interval: HeartbeatInterval,
 
