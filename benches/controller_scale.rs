@@ -313,7 +313,11 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) {
     let mut scrapes_before = 0;
     let started = Instant::now();
     // Interval 0 is the catch-up: it ends when every QueueConsumer has been reconciled and its status
-    // written once (bounded at 20 intervals). Then `intervals` poll intervals of steady state.
+    // written once and, with DLQ alarms on, every alarm is reported in sync in status (its put runs in
+    // the background, at moto's pace), bounded at 40 intervals. Then `intervals` poll intervals of
+    // steady state.
+    let alarms_on = !std::env::var("QC_BENCH_ALARMS").is_ok_and(|v| v == "0");
+    let (mut statuses_at, mut alarms_at) = (None, None);
     for k in 0..=intervals {
         let begin = Instant::now();
         let mut row = Row {
@@ -360,7 +364,26 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) {
                 }
             }
             let done = if k == 0 {
-                (seen.len() >= n && status_written.len() >= n) || begin.elapsed() > poll * 20
+                if statuses_at.is_none() && seen.len() >= n && status_written.len() >= n {
+                    statuses_at = Some(begin.elapsed());
+                }
+                // Read every QueueConsumer's status about once a second.
+                if alarms_on
+                    && statuses_at.is_some()
+                    && alarms_at.is_none()
+                    && begin.elapsed().as_millis() % 1000 < 100
+                {
+                    let in_sync = fake
+                        .list(QUEUE_CONSUMERS)
+                        .iter()
+                        .filter(|q| q["status"]["deadLetter"]["alarmName"].is_string())
+                        .count();
+                    if in_sync >= n {
+                        alarms_at = Some(begin.elapsed());
+                    }
+                }
+                let caught_up = statuses_at.is_some() && (!alarms_on || alarms_at.is_some());
+                caught_up || begin.elapsed() > poll * 40
             } else {
                 begin.elapsed() >= poll
             };
@@ -447,6 +470,20 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) {
             },
         );
     }
+    let secs = |d: Option<Duration>| {
+        d.map_or("not within the bound".to_string(), |d| {
+            format!("{:.1} s", d.as_secs_f64())
+        })
+    };
+    println!(
+        "\nCatch-up: every QueueConsumer reconciled with its status written after {}; every DLQ alarm in sync in status after {}.",
+        secs(statuses_at),
+        if alarms_on {
+            secs(alarms_at)
+        } else {
+            "- (alarms off)".to_string()
+        }
+    );
     let errors: Vec<String> = ctx
         .metrics
         .render()
