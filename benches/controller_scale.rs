@@ -314,9 +314,13 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) {
     let started = Instant::now();
     // Interval 0 is the catch-up: it ends when every QueueConsumer has been reconciled and its status
     // written once and, with DLQ alarms on, every alarm is reported in sync in status (its put runs in
-    // the background, at moto's pace), bounded at 40 intervals. Then `intervals` poll intervals of
+    // the background, at moto's pace), bounded at QC_BENCH_CATCHUP_INTERVALS (40) intervals. Then `intervals` poll intervals of
     // steady state.
     let alarms_on = !std::env::var("QC_BENCH_ALARMS").is_ok_and(|v| v == "0");
+    let catch_up_bound: u32 = std::env::var("QC_BENCH_CATCHUP_INTERVALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40);
     let (mut statuses_at, mut alarms_at) = (None, None);
     for k in 0..=intervals {
         let begin = Instant::now();
@@ -383,7 +387,7 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) {
                     }
                 }
                 let caught_up = statuses_at.is_some() && (!alarms_on || alarms_at.is_some());
-                caught_up || begin.elapsed() > poll * 40
+                caught_up || begin.elapsed() > poll * catch_up_bound
             } else {
                 begin.elapsed() >= poll
             };

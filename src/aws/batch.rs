@@ -251,6 +251,22 @@ where
         }
     }
 
+    /// Mark `key` as due at the next pass (after a write), without a pass of its own: its value is
+    /// dropped and it is read with the keys read longest ago, in the calls the next pass makes anyway
+    /// (or one more, when many are due).
+    pub fn expire(&self, key: K, max_age: Duration) {
+        let mut st = lock(&self.inner.state);
+        let now = Instant::now();
+        let entry = st
+            .known
+            .entry(key)
+            .or_insert_with(|| Entry::new(max_age, now));
+        entry.value = None;
+        entry.error = None;
+        entry.tried = Some(now);
+        entry.wanted = now;
+    }
+
     /// Drop what is known of `key` (after a write, so the next read goes to the service).
     pub fn forget(&self, key: &K) {
         lock(&self.inner.state).known.remove(key);

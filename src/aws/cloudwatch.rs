@@ -485,7 +485,14 @@ impl CloudWatchAlarms {
         let (this, want, owner) = (self.clone(), want.clone(), owner.clone());
         tokio::spawn(async move {
             let outcome = match this.put(&want, &owner).await {
-                Ok(()) => WriteState::Done(wrote),
+                Ok(()) => {
+                    // Read back with the next pass (CloudWatch decides the state of a new or
+                    // changed alarm), not in a call of its own: a thousand new QueueConsumers'
+                    // puts would otherwise each start a DescribeAlarms.
+                    this.alarms
+                        .expire(want.name.clone(), this.options.alarm_max_age);
+                    WriteState::Done(wrote)
+                }
                 Err(e) => WriteState::Failed(e),
             };
             lock(&this.writes).insert(want.name.clone(), outcome);
