@@ -332,7 +332,7 @@ async fn the_workers_deletes_go_into_the_scaling_samples() {
     reconcile(Arc::new(e.qc()), e.ctx.clone()).await.unwrap();
     e.add_pod("orders-a", &worker);
     let latest_deleted = |e: &Env| {
-        let key = qc::controller::scale::key(&e.qc());
+        let key = qc::controller::ConsumerKey::of(&e.qc());
         e.ctx
             .scaling
             .with_history(&key, qc::controller::observe::wall_clock(), |h| {

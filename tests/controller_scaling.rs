@@ -477,7 +477,7 @@ async fn auto_stabilization_holds_for_the_pods_measured_start_up() {
     }
     e.reconcile().await.unwrap();
     assert_eq!(e.replicas(), Some(3), "scale-up at once");
-    let key = qc::controller::scale::key(&e.qc());
+    let key = qc::controller::ConsumerKey::of(&e.qc());
     assert_eq!(
         e.ctx.scaling.startup(&key),
         Some(qc::api::Duration::from_secs(3)),
@@ -697,7 +697,7 @@ async fn the_history_goes_with_the_queueconsumer() {
     m["metadata"]["finalizers"] = json!(["example.com/hold"]);
     e.fake.create(QUEUE_CONSUMERS, m);
     e.reconcile().await.unwrap();
-    let key = qc::controller::scale::key(&e.qc());
+    let key = qc::controller::ConsumerKey::of(&e.qc());
     assert!(
         e.qc().metadata.uid.as_deref() == Some(key.as_str()),
         "keyed by uid"

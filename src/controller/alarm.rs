@@ -26,6 +26,29 @@ pub enum AlarmChange {
     Deleted(String),
 }
 
+/// What an alarm sync came to: the alarm as status shows it (with the AlarmSynced outcome), and the
+/// write it made, for an Event.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AlarmOutcome {
+    pub status: AlarmStatus,
+    pub change: AlarmChange,
+}
+
+impl AlarmOutcome {
+    /// Nothing written: the alarm as `status` says.
+    fn unchanged(status: AlarmStatus) -> AlarmOutcome {
+        AlarmOutcome {
+            status,
+            change: AlarmChange::None,
+        }
+    }
+
+    /// CloudWatch was not asked: the alarm as the last status showed it.
+    pub fn not_checked(qc: &QueueConsumer) -> AlarmOutcome {
+        AlarmOutcome::unchanged(previous(qc))
+    }
+}
+
 pub fn has_finalizer(qc: &QueueConsumer) -> bool {
     qc.metadata
         .finalizers
@@ -53,18 +76,11 @@ pub fn previous(qc: &QueueConsumer) -> AlarmStatus {
     }
 }
 
-fn failed(
-    previous: AlarmStatus,
-    reason: &'static str,
-    message: String,
-) -> (AlarmStatus, AlarmChange) {
-    (
-        AlarmStatus {
-            sync: AlarmSync::Failed { reason, message },
-            ..previous
-        },
-        AlarmChange::None,
-    )
+fn failed(previous: AlarmStatus, reason: &'static str, message: String) -> AlarmOutcome {
+    AlarmOutcome::unchanged(AlarmStatus {
+        sync: AlarmSync::Failed { reason, message },
+        ..previous
+    })
 }
 
 /// Bring the alarm in line with the plan. Never fails the reconcile: a CloudWatch (or finalizer)
@@ -75,10 +91,10 @@ pub async fn sync(
     plan: &AlarmPlan,
     alarms: &dyn Alarms,
     api: &Api<QueueConsumer>,
-) -> (AlarmStatus, AlarmChange) {
+) -> AlarmOutcome {
     let previous = previous(qc);
     match plan {
-        AlarmPlan::Unchanged => (previous, AlarmChange::None),
+        AlarmPlan::Unchanged => AlarmOutcome::unchanged(previous),
         AlarmPlan::Keep(want) => {
             if !has_finalizer(qc)
                 && let Err(e) = add_finalizer(qc, api).await
@@ -89,46 +105,40 @@ pub async fn sync(
             // The controller's client answers from the background refresher's last description and
             // puts in a task of its own: the reconcile never waits for CloudWatch here.
             match alarms.ensure(want, &owner(qc)).await {
-                Ensured::InSync { state, wrote } => (
-                    AlarmStatus {
+                Ensured::InSync { state, wrote } => AlarmOutcome {
+                    status: AlarmStatus {
                         name: Some(want.name.clone()),
                         state: Some(state),
                         sync: AlarmSync::InSync,
                     },
-                    match wrote {
+                    change: match wrote {
                         None => AlarmChange::None,
                         Some(AlarmWrite::Created) => AlarmChange::Created(want.name.clone()),
                         Some(AlarmWrite::Updated) => AlarmChange::Updated(want.name.clone()),
                     },
-                ),
+                },
                 // Known at a later reconcile; the condition stays as it was.
-                Ensured::Pending => (previous, AlarmChange::None),
-                Ensured::Stale { age } => (
-                    AlarmStatus {
-                        sync: AlarmSync::Unknown {
-                            reason: ALARM_NOT_REFRESHED,
-                            message: format!(
-                                "the last description of CloudWatch alarm {} is {}s old: the background refresher is behind",
-                                want.name,
-                                age.as_secs()
-                            ),
-                        },
-                        ..previous
+                Ensured::Pending => AlarmOutcome::unchanged(previous),
+                Ensured::Stale { age } => AlarmOutcome::unchanged(AlarmStatus {
+                    sync: AlarmSync::Unknown {
+                        reason: ALARM_NOT_REFRESHED,
+                        message: format!(
+                            "the last description of CloudWatch alarm {} is {}s old: the background refresher is behind",
+                            want.name,
+                            age.as_secs()
+                        ),
                     },
-                    AlarmChange::None,
-                ),
+                    ..previous
+                }),
                 Ensured::Failed(e) => failed(previous, e.reason(), e.to_string()),
             }
         }
         AlarmPlan::Remove => {
             if !has_finalizer(qc) {
-                return (
-                    AlarmStatus {
-                        sync: AlarmSync::NotManaged,
-                        ..AlarmStatus::default()
-                    },
-                    AlarmChange::None,
-                );
+                return AlarmOutcome::unchanged(AlarmStatus {
+                    sync: AlarmSync::NotManaged,
+                    ..AlarmStatus::default()
+                });
             }
             // The name from the object's identity, never from status (editable by anyone who may
             // write status): an alarm named there is not ours to delete.
@@ -145,13 +155,13 @@ pub async fn sync(
             if let Err(e) = remove_finalizer(qc, api).await {
                 return failed(previous, e.reason(), e.to_string());
             }
-            (
-                AlarmStatus {
+            AlarmOutcome {
+                status: AlarmStatus {
                     sync: AlarmSync::NotManaged,
                     ..AlarmStatus::default()
                 },
                 change,
-            )
+            }
         }
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod alarm;
 pub mod apply;
+pub mod key;
 pub mod metrics;
 pub mod observe;
 pub mod pipeline;
@@ -38,6 +39,7 @@ use crate::render::RenderOptions;
 
 use self::alarm::AlarmChange;
 use self::apply::{Applied, FIELD_MANAGER, SCALER_FIELD_MANAGER};
+pub use self::key::ConsumerKey;
 pub use self::metrics::Metrics;
 use self::observe::{AwsProvider, FactsCache};
 use self::pipeline::Rollout;
@@ -121,7 +123,7 @@ pub struct Context {
     pub recorder: Recorder,
     reporter: Reporter,
     pub metrics: Metrics,
-    failures: Mutex<HashMap<String, u32>>,
+    failures: Mutex<HashMap<ConsumerKey, u32>>,
     /// The watch caches of QueueConsumers, to drop the series of deleted ones.
     stores: Mutex<Vec<Store<QueueConsumer>>>,
 }
@@ -181,7 +183,7 @@ impl Context {
         });
     }
 
-    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<ConsumerKey, u32>> {
         match self.failures.lock() {
             Ok(f) => f,
             Err(p) => p.into_inner(),
@@ -273,7 +275,8 @@ fn truncate(mut s: String, max: usize) -> String {
     s
 }
 
-fn key(qc: &QueueConsumer) -> String {
+/// namespace/name, for log lines.
+fn name_of(qc: &QueueConsumer) -> String {
     format!("{}/{}", qc.namespace().unwrap_or_default(), qc.name_any())
 }
 
@@ -292,12 +295,12 @@ pub fn error_policy(qc: Arc<QueueConsumer>, err: &Error, ctx: Arc<Context>) -> A
         return Action::requeue(CONFLICT_RETRY);
     }
     let mut failures = ctx.failures();
-    let n = failures.entry(key(&qc)).or_default();
+    let n = failures.entry(ConsumerKey::of(&qc)).or_default();
     *n = n.saturating_add(1);
     let delay = BACKOFF_BASE
         .saturating_mul(1u32 << (*n - 1).min(10))
         .min(BACKOFF_MAX);
-    tracing::warn!(queueconsumer = %key(&qc), error = %err, retry_in = ?delay, "reconcile failed");
+    tracing::warn!(queueconsumer = %name_of(&qc), error = %err, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }
 
@@ -306,7 +309,7 @@ pub async fn reconcile(qc: Arc<QueueConsumer>, ctx: Arc<Context>) -> Result<Acti
     ctx.metrics.reconciles.fetch_add(1, Ordering::Relaxed);
     let result = reconcile_inner(&qc, &ctx).await;
     if result.is_ok() {
-        ctx.failures().remove(&key(&qc));
+        ctx.failures().remove(&ConsumerKey::of(&qc));
     }
     result
 }
@@ -327,9 +330,9 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     };
 
     if qc.metadata.deletion_timestamp.is_some() {
-        ctx.scaling.forget(&scale::key(qc));
-        ctx.redrives.forget(&scale::key(qc));
-        ctx.workers.forget(&scale::key(qc));
+        ctx.scaling.forget(&ConsumerKey::of(qc));
+        ctx.redrives.forget(&ConsumerKey::of(qc));
+        ctx.workers.forget(&ConsumerKey::of(qc));
         ctx.metrics.consumers.remove(&ns, &qc.name_any());
         return cleanup(qc, ctx, &qcs, clients.as_ref().ok()).await;
     }
@@ -400,7 +403,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         measure_startup(qc, ctx, pods.as_deref());
     }
     let now = observe::wall_clock();
-    let replicas = ctx.scaling.with_history(&scale::key(qc), now, |h| {
+    let replicas = ctx.scaling.with_history(&ConsumerKey::of(qc), now, |h| {
         pipeline::decide_replicas(
             qc,
             &decision.rollout,
@@ -444,9 +447,12 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
 
     // The alarm is a step of its own: a CloudWatch failure is reported in its condition and an Event,
     // and never fails the reconcile, so scaling keeps its poll interval.
-    let (alarm_status, alarm_change) = match &clients {
+    let alarm::AlarmOutcome {
+        status: alarm_status,
+        change: alarm_change,
+    } = match &clients {
         Ok(clients) => alarm::sync(qc, &decision.alarm, clients.alarms.as_ref(), &qcs).await,
-        Err(_) => (alarm::previous(qc), AlarmChange::None),
+        Err(_) => alarm::AlarmOutcome::not_checked(qc),
     };
 
     // redrive: never fails the reconcile (its errors are in its status and Events); a refused
@@ -462,7 +468,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     let redrive = redrive::step(
         qc,
         &redrive::StepInputs {
-            key: &scale::key(qc),
+            key: &ConsumerKey::of(qc),
             redrives: &ctx.redrives,
             client: redrive_client.as_ref(),
             endpoint: endpoint.as_deref(),
@@ -594,7 +600,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         // Queue depth cannot be watched: look again after the poll interval, on this
         // QueueConsumer's own slot of it.
         _ => Action::requeue(spread::next_poll(
-            qc.metadata.uid.as_deref().unwrap_or(&key(qc)),
+            &ConsumerKey::of(qc),
             qc.spec.scaling.poll_interval.as_std(),
             observe::wall_clock().as_millis(),
         )),
@@ -610,14 +616,14 @@ async fn read_workers(
     ns: &str,
     now: bool,
 ) -> (Option<Vec<Pod>>, Workers) {
-    let id = scale::key(qc);
+    let id = ConsumerKey::of(qc);
     let name = qc.name_any();
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let params = ListParams::default().labels(&crate::render::selector_string(&name));
     let pods = match api.list(&params).await {
         Ok(list) => Some(list.items),
         Err(e) => {
-            tracing::warn!(queueconsumer = %key(qc), error = %e, "cannot list the worker pods");
+            tracing::warn!(queueconsumer = %name_of(qc), error = %e, "cannot list the worker pods");
             None
         }
     };
@@ -627,7 +633,7 @@ async fn read_workers(
         let targets: Vec<_> = pods.iter().filter_map(workers::target).collect();
         let (round, errors) = workers::scrape(&targets, observe::wall_clock()).await;
         for e in &errors {
-            tracing::warn!(queueconsumer = %key(qc), error = %e, "cannot read a worker pod's metrics");
+            tracing::warn!(queueconsumer = %name_of(qc), error = %e, "cannot read a worker pod's metrics");
         }
         ctx.workers.push(&id, round);
     }
@@ -664,7 +670,7 @@ fn timestamp_time(
 /// logged and the scale-down goes on (the ReplicaSet then picks as it would without the hint).
 async fn set_deletion_costs(qc: &QueueConsumer, ctx: &Context, ns: &str, pods: Option<&[Pod]>) {
     let Some(pods) = pods else { return };
-    let window = ctx.workers.get(&scale::key(qc));
+    let window = ctx.workers.get(&ConsumerKey::of(qc));
     let busy = i64::from(qc.spec.processing.concurrency);
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let params = PatchParams {
@@ -682,7 +688,7 @@ async fn set_deletion_costs(qc: &QueueConsumer, ctx: &Context, ns: &str, pods: O
                     .fetch_add(1, Ordering::Relaxed);
             }
             Err(e) => {
-                tracing::warn!(queueconsumer = %key(qc), pod, error = %e, "cannot set the pod deletion cost")
+                tracing::warn!(queueconsumer = %name_of(qc), pod, error = %e, "cannot set the pod deletion cost")
             }
         }
     }
@@ -690,7 +696,7 @@ async fn set_deletion_costs(qc: &QueueConsumer, ctx: &Context, ns: &str, pods: O
 
 /// The queue's counts into this QueueConsumer's history, when a sample is due.
 fn record_sample(qc: &QueueConsumer, ctx: &Context, o: &observe::Observed) {
-    let key = scale::key(qc);
+    let key = ConsumerKey::of(qc);
     match ctx.scaling.record_with_age(
         &key,
         &qc.spec,
@@ -714,7 +720,7 @@ fn record_sample(qc: &QueueConsumer, ctx: &Context, o: &observe::Observed) {
 /// list (e.g. an install whose role cannot list pods) keeps what was known, 30s until then: the hold
 /// never blocks a reconcile.
 fn measure_startup(qc: &QueueConsumer, ctx: &Context, pods: Option<&[Pod]>) {
-    let key = scale::key(qc);
+    let key = ConsumerKey::of(qc);
     let now = observe::wall_clock();
     if !qc.spec.scaling.scale_down_stabilization.is_auto() || !ctx.scaling.startup_due(&key, now) {
         return;
@@ -735,7 +741,7 @@ fn measure_startup(qc: &QueueConsumer, ctx: &Context, pods: Option<&[Pod]>) {
 /// A step failed that does not stop the others: a Warning Event and the error counter, no backoff.
 async fn step_failed(ctx: &Context, qc: &QueueConsumer, e: &Error) {
     ctx.metrics.error(e.reason());
-    tracing::warn!(queueconsumer = %key(qc), error = %e, "reconcile step failed");
+    tracing::warn!(queueconsumer = %name_of(qc), error = %e, "reconcile step failed");
     ctx.event(qc, true, e.reason(), e.to_string()).await;
 }
 

@@ -5,10 +5,9 @@ use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::ResourceExt;
 
 use super::workers::Deleted;
-use crate::api::{Duration, QueueConsumer, QueueConsumerSpec};
+use crate::api::{Duration, QueueConsumerSpec};
 use crate::aws::QueueFacts;
 use crate::scaling::{self, History, STALE_AFTER_POLLS, Sample, ScalingError, Timestamp};
 
@@ -73,15 +72,6 @@ pub const STARTUP_RETRY: Duration = Duration::from_secs(60);
 #[derive(Default)]
 pub struct Histories {
     entries: Mutex<HashMap<String, Tracked>>,
-}
-
-/// The key of a QueueConsumer's history: its uid, so a recreated namesake starts afresh (namespace/name
-/// for an object without one, which only tests build).
-pub fn key(qc: &QueueConsumer) -> String {
-    match qc.metadata.uid.as_deref() {
-        Some(uid) if !uid.is_empty() => uid.to_string(),
-        _ => format!("{}/{}", qc.namespace().unwrap_or_default(), qc.name_any()),
-    }
 }
 
 fn idle_limit(spec: &QueueConsumerSpec, startup: Option<Duration>) -> Duration {
@@ -443,18 +433,5 @@ mod tests {
         h.record("other", &sp, &facts(1), s(75), s(75)).unwrap();
         assert!(!h.contains("kept"), "idle past 74s: swept");
         assert_eq!(h.len(), 1);
-    }
-
-    #[test]
-    fn keys_are_uids() {
-        let mut qc: QueueConsumer = serde_json::from_value(json!({
-            "apiVersion": "sqs.consumers.dev/v1alpha1", "kind": "QueueConsumer",
-            "metadata": {"name": "orders", "namespace": "shop"},
-            "spec": spec("1s", "1s"),
-        }))
-        .unwrap();
-        assert_eq!(key(&qc), "shop/orders");
-        qc.metadata.uid = Some("u-1".into());
-        assert_eq!(key(&qc), "u-1");
     }
 }
