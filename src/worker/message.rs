@@ -543,7 +543,8 @@ impl Processor {
         self.timeout + CLAIM_GRACE
     }
 
-    /// How often a held claim is renewed: with the heartbeat's cadence, and often enough that a
+    /// How often a held claim is renewed: at the configured heartbeat interval (not at the growing
+    /// gaps between extensions: the claim has its own timer), at most every `CLAIM_GRACE / 2`, so a
     /// claim kept `CLAIM_GRACE` past now never lapses between two renewals.
     fn claim_renewal(&self) -> Duration {
         self.heartbeat
