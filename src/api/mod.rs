@@ -3,6 +3,7 @@
 
 pub mod conditions;
 mod duration;
+pub mod quantity;
 mod stabilization;
 
 pub use duration::{DURATION_PATTERN, Duration, DurationError};
@@ -17,6 +18,7 @@ use k8s_openapi::api::core::v1::PodTemplateSpec;
 pub use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
+pub use quantity::is_quantity;
 use schemars::transform::RecursiveTransform;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -730,31 +732,6 @@ fn quantity_schema(_: &mut SchemaGenerator) -> Schema {
         "x-kubernetes-int-or-string": true,
         "description": "Kubernetes quantity, e.g. 50m, 0.5, 128Mi."
     })
-}
-
-/// Kubernetes' quantity grammar: a signed decimal number, then a binary (Ki..Ei) or decimal (m, k, M,
-/// G, T, P, E) suffix or an exponent.
-pub fn is_quantity(s: &str) -> bool {
-    let s = s.strip_prefix(['+', '-']).unwrap_or(s);
-    let digits_end = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (number, suffix) = s.split_at(digits_end);
-    let number_ok = |n: &str| {
-        n.chars().filter(|c| *c == '.').count() <= 1 && n.chars().any(|c| c.is_ascii_digit())
-    };
-    if !number_ok(number) {
-        return false;
-    }
-    match suffix {
-        "" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei" | "m" | "k" | "M" | "G" | "T" | "P" | "E" => {
-            true
-        }
-        e => e
-            .strip_prefix(['e', 'E'])
-            .map(|x| x.strip_prefix(['+', '-']).unwrap_or(x))
-            .is_some_and(number_ok),
-    }
 }
 
 /// Observed state, written by the controller.

@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::Deployment;
 use serde_json::Value;
 
+use crate::api::quantity;
+
 /// Field manager of everything the controller applies.
 pub const FIELD_MANAGER: &str = "qc-operator";
 /// Field manager of the scaler's writes: `spec.replicas` of the Deployment, nothing else, so the two
@@ -114,73 +116,10 @@ fn contains_at(outer: &Value, inner: &Value, quantity: bool) -> bool {
             o.len() == i.len() && o.iter().zip(i).all(|(ov, iv)| contains_at(ov, iv, false))
         }
         (Value::String(o), Value::String(i)) if quantity && o != i => {
-            matches!((quantity_value(o), quantity_value(i)), (Some(a), Some(b)) if a == b)
+            matches!((quantity::value(o), quantity::value(i)), (Some(a), Some(b)) if a == b)
         }
         (o, i) => o == i,
     }
-}
-
-/// A Kubernetes quantity as an exact (mantissa, power of ten) with the mantissa not divisible by
-/// ten, so equal values compare equal whatever the notation ("0.5" = "500m", "1Ki" = "1024").
-/// None for anything that is not a quantity or does not fit.
-fn quantity_value(s: &str) -> Option<(i128, i32)> {
-    let s = s.trim();
-    let (number, suffix) =
-        match s.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-')) {
-            Some(i) => s.split_at(i),
-            None => (s, ""),
-        };
-    let (negative, digits) = match number.strip_prefix('-') {
-        Some(rest) => (true, rest),
-        None => (false, number.strip_prefix('+').unwrap_or(number)),
-    };
-    let (whole, frac) = digits.split_once('.').unwrap_or((digits, ""));
-    if whole.is_empty() && frac.is_empty()
-        || !whole
-            .chars()
-            .chain(frac.chars())
-            .all(|c| c.is_ascii_digit())
-    {
-        return None;
-    }
-    let mut mantissa: i128 = 0;
-    for c in whole.chars().chain(frac.chars()) {
-        mantissa = mantissa
-            .checked_mul(10)?
-            .checked_add(i128::from(c.to_digit(10)?))?;
-    }
-    let mut exp10 = -i32::try_from(frac.len()).ok()?;
-    let binary = |power: u32| 1i128.checked_shl(power);
-    match suffix {
-        "" => {}
-        "n" => exp10 -= 9,
-        "u" => exp10 -= 6,
-        "m" => exp10 -= 3,
-        "k" => exp10 += 3,
-        "M" => exp10 += 6,
-        "G" => exp10 += 9,
-        "T" => exp10 += 12,
-        "P" => exp10 += 15,
-        "E" => exp10 += 18,
-        "Ki" => mantissa = mantissa.checked_mul(binary(10)?)?,
-        "Mi" => mantissa = mantissa.checked_mul(binary(20)?)?,
-        "Gi" => mantissa = mantissa.checked_mul(binary(30)?)?,
-        "Ti" => mantissa = mantissa.checked_mul(binary(40)?)?,
-        "Pi" => mantissa = mantissa.checked_mul(binary(50)?)?,
-        "Ei" => mantissa = mantissa.checked_mul(binary(60)?)?,
-        e => {
-            let exp = e.strip_prefix(['e', 'E'])?;
-            exp10 = exp10.checked_add(exp.parse::<i32>().ok()?)?;
-        }
-    }
-    if mantissa == 0 {
-        return Some((0, 0));
-    }
-    while mantissa % 10 == 0 {
-        mantissa /= 10;
-        exp10 += 1;
-    }
-    Some((if negative { -mantissa } else { mantissa }, exp10))
 }
 
 #[cfg(test)]
@@ -236,29 +175,6 @@ mod tests {
             json!({"apiVersion": "apps/v1", "kind": "Deployment",
                 "metadata": {"name": "orders"}, "spec": {"replicas": 4}})
         );
-    }
-
-    #[test]
-    fn quantities_compare_by_value() {
-        for (a, b) in [
-            ("0.5", "500m"),
-            ("1.5Gi", "1536Mi"),
-            ("1Ki", "1024"),
-            ("1e3", "1k"),
-            ("1000m", "1"),
-            ("100M", "1e8"),
-            ("0", "0Mi"),
-            ("+2", "2"),
-        ] {
-            assert_eq!(quantity_value(a), quantity_value(b), "{a} = {b}");
-            assert!(quantity_value(a).is_some(), "{a}");
-        }
-        for (a, b) in [("1", "1m"), ("1Ki", "1k"), ("-1", "1"), ("1.5Gi", "1500Mi")] {
-            assert_ne!(quantity_value(a), quantity_value(b), "{a} != {b}");
-        }
-        for bad in ["", "abc", "1x", "1.2.3", "Ki", "1e", "."] {
-            assert_eq!(quantity_value(bad), None, "{bad:?}");
-        }
     }
 
     #[test]
