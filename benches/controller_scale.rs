@@ -267,7 +267,13 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) {
     // The bench's CloudWatch gate is wider than the default (5 a second): moto does not throttle, and
     // the catch-up creates one alarm per QueueConsumer. Steady-state calls do not depend on it.
     let provider = Arc::new(SdkProvider::new(AwsOptions {
-        sqs: qc::aws::sqs::DEFAULT_LIMIT,
+        // QC_BENCH_AWS_IN_FLIGHT: the SQS gate's calls at once (the flag --aws-max-in-flight).
+        sqs: std::env::var("QC_BENCH_AWS_IN_FLIGHT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(qc::aws::sqs::DEFAULT_LIMIT, |n| {
+                LimitConfig::new(qc::aws::sqs::DEFAULT_LIMIT.rate, n)
+            }),
         cloudwatch: LimitConfig::new(200.0, 16),
         batch: BatchOptions {
             window: DEFAULT_BATCH_WINDOW,
