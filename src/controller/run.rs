@@ -43,10 +43,9 @@ pub struct RunOptions {
     pub reconcile_concurrency: u16,
 }
 
-/// Reconciles at once by default. A reconcile mostly waits (a batch window, AWS, the API server) and
+/// Reconciles at once by default. A reconcile mostly waits (SQS, the API server, the pods' scrapes) and
 /// the AWS gates, not reconciles, bound the AWS calls; the bound keeps a burst of watch events from
-/// holding thousands of reconciles (and their memory) at once. At 16, 100 QueueConsumers took 20 s to
-/// catch up in the benchmark (three batch windows of 250 ms per first reconcile).
+/// holding thousands of reconciles (and their memory) at once.
 pub const DEFAULT_RECONCILE_CONCURRENCY: u16 = 64;
 
 /// Why `run` stopped.
