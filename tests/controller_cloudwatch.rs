@@ -245,8 +245,8 @@ async fn an_alarm_not_made_by_the_operator_is_never_deleted() {
 }
 
 /// The controller's client: reads refreshed in the background, a pass every `every` (scaled down from
-/// the 15 s poll interval), metric values kept for 4 passes and alarm descriptions for 8 (the
-/// controller's 60 s and 5 min are 4 and 20 of its 15 s passes).
+/// the 15 s poll interval), metric values kept for 20 passes and alarm descriptions for 8 (the
+/// controller's 60 s and 5 min are 4 and 20 of its 15 s passes; longer here, see below).
 fn background(cw: aws_sdk_cloudwatch::Client, every: Duration) -> CloudWatchAlarms {
     CloudWatchAlarms::with_options(
         cw,
