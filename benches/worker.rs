@@ -85,7 +85,16 @@ fn main() {
         let mut runs = Vec::new();
         for c in concurrencies {
             let n = (c * per_slot).max(per_slot);
-            let mut consumers = vec![Consumer::Worker];
+            // The build before a change (QC_BENCH_BEFORE_WORKER) beside this one, same run.
+            let mut consumers = Vec::new();
+            if let Ok(before) = std::env::var("QC_BENCH_BEFORE_WORKER") {
+                let label = env_or("QC_BENCH_BEFORE_LABEL", "before");
+                consumers.push(Consumer::Worker(before, format!("qc-worker {label}")));
+            }
+            consumers.push(Consumer::Worker(
+                env!("CARGO_BIN_EXE_qc-worker").to_string(),
+                "qc-worker".to_string(),
+            ));
             if let Some(script) = &bbc {
                 consumers.extend(BBC_MODES.map(|m| Consumer::Bbc(script.clone(), m)));
             }
@@ -106,7 +115,8 @@ fn main() {
 }
 
 enum Consumer {
-    Worker,
+    /// A qc-worker binary and its label in the table.
+    Worker(String, String),
     /// The bench script of bbc/sqs-consumer and its mode.
     Bbc(String, &'static str),
 }
@@ -114,7 +124,7 @@ enum Consumer {
 impl Consumer {
     fn name(&self) -> String {
         match self {
-            Consumer::Worker => "qc-worker".into(),
+            Consumer::Worker(_, label) => label.clone(),
             Consumer::Bbc(_, mode) => format!("sqs-consumer {mode}"),
         }
     }
@@ -129,8 +139,8 @@ impl Consumer {
         log: &tempfile::NamedTempFile,
     ) -> std::process::Child {
         let mut cmd = match self {
-            Consumer::Worker => {
-                let mut cmd = Command::new(env!("CARGO_BIN_EXE_qc-worker"));
+            Consumer::Worker(bin, _) => {
+                let mut cmd = Command::new(bin);
                 cmd.args(["--queue-url", url, "--endpoint-url", endpoint])
                     .args(["--concurrency", &concurrency.to_string()])
                     .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
@@ -216,13 +226,14 @@ async fn bench_one(
     let drain = started.elapsed();
     let cpu = cpu_time(pid);
     let peak_rss_kib = peak_rss_kib(pid);
-    if let Consumer::Worker = consumer {
+    if let Consumer::Worker(..) = consumer {
         // How full the receives were (qc_worker_receive_messages), for the log.
         if let Some((_, text)) =
             support::http_get(&format!("127.0.0.1:{metrics_port}"), "/metrics").await
         {
             eprintln!(
-                "qc-worker C={concurrency}: messages per receive: {}",
+                "{} C={concurrency}: messages per receive: {}",
+                consumer.name(),
                 receive_sizes(&text)
             );
         }
