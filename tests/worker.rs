@@ -1730,8 +1730,8 @@ async fn sigterm_releases_messages_waiting_for_a_slot() {
 
 /// While a batch waits locally every slot is busy, so a busy queue is received in whole batches:
 /// one slot, batches of 5, 20 messages of 100 ms. Each receive goes out when the waiting batch has
-/// started and is answered with 5 (before: a receive of 1 after nearly every message, into the slot
-/// it freed); never more than concurrency + batchSize messages held; each handled once.
+/// started and is answered with 5, never a receive of 1 into the slot a message just freed; never
+/// more than concurrency + batchSize messages held; each handled once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_queue_is_received_in_whole_batches_while_a_batch_waits() {
     let q = TestQueue::new("whole-batches", 60, 5, false).await;
