@@ -522,11 +522,10 @@ fn main() {
         return;
     }
     for var in ["AWS_ENDPOINT_URL_SQS", "AWS_ENDPOINT_URL_CLOUDWATCH"] {
-        if std::env::var(var).is_err() {
-            panic!(
-                "{var} is not set: run `bash scripts/bench-controller` (it starts fauxqs and moto)"
-            );
-        }
+        assert!(
+            std::env::var(var).is_ok(),
+            "{var} is not set: run `bash scripts/bench-controller` (it starts fauxqs and moto)"
+        );
     }
     let scales: Vec<(usize, usize)> = std::env::var("QC_BENCH_SCALES")
         .unwrap_or_else(|_| "100:100,1000:1000,10000:1000".into())

@@ -211,7 +211,7 @@ async fn bench_one(
     let pid = child.id();
     // Drained = nothing left on the server, polled directly (not through the proxy, not the
     // consumer), so measuring costs the consumer nothing.
-    let deadline = Instant::now() + Duration::from_secs(600);
+    let deadline = Instant::now() + Duration::from_mins(10);
     loop {
         tokio::time::sleep(Duration::from_millis(10)).await;
         if queue_len(client, &url).await == 0 {
@@ -296,9 +296,9 @@ async fn queue_len(client: &aws_sdk_sqs::Client, url: &str) -> u64 {
     else {
         return u64::MAX;
     };
-    out.attributes()
-        .map(|a| a.values().filter_map(|v| v.parse::<u64>().ok()).sum())
-        .unwrap_or(u64::MAX)
+    out.attributes().map_or(u64::MAX, |a| {
+        a.values().filter_map(|v| v.parse::<u64>().ok()).sum()
+    })
 }
 
 /// Sends `n` small messages, 10 per call, 16 calls at a time.
@@ -566,7 +566,7 @@ fn canonical_action(lower: &str) -> String {
     ]
     .iter()
     .find(|a| a.eq_ignore_ascii_case(lower))
-    .map_or_else(|| lower.to_string(), |a| a.to_string())
+    .map_or_else(|| lower.to_string(), std::string::ToString::to_string)
 }
 
 /// Heartbeat benchmark: N = rounds × C messages whose handler takes 3 × VisibilityTimeout,
@@ -575,7 +575,11 @@ fn canonical_action(lower: &str) -> String {
 /// (the worker's own counter), and messages handled more than once (a lapsed lease). The build before
 /// the change runs beside this one when `QC_BENCH_BEFORE_WORKER` names its qc-worker binary.
 mod heartbeats {
-    use super::*;
+    use super::{
+        Arc, Bytes, Command, Duration, Full, HashMap, Incoming, Infallible, Instant, LatencyProxy,
+        Mutex, QueueAttributeName, Request, Response, Stdio, env_or, fill, free_port, queue_len,
+        support,
+    };
 
     struct HbRun {
         consumer: String,
@@ -638,7 +642,10 @@ mod heartbeats {
             let n = c * rounds;
             for consumer in &consumers {
                 let ivs: Vec<String> = match consumer {
-                    HbConsumer::Worker(..) => intervals.iter().map(|s| s.to_string()).collect(),
+                    HbConsumer::Worker(..) => intervals
+                        .iter()
+                        .map(std::string::ToString::to_string)
+                        .collect(),
                     // sqs-consumer takes whole seconds below the timeout: VT/2 rounded up.
                     HbConsumer::Bbc(..) => vec![format!("{}s", vt.div_ceil(2))],
                 };
@@ -722,7 +729,7 @@ mod heartbeats {
                 .spawn()
                 .unwrap(),
         };
-        let deadline = Instant::now() + Duration::from_secs(600);
+        let deadline = Instant::now() + Duration::from_mins(10);
         loop {
             tokio::time::sleep(Duration::from_millis(20)).await;
             if queue_len(client, &url).await == 0 {
@@ -853,7 +860,7 @@ mod heartbeats {
                                     .into_body()
                                     .collect()
                                     .await
-                                    .map(|c| c.to_bytes())
+                                    .map(http_body_util::Collected::to_bytes)
                                     .unwrap_or_default();
                                 *b.lock().unwrap().entry(body).or_insert(0) += 1;
                                 tokio::time::sleep(delay).await;

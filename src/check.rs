@@ -61,14 +61,12 @@ impl CheckRun {
             || (self.checked.is_empty() && self.skipped_documents.is_empty());
         if bad_input {
             2
-        } else if self
-            .checked
-            .iter()
-            .any(|c| matches!(&c.outcome, Outcome::Report(r) if r.has_errors()))
-        {
-            1
         } else {
-            0
+            u8::from(
+                self.checked
+                    .iter()
+                    .any(|c| matches!(&c.outcome, Outcome::Report(r) if r.has_errors())),
+            )
         }
     }
 }
@@ -101,7 +99,7 @@ pub async fn run(
         for doc in docs {
             match doc {
                 Document::Other { kind, name } => {
-                    out.skipped_documents.push((file.clone(), kind, name))
+                    out.skipped_documents.push((file.clone(), kind, name));
                 }
                 Document::Invalid { name, errors } => out.checked.push(Checked {
                     file: file.clone(),

@@ -178,7 +178,7 @@ fn structural_errors(spec: &QueueConsumerSpec) -> Vec<FieldError> {
         out.push(FieldError {
             path: path.into(),
             message: message.into(),
-        })
+        });
     };
     if spec.queue.url.trim().is_empty() {
         err(
@@ -302,9 +302,7 @@ pub fn load_attributes(path: &Path, url: &str) -> Result<QueueFacts, ManifestErr
         .map(|(k, v)| {
             (
                 k.clone(),
-                v.as_str()
-                    .map(str::to_string)
-                    .unwrap_or_else(|| v.to_string()),
+                v.as_str().map_or_else(|| v.to_string(), str::to_string),
             )
         })
         .collect();

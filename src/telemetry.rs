@@ -270,7 +270,7 @@ pub async fn serve_probes(
                     continue;
                 }
             },
-            _ = &mut shutdown => return,
+            () = &mut shutdown => return,
         };
         let probes = probes.clone();
         tokio::spawn(async move {

@@ -316,7 +316,7 @@ async fn closed_endpoint_is_unreachable_and_returns() {
         .build();
     let reader = SqsReader::new(Client::from_conf(conf));
     let url = "https://sqs.us-east-1.amazonaws.com/123456789012/qc-unreachable";
-    let err = tokio::time::timeout(StdDuration::from_secs(60), observe(&reader, url))
+    let err = tokio::time::timeout(StdDuration::from_mins(1), observe(&reader, url))
         .await
         .expect("observe must return, not hang, on a closed endpoint")
         .unwrap_err();

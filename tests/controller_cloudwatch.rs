@@ -107,8 +107,8 @@ fn batched(cw: aws_sdk_cloudwatch::Client) -> CloudWatchAlarms {
         Arc::new(Limiter::new("cloudwatch", LimitConfig::new(50.0, 4))),
         BatchOptions {
             window: Duration::from_millis(300),
-            alarm_max_age: Duration::from_secs(300),
-            metric_max_age: Duration::from_secs(60),
+            alarm_max_age: Duration::from_mins(5),
+            metric_max_age: Duration::from_mins(1),
             refresh: None,
         },
     )
@@ -332,7 +332,7 @@ async fn many_consumers_cost_two_cloudwatch_calls_per_interval_in_the_background
     assert!(states.iter().all(|s| *s == Ensured::Pending));
     assert_eq!(alarms.limiter().calls(), Default::default(), "no call yet");
     // Within a few seconds every answer is there, from one pass of each.
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let deadline = std::time::Instant::now() + Duration::from_mins(1);
     loop {
         let (ages, states) = round().await;
         let done = ages.iter().all(Option::is_some)

@@ -346,7 +346,7 @@ async fn the_workers_deletes_go_into_the_scaling_samples() {
     let bodies: Vec<String> = (0..20).map(|i| format!("m{i}")).collect();
     e.queue.send_all(&bodies, |_| String::new()).await;
     support::eventually(
-        Duration::from_secs(60),
+        Duration::from_mins(1),
         "the worker deletes all 20",
         || async { worker.metric("qc_worker_messages_deleted_total").await == Some(20.0) },
     )
@@ -409,7 +409,7 @@ async fn pod_deletion_cost_lands_on_the_idle_pod_before_a_scale_down() {
 
     // minReplicas 0: 3 messages in flight need one replica of 10 slots; the other goes.
     e.fake.update(QUEUE_CONSUMERS, NS, NAME, |q| {
-        q["spec"]["scaling"]["minReplicas"] = json!(0)
+        q["spec"]["scaling"]["minReplicas"] = json!(0);
     });
     let mut polls = 0;
     while replicas(&e) == json!(2) {
@@ -469,7 +469,7 @@ async fn crash_looping_pods_make_ready_false_until_they_recover() {
     e.fake.update(DEPLOYMENTS, NS, NAME, |d| {
         d["status"] = json!({"replicas": 1, "readyReplicas": 1, "availableReplicas": 1,
             "conditions": [{"type": "Available", "status": "True"},
-                           {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}]})
+                           {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}]});
     });
     e.poll().await;
     assert_eq!(e.condition("Ready").status, "True");
@@ -499,7 +499,7 @@ async fn crash_looping_pods_make_ready_false_until_they_recover() {
     // The progress deadline passes too; then the rollout completes.
     e.fake.update(DEPLOYMENTS, NS, NAME, |d| {
         d["status"]["conditions"][1] = json!({"type": "Progressing", "status": "False",
-            "reason": "ProgressDeadlineExceeded", "message": "ReplicaSet \"orders-1\" has timed out progressing."})
+            "reason": "ProgressDeadlineExceeded", "message": "ReplicaSet \"orders-1\" has timed out progressing."});
     });
     e.poll().await;
     let c = e.condition("Ready");
@@ -515,7 +515,7 @@ async fn crash_looping_pods_make_ready_false_until_they_recover() {
         NAME,
         |d| {
             d["status"]["conditions"][1] =
-                json!({"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"})
+                json!({"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"});
         },
     );
     e.poll().await;

@@ -219,7 +219,7 @@ async fn suspend_scales_to_zero_pauses_the_scaler_and_false_resumes_at_the_next_
 
     // Someone scales the Deployment by hand while suspended: back to 0 at the next reconcile.
     e.fake.update(DEPLOYMENTS, NS, "orders", |d| {
-        d["spec"]["replicas"] = json!(2)
+        d["spec"]["replicas"] = json!(2);
     });
     let mark = e.mark();
     e.reconcile().await;

@@ -535,7 +535,7 @@ async fn deleted_queue_leaves_the_deployment_untouched() {
     e.reconcile("orders").await.unwrap();
     // The scaler (another field manager) has set replicas.
     e.fake.update(DEPLOYMENTS, NS, "orders", |d| {
-        d["spec"]["replicas"] = json!(4)
+        d["spec"]["replicas"] = json!(4);
     });
     let before = e.deployment("orders").unwrap();
     // And the spec changes during the outage: nothing rolls out until the queue is readable.

@@ -109,7 +109,7 @@ async fn run_reconciles_what_it_watches_and_serves_metrics() {
     .await;
     // A spec change reaches the Deployment through the watch.
     fake.update(QUEUE_CONSUMERS, NS, "orders", |q| {
-        q["spec"]["processing"]["concurrency"] = json!(7)
+        q["spec"]["processing"]["concurrency"] = json!(7);
     });
     eventually("the updated Deployment", || {
         worker_concurrency(&fake).as_deref() == Some("7")
@@ -223,7 +223,7 @@ async fn two_replicas_one_leader_then_failover() {
     })
     .await;
     fake.update(QUEUE_CONSUMERS, NS, "orders", |q| {
-        q["spec"]["processing"]["concurrency"] = json!(9)
+        q["spec"]["processing"]["concurrency"] = json!(9);
     });
     eventually("the new leader's update", || {
         worker_concurrency(&fake).as_deref() == Some("9")

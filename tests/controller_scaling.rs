@@ -501,8 +501,8 @@ async fn auto_stabilization_holds_for_the_pods_measured_start_up() {
     e.reconcile().await.unwrap();
     assert_eq!(e.replicas(), Some(3), "within the hold the peak stays");
     // Two slow pods more would move the median to 60s if it were measured again now.
-    ready_pod(&e, "orders-d", std::time::Duration::from_secs(60));
-    ready_pod(&e, "orders-e", std::time::Duration::from_secs(60));
+    ready_pod(&e, "orders-d", std::time::Duration::from_mins(1));
+    ready_pod(&e, "orders-e", std::time::Duration::from_mins(1));
     // To zero after the measured hold: well before the 30s `auto` would hold unmeasured.
     let started = std::time::Instant::now();
     while e.replicas() != Some(0) && started.elapsed() < std::time::Duration::from_secs(20) {

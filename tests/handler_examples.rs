@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use support::*;
 
-const LIMIT: Duration = Duration::from_secs(60);
+const LIMIT: Duration = Duration::from_mins(1);
 
 /// Three good orders, one that fails its first delivery, two poison bodies (not JSON; no orderId).
 const GOOD: [&str; 3] = [
@@ -35,7 +35,7 @@ async fn send_orders(q: &TestQueue) {
         .iter()
         .chain([FLAKY].iter())
         .chain(POISON.iter())
-        .map(|s| s.to_string())
+        .map(std::string::ToString::to_string)
         .collect();
     q.send_all(&bodies, |_| String::new()).await;
 }

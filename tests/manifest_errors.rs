@@ -15,7 +15,10 @@ fn errors(extra: &str) -> Vec<String> {
     let docs = load_str(&format!("{BASE}{extra}")).expect("yaml parses");
     assert_eq!(docs.len(), 1);
     match &docs[0] {
-        Document::Invalid { errors, .. } => errors.iter().map(|e| e.to_string()).collect(),
+        Document::Invalid { errors, .. } => errors
+            .iter()
+            .map(std::string::ToString::to_string)
+            .collect(),
         other => panic!("expected invalid, got {other:?}"),
     }
 }
@@ -121,7 +124,7 @@ fn wrong_version_and_missing_name() {
     let docs = load_str(
         &BASE
             .replace("metadata: {name: x}", "metadata: {}")
-            .to_string()
+            .clone()
             .replace(
                 "spec:\n",
                 "spec:\n  handler: {http: {}}\n  processing: {p99: 1s}\n",

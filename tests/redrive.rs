@@ -214,7 +214,7 @@ async fn standard_dlq_of_25_goes_back_whole_with_attributes() {
     assert_eq!(count(&sqs, &dlq).await, (0, 0), "the DLQ is empty");
     let back = drain(&sqs, &src).await;
     let mut seen: Vec<usize> = back.iter().map(body_index).collect();
-    seen.sort();
+    seen.sort_unstable();
     assert_eq!(seen, (0..25).collect::<Vec<_>>(), "each message once");
     for m in &back {
         let i = body_index(m);

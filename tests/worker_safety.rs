@@ -502,7 +502,7 @@ async fn fifo_poison_reaches_the_fifo_dlq_in_its_group() {
     .await;
     let bodies: Vec<String> = ["ok-a", "bad-a", "ok-b", "bad-b"]
         .iter()
-        .map(|s| s.to_string())
+        .map(std::string::ToString::to_string)
         .collect();
     q.send_all(&bodies, |n| format!("g{}", n % 2)).await;
     let mut a = base_args(&q);

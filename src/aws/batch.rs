@@ -402,8 +402,8 @@ async fn refresher<K, V, E>(
         let woken = urgent.notified();
         tokio::pin!(woken);
         tokio::select! {
-            _ = &mut woken => tokio::time::sleep(window).await,
-            _ = tokio::time::sleep_until(next_sweep) => {}
+            () = &mut woken => tokio::time::sleep(window).await,
+            () = tokio::time::sleep_until(next_sweep) => {}
         }
         let Some(inner) = inner.upgrade() else { return };
         let now = Instant::now();
@@ -515,7 +515,7 @@ mod tests {
         assert_eq!(calls.len(), 3, "{calls:?}");
         assert!(calls.iter().all(|c| c.len() <= 4));
         let mut all: Vec<u32> = calls.concat();
-        all.sort();
+        all.sort_unstable();
         assert_eq!(all, (0..10).collect::<Vec<_>>());
     }
 
@@ -539,7 +539,7 @@ mod tests {
         tokio::time::sleep(ms(600)).await;
         b.get(2, age).await.unwrap();
         let mut last = calls.lock().unwrap().last().cloned().unwrap();
-        last.sort();
+        last.sort_unstable();
         assert_eq!(last, vec![2, 4]);
         tokio::time::sleep(ms(100)).await;
         b.get(4, age).await.unwrap();
@@ -551,13 +551,13 @@ mod tests {
         let calls = Calls::default();
         let b = Batcher::new(Duration::from_millis(10), 500, squares(calls.clone(), true));
         let (a, c) = tokio::join!(
-            b.get(1, Duration::from_secs(60)),
-            b.get(2, Duration::from_secs(60))
+            b.get(1, Duration::from_mins(1)),
+            b.get(2, Duration::from_mins(1))
         );
         assert_eq!(a, Err(BatchError::Call("denied".to_string())));
         assert_eq!(c, Err(BatchError::Call("denied".to_string())));
         assert_eq!(calls.lock().unwrap().len(), 1);
-        let _ = b.get(1, Duration::from_secs(60)).await;
+        let _ = b.get(1, Duration::from_mins(1)).await;
         assert_eq!(calls.lock().unwrap().len(), 2, "a failure is read again");
     }
 
@@ -628,7 +628,7 @@ mod tests {
         let b = Batcher::with_refresh(
             ms(50),
             4,
-            Duration::from_secs(60),
+            Duration::from_mins(1),
             counting(reads.clone(), down),
         );
         // Ten new keys: nothing known yet, and nothing waited for.
@@ -668,7 +668,7 @@ mod tests {
         let peek_all = |b: &Batcher<u32, Option<u32>, String>| {
             (0..1000).for_each(|k| {
                 b.peek(k, max_age);
-            })
+            });
         };
         peek_all(&b);
         until("the first read", || b.counts().keys >= 1000).await;

@@ -265,9 +265,7 @@ pub async fn ensure_now<A: Alarms + ?Sized>(
         alarms.describe(&want.name).await.ok().flatten()
     };
     Ensured::InSync {
-        state: observed
-            .map(|o| o.state)
-            .unwrap_or_else(|| "INSUFFICIENT_DATA".to_string()),
+        state: observed.map_or_else(|| "INSUFFICIENT_DATA".to_string(), |o| o.state),
         wrote,
     }
 }
@@ -576,10 +574,10 @@ fn observed(name: &str, a: MetricAlarm) -> ObservedAlarm {
             evaluation_periods: a.evaluation_periods.unwrap_or(0),
             treat_missing_data: a.treat_missing_data.unwrap_or_default(),
         },
-        state: a
-            .state_value
-            .map(|s| s.as_str().to_string())
-            .unwrap_or_else(|| "INSUFFICIENT_DATA".to_string()),
+        state: a.state_value.map_or_else(
+            || "INSUFFICIENT_DATA".to_string(),
+            |s| s.as_str().to_string(),
+        ),
     }
 }
 
@@ -627,7 +625,7 @@ async fn get_metric_data(
     keys: Vec<QueueMetric>,
 ) -> Result<HashMap<QueueMetric, Option<f64>>, Failure> {
     let now = SystemTime::now();
-    let start = now - Duration::from_secs(15 * 60);
+    let start = now - Duration::from_mins(15);
     // A period ahead: timestamps travel with whole-second precision.
     let end = now + Duration::from_secs(ALARM_PERIOD_SECONDS.unsigned_abs().into());
     let queries: Vec<MetricDataQuery> = keys

@@ -301,7 +301,7 @@ mod tests {
         let l = Limiter::new("test", LimitConfig::new(100.0, 100));
         let start = tokio::time::Instant::now();
         for _ in 0..130 {
-            let _: Result<(), ()> = l.run("Get", |_| false, || async { Ok(()) }).await;
+            let _: Result<(), ()> = l.run("Get", |()| false, || async { Ok(()) }).await;
         }
         // A second's worth at once, then a hundred a second: the 130th call leaves after about 0.3 s.
         let took = start.elapsed().as_secs_f64();
@@ -320,7 +320,7 @@ mod tests {
                     let _: Result<(), ()> = l
                         .run(
                             "Get",
-                            |_| false,
+                            |()| false,
                             || async {
                                 let n = now.fetch_add(1, Ordering::SeqCst) + 1;
                                 peak.fetch_max(n, Ordering::SeqCst);

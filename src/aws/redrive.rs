@@ -89,8 +89,7 @@ where
             s.err().code().unwrap_or("Unknown").to_string(),
             s.err()
                 .message()
-                .map(str::to_string)
-                .unwrap_or_else(|| DisplayErrorContext(err).to_string()),
+                .map_or_else(|| DisplayErrorContext(err).to_string(), str::to_string),
         ),
         _ => (
             "Unreachable".to_string(),
@@ -369,10 +368,10 @@ async fn delete(client: &aws_sdk_sqs::Client, dlq_url: &str, done: &[(String, St
                 queue = dlq_url,
                 failed = out.failed().len(),
                 "redrive: moved messages not deleted from the dead-letter queue; they may be delivered twice"
-            )
+            );
         }
         Err(e) => {
-            tracing::warn!(queue = dlq_url, error = %DisplayErrorContext(&e), "redrive: moved messages not deleted from the dead-letter queue; they may be delivered twice")
+            tracing::warn!(queue = dlq_url, error = %DisplayErrorContext(&e), "redrive: moved messages not deleted from the dead-letter queue; they may be delivered twice");
         }
     }
 }

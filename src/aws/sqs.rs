@@ -177,7 +177,7 @@ pub const DEFAULT_LIMIT: LimitConfig = LimitConfig::new(300.0, 16);
 
 /// How long a dead-letter queue's URL (from GetQueueUrl) is reused. A URL is derived from the account
 /// and the name, so it only goes stale when the queue is deleted, which GetQueueAttributes reports.
-const URL_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
+const URL_TTL: std::time::Duration = std::time::Duration::from_hours(1);
 
 /// `QueueReader` over the AWS SDK. Builds no client itself: the caller decides region, endpoint,
 /// retries and timeouts (see `crate::aws::sdk_config`). Calls go through a `Limiter`; queue URLs
@@ -239,7 +239,7 @@ impl QueueReader for SqsReader {
                     .map_err(|e| {
                         let missing = e
                             .as_service_error()
-                            .is_some_and(|s| s.is_queue_does_not_exist());
+                            .is_some_and(aws_sdk_sqs::operation::get_queue_attributes::GetQueueAttributesError::is_queue_does_not_exist);
                         SqsError::from_sdk(url, &e, missing)
                     })
             })
@@ -280,7 +280,7 @@ impl QueueReader for SqsReader {
                     .map_err(|e| {
                         let missing = e
                             .as_service_error()
-                            .is_some_and(|s| s.is_queue_does_not_exist());
+                            .is_some_and(aws_sdk_sqs::operation::get_queue_url::GetQueueUrlError::is_queue_does_not_exist);
                         SqsError::from_sdk(&target, &e, missing)
                     })
             })
@@ -437,8 +437,7 @@ impl StaticReader {
     pub fn calls(&self) -> Vec<String> {
         self.calls
             .lock()
-            .map(|c| c.clone())
-            .unwrap_or_else(|p| p.into_inner().clone())
+            .map_or_else(|p| p.into_inner().clone(), |c| c.clone())
     }
 
     fn record(&self, call: String) {

@@ -198,17 +198,14 @@ async fn signalled() {
     use tokio::signal::unix::{SignalKind, signal};
     let term = signal(SignalKind::terminate());
     let int = signal(SignalKind::interrupt());
-    match (term, int) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => tracing::info!(signal = "SIGTERM", "signal received"),
-                _ = int.recv() => tracing::info!(signal = "SIGINT", "signal received"),
-            }
+    if let (Ok(mut term), Ok(mut int)) = (term, int) {
+        tokio::select! {
+            _ = term.recv() => tracing::info!(signal = "SIGTERM", "signal received"),
+            _ = int.recv() => tracing::info!(signal = "SIGINT", "signal received"),
         }
-        _ => {
-            tracing::error!("cannot install signal handlers; stop with SIGKILL");
-            std::future::pending::<()>().await;
-        }
+    } else {
+        tracing::error!("cannot install signal handlers; stop with SIGKILL");
+        std::future::pending::<()>().await;
     }
 }
 
@@ -462,7 +459,7 @@ mod tests {
 
     #[test]
     fn a_spec_with_every_option_set_round_trips() {
-        let yaml = r#"
+        let yaml = r"
 apiVersion: sqs.consumers.dev/v1alpha1
 kind: QueueConsumer
 metadata: {name: everything, namespace: shop}
@@ -493,7 +490,7 @@ spec:
   template:
     spec:
       containers: [{name: app, image: example.org/app:1}]
-"#;
+";
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("everything.yaml");
         std::fs::write(&path, yaml).unwrap();

@@ -285,7 +285,7 @@ pub const SCALED: &str = "Scaled";
 
 /// Base and cap of the error backoff.
 const BACKOFF_BASE: std::time::Duration = std::time::Duration::from_secs(5);
-const BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(300);
+const BACKOFF_MAX: std::time::Duration = std::time::Duration::from_mins(5);
 const CONFLICT_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Requeue after a failed reconcile: conflicts at once, everything else with exponential backoff.
@@ -571,7 +571,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
                 "AlarmSynced",
                 format!("CloudWatch alarm {a} is in sync"),
             )
-            .await
+            .await;
         }
         AlarmChange::Deleted(a) => {
             ctx.event(
@@ -580,7 +580,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
                 "AlarmDeleted",
                 format!("deleted CloudWatch alarm {a}"),
             )
-            .await
+            .await;
         }
     }
 
@@ -640,7 +640,7 @@ async fn read_workers(
     let window = ctx.workers.get(&id);
     let latest = window.as_ref().and_then(|w| w.latest());
     let observed = Workers {
-        stats: window.as_ref().and_then(|w| w.stats()),
+        stats: window.as_ref().and_then(workers::Window::stats),
         pods: latest.map_or(0, |r| r.pods.len()),
         unreachable: latest.map_or(0, |r| r.unreachable.len()),
         in_flight: latest.map_or(0, |r| r.pods.values().map(|m| m.in_flight).sum()),
@@ -688,7 +688,7 @@ async fn set_deletion_costs(qc: &QueueConsumer, ctx: &Context, ns: &str, pods: O
                     .fetch_add(1, Ordering::Relaxed);
             }
             Err(e) => {
-                tracing::warn!(queueconsumer = %name_of(qc), pod, error = %e, "cannot set the pod deletion cost")
+                tracing::warn!(queueconsumer = %name_of(qc), pod, error = %e, "cannot set the pod deletion cost");
             }
         }
     }
@@ -707,7 +707,7 @@ fn record_sample(qc: &QueueConsumer, ctx: &Context, o: &observe::Observed) {
         observe::wall_clock(),
     ) {
         Ok(scale::Recorded::Restarted) => {
-            tracing::info!(queueconsumer = %key, "no sample for longer than the stabilization window: scaling history restarted")
+            tracing::info!(queueconsumer = %key, "no sample for longer than the stabilization window: scaling history restarted");
         }
         Ok(_) => {}
         // SQS left a count out: nothing is pushed, and the policy holds replicas on what it last saw.
@@ -725,15 +725,12 @@ fn measure_startup(qc: &QueueConsumer, ctx: &Context, pods: Option<&[Pod]>) {
     if !qc.spec.scaling.scale_down_stabilization.is_auto() || !ctx.scaling.startup_due(&key, now) {
         return;
     }
-    let measured = match pods {
-        Some(pods) => {
-            let pairs: Vec<_> = pods.iter().filter_map(scale::pod_startup).collect();
-            crate::scaling::measured_startup(&pairs)
-        }
-        None => {
-            tracing::warn!(queueconsumer = %key, "pods not listed: the scale-down hold keeps its last start-up (30s until one is measured)");
-            None
-        }
+    let measured = if let Some(pods) = pods {
+        let pairs: Vec<_> = pods.iter().filter_map(scale::pod_startup).collect();
+        crate::scaling::measured_startup(&pairs)
+    } else {
+        tracing::warn!(queueconsumer = %key, "pods not listed: the scale-down hold keeps its last start-up (30s until one is measured)");
+        None
     };
     ctx.scaling.set_startup(&key, &qc.spec, measured, now);
 }

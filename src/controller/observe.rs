@@ -52,7 +52,7 @@ pub struct AwsOptions {
 
 /// How long the controller reuses an alarm's description by default: drift made by hand and the
 /// alarm's state show in status within this; the controller's own writes show at once.
-pub const DEFAULT_ALARM_RESYNC: std::time::Duration = std::time::Duration::from_secs(300);
+pub const DEFAULT_ALARM_RESYNC: std::time::Duration = std::time::Duration::from_mins(5);
 /// The background CloudWatch refresher's pass period: the default poll interval.
 pub const DEFAULT_REFRESH: std::time::Duration = std::time::Duration::from_secs(15);
 /// How long the first stale CloudWatch read waits for others to join its call.
@@ -326,7 +326,6 @@ pub fn now() -> Time {
 pub fn wall_clock() -> Timestamp {
     let ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0);
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     Timestamp::from_millis(ms)
 }

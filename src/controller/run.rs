@@ -135,7 +135,7 @@ async fn lead(
             changed = leading.changed() => if changed.is_err() {
                 return Err(lost(leader));
             },
-            _ = shutdown.clone() => {
+            () = shutdown.clone() => {
                 // Dropping the receiver makes the manager release and stop.
                 drop(leading);
                 let _ = task.await;
@@ -154,8 +154,8 @@ async fn lead(
     let running = controllers(ctx, &opts.namespaces, opts.reconcile_concurrency, stop);
     tokio::pin!(running);
     let lost_lease = tokio::select! {
-        _ = &mut running => false,
-        _ = shutdown.clone() => false,
+        () = &mut running => false,
+        () = shutdown.clone() => false,
         _ = leading.wait_for(|l| !*l) => true,
     };
     let _ = stop_tx.send(());

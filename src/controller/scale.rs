@@ -371,7 +371,7 @@ mod tests {
         assert_eq!(rec(100, 101), Recorded::NotDue);
         assert_eq!(rec(104, 104), Recorded::NotDue);
         assert_eq!(rec(110, 110), Recorded::Pushed);
-        assert_eq!(h.with_history("k", s(110), |hist| hist.len()), 2);
+        assert_eq!(h.with_history("k", s(110), crate::scaling::History::len), 2);
     }
 
     #[test]
@@ -402,7 +402,7 @@ mod tests {
             h.record("k", &sp, &facts(1), s(156), s(156)).unwrap(),
             Recorded::Pushed
         );
-        assert_eq!(h.with_history("k", s(156), |hist| hist.len()), 1);
+        assert_eq!(h.with_history("k", s(156), crate::scaling::History::len), 1);
     }
 
     #[test]
@@ -417,7 +417,7 @@ mod tests {
             err.to_string().contains("ApproximateNumberOfMessages"),
             "{err}"
         );
-        assert!(h.with_history("k", s(1), |hist| hist.is_empty()));
+        assert!(h.with_history("k", s(1), crate::scaling::History::is_empty));
     }
 
     #[test]

@@ -654,10 +654,7 @@ fn processing_time(i: &StatusInputs<'_>) -> Cond {
     let seen = format!(
         "observed P99 {} (mean {}, {} messages over {} from {} pod(s))",
         seconds(p99),
-        stats
-            .mean_seconds
-            .map(seconds)
-            .unwrap_or_else(|| "-".into()),
+        stats.mean_seconds.map_or_else(|| "-".into(), seconds),
         stats.messages,
         stats.window,
         w.pods
@@ -715,7 +712,7 @@ fn seconds(s: f64) -> String {
 /// rate and in-flight count move a little at every scrape, is not rewritten every poll interval.
 pub const OBSERVED_DEAD_BAND: f64 = 0.2;
 /// Values inside the dead-band are still refreshed when the ones in status are older than this.
-pub const OBSERVED_REFRESH: std::time::Duration = std::time::Duration::from_secs(300);
+pub const OBSERVED_REFRESH: std::time::Duration = std::time::Duration::from_mins(5);
 
 /// What `ProcessingTimeWithinDeclared` says of these workers: True, False or Unknown.
 fn processing_verdict(spec: &crate::api::QueueConsumerSpec, w: &Workers) -> Status {

@@ -197,7 +197,7 @@ pub fn parse(text: &str) -> Option<PodMetrics> {
         } else if name == count_name {
             count = value.parse::<f64>().ok().map(|v| v as u64);
         } else if name == IN_FLIGHT_GAUGE {
-            in_flight = value.parse::<f64>().map(|v| v as i64).unwrap_or(0);
+            in_flight = value.parse::<f64>().map_or(0, |v| v as i64);
         } else if name == DELETED_COUNTER {
             deleted = value
                 .parse::<f64>()

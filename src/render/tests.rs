@@ -131,7 +131,13 @@ fn layouts_per_handler_mode() {
         );
         let args = w.args.as_ref().unwrap();
         assert!(
-            args.ends_with(&case.tail.iter().map(|s| s.to_string()).collect::<Vec<_>>()),
+            args.ends_with(
+                &case
+                    .tail
+                    .iter()
+                    .map(std::string::ToString::to_string)
+                    .collect::<Vec<_>>()
+            ),
             "{}: {args:?}",
             case.name
         );

@@ -568,10 +568,7 @@ pub fn decide_with_waiting(
     let window = spec.scale_down_stabilization.window(history.startup());
     let since = now.saturating_sub(window);
     let mut limited_by = rec.limit;
-    let mut target = if !history.covers(now, window) {
-        limited_by = Some(Limit::ShortHistory);
-        current
-    } else {
+    let mut target = if history.covers(now, window) {
         let window_max = (0..samples.len())
             .filter(|&i| samples[i].at > since)
             .map(|i| model.recommend(&samples, i).keep)
@@ -583,6 +580,9 @@ pub fn decide_with_waiting(
             limited_by = Some(Limit::Stabilization);
         }
         window_max.min(current)
+    } else {
+        limited_by = Some(Limit::ShortHistory);
+        current
     };
     // with a mean, new messages are sized for a start-up and seen ones are not: keep the replicas asked for
     // until they are busy, or the sizing would shrink before they could help

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 /// SQS refuses visibility timeouts above 12 hours.
-pub const VISIBILITY_MAX: Duration = Duration::from_secs(12 * 3600);
+pub const VISIBILITY_MAX: Duration = Duration::from_hours(12);
 
 /// Visibility for a message that failed transiently on its `receive_count`-th receive:
 /// `base * 2^(receive_count - 1)`, capped at `max`, capped again at 12 h.

@@ -162,7 +162,7 @@ async fn run(
                 }
                 None => break,
             },
-            _ = tokio::time::sleep_until(deadline), if !buf.is_empty() => {}
+            () = tokio::time::sleep_until(deadline), if !buf.is_empty() => {}
             changed = close.changed() => {
                 closing = changed.is_err() || *close.borrow();
                 continue;

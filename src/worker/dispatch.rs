@@ -132,8 +132,7 @@ impl Dispatcher {
                             // More slots may free up in a moment: one full receive beats several small
                             // ones, and waiting a tenth of a handler call re-joins batches that drifted apart.
                             let wait = latency_ewma
-                                .map(|l| Duration::from_secs_f64(l / 10.0))
-                                .unwrap_or(Duration::ZERO)
+                                .map_or(Duration::ZERO, |l| Duration::from_secs_f64(l / 10.0))
                                 .min(MAX_FILL_WAIT);
                             fill_at = Some(Instant::now() + wait);
                         }
@@ -156,7 +155,7 @@ impl Dispatcher {
             let beat_due = waiting.iter().filter_map(Lease::beat_due).min();
 
             tokio::select! {
-                _ = &mut shutdown, if !draining => {
+                () = &mut shutdown, if !draining => {
                     draining = true;
                     drain_deadline = Instant::now() + s.drain_budget;
                     metrics.set_readiness(Readiness::Draining);
@@ -282,18 +281,18 @@ impl Dispatcher {
                 Some(_) = tasks.join_next(), if !tasks.is_empty() => {
                     while tasks.try_join_next().is_some() {}
                 }
-                _ = sleep_until_opt(fill_at), if fill_at.is_some() && !fill_ready => {
+                () = sleep_until_opt(fill_at), if fill_at.is_some() && !fill_ready => {
                     fill_ready = true;
                 }
-                _ = sleep_until_opt(backoff_until), if backoff_until.is_some() => {
+                () = sleep_until_opt(backoff_until), if backoff_until.is_some() => {
                     backoff_until = None;
                 }
-                _ = sleep_until_opt(beat_due), if beat_due.is_some() => {
-                    for lease in waiting.iter_mut() {
+                () = sleep_until_opt(beat_due), if beat_due.is_some() => {
+                    for lease in &mut waiting {
                         lease.beat_in_background();
                     }
                 }
-                _ = async { if let Some(f) = paused.as_mut() { f.await } }, if paused.is_some() => {
+                () = async { if let Some(f) = paused.as_mut() { f.await } }, if paused.is_some() => {
                     paused = None;
                     if !draining {
                         tracing::info!("receiving again");
@@ -301,7 +300,7 @@ impl Dispatcher {
                         ready = true;
                     }
                 }
-                _ = tokio::time::sleep_until(drain_deadline), if draining => {
+                () = tokio::time::sleep_until(drain_deadline), if draining => {
                     tracing::warn!(in_flight, receiving = receives.len(), "shutdown budget spent; abandoning handlers still running and releasing their messages");
                     receives.abort_all();
                     tasks.abort_all();
@@ -377,16 +376,13 @@ fn start_fifo(p: &Arc<Processor>, groups: &Groups, tasks: &mut JoinSet<()>, leas
     if let Ok(mut g) = groups.lock() {
         for lease in leases {
             let group = lease.msg.group_id.clone().unwrap_or_default();
-            match g.get_mut(&group) {
-                Some(queue) => {
-                    let mut lease = lease;
-                    lease.beat_in_background();
-                    queue.push_back(lease);
-                }
-                None => {
-                    g.insert(group.clone(), VecDeque::new());
-                    to_start.push((group, lease));
-                }
+            if let Some(queue) = g.get_mut(&group) {
+                let mut lease = lease;
+                lease.beat_in_background();
+                queue.push_back(lease);
+            } else {
+                g.insert(group.clone(), VecDeque::new());
+                to_start.push((group, lease));
             }
         }
     }
@@ -406,7 +402,10 @@ async fn run_group(p: Arc<Processor>, groups: Groups, group: String, first: Leas
         let mut stopped = Vec::new();
         if let Ok(mut g) = groups.lock() {
             match ended {
-                Ended::Deleted => match g.get_mut(&group).and_then(|q| q.pop_front()) {
+                Ended::Deleted => match g
+                    .get_mut(&group)
+                    .and_then(std::collections::VecDeque::pop_front)
+                {
                     Some(l) => next = Some(l),
                     None => {
                         g.remove(&group);

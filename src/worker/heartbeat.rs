@@ -43,10 +43,10 @@ pub const MIN_CALL: Duration = Duration::from_millis(200);
 
 /// Longest heartbeat extension: after a crash, no message stays hidden longer than this (or its
 /// handler timeout, or the visibility timeout if that is longer).
-pub const MAX_EXTENSION: Duration = Duration::from_secs(15 * 60);
+pub const MAX_EXTENSION: Duration = Duration::from_mins(15);
 /// Kept clear of SQS's 12 hours of visibility since the receive (the receive's own latency and
 /// rounding up to whole seconds).
-const TWELVE_HOURS_SLACK: Duration = Duration::from_secs(60);
+const TWELVE_HOURS_SLACK: Duration = Duration::from_mins(1);
 
 /// The heartbeat's extensions and cadence: pure, so the schedule is tested without clocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -268,7 +268,7 @@ async fn run(
                 }
                 None => break,
             },
-            _ = tokio::time::sleep_until(deadline), if !pending.is_empty() => {}
+            () = tokio::time::sleep_until(deadline), if !pending.is_empty() => {}
         }
         let batch = std::mem::replace(&mut pending, Vec::with_capacity(MAX_BATCH));
         tokio::spawn(send(sqs.clone(), metrics.clone(), margin, batch));
@@ -479,9 +479,18 @@ mod tests {
         let plan = Plan::new(s(300), s(100), s(13 * 3600));
         assert_eq!(plan.extension(9, s(3600)), Some(MAX_EXTENSION));
         // 5 minutes left of the 12 hours: 4 minutes (a minute kept clear), not the full 15.
-        assert_eq!(plan.extension(9, VISIBILITY_MAX - s(300)), Some(s(240)));
-        assert_eq!(plan.extension(0, VISIBILITY_MAX - s(61)), Some(s(1)));
-        assert_eq!(plan.extension(0, VISIBILITY_MAX - s(60)), None);
+        assert_eq!(
+            plan.extension(9, VISIBILITY_MAX.checked_sub(s(300)).unwrap()),
+            Some(s(240))
+        );
+        assert_eq!(
+            plan.extension(0, VISIBILITY_MAX.checked_sub(s(61)).unwrap()),
+            Some(s(1))
+        );
+        assert_eq!(
+            plan.extension(0, VISIBILITY_MAX.checked_sub(s(60)).unwrap()),
+            None
+        );
         assert_eq!(plan.extension(0, VISIBILITY_MAX + s(1)), None);
     }
 
@@ -509,9 +518,9 @@ mod tests {
                     lease_end = beat + e;
                     beat += plan.gap(e);
                 }
-                let left = lease_end - t;
+                let left = lease_end.checked_sub(t).unwrap();
                 assert!(
-                    left >= vt - interval,
+                    left >= vt.checked_sub(interval).unwrap(),
                     "{interval:?} at {t:?}: {left:?} left"
                 );
                 let bound = vt.max(t.mul_f64(ratio));
@@ -525,9 +534,6 @@ mod tests {
     #[test]
     fn margin_is_a_quarter_of_the_visibility_timeout_at_most_5s() {
         assert_eq!(lease_margin(Duration::from_secs(3)), MS(750));
-        assert_eq!(
-            lease_margin(Duration::from_secs(60)),
-            Duration::from_secs(5)
-        );
+        assert_eq!(lease_margin(Duration::from_mins(1)), Duration::from_secs(5));
     }
 }

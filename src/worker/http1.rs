@@ -604,7 +604,7 @@ mod tests {
         Pool::new(
             addr.to_string(),
             4,
-            Duration::from_secs(60),
+            Duration::from_mins(1),
             Duration::from_secs(1),
         )
     }

@@ -174,7 +174,7 @@ impl MemoryStore {
     }
 
     pub fn len(&self) -> usize {
-        self.inner.lock().map(|g| g.entries.len()).unwrap_or(0)
+        self.inner.lock().map_or(0, |g| g.entries.len())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -313,8 +313,7 @@ impl RedisStore {
             std::process::id(),
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0)
+                .map_or(0, |d| d.as_nanos())
         );
         Ok(RedisStore {
             conn,
@@ -495,7 +494,7 @@ mod tests {
         ] {
             match key_of(&p, &msg(body)) {
                 Err(IdempotencyError::EmptyKey { key_source }) => {
-                    assert_eq!(key_source, "jsonPointer:/orderId")
+                    assert_eq!(key_source, "jsonPointer:/orderId");
                 }
                 other => panic!("{body}: {other:?}"),
             }
@@ -564,7 +563,7 @@ mod tests {
             !s.renew("k", &token, lease, t0),
             "abandoned: no longer ours"
         );
-        s.complete("k", Duration::from_secs(60), t0);
+        s.complete("k", Duration::from_mins(1), t0);
         assert_eq!(
             s.claim("k", lease, t0 + Duration::from_secs(59)),
             Claim::Done
@@ -586,8 +585,8 @@ mod tests {
         let t0 = Instant::now();
         for i in 0..1000 {
             let k = format!("k{i}");
-            s.claim(&k, Duration::from_secs(60), t0);
-            s.complete(&k, Duration::from_secs(3600), t0);
+            s.claim(&k, Duration::from_mins(1), t0);
+            s.complete(&k, Duration::from_hours(1), t0);
         }
         assert!(s.len() <= 10, "{}", s.len());
         assert_eq!(

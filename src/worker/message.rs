@@ -142,7 +142,7 @@ impl Lease {
                 while let Some(at) = beat.next {
                     tokio::select! {
                         _ = &mut stopped => break,
-                        _ = tokio::time::sleep_until(at) => beat.run(&processor, &rh, &id).await,
+                        () = tokio::time::sleep_until(at) => beat.run(&processor, &rh, &id).await,
                     }
                 }
                 beat
@@ -270,7 +270,7 @@ impl Beat {
             tokio::select! {
                 biased;
                 out = &mut work => return Some(out),
-                _ = &mut timer => {
+                () = &mut timer => {
                     if Instant::now() >= deadline {
                         return None;
                     }
@@ -455,10 +455,7 @@ impl Processor {
     }
 
     fn known_poison(&self, id: &str) -> bool {
-        self.poisoned
-            .lock()
-            .map(|s| s.set.contains(id))
-            .unwrap_or(false)
+        self.poisoned.lock().is_ok_and(|s| s.set.contains(id))
     }
 
     fn remember_poison(&self, id: &str) {
@@ -754,11 +751,10 @@ impl Processor {
                 });
                 // A handler's Retry-After is honoured up to --retry-max: a typo of a few digits
                 // must not hide the message for 12 hours.
-                let delay = retry_after
-                    .map(|d| d.min(self.retry_max))
-                    .unwrap_or_else(|| {
-                        retry_delay(self.retry_base, self.retry_max, msg.receive_count)
-                    });
+                let delay = retry_after.map_or_else(
+                    || retry_delay(self.retry_base, self.retry_max, msg.receive_count),
+                    |d| d.min(self.retry_max),
+                );
                 tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, reason = %reason, retry_in_s = visibility_secs(delay), "handler failed; retrying later");
                 lease.back_off(delay).await;
                 Ended::Kept
@@ -805,7 +801,7 @@ mod tests {
         assert_eq!(hide_for(S(13 * 3600), S(30), S(0)), VISIBILITY_MAX);
         assert_eq!(
             hide_for(S(13 * 3600), S(30), S(3600)),
-            VISIBILITY_MAX - S(3600)
+            VISIBILITY_MAX.checked_sub(S(3600)).unwrap()
         );
     }
 }

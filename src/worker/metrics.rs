@@ -121,8 +121,9 @@ impl Metrics {
     pub fn readiness(&self) -> Readiness {
         self.readiness
             .lock()
-            .map(|g| g.clone())
-            .unwrap_or(Readiness::Failing("readiness lock poisoned".into()))
+            .map_or(Readiness::Failing("readiness lock poisoned".into()), |g| {
+                g.clone()
+            })
     }
 
     /// Total SQS requests of every action.

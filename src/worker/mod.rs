@@ -305,8 +305,8 @@ pub async fn run(
         handler.describe()
     )));
     tokio::select! {
-        _ = handler.wait_reachable() => {}
-        _ = signalled() => {
+        () = handler.wait_reachable() => {}
+        () = signalled() => {
             let _ = probes_stop.send(());
             return Ok(summary(&metrics));
         }
@@ -401,7 +401,7 @@ pub async fn run(
 }
 
 async fn wait_signal(mut rx: watch::Receiver<Option<Instant>>) {
-    let _ = rx.wait_for(|s| s.is_some()).await;
+    let _ = rx.wait_for(std::option::Option::is_some).await;
 }
 
 fn summary(m: &Metrics) -> Summary {
@@ -442,8 +442,8 @@ async fn read_queue(
                     )));
                 }
                 tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = &mut signalled => return None,
+                    () = tokio::time::sleep(delay) => {}
+                    () = &mut signalled => return None,
                 }
             }
         }
@@ -486,8 +486,8 @@ async fn open_store(
                         tracing::error!(error = %e, attempt, retry_in_ms = delay.as_millis() as u64, "idempotency store unreachable; not ready");
                         metrics.set_readiness(Readiness::Failing(e.to_string()));
                         tokio::select! {
-                            _ = tokio::time::sleep(delay) => {}
-                            _ = &mut signalled => return Ok(Opened::Interrupted),
+                            () = tokio::time::sleep(delay) => {}
+                            () = &mut signalled => return Ok(Opened::Interrupted),
                         }
                     }
                 }

@@ -207,7 +207,9 @@ impl Message {
                 let value = AttributeValue {
                     data_type: v.data_type,
                     string: v.string_value,
-                    binary: v.binary_value.map(|b| b.into_inner()),
+                    binary: v
+                        .binary_value
+                        .map(aws_sdk_sqs::primitives::Blob::into_inner),
                 };
                 (name, value)
             })
@@ -419,9 +421,10 @@ impl Sqs {
         let received_at = lease_start(sent, Instant::now());
         let mut messages = Vec::new();
         for m in out.messages.unwrap_or_default() {
-            match Message::from_sdk(m, received_at) {
-                Some(msg) => messages.push(msg),
-                None => tracing::warn!("received a message without id or receipt handle; ignored"),
+            if let Some(msg) = Message::from_sdk(m, received_at) {
+                messages.push(msg)
+            } else {
+                tracing::warn!("received a message without id or receipt handle; ignored")
             }
         }
         Ok(messages)
@@ -456,7 +459,11 @@ impl Sqs {
                 }),
             )
             .await?;
-        let successful: Vec<&str> = out.successful().iter().map(|e| e.id()).collect();
+        let successful: Vec<&str> = out
+            .successful()
+            .iter()
+            .map(aws_sdk_sqs::types::DeleteMessageBatchResultEntry::id)
+            .collect();
         Ok(batch_failures(out.failed(), &successful, entries.len()))
     }
 
@@ -519,7 +526,11 @@ impl Sqs {
                 }),
             )
             .await?;
-        let successful: Vec<&str> = out.successful().iter().map(|e| e.id()).collect();
+        let successful: Vec<&str> = out
+            .successful()
+            .iter()
+            .map(aws_sdk_sqs::types::ChangeMessageVisibilityBatchResultEntry::id)
+            .collect();
         Ok(batch_failures(out.failed(), &successful, entries.len()))
     }
 

@@ -21,11 +21,10 @@ pub fn redis_url() -> String {
 
 /// An SDK client for the test server, with dummy credentials.
 pub async fn sqs_client() -> aws_sdk_sqs::Client {
-    if std::env::var("AWS_ACCESS_KEY_ID").is_err() {
-        panic!(
-            "AWS_ACCESS_KEY_ID is not set: run `bash scripts/test` (it exports dummy keys for moto)"
-        );
-    }
+    assert!(
+        std::env::var("AWS_ACCESS_KEY_ID").is_ok(),
+        "AWS_ACCESS_KEY_ID is not set: run `bash scripts/test` (it exports dummy keys for moto)"
+    );
     let conf = qc::aws::sdk_config(Some("us-east-1"), Some(&sqs_endpoint())).await;
     aws_sdk_sqs::Client::new(&conf)
 }
@@ -36,8 +35,7 @@ pub fn unique_name(prefix: &str) -> String {
     let n = N.fetch_add(1, Ordering::Relaxed);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
+        .map_or(0, |d| d.subsec_nanos());
     format!("{prefix}-{}-{n}-{nanos}", std::process::id())
 }
 

@@ -92,8 +92,7 @@ fn unique(prefix: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
+        .map_or(0, |d| d.subsec_nanos());
     format!(
         "{prefix}-{}-{}-{}",
         std::process::id(),
@@ -181,7 +180,7 @@ impl Drop for PortForward {
 
 fn moto_manifest(ns: &str, image: &str) -> String {
     format!(
-        r#"apiVersion: apps/v1
+        r"apiVersion: apps/v1
 kind: Deployment
 metadata: {{name: moto, namespace: {ns}}}
 spec:
@@ -201,7 +200,7 @@ metadata: {{name: moto, namespace: {ns}}}
 spec:
   selector: {{app: moto}}
   ports: [{{port: {MOTO_PORT}, targetPort: {MOTO_PORT}}}]
-"#
+"
     )
 }
 
@@ -363,7 +362,7 @@ async fn chart_installs_and_a_queue_consumer_becomes_ready() {
         &format!(r#"aws.allowedEndpoints=["{in_cluster}"]"#),
     ]
     .iter()
-    .map(|s| s.to_string())
+    .map(std::string::ToString::to_string)
     .collect();
     for v in image_values(&env.image) {
         helm_args.push("--set".into());

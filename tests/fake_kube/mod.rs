@@ -637,15 +637,12 @@ fn percent_decode(s: &str) -> String {
             }
             b'%' if i + 2 < bytes.len() => {
                 let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
-                match u8::from_str_radix(hex, 16) {
-                    Ok(b) => {
-                        out.push(b);
-                        i += 3;
-                    }
-                    Err(_) => {
-                        out.push(b'%');
-                        i += 1;
-                    }
+                if let Ok(b) = u8::from_str_radix(hex, 16) {
+                    out.push(b);
+                    i += 3;
+                } else {
+                    out.push(b'%');
+                    i += 1;
                 }
             }
             b => {
@@ -821,18 +818,15 @@ fn changed_paths(old: &Value, new: &Value) -> BTreeSet<Path> {
 fn field_path(p: &[String]) -> String {
     let mut out = String::new();
     for seg in p {
-        match seg
+        if let Some(key) = seg
             .strip_prefix("k:")
             .and_then(|k| serde_json::from_str::<Map<String, Value>>(k).ok())
         {
-            Some(key) => {
-                let parts: Vec<String> = key.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                out.push_str(&format!("[{}]", parts.join(",")));
-            }
-            None => {
-                out.push('.');
-                out.push_str(seg);
-            }
+            let parts: Vec<String> = key.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            out.push_str(&format!("[{}]", parts.join(",")));
+        } else {
+            out.push('.');
+            out.push_str(seg);
         }
     }
     out
@@ -894,7 +888,7 @@ fn item_key(key: &str, value: &Value) -> String {
 fn canonical(kind: Kind, v: &Value) -> Value {
     let mut v = v.clone();
     for (path, key) in list_maps(kind) {
-        let path: Path = path.iter().map(|s| s.to_string()).collect();
+        let path: Path = path.iter().map(std::string::ToString::to_string).collect();
         let Some(slot) = at_mut(&mut v, &path) else {
             continue;
         };
@@ -917,7 +911,7 @@ fn canonical(kind: Kind, v: &Value) -> Value {
 /// request sent them (as the API server's merge orders them).
 fn listed(kind: Kind, mut v: Value, live: &Value, sent: &Value) -> Value {
     for (path, key) in list_maps(kind) {
-        let path: Path = path.iter().map(|s| s.to_string()).collect();
+        let path: Path = path.iter().map(std::string::ToString::to_string).collect();
         let Some(slot) = at_mut(&mut v, &path) else {
             continue;
         };
@@ -1168,8 +1162,7 @@ impl State {
         // must not collide between tests sharing one moto server.
         let salt = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
+            .map_or(0, |d| d.as_nanos());
         let mix = (salt as u64)
             ^ (u64::from(std::process::id()) << 32)
             ^ self.uid.wrapping_mul(0x9e37_79b9_7f4a_7c15);
@@ -1269,7 +1262,7 @@ impl State {
                 let sent = leaf_set(&applied);
                 let mut owners = stored.owners.clone();
                 let mut conflicts: Vec<(String, Path)> = Vec::new();
-                for (other, paths) in owners.iter_mut() {
+                for (other, paths) in &mut owners {
                     if *other == manager {
                         continue;
                     }
@@ -1317,8 +1310,7 @@ impl State {
                 let next = listed(kind, next, &live_listed, &sent_listed);
                 self.commit(tx, kind, ns, name, next, owners)
             }
-            Some("application/merge-patch+json")
-            | Some("application/strategic-merge-patch+json") => {
+            Some("application/merge-patch+json" | "application/strategic-merge-patch+json") => {
                 let stored = self
                     .objects
                     .get(&key)
@@ -1651,7 +1643,7 @@ impl State {
                 }
                 loop {
                     tokio::select! {
-                        _ = tokio::time::sleep_until(deadline) => return None,
+                        () = tokio::time::sleep_until(deadline) => return None,
                         got = rx.recv() => match got {
                             Ok(e) => {
                                 if e.kind == kind

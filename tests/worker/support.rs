@@ -525,7 +525,7 @@ pub fn numbered(count: usize) -> Vec<String> {
 }
 
 pub fn args(list: &[&str]) -> Vec<String> {
-    list.iter().map(|s| s.to_string()).collect()
+    list.iter().map(std::string::ToString::to_string).collect()
 }
 
 /// What the fault proxy does with SQS traffic.
@@ -640,19 +640,19 @@ impl FaultProxy {
                         Fault::Fail(status, code) => answer_errors(client, status, code).await,
                         Fault::HangFirst(action) => relay_hanging(client, &upstream, action).await,
                         Fault::FailAction(action, status, code) => {
-                            relay_failing(client, &upstream, action, status, code).await
+                            relay_failing(client, &upstream, action, status, code).await;
                         }
                         Fault::FailFirst(action, status, code) => {
                             relay_once(client, &upstream, action, &fired, |_| {
                                 Err(error_response(status, code).into_bytes())
                             })
-                            .await
+                            .await;
                         }
                         Fault::SpoilFirstHandle(action) => {
                             relay_once(client, &upstream, action, &fired, |req| {
                                 Ok(spoil_first_handle(req))
                             })
-                            .await
+                            .await;
                         }
                         Fault::Refuse => {}
                     }
@@ -715,7 +715,7 @@ async fn relay_hanging(mut client: tokio::net::TcpStream, upstream: &str, action
     while let Some(req) = read_message(&mut client, &mut cbuf).await {
         let head = String::from_utf8_lossy(&req).to_lowercase();
         if head.contains(&target) && !HUNG.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_secs(3600)).await;
+            tokio::time::sleep(Duration::from_hours(1)).await;
             return;
         }
         if server.write_all(&req).await.is_err() {
@@ -901,7 +901,7 @@ impl TestCerts {
         let new_ca = |name: &str| {
             openssl(&format!(
                 "req -x509 -newkey rsa:2048 -nodes -keyout {name}.key -out {name}.crt -days 2 -subj /CN={name}"
-            ))
+            ));
         };
         new_ca("ca");
         // A second CA that signed nothing: a trust store holding only it trusts no server here.

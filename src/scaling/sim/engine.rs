@@ -324,15 +324,12 @@ impl<'a> Engine<'a> {
             seq: self.next_seq,
         };
         self.next_seq += 1;
-        let idx = match self.reusable.pop() {
-            Some(i) => {
-                self.replicas[i] = replica;
-                i
-            }
-            None => {
-                self.replicas.push(replica);
-                self.replicas.len() - 1
-            }
+        let idx = if let Some(i) = self.reusable.pop() {
+            self.replicas[i] = replica;
+            i
+        } else {
+            self.replicas.push(replica);
+            self.replicas.len() - 1
         };
         self.active += 1;
         self.existing += 1;

@@ -98,7 +98,7 @@ impl Reaper {
                     Some(s) => {
                         tokio::select! {
                             _ = s.recv() => {}
-                            _ = tick => {}
+                            () = tick => {}
                         }
                     }
                     None => tick.await,
@@ -266,7 +266,11 @@ impl ExecHandler {
         }
         let spawned = {
             // Registered under the lock, so the reaper never collects this child's exit status.
-            let mut own = self.reaper.own.lock().unwrap_or_else(|e| e.into_inner());
+            let mut own = self
+                .reaper
+                .own
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let spawned = cmd.spawn();
             if let Ok(c) = &spawned
                 && let Some(id) = c.id()
@@ -302,51 +306,45 @@ impl ExecHandler {
         };
         let timer = tokio::time::sleep_until(deadline);
         tokio::pin!(timer);
-        let status = match pid.and_then(exit_watch) {
-            Some(watch) => {
-                // Wait for the exit (or the deadline) without reaping, kill what is left in the
-                // group, then reap. A child that exits without reading all its input ends the feeding.
-                let exit = watch.readable();
-                tokio::pin!(exit);
-                let timed_out = tokio::select! {
+        let status = if let Some(watch) = pid.and_then(exit_watch) {
+            // Wait for the exit (or the deadline) without reaping, kill what is left in the
+            // group, then reap. A child that exits without reading all its input ends the feeding.
+            let exit = watch.readable();
+            tokio::pin!(exit);
+            let timed_out = tokio::select! {
+                _ = &mut exit => false,
+                () = &mut timer => true,
+                () = feed => tokio::select! {
                     _ = &mut exit => false,
-                    _ = &mut timer => true,
-                    _ = feed => tokio::select! {
-                        _ = &mut exit => false,
-                        _ = &mut timer => true,
-                    },
-                };
-                guard.kill();
-                let status = child.wait().await;
-                if timed_out {
-                    guard.wait_group_gone().await;
-                    guard.reaped();
-                    return None;
-                }
+                    () = &mut timer => true,
+                },
+            };
+            guard.kill();
+            let status = child.wait().await;
+            if timed_out {
+                guard.wait_group_gone().await;
+                guard.reaped();
+                return None;
+            }
+            guard.reaped();
+            status
+        } else {
+            let waited = tokio::select! {
+                ((), status) = async { tokio::join!(feed, child.wait()) } => Some(status),
+                () = &mut timer => None,
+            };
+            if let Some(status) = waited {
                 guard.reaped();
                 status
-            }
-            None => {
-                let waited = tokio::select! {
-                    (_, status) = async { tokio::join!(feed, child.wait()) } => Some(status),
-                    _ = &mut timer => None,
-                };
-                match waited {
-                    Some(status) => {
-                        guard.reaped();
-                        status
-                    }
-                    None => {
-                        // Not reaped yet (the wait did not finish): the group id is still the child's.
-                        if !matches!(child.try_wait(), Ok(Some(_))) {
-                            guard.kill();
-                            let _ = child.wait().await;
-                            guard.wait_group_gone().await;
-                        }
-                        guard.reaped();
-                        return None;
-                    }
+            } else {
+                // Not reaped yet (the wait did not finish): the group id is still the child's.
+                if !matches!(child.try_wait(), Ok(Some(_))) {
+                    guard.kill();
+                    let _ = child.wait().await;
+                    guard.wait_group_gone().await;
                 }
+                guard.reaped();
+                return None;
             }
         };
         Some(match status {

@@ -20,7 +20,7 @@ pub const OMITTED_HEADER: &str = "x-qc-omitted-attributes";
 pub const DEFAULT_MAX_HEAD: usize = 8 * 1024;
 
 /// Idle connections to the handler are closed after this.
-const POOL_IDLE: Duration = Duration::from_secs(60);
+const POOL_IDLE: Duration = Duration::from_mins(1);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct HttpHandler {
@@ -326,7 +326,7 @@ fn is_token(b: u8) -> bool {
 
 fn guess_content_type(body: &[u8]) -> &'static str {
     match body.iter().find(|b| !b.is_ascii_whitespace()) {
-        Some(b'{') | Some(b'[') => "application/json",
+        Some(b'{' | b'[') => "application/json",
         _ => "text/plain; charset=utf-8",
     }
 }

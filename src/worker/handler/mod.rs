@@ -194,7 +194,7 @@ mod tests {
         let now = httpdate::parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
         assert_eq!(
             parse_retry_after("Sun, 06 Nov 1994 08:50:37 GMT", now),
-            Some(Duration::from_secs(60))
+            Some(Duration::from_mins(1))
         );
         assert_eq!(
             parse_retry_after("Sun, 06 Nov 1994 08:00:00 GMT", now),
