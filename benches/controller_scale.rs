@@ -340,7 +340,7 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) {
         };
         let mut seen: HashMap<String, Instant> = HashMap::new();
         // The catch-up ends once every QueueConsumer's first reconcile has written its status.
-        let mut status_written: std::collections::HashSet<String> = Default::default();
+        let mut status_written = std::collections::HashSet::<String>::default();
         loop {
             tokio::time::sleep(Duration::from_millis(100)).await;
             let now = Instant::now();

@@ -329,6 +329,7 @@ fn handler_rows() -> Vec<HandlerRow> {
         retry_in_s: 300,
         why,
     };
+    #[allow(clippy::format_collect)]
     let many_headers: String = (0..70).map(|i| format!("x-h{i}: v\r\n")).collect();
     vec![
         HandlerRow {

@@ -169,7 +169,7 @@ async fn watch_replays_from_resource_version_and_streams() {
         )
         .await
         .unwrap();
-    let list = api.list(&Default::default()).await.unwrap();
+    let list = api.list(&kube::api::ListParams::default()).await.unwrap();
     assert_eq!(list.items.len(), 1);
     let mut stream = api
         .watch(&WatchParams::default().timeout(10), &rv(&created))

@@ -65,10 +65,10 @@ async fn qc_operator_run_connects_to_a_real_api_server() {
         .await
         .unwrap();
     let metrics = || async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
             return String::new();
         };
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let _ = s
             .write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
             .await;

@@ -351,9 +351,7 @@ async fn kubectl_get_shows_the_columns_and_explain_the_fields() {
             "explain --recursive lacks {field}: {out}"
         );
     }
-    // Every object of the schema, explained by the server's own kubectl: no field without a description.
-    let crd = serde_json::to_value(qc::api::crd()).unwrap();
-    let mut objects = vec![];
+    #[allow(clippy::items_after_statements)] // beside the one walk that uses it
     fn walk(node: &Value, path: &str, out: &mut Vec<String>) {
         if let Some(props) = node.get("properties").and_then(|p| p.as_object()) {
             out.push(path.to_string());
@@ -365,6 +363,9 @@ async fn kubectl_get_shows_the_columns_and_explain_the_fields() {
             walk(items, path, out);
         }
     }
+    // Every object of the schema, explained by the server's own kubectl: no field without a description.
+    let crd = serde_json::to_value(qc::api::crd()).unwrap();
+    let mut objects = vec![];
     walk(
         &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"],
         "qc",

@@ -63,6 +63,7 @@ fn config_crd_copy_matches_types() {
 #[test]
 fn chart_crd_body_matches_types() {
     let template = read(&format!("{CHART}/templates/crd.yaml"));
+    #[allow(clippy::format_collect)]
     let body: String = template
         .lines()
         .filter(|l| !l.trim_start().starts_with("{{"))

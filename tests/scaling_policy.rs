@@ -1,5 +1,8 @@
 //! Table tests of the replica policy (src/scaling): one table per clause of the policy (docs/scaling.md, "The algorithm").
 
+// Expected values are exact results of deterministic arithmetic (rates, ratios, sample values).
+#![allow(clippy::float_cmp)]
+
 use qc::api::{Duration, ScalingSpec, Stabilization};
 use qc::scaling::{
     Decision, History, Limit, MAX_SAMPLES, MAX_STARTUP, Reason, Sample, ScalingError, Timestamp,

@@ -1,6 +1,9 @@
 //! The queue simulator (src/scaling/sim): conservation of messages, draining of removed replicas, start-up
 //! delay, determinism, and the behaviours that tell the three policies apart. Counts, never timings.
 
+// Expected values are exact results of deterministic arithmetic (rates, ratios, sample values).
+#![allow(clippy::float_cmp)]
+
 use qc::api::{Duration, ScalingSpec};
 use qc::scaling::sim::engine::Engine;
 use qc::scaling::sim::{self, Msg, Ours, Policy, Scaler, SimConfig, Trace};
@@ -26,10 +29,10 @@ fn msg(at_ms: u64, service_ms: u32) -> Msg {
 fn mixed_trace() -> Trace {
     let per_second = (0..2400u32)
         .map(|s| match s {
-            0..120 => 0,
             120..600 => (s - 120) / 8,
             600 => 500,
             601..1500 => 5 + s % 7,
+            // idle before the ramp and after the tail
             _ => 0,
         })
         .collect();

@@ -2,6 +2,9 @@
 //! double-handle a message, against the moto server, redis and real processes. docs/reliability.md
 //! records each drill with its counts.
 
+// Expected values are exact results of deterministic arithmetic (rates, ratios, sample values).
+#![allow(clippy::float_cmp)]
+
 #[path = "common/mod.rs"]
 mod common;
 #[path = "worker/support.rs"]
@@ -525,6 +528,7 @@ async fn fifo_poison_reaches_the_fifo_dlq_in_its_group() {
 /// Poison without a DLQ: `dead-letter` acts as `leave`, the message stays on the queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_without_a_dlq_is_left_on_the_queue() {
+    use qc::aws::QueueReader;
     let client = common::sqs_client().await;
     let url = common::create_queue(
         &client,
@@ -567,7 +571,6 @@ async fn poison_without_a_dlq_is_left_on_the_queue() {
         Some(0.0)
     );
     let attrs = qc::aws::SqsReader::new(client.clone());
-    use qc::aws::QueueReader;
     let a = attrs.attributes(&url).await.unwrap();
     assert_eq!(
         a["ApproximateNumberOfMessagesNotVisible"], "1",

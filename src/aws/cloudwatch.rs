@@ -382,7 +382,7 @@ impl std::fmt::Debug for CloudWatchAlarms {
         f.debug_struct("CloudWatchAlarms")
             .field("options", &self.options)
             .field("limiter", &self.limiter)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -937,7 +937,7 @@ mod tests {
         assert_eq!(a.metric_name, "ApproximateNumberOfMessagesVisible");
         assert_eq!(a.namespace, "AWS/SQS");
         assert_eq!(a.comparison, "GreaterThanThreshold");
-        assert_eq!(a.threshold, 0.0);
+        assert!(a.threshold.abs() < f64::EPSILON, "{}", a.threshold);
         assert_eq!(a.queue_name, "orders-dlq");
         assert!(a.description.contains("shop/orders"));
     }

@@ -256,6 +256,8 @@ pub fn queue_region(given: Option<&str>, url: &str) -> Option<String> {
 
 /// A queue URL names a FIFO queue when its name ends in `.fifo` (SQS requires it).
 pub fn is_fifo(url: &str) -> bool {
+    // SQS names are case-sensitive and the suffix is lowercase: `.FIFO` is not a FIFO queue.
+    #[allow(clippy::case_sensitive_file_extension_comparisons)]
     url.trim_end_matches('/').ends_with(".fifo")
 }
 

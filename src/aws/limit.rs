@@ -74,7 +74,7 @@ impl std::fmt::Debug for Limiter {
             .field("service", &self.service)
             .field("config", &self.config)
             .field("rate", &self.rate())
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 

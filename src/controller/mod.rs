@@ -92,14 +92,14 @@ impl Error {
     /// Another writer got there first (409, or a JSON-patch test that no longer holds): retry soon
     /// with fresh state rather than back off.
     pub fn is_conflict(&self) -> bool {
-        let kube_err = match self {
-            Error::ReadDeployment(e)
-            | Error::ApplyDeployment(e)
-            | Error::ScaleDeployment(e)
-            | Error::WriteStatus(e)
-            | Error::AddFinalizer(e)
-            | Error::RemoveFinalizer(e) => e,
-            _ => return false,
+        let (Error::ReadDeployment(kube_err)
+        | Error::ApplyDeployment(kube_err)
+        | Error::ScaleDeployment(kube_err)
+        | Error::WriteStatus(kube_err)
+        | Error::AddFinalizer(kube_err)
+        | Error::RemoveFinalizer(kube_err)) = self
+        else {
+            return false;
         };
         matches!(kube_err, kube::Error::Api(s) if s.code == 409 || (s.code == 422 && matches!(self, Error::AddFinalizer(_) | Error::RemoveFinalizer(_))))
     }
@@ -307,7 +307,7 @@ pub fn error_policy(qc: Arc<QueueConsumer>, err: &Error, ctx: Arc<Context>) -> A
 /// One reconcile of one QueueConsumer.
 pub async fn reconcile(qc: Arc<QueueConsumer>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.metrics.reconciles.fetch_add(1, Ordering::Relaxed);
-    let result = reconcile_inner(&qc, &ctx).await;
+    let result = Box::pin(reconcile_inner(&qc, &ctx)).await;
     if result.is_ok() {
         ctx.failures().remove(&ConsumerKey::of(&qc));
     }

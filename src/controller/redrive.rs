@@ -346,6 +346,7 @@ fn spawn(token: &str, t: &Target, base_moved: u64, client: &aws_sdk_sqs::Client,
     }
 }
 
+#[allow(clippy::unnecessary_wraps)] // fits the status block's optional counts
 fn count(n: u64) -> Option<i64> {
     Some(i64::try_from(n).unwrap_or(i64::MAX))
 }

@@ -800,7 +800,7 @@ pub fn dead_band(qc: &QueueConsumer, mut w: Workers) -> Workers {
     if let Some(f) = old.in_flight {
         w.in_flight = f;
     }
-    w.sampled_at = old.sampled_at.clone();
+    w.sampled_at.clone_from(&old.sampled_at);
     w
 }
 
@@ -809,6 +809,7 @@ fn round3(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0
 }
 
+#[allow(clippy::unnecessary_wraps)] // the block status carries is optional
 fn observed_block(w: &Workers) -> Option<crate::api::ObservedStatus> {
     let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
     Some(crate::api::ObservedStatus {
@@ -861,7 +862,7 @@ fn queue_block(f: &Facts, sampled_at: Option<Time>, old: Option<&QueueStatus>) -
     if let Some(old) = old
         && same_queue_numbers(old, &block)
     {
-        block.sampled_at = old.sampled_at.clone();
+        block.sampled_at.clone_from(&old.sampled_at);
     }
     block
 }

@@ -186,7 +186,7 @@ mod tests {
     fn own_writes_to_a_queueconsumer_do_not_change_its_fingerprint() {
         let a = qc(3, "10");
         let mut b = qc(3, "11");
-        b.status = Some(Default::default());
+        b.status = Some(crate::api::QueueConsumerStatus::default());
         b.metadata.finalizers = Some(vec!["x".into()]);
         b.metadata.annotations = Some([("other".to_string(), "1".to_string())].into());
         assert_eq!(consumer_fingerprint(&a), consumer_fingerprint(&b));

@@ -171,9 +171,8 @@ pub fn parse(text: &str) -> Option<PodMetrics> {
         if line.starts_with('#') || line.is_empty() {
             continue;
         }
-        let (name_labels, value) = match line.rsplit_once(' ') {
-            Some(x) => x,
-            None => continue,
+        let Some((name_labels, value)) = line.rsplit_once(' ') else {
+            continue;
         };
         let (name, labels) = match name_labels.split_once('{') {
             Some((n, l)) => (n, l.trim_end_matches('}')),
@@ -281,7 +280,7 @@ pub fn stats(rounds: &[&Round]) -> Option<Stats> {
                     next = m;
                 }
                 // A scrape that missed the pod (timeout under load) breaks nothing: look further back.
-                None => continue,
+                None => {}
                 Some(_) => break,
             }
         }

@@ -54,7 +54,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn verb(&self) -> &'static str {
+    fn verb(self) -> &'static str {
         match self {
             Kind::Delete => "delete",
             Kind::Release => "release",

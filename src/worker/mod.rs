@@ -578,8 +578,8 @@ mod tests {
 
     #[test]
     fn validation_names_the_flag() {
-        assert_eq!(flag_of(&config()), None);
         type Mutation = Box<dyn Fn(&mut Config)>;
+        assert_eq!(flag_of(&config()), None);
         let cases: Vec<(Mutation, &str)> = vec![
             (Box::new(|c| c.batch_size = 11), "--batch-size"),
             (Box::new(|c| c.batch_size = 0), "--batch-size"),

@@ -422,9 +422,9 @@ impl Sqs {
         let mut messages = Vec::new();
         for m in out.messages.unwrap_or_default() {
             if let Some(msg) = Message::from_sdk(m, received_at) {
-                messages.push(msg)
+                messages.push(msg);
             } else {
-                tracing::warn!("received a message without id or receipt handle; ignored")
+                tracing::warn!("received a message without id or receipt handle; ignored");
             }
         }
         Ok(messages)
@@ -696,7 +696,9 @@ fn origin(url: &str) -> &str {
 }
 
 /// Reads what the worker needs from GetQueueAttributes(All).
-pub fn parse_queue_info(attrs: &HashMap<String, String>) -> Result<QueueInfo, String> {
+pub fn parse_queue_info<S: std::hash::BuildHasher>(
+    attrs: &HashMap<String, String, S>,
+) -> Result<QueueInfo, String> {
     let vt = attrs
         .get("VisibilityTimeout")
         .ok_or("GetQueueAttributes returned no VisibilityTimeout")?;

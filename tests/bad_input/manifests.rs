@@ -89,7 +89,7 @@ fn manifest_rows() -> Vec<Row> {
     vec![
         row(
             "concurrency_u32_max",
-            vec![("/spec/processing/concurrency", json!(4294967295u64))],
+            vec![("/spec/processing/concurrency", json!(4_294_967_295u64))],
             &[
                 "processing.concurrency must be at most 10000",
                 "add replicas",
@@ -102,7 +102,7 @@ fn manifest_rows() -> Vec<Row> {
         ),
         row(
             "concurrency_beyond_u32",
-            vec![("/spec/processing/concurrency", json!(4294967296u64))],
+            vec![("/spec/processing/concurrency", json!(4_294_967_296u64))],
             &["spec.processing.concurrency", "invalid value"],
         ),
         row(
@@ -281,7 +281,7 @@ fn manifest_rows() -> Vec<Row> {
         ),
         row(
             "batch_size_u32_max",
-            vec![("/spec/processing/batchSize", json!(4294967295u64))],
+            vec![("/spec/processing/batchSize", json!(4_294_967_295u64))],
             &["processing.batchSize must be between 1 and 10"],
         ),
         row(
@@ -306,7 +306,7 @@ fn manifest_rows() -> Vec<Row> {
         ),
         row(
             "max_replicas_u32_max",
-            vec![("/spec/scaling/maxReplicas", json!(4294967295u64))],
+            vec![("/spec/scaling/maxReplicas", json!(4_294_967_295u64))],
             &["scaling.maxReplicas must be at most 2147483647"],
         ),
         row(
@@ -557,7 +557,7 @@ fn check_exits_2_naming_the_field() {
     let rows: Vec<(&str, Edits, &str)> = vec![
         (
             "check_concurrency_u32_max",
-            vec![("/spec/processing/concurrency", json!(4294967295u64))],
+            vec![("/spec/processing/concurrency", json!(4_294_967_295u64))],
             "processing.concurrency must be at most 10000",
         ),
         (

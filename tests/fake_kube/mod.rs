@@ -34,6 +34,7 @@ type Path = Vec<String>;
 
 /// The kinds the fake serves.
 #[derive(Debug, PartialEq, Eq, Clone, Copy, PartialOrd, Ord, Hash)]
+#[allow(clippy::struct_field_names)] // `kind` is the API's own name for it
 pub struct Kind {
     pub group: &'static str,
     pub version: &'static str,
@@ -1422,6 +1423,7 @@ impl State {
 
     /// Store `next` if it differs from the live object: bump resourceVersion (and generation when the
     /// spec changed), apply defaults, publish a watch event, finish deletion when finalizers are gone.
+    #[allow(clippy::unnecessary_wraps)] // the same Result as every other write path
     fn commit(
         &mut self,
         tx: &broadcast::Sender<WatchEntry>,

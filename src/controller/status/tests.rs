@@ -420,6 +420,7 @@ fn scale_decision(
 
 #[test]
 fn scaling_active_and_desired_replicas_follow_the_decision() {
+    type Case<'a> = (&'a [(u64, u64)], u32, &'a str, &'a str, i32);
     let mut q = qc(false);
     q.spec.scaling.max_replicas = 4;
     let f = facts(DeadLetterFacts::None);
@@ -451,7 +452,6 @@ fn scaling_active_and_desired_replicas_follow_the_decision() {
         (c.status, c.reason, c.message)
     };
     // P 2s, C 10, T 60s: 300 visible per replica. Cases: (samples, current, status, reason, desired).
-    type Case<'a> = (&'a [(u64, u64)], u32, &'a str, &'a str, i32);
     let cases: [Case; 4] = [
         (&[(600, 20)], 2, "True", "Scaling", 4),
         (&[(6000, 0)], 2, "True", "AtMaxReplicas", 4),
@@ -514,7 +514,13 @@ fn conditions_only_other_managers_own_are_foreign() {
         .collect();
     assert_eq!(foreign, ["ExternalCheck"]);
     // Without managedFields (an object read from elsewhere) nothing is foreign.
-    assert!(foreign_condition_types(&Default::default(), "qc-operator").is_empty());
+    assert!(
+        foreign_condition_types(
+            &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta::default(),
+            "qc-operator"
+        )
+        .is_empty()
+    );
 }
 
 #[test]

@@ -150,6 +150,8 @@ pub fn rfc3339_millis(epoch_ms: u64) -> Option<String> {
 mod tests {
     use super::*;
 
+    /// None: not transient; Some(retry_after).
+    #[allow(clippy::option_option)]
     fn transient(v: &Verdict) -> Option<Option<Duration>> {
         match v {
             Verdict::Transient { retry_after, .. } => Some(*retry_after),
