@@ -350,9 +350,11 @@ fn start_waiting(
         };
         running += 1;
         let p = p.clone();
-        tasks.spawn(async move {
+        // Boxed: the message's future is large, and the runtime moves a task's future (and writes
+        // its stage) by value; a box makes those moves a pointer's (perf showed them in memmove).
+        tasks.spawn(Box::pin(async move {
             p.process(lease).await;
-        });
+        }));
     }
 }
 
@@ -389,7 +391,7 @@ fn start_fifo(p: &Arc<Processor>, groups: &Groups, tasks: &mut JoinSet<()>, leas
     for (group, first) in to_start {
         let p = p.clone();
         let groups = groups.clone();
-        tasks.spawn(run_group(p, groups, group, first));
+        tasks.spawn(Box::pin(run_group(p, groups, group, first)));
     }
 }
 
