@@ -251,47 +251,39 @@ impl FactsCache {
 /// adapter call for both. A queue SQS reports empty (nothing visible, in flight or delayed) has no
 /// oldest message: 0, without a call. The DLQ is read only when it holds messages. A CloudWatch failure
 /// only leaves an age out: the counts from SQS are what scaling and health are decided on.
-pub async fn with_oldest_age(mut facts: Facts, alarms: &dyn Alarms) -> Facts {
-    let q = &facts.queue;
-    let empty = [q.visible, q.in_flight, q.delayed]
-        .iter()
-        .all(|c| *c == Some(0));
-    facts.oldest_age_seconds = if empty {
-        Some(0)
-    } else {
-        oldest_age(alarms, &q.name()).await
-    };
-    if let DeadLetterFacts::Found {
-        queue,
-        oldest_age_seconds,
-    } = &mut facts.dead_letter
-        && queue.visible.unwrap_or(0) > 0
-    {
-        *oldest_age_seconds = oldest_age(alarms, &queue.name()).await;
-    }
-    facts
+pub async fn with_oldest_age(facts: Facts, alarms: &dyn Alarms) -> Facts {
+    with_ages(facts, |name| async move { oldest_age(alarms, &name).await }).await
 }
 
 /// `with_oldest_age` as the reconcile does it: from what the background refresher last read, never
 /// waiting for CloudWatch (`Alarms::known_oldest_message_age`). An age not read yet, or too old to use,
 /// is left out, like a failed read.
-pub async fn with_known_oldest_age(mut facts: Facts, alarms: &dyn Alarms) -> Facts {
+pub async fn with_known_oldest_age(facts: Facts, alarms: &dyn Alarms) -> Facts {
+    with_ages(facts, |name| async move {
+        known_oldest_age(alarms, &name).await
+    })
+    .await
+}
+
+/// The source queue's and the DLQ's oldest-message age from `age(queue name)`, skipping the call for
+/// a queue SQS reports empty (0) and for an empty DLQ.
+async fn with_ages<F, Fut>(mut facts: Facts, age: F) -> Facts
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Option<i64>>,
+{
     let q = &facts.queue;
     let empty = [q.visible, q.in_flight, q.delayed]
         .iter()
         .all(|c| *c == Some(0));
-    facts.oldest_age_seconds = if empty {
-        Some(0)
-    } else {
-        known_oldest_age(alarms, &q.name()).await
-    };
+    facts.oldest_age_seconds = if empty { Some(0) } else { age(q.name()).await };
     if let DeadLetterFacts::Found {
         queue,
         oldest_age_seconds,
     } = &mut facts.dead_letter
         && queue.visible.unwrap_or(0) > 0
     {
-        *oldest_age_seconds = known_oldest_age(alarms, &queue.name()).await;
+        *oldest_age_seconds = age(queue.name()).await;
     }
     facts
 }
