@@ -90,6 +90,19 @@ struct State<K, V, E> {
     counts: Counts,
 }
 
+impl<K: Eq + std::hash::Hash + Clone, V, E> State<K, V, E> {
+    /// The key's entry (made on first sight), marked wanted now with this reuse age.
+    fn want(&mut self, key: &K, max_age: Duration, now: Instant) -> &mut Entry<V, E> {
+        let entry = self
+            .known
+            .entry(key.clone())
+            .or_insert_with(|| Entry::new(max_age, now));
+        entry.wanted = now;
+        entry.max_age = max_age;
+        entry
+    }
+}
+
 struct Inner<K, V, E> {
     state: Mutex<State<K, V, E>>,
     window: Duration,
@@ -175,12 +188,7 @@ where
         let rx = {
             let mut st = lock(&self.inner.state);
             let now = Instant::now();
-            let entry = st
-                .known
-                .entry(key.clone())
-                .or_insert_with(|| Entry::new(max_age, now));
-            entry.wanted = now;
-            entry.max_age = max_age;
+            let entry = st.want(&key, max_age, now);
             if let Some((v, at)) = &entry.value
                 && now.duration_since(*at) < max_age
             {
@@ -199,12 +207,7 @@ where
     pub fn peek(&self, key: K, max_age: Duration) -> Known<V, E> {
         let mut st = lock(&self.inner.state);
         let now = Instant::now();
-        let entry = st
-            .known
-            .entry(key.clone())
-            .or_insert_with(|| Entry::new(max_age, now));
-        entry.wanted = now;
-        entry.max_age = max_age;
+        let entry = st.want(&key, max_age, now);
         let known = Known {
             value: entry
                 .value
