@@ -657,16 +657,17 @@ mod tests {
         assert_eq!(b.counts().calls, 3);
     }
 
-    /// 1,000 keys with a 400 ms max age and a pass every 100 ms: after the first read (all new
-    /// keys together), each pass reads the quarter read longest ago in the same 3 calls of 100
-    /// (⌈1000 x 100/400 / 100⌉), never all of them at once, and every key is read again within
-    /// four passes.
+    /// 1,000 keys with a 2 s max age and a pass every 500 ms: after the first read (all new keys
+    /// together), each pass reads the quarter read longest ago in the same 3 calls of 100
+    /// (⌈1000 x 500/2000 / 100⌉), never all of them at once, and every key is read again within
+    /// four passes. (Half-second passes: a pass that runs late reads the keys that became overdue
+    /// meanwhile too, and a loaded machine delayed 100 ms passes that much.)
     #[tokio::test]
     async fn a_steady_set_is_read_in_the_same_calls_every_pass_spread_over_its_max_age() {
         let reads = Reads::default();
         let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let ms = Duration::from_millis;
-        let (every, max_age) = (ms(100), ms(400));
+        let (every, max_age) = (ms(500), ms(2000));
         let b = Batcher::with_refresh(ms(10), 100, every, counting(reads.clone(), down));
         let peek_all = |b: &Batcher<u32, Option<u32>, String>| {
             (0..1000).for_each(|k| {
