@@ -114,14 +114,15 @@ fn batched(cw: aws_sdk_cloudwatch::Client) -> CloudWatchAlarms {
     )
 }
 
-async fn put_ages(cw: &aws_sdk_cloudwatch::Client, queues: &[String]) {
-    // PutMetricData takes up to 1,000 datums; 20 a call keeps each request small.
-    for (n, chunk) in queues.chunks(20).enumerate() {
+/// Puts queue i's oldest age as i + 1 seconds, `per_call` datums a PutMetricData (it takes up to
+/// 1,000; small calls keep each request small, large ones keep hundreds of queues quick).
+async fn put_ages(cw: &aws_sdk_cloudwatch::Client, queues: &[String], per_call: usize) {
+    for (n, chunk) in queues.chunks(per_call).enumerate() {
         let data = chunk.iter().enumerate().map(|(i, q)| {
             MetricDatum::builder()
                 .metric_name("ApproximateAgeOfOldestMessage")
                 .dimensions(Dimension::builder().name("QueueName").value(q).build())
-                .value((n * 20 + i + 1) as f64)
+                .value((n * per_call + i + 1) as f64)
                 .unit(StandardUnit::Seconds)
                 .build()
         });
@@ -141,7 +142,7 @@ async fn many_queues_ages_take_one_get_metric_data_per_500() {
     let cw = cloudwatch().await;
     for n in [1usize, 120, 620] {
         let queues: Vec<String> = (0..n).map(|_| common::unique_name("age")).collect();
-        put_ages(&cw, &queues).await;
+        put_ages(&cw, &queues, 20).await;
         let alarms = batched(cw.clone());
         let reads = queues.iter().map(|q| alarms.oldest_message_age(q));
         let ages = futures::future::join_all(reads).await;
@@ -264,25 +265,6 @@ fn background(cw: aws_sdk_cloudwatch::Client, every: Duration) -> CloudWatchAlar
     )
 }
 
-async fn put_many_ages(cw: &aws_sdk_cloudwatch::Client, queues: &[String]) {
-    for (n, chunk) in queues.chunks(500).enumerate() {
-        let data = chunk.iter().enumerate().map(|(i, q)| {
-            MetricDatum::builder()
-                .metric_name("ApproximateAgeOfOldestMessage")
-                .dimensions(Dimension::builder().name("QueueName").value(q).build())
-                .value((n * 500 + i + 1) as f64)
-                .unit(StandardUnit::Seconds)
-                .build()
-        });
-        cw.put_metric_data()
-            .namespace("AWS/SQS")
-            .set_metric_data(Some(data.collect()))
-            .send()
-            .await
-            .unwrap();
-    }
-}
-
 /// 300 QueueConsumers' reads as the controller makes them (each the oldest age of its queue and of
 /// its DLQ: 600 metrics; and 150 DLQ alarms), against moto, with the background refresher: no read
 /// ever waits for CloudWatch; the new keys go out together (⌈600/500⌉ GetMetricData, ⌈150/100⌉
@@ -294,7 +276,7 @@ async fn put_many_ages(cw: &aws_sdk_cloudwatch::Client, queues: &[String]) {
 async fn many_consumers_cost_two_cloudwatch_calls_per_interval_in_the_background() {
     let cw = cloudwatch().await;
     let queues: Vec<String> = (0..600).map(|_| common::unique_name("bg-age")).collect();
-    put_many_ages(&cw, &queues).await;
+    put_ages(&cw, &queues, 500).await;
     let writer = CloudWatchAlarms::with_options(
         cw.clone(),
         Arc::new(Limiter::new("cloudwatch", LimitConfig::new(1000.0, 8))),
