@@ -601,8 +601,7 @@ async fn handler_answer_rows_end_safely_and_lose_nothing() {
             .unwrap();
         ids.insert(out.message_id.unwrap(), r);
     }
-    let mut a = base_args(&q);
-    a.extend(args(&[
+    let a = q.args(&[
         "--timeout",
         "2s",
         "--retry-base",
@@ -615,7 +614,7 @@ async fn handler_answer_rows_end_safely_and_lose_nothing() {
         "10",
         "--http-url",
         &url,
-    ]));
+    ]);
     let mut w = Worker::start(&a);
     let deleted_rows = rows.iter().filter(|r| r.expect == Expect::Deleted).count();
     let kept_rows = rows.len() - deleted_rows;
@@ -689,8 +688,7 @@ async fn handler_answer_rows_end_safely_and_lose_nothing() {
         rows.len(),
         failures.join("\n")
     );
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 /// A redis URL's password never reaches the log, whatever fails.
@@ -699,15 +697,14 @@ async fn redis_password_is_never_logged() {
     let q = TestQueue::new("redis-secret", 30, 10, false).await;
     let port = free_port();
     let url = format!("redis://user:s3cr3t-pw@127.0.0.1:{port}/0");
-    let mut a = base_args(&q);
-    a.extend(args(&[
+    let a = q.args(&[
         "--idempotency-store",
         "redis",
         "--redis-url",
         &url,
         "--http-url",
         "http://127.0.0.1:1/m",
-    ]));
+    ]);
     let mut w = Worker::start(&a);
     w.wait_error_logged(
         SECS(30),

@@ -133,15 +133,14 @@ async fn python_http_handler_with_on_poison_delete() {
     let port = free_port();
     let handler = PythonServer::start(port);
     let url = format!("http://127.0.0.1:{port}/messages");
-    let mut a = base_args(&q);
-    a.extend(args(&[
+    let a = q.args(&[
         "--on-poison",
         "delete",
         "--retry-base",
         "0s",
         "--http-url",
         &url,
-    ]));
+    ]);
     let mut w = Worker::start(&a);
 
     eventually(LIMIT, "all 6 messages deleted", || async {
@@ -186,8 +185,7 @@ async fn python_http_handler_with_on_poison_delete() {
     assert_eq!(processed("success").await, Some(4.0));
     assert_eq!(processed("poison").await, Some(2.0));
     assert_eq!(processed("transient").await, Some(1.0), "the 503");
-    w.signal("TERM");
-    assert!(w.wait_exit(Duration::from_secs(30)).await.success());
+    w.stop_within(Duration::from_secs(30)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -195,16 +193,15 @@ async fn python_exec_handler_with_on_poison_leave() {
     let q = TestQueue::new("ex-exec", 5, 3, false).await;
     send_orders(&q).await;
     let handler = example("exec_handler.py");
-    let mut a = base_args(&q);
-    a.extend(args(&[
+    let a = q.args(&[
         "--on-poison",
         "leave",
         "--retry-base",
         "0s",
         "--exec",
         "--",
-    ]));
-    a.push(handler.display().to_string());
+        &handler.display().to_string(),
+    ]);
     let mut w = Worker::start(&a);
 
     eventually(LIMIT, "both poison messages in the DLQ", || async {
@@ -230,8 +227,7 @@ async fn python_exec_handler_with_on_poison_leave() {
             "QC_QUEUE_ARN: {l}"
         );
     }
-    w.signal("TERM");
-    assert!(w.wait_exit(Duration::from_secs(30)).await.success());
+    w.stop_within(Duration::from_secs(30)).await;
 }
 
 /// The shell handler of scripts/demo.
@@ -244,9 +240,13 @@ async fn shell_exec_handler_with_on_poison_delete() {
         |_| String::new(),
     )
     .await;
-    let mut a = base_args(&q);
-    a.extend(args(&["--on-poison", "delete", "--exec", "--"]));
-    a.push(handler.display().to_string());
+    let a = q.args(&[
+        "--on-poison",
+        "delete",
+        "--exec",
+        "--",
+        &handler.display().to_string(),
+    ]);
     let mut w = Worker::start(&a);
     eventually(LIMIT, "both messages deleted", || async {
         w.metric("qc_worker_messages_deleted_total").await == Some(2.0)
@@ -262,6 +262,5 @@ async fn shell_exec_handler_with_on_poison_delete() {
     let log = w.log_text();
     assert_eq!(log.matches("is malformed, giving up").count(), 1, "{log}");
     assert_eq!(log.matches("(receive 1)").count(), 1, "{log}");
-    w.signal("TERM");
-    assert!(w.wait_exit(Duration::from_secs(30)).await.success());
+    w.stop_within(Duration::from_secs(30)).await;
 }

@@ -37,10 +37,7 @@ async fn drains_500_messages_each_handled_and_deleted() {
     a.extend(args(&["--concurrency", "10", "--http-url", &h.url]));
     let mut w = Worker::start(&a);
 
-    eventually(SECS(120), "500 messages deleted", || async {
-        w.metric("qc_worker_messages_deleted_total").await == Some(500.0)
-    })
-    .await;
+    w.wait_deleted(500, SECS(120)).await;
     let counts = h.counts_by_body();
     let warnings: Vec<String> = w
         .log_text()
@@ -108,8 +105,7 @@ async fn drains_500_messages_each_handled_and_deleted() {
     assert!(!c.id.is_empty());
     assert_eq!(c.receive_count, 1);
 
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(30)).await.success());
+    w.stop_within(SECS(30)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -118,8 +114,7 @@ async fn always_failing_handler_dead_letters_after_max_receive_count() {
     let bodies = numbered(10);
     q.send_all(&bodies, |_| String::new()).await;
     let h = HttpHandler::start(|_| Reply::status(500)).await;
-    let mut a = base_args(&q);
-    a.extend(args(&["--retry-base", "0s", "--http-url", &h.url]));
+    let a = q.args(&["--retry-base", "0s", "--http-url", &h.url]);
     let mut w = Worker::start(&a);
 
     eventually(SECS(90), "10 messages in the DLQ", || async {
@@ -149,8 +144,7 @@ async fn always_failing_handler_dead_letters_after_max_receive_count() {
             .await,
         Some(30.0)
     );
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -172,13 +166,9 @@ async fn poison_delete_removes_the_message_after_one_call() {
         }
     })
     .await;
-    let mut a = base_args(&q);
-    a.extend(args(&["--on-poison", "delete", "--http-url", &h.url]));
+    let a = q.args(&["--on-poison", "delete", "--http-url", &h.url]);
     let mut w = Worker::start(&a);
-    eventually(SECS(60), "all 8 deleted", || async {
-        w.metric("qc_worker_messages_deleted_total").await == Some(8.0)
-    })
-    .await;
+    w.wait_deleted(8, SECS(60)).await;
     eventually(SECS(10), "queue empty", || q.is_empty()).await;
     assert_eq!(h.calls().len(), 8, "each message handled exactly once");
     assert_eq!(q.dlq_visible().await, 0);
@@ -187,8 +177,7 @@ async fn poison_delete_removes_the_message_after_one_call() {
             .await,
         Some(4.0)
     );
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -197,25 +186,21 @@ async fn poison_leave_goes_to_the_dlq_without_calling_the_handler_again() {
     let bodies = numbered(5);
     q.send_all(&bodies, |_| String::new()).await;
     let h = HttpHandler::start(|_| Reply::status(422)).await;
-    let mut a = base_args(&q);
-    a.extend(args(&[
+    let a = q.args(&[
         "--on-poison",
         "leave",
         "--retry-base",
         "0s",
         "--http-url",
         &h.url,
-    ]));
+    ]);
     let mut w = Worker::start(&a);
     eventually(SECS(60), "5 messages in the DLQ", || async {
         q.dlq_visible().await == 5
     })
     .await;
     eventually(SECS(10), "source queue empty", || q.is_empty()).await;
-    let counts = h.counts_by_body();
-    for b in &bodies {
-        assert_eq!(counts.get(b), Some(&1), "{b}: the handler judged it once");
-    }
+    h.assert_each_handled_once(&bodies);
     assert_eq!(
         w.metric("qc_worker_messages_deleted_total").await,
         Some(0.0)
@@ -226,8 +211,7 @@ async fn poison_leave_goes_to_the_dlq_without_calling_the_handler_again() {
             .await,
         Some(15.0)
     );
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -237,32 +221,20 @@ async fn handler_running_three_visibility_timeouts_is_heartbeated_and_handled_on
     let q = TestQueue::new("long", 3, 3, false).await;
     q.send_all(&numbered(3), |_| String::new()).await;
     let h = HttpHandler::start(|_| Reply::ok(SECS(9))).await;
-    let mut a = base_args(&q);
-    a.extend(args(&["--timeout", "20s", "--http-url", &h.url]));
+    let a = q.args(&["--timeout", "20s", "--http-url", &h.url]);
     let mut w = Worker::start(&a);
-    eventually(SECS(60), "3 messages deleted", || async {
-        w.metric("qc_worker_messages_deleted_total").await == Some(3.0)
-    })
-    .await;
+    w.wait_deleted(3, SECS(60)).await;
     // Longer than one more visibility timeout: a lapsed lease would show as a second call by now.
     tokio::time::sleep(SECS(3)).await;
-    let calls = h.calls();
-    assert_eq!(calls.len(), 3, "no redelivery: {calls:?}");
-    assert!(calls.iter().all(|c| c.receive_count == 1));
+    h.assert_calls_all_first_deliveries(3);
     assert!(q.is_empty().await);
     let beats = w.metric("qc_worker_heartbeats_total").await.unwrap();
     assert!(
         beats >= 6.0,
         "at least two heartbeats per message, saw {beats}"
     );
-    // A heartbeat call that failed and was retried within the lease costs nothing (a loaded machine
-    // may fail one); what must not happen is a lease lost.
-    assert_eq!(
-        w.metric("qc_worker_heartbeat_leases_lost_total").await,
-        Some(0.0)
-    );
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.assert_no_lease_lost().await;
+    w.stop().await;
 }
 
 /// Batched heartbeats: 20 messages in flight at once (10 running, 10 received ahead and waiting for a slot),
@@ -276,8 +248,7 @@ async fn twenty_long_messages_are_kept_alive_by_batched_heartbeats_and_handled_o
     let bodies = numbered(20);
     q.send_all(&bodies, |_| String::new()).await;
     let h = HttpHandler::start(|_| Reply::ok(SECS(7))).await;
-    let mut a = base_args(&q);
-    a.extend(args(&[
+    let a = q.args(&[
         "--concurrency",
         "10",
         "--batch-size",
@@ -286,21 +257,13 @@ async fn twenty_long_messages_are_kept_alive_by_batched_heartbeats_and_handled_o
         "20s",
         "--http-url",
         &h.url,
-    ]));
+    ]);
     let mut w = Worker::start(&a);
-    eventually(SECS(90), "20 messages deleted", || async {
-        w.metric("qc_worker_messages_deleted_total").await == Some(20.0)
-    })
-    .await;
+    w.wait_deleted(20, SECS(90)).await;
     // Longer than one more visibility timeout: a lapsed lease would show as a second call by now.
     tokio::time::sleep(SECS(4)).await;
-    let counts = h.counts_by_body();
-    for b in &bodies {
-        assert_eq!(counts.get(b), Some(&1), "{b} handled once: {counts:?}");
-    }
-    let calls = h.calls();
-    assert_eq!(calls.len(), 20);
-    assert!(calls.iter().all(|c| c.receive_count == 1), "{calls:?}");
+    h.assert_each_handled_once(&bodies);
+    h.assert_calls_all_first_deliveries(20);
     assert!(q.is_empty().await);
     let requests = |action: &str| format!("qc_worker_sqs_requests_total{{action=\"{action}\"}}");
     let single = w.metric(&requests("ChangeMessageVisibility")).await;
@@ -323,13 +286,8 @@ async fn twenty_long_messages_are_kept_alive_by_batched_heartbeats_and_handled_o
         beats >= 5.0 * beat_calls,
         "at least 5 extensions per call on average: {beats} in {beat_calls} calls"
     );
-    // A call failed and retried within the lease on a loaded machine costs nothing; a lease lost would.
-    assert_eq!(
-        w.metric("qc_worker_heartbeat_leases_lost_total").await,
-        Some(0.0)
-    );
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.assert_no_lease_lost().await;
+    w.stop().await;
 }
 
 /// A heartbeat batch refused as a whole with an answer that would mean "lease lost" for a single
@@ -348,41 +306,20 @@ async fn a_heartbeat_batch_refused_as_a_whole_is_resent_entry_by_entry() {
             "ReceiptHandleIsInvalid",
         ))
         .await;
-    let a = args(&[
-        "--queue-url",
-        &q.url,
-        "--endpoint-url",
-        &proxy.endpoint,
-        "--wait-time",
-        "1s",
-        "--timeout",
-        "20s",
-        "--http-url",
-        &h.url,
-    ]);
+    let a = q.args_via(&proxy.endpoint, &["--timeout", "20s", "--http-url", &h.url]);
     let mut w = Worker::start(&a);
-    eventually(SECS(60), "3 messages deleted", || async {
-        w.metric("qc_worker_messages_deleted_total").await == Some(3.0)
-    })
-    .await;
+    w.wait_deleted(3, SECS(60)).await;
     // Longer than one more visibility timeout: a lapsed lease would show as a second call by now.
     tokio::time::sleep(SECS(4)).await;
-    let calls = h.calls();
-    assert_eq!(calls.len(), 3, "each handled once: {calls:?}");
-    assert!(calls.iter().all(|c| c.receive_count == 1), "{calls:?}");
+    h.assert_calls_all_first_deliveries(3);
     assert_eq!(
         w.log_lines("heartbeat batch refused as a whole; sending its entries one by one")
             .len(),
         1
     );
-    // A call failed and retried within the lease on a loaded machine costs nothing; a lease lost would.
-    assert_eq!(
-        w.metric("qc_worker_heartbeat_leases_lost_total").await,
-        Some(0.0)
-    );
+    w.assert_no_lease_lost().await;
     assert!(q.is_empty().await);
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 /// One entry of a heartbeat batch refused by SQS (its receipt handle spoilt on the way, so the
@@ -398,18 +335,7 @@ async fn a_refused_batch_entry_stops_only_that_messages_heartbeats() {
     proxy
         .set(Fault::SpoilFirstHandle("ChangeMessageVisibilityBatch"))
         .await;
-    let a = args(&[
-        "--queue-url",
-        &q.url,
-        "--endpoint-url",
-        &proxy.endpoint,
-        "--wait-time",
-        "1s",
-        "--timeout",
-        "20s",
-        "--http-url",
-        &h.url,
-    ]);
+    let a = q.args_via(&proxy.endpoint, &["--timeout", "20s", "--http-url", &h.url]);
     let mut w = Worker::start(&a);
     eventually(SECS(60), "3 messages deleted", || async {
         // The lost message's first copy deletes it (moto accepts any of its receipt handles), so
@@ -436,8 +362,7 @@ async fn a_refused_batch_entry_stops_only_that_messages_heartbeats() {
     );
     assert!(w.metric("qc_worker_heartbeat_leases_lost_total").await >= Some(1.0));
     assert!(q.is_empty().await);
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 /// FIFO with batched heartbeats: two groups of three received in one batch, each handler longer than
@@ -452,35 +377,20 @@ async fn fifo_messages_waiting_behind_their_group_are_kept_alive_by_batched_hear
         .collect();
     q.send_all(&bodies, |n| ["a", "b"][n % 2].to_string()).await;
     let h = HttpHandler::start(|_| Reply::ok(SECS(4))).await;
-    let mut a = base_args(&q);
-    a.extend(args(&["--timeout", "20s", "--http-url", &h.url]));
+    let a = q.args(&["--timeout", "20s", "--http-url", &h.url]);
     let mut w = Worker::start(&a);
-    eventually(SECS(90), "6 deleted", || async {
-        w.metric("qc_worker_messages_deleted_total").await == Some(6.0)
-    })
-    .await;
+    w.wait_deleted(6, SECS(90)).await;
     tokio::time::sleep(SECS(4)).await;
     for g in ["a", "b"] {
         let want: Vec<String> = (0..3).map(|i| format!("{g}-{i:02}")).collect();
         assert_eq!(successes(&h, g), want, "group {g} in order, once each");
     }
-    let calls = h.calls();
-    assert_eq!(calls.len(), 6, "{calls:?}");
-    assert!(calls.iter().all(|c| c.receive_count == 1), "{calls:?}");
-    assert_eq!(
-        w.metric("qc_worker_sqs_requests_total{action=\"ChangeMessageVisibility\"}")
-            .await,
-        Some(0.0)
-    );
+    h.assert_calls_all_first_deliveries(6);
+    assert_eq!(w.sqs_requests("ChangeMessageVisibility").await, Some(0.0));
     assert!(w.metric("qc_worker_heartbeats_total").await.unwrap() >= 6.0);
-    // A call failed and retried within the lease on a loaded machine costs nothing; a lease lost would.
-    assert_eq!(
-        w.metric("qc_worker_heartbeat_leases_lost_total").await,
-        Some(0.0)
-    );
+    w.assert_no_lease_lost().await;
     assert!(q.is_empty().await);
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -506,18 +416,7 @@ async fn heartbeats_failing_until_the_lease_ends_count_a_lost_lease() {
             "InternalFailure",
         ))
         .await;
-    let a = args(&[
-        "--queue-url",
-        &q.url,
-        "--endpoint-url",
-        &proxy.endpoint,
-        "--wait-time",
-        "1s",
-        "--timeout",
-        "20s",
-        "--http-url",
-        &h.url,
-    ]);
+    let a = q.args_via(&proxy.endpoint, &["--timeout", "20s", "--http-url", &h.url]);
     let mut w = Worker::start(&a);
     eventually(
         SECS(60),
@@ -544,8 +443,7 @@ async fn heartbeats_failing_until_the_lease_ends_count_a_lost_lease() {
         "failed calls retried within the lease are failures, not losses: {failures} failures, {lost} lost"
     );
     assert_eq!(q.dlq_visible().await, 0);
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 /// Handlers longer than the heartbeat interval (2 s against VT 3 s, interval 1 s): once their time
@@ -558,8 +456,7 @@ async fn long_handlers_stop_the_waiting_batch() {
     let bodies = numbered(10);
     q.send_all(&bodies, |_| String::new()).await;
     let h = HttpHandler::start(|_| Reply::ok(SECS(2))).await;
-    let mut a = base_args(&q);
-    a.extend(args(&[
+    let a = q.args(&[
         "--concurrency",
         "2",
         "--batch-size",
@@ -568,7 +465,7 @@ async fn long_handlers_stop_the_waiting_batch() {
         "20s",
         "--http-url",
         &h.url,
-    ]));
+    ]);
     let mut w = Worker::start(&a);
     eventually(SECS(30), "the first two handled", || async {
         h.finished_calls() >= 2
@@ -592,12 +489,8 @@ async fn long_handlers_stop_the_waiting_batch() {
             .len(),
         1
     );
-    let counts = h.counts_by_body();
-    for b in &bodies {
-        assert_eq!(counts.get(b), Some(&1), "{b} handled once: {counts:?}");
-    }
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    h.assert_each_handled_once(&bodies);
+    w.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -612,20 +505,16 @@ async fn handler_timeout_is_transient_and_retried() {
         }
     })
     .await;
-    let mut a = base_args(&q);
-    a.extend(args(&[
+    let a = q.args(&[
         "--timeout",
         "1s",
         "--retry-base",
         "0s",
         "--http-url",
         &h.url,
-    ]));
+    ]);
     let mut w = Worker::start(&a);
-    eventually(SECS(60), "deleted after the retry", || async {
-        w.metric("qc_worker_messages_deleted_total").await == Some(1.0)
-    })
-    .await;
+    w.wait_deleted(1, SECS(60)).await;
     assert_eq!(
         w.metric("qc_worker_messages_processed_total{outcome=\"timeout\"}")
             .await,
@@ -633,8 +522,7 @@ async fn handler_timeout_is_transient_and_retried() {
     );
     let counts: Vec<u32> = h.calls().iter().map(|c| c.receive_count).collect();
     assert_eq!(counts, vec![1, 2]);
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -657,13 +545,9 @@ async fn retry_after_sets_the_retry_delay() {
     // The default backoff (5s base) would also retry; Retry-After: 1 must win well before the 30s lease.
     a.extend(args(&["--retry-base", "60s", "--http-url", &h.url]));
     let mut w = Worker::start(&a);
-    eventually(SECS(20), "deleted after Retry-After", || async {
-        w.metric("qc_worker_messages_deleted_total").await == Some(1.0)
-    })
-    .await;
+    w.wait_deleted(1, SECS(20)).await;
     assert_eq!(h.calls().len(), 2);
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 /// Bodies SQS accepts that a naive consumer might choke on.
@@ -686,28 +570,23 @@ async fn odd_and_large_bodies_reach_the_http_handler_byte_exact() {
         q.send_one(b).await;
     }
     let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
-    let mut a = base_args(&q);
-    a.extend(args(&[
+    let a = q.args(&[
         "--idempotency-store",
         "memory",
         "--idempotency-key",
         "jsonPointer:/id",
         "--http-url",
         &h.url,
-    ]));
+    ]);
     let mut w = Worker::start(&a);
-    eventually(SECS(60), "all deleted", || async {
-        w.metric("qc_worker_messages_deleted_total").await == Some(bodies.len() as f64)
-    })
-    .await;
+    w.wait_deleted(bodies.len(), SECS(60)).await;
     let mut got: Vec<Vec<u8>> = h.calls().into_iter().map(|c| c.body).collect();
     let mut want: Vec<Vec<u8>> = bodies.iter().map(|b| b.as_bytes().to_vec()).collect();
     got.sort();
     want.sort();
     assert!(got == want, "bodies differ");
     assert!(w.running());
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -748,13 +627,9 @@ exit 0"#,
             out = out.display()
         ),
     );
-    let mut a = base_args(&q);
-    a.extend(args(&["--exec", "--", handler.to_str().unwrap()]));
+    let a = q.args(&["--exec", "--", handler.to_str().unwrap()]);
     let mut w = Worker::start(&a);
-    eventually(SECS(60), "all deleted", || async {
-        w.metric("qc_worker_messages_deleted_total").await == Some(bodies.len() as f64)
-    })
-    .await;
+    w.wait_deleted(bodies.len(), SECS(60)).await;
     assert_eq!(
         w.metric("qc_worker_messages_processed_total{outcome=\"poison\"}")
             .await,
@@ -774,8 +649,7 @@ exit 0"#,
     want.sort();
     assert!(got == want, "bodies differ");
     assert!(q.is_empty().await);
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -784,8 +658,7 @@ async fn kill_9_mid_batch_then_restart_loses_nothing() {
     let bodies = numbered(60);
     q.send_all(&bodies, |_| String::new()).await;
     let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(300))).await;
-    let mut a = base_args(&q);
-    a.extend(args(&["--concurrency", "10", "--http-url", &h.url]));
+    let a = q.args(&["--concurrency", "10", "--http-url", &h.url]);
     let dir = std::sync::Arc::new(tempfile::tempdir().unwrap());
     let mut first = Worker::start_in(dir.clone(), &a);
     eventually(SECS(60), "15 messages handled", || async {
@@ -815,15 +688,14 @@ async fn sigterm_under_load_finishes_in_flight_and_strands_nothing() {
     let bodies = numbered(100);
     q.send_all(&bodies, |_| String::new()).await;
     let h = HttpHandler::start(|_| Reply::ok(SECS(1))).await;
-    let mut a = base_args(&q);
-    a.extend(args(&[
+    let a = q.args(&[
         "--concurrency",
         "10",
         "--shutdown-timeout",
         "8s",
         "--http-url",
         &h.url,
-    ]));
+    ]);
     let dir = std::sync::Arc::new(tempfile::tempdir().unwrap());
     let mut w = Worker::start_in(dir.clone(), &a);
     eventually(SECS(60), "a second wave in flight", || async {
@@ -866,8 +738,7 @@ async fn sigterm_under_load_finishes_in_flight_and_strands_nothing() {
             "{b} handled exactly once across both workers"
         );
     }
-    rest.signal("TERM");
-    assert!(rest.wait_exit(SECS(20)).await.success());
+    rest.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -875,23 +746,21 @@ async fn shutdown_budget_abandons_a_stuck_handler_and_releases_its_message() {
     let q = TestQueue::new("stuck", 60, 5, false).await;
     q.send_one("stuck").await;
     let h = HttpHandler::start(|_| Reply::ok(SECS(40))).await;
-    let mut a = base_args(&q);
-    a.extend(args(&[
+    let a = q.args(&[
         "--timeout",
         "50s",
         "--shutdown-timeout",
         "3s",
         "--http-url",
         &h.url,
-    ]));
+    ]);
     let mut w = Worker::start(&a);
     eventually(SECS(30), "the handler started", || async {
         !h.calls().is_empty()
     })
     .await;
     let signalled = std::time::Instant::now();
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
     assert!(
         signalled.elapsed() < SECS(5),
         "took {:?}",
@@ -931,21 +800,16 @@ async fn fifo_keeps_order_within_a_group_and_runs_groups_in_parallel() {
         Reply::ok(Duration::from_millis(5 + jitter))
     })
     .await;
-    let mut a = base_args(&q);
-    a.extend(args(&["--concurrency", "10", "--http-url", &h.url]));
+    let a = q.args(&["--concurrency", "10", "--http-url", &h.url]);
     let mut w = Worker::start(&a);
-    eventually(SECS(90), "60 deleted", || async {
-        w.metric("qc_worker_messages_deleted_total").await == Some(60.0)
-    })
-    .await;
+    w.wait_deleted(60, SECS(90)).await;
     for g in groups {
         let want: Vec<String> = (0..15).map(|i| format!("{g}-{i:02}")).collect();
         assert_eq!(successes(&h, g), want, "group {g} out of order");
     }
     assert!(h.max_active() > 1, "groups never ran in parallel");
     assert!(q.is_empty().await);
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -961,13 +825,9 @@ async fn fifo_failure_stops_the_rest_of_its_group_from_running_ahead() {
         }
     })
     .await;
-    let mut a = base_args(&q);
-    a.extend(args(&["--retry-base", "0s", "--http-url", &h.url]));
+    let a = q.args(&["--retry-base", "0s", "--http-url", &h.url]);
     let mut w = Worker::start(&a);
-    eventually(SECS(60), "10 deleted", || async {
-        w.metric("qc_worker_messages_deleted_total").await == Some(10.0)
-    })
-    .await;
+    w.wait_deleted(10, SECS(60)).await;
     let mut calls = h.calls();
     calls.sort_by_key(|c| c.started);
     let order: Vec<String> = calls
@@ -985,8 +845,7 @@ async fn fifo_failure_stops_the_rest_of_its_group_from_running_ahead() {
         w.metric("qc_worker_messages_released_total").await.unwrap() >= 1.0,
         "later messages of the failed group were released"
     );
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -995,15 +854,13 @@ async fn fifo_shutdown_releases_messages_waiting_behind_their_group() {
     let bodies: Vec<String> = (0..10).map(|i| format!("a-{i:02}")).collect();
     q.send_all(&bodies, |_| "a".to_string()).await;
     let h = HttpHandler::start(|_| Reply::ok(SECS(2))).await;
-    let mut a = base_args(&q);
-    a.extend(args(&["--shutdown-timeout", "10s", "--http-url", &h.url]));
+    let a = q.args(&["--shutdown-timeout", "10s", "--http-url", &h.url]);
     let mut w = Worker::start(&a);
     eventually(SECS(30), "the first message started", || async {
         !h.calls().is_empty()
     })
     .await;
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
     let summary = stopped(&w);
     assert_eq!(h.calls().len(), 1, "nothing started after the signal");
     assert_eq!(summary["deleted"], 1, "{summary}");
@@ -1050,25 +907,16 @@ async fn redis_store_makes_duplicates_and_visibility_lapses_take_effect_once() {
         }
     })
     .await;
-    let redis_url = common::redis_url();
-    let mut a = base_args(&q);
-    a.extend(args(&[
+    let a = q.args(&[
         "--heartbeat",
         "false",
         "--timeout",
         "20s",
-        "--idempotency-store",
-        "redis",
-        "--redis-url",
-        &redis_url,
-        "--idempotency-key",
-        "jsonPointer:/orderId",
         "--http-url",
         &h.url,
-    ]));
+    ]);
     // Two workers share the store, as replicas of one QueueConsumer do.
-    let mut w1 = Worker::start(&a);
-    let mut w2 = Worker::start(&a);
+    let mut ws = Replicas::start(&[a, redis_orders_args()].concat());
     eventually(SECS(90), "queue drained", || q.is_empty()).await;
     let effects = effects_by_order(&h);
     for i in 1..10 {
@@ -1078,18 +926,12 @@ async fn redis_store_makes_duplicates_and_visibility_lapses_take_effect_once() {
             "o-{i}: {effects:?}"
         );
     }
-    let mut skipped = 0.0;
-    let mut waited = 0.0;
-    for w in [&w1, &w2] {
-        skipped += w
-            .metric("qc_worker_messages_processed_total{outcome=\"duplicate\"}")
-            .await
-            .unwrap();
-        waited += w
-            .metric("qc_worker_messages_processed_total{outcome=\"in_progress_elsewhere\"}")
-            .await
-            .unwrap();
-    }
+    let skipped = ws
+        .sum("qc_worker_messages_processed_total{outcome=\"duplicate\"}")
+        .await;
+    let waited = ws
+        .sum("qc_worker_messages_processed_total{outcome=\"in_progress_elsewhere\"}")
+        .await;
     // The second o-1 is skipped as done (or first seen in progress, then done). The redelivered o-2
     // is seen in progress; its first call's delete then removes it (its receipt handle still works).
     assert!(skipped >= 1.0, "the second o-1 was skipped: {skipped}");
@@ -1098,7 +940,7 @@ async fn redis_store_makes_duplicates_and_visibility_lapses_take_effect_once() {
         "o-2 was seen in progress while its first call ran: {waited}"
     );
     // The store holds the keys as done, under the queue's prefix.
-    let client = redis::Client::open(redis_url.as_str()).unwrap();
+    let client = redis::Client::open(common::redis_url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let name = q.url.rsplit('/').next().unwrap();
     let v: Option<String> = redis::cmd("GET")
@@ -1107,25 +949,21 @@ async fn redis_store_makes_duplicates_and_visibility_lapses_take_effect_once() {
         .await
         .unwrap();
     assert_eq!(v.as_deref(), Some("done"));
-    for w in [&mut w1, &mut w2] {
-        w.signal("TERM");
-        assert!(w.wait_exit(SECS(20)).await.success());
-    }
+    ws.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_store_skips_a_business_key_seen_before() {
     let q = TestQueue::new("mem-dedup", 2, 10, false).await;
     let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
-    let mut a = base_args(&q);
-    a.extend(args(&[
+    let a = q.args(&[
         "--idempotency-store",
         "memory",
         "--idempotency-key",
         "attribute:orderId",
         "--http-url",
         &h.url,
-    ]));
+    ]);
     let mut w = Worker::start(&a);
     for body in ["first", "second copy"] {
         q.client
@@ -1154,8 +992,7 @@ async fn memory_store_skips_a_business_key_seen_before() {
             .await,
         Some(1.0)
     );
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1165,18 +1002,10 @@ async fn sqs_errors_back_off_and_the_worker_recovers() {
     q.send_all(&bodies, |_| String::new()).await;
     let proxy = FaultProxy::start().await;
     let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(100))).await;
-    let a = args(&[
-        "--queue-url",
-        &q.url,
-        "--endpoint-url",
+    let a = q.args_via(
         &proxy.endpoint,
-        "--wait-time",
-        "1s",
-        "--concurrency",
-        "2",
-        "--http-url",
-        &h.url,
-    ]);
+        &["--concurrency", "2", "--http-url", &h.url],
+    );
     let mut w = Worker::start(&a);
     eventually(SECS(60), "some messages deleted", || async {
         w.metric("qc_worker_messages_deleted_total").await >= Some(4.0)
@@ -1221,8 +1050,7 @@ async fn sqs_errors_back_off_and_the_worker_recovers() {
     for b in &bodies {
         assert!(counts.contains_key(b), "{b} never handled");
     }
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1273,8 +1101,7 @@ async fn missing_queue_fails_readiness_until_the_queue_exists() {
         h.calls().len() == 1
     })
     .await;
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1283,16 +1110,7 @@ async fn bad_credentials_fail_readiness_with_a_clear_log_line() {
     let proxy = FaultProxy::start().await;
     proxy.set(Fault::Fail(403, "InvalidClientTokenId")).await;
     let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
-    let a = args(&[
-        "--queue-url",
-        &q.url,
-        "--endpoint-url",
-        &proxy.endpoint,
-        "--wait-time",
-        "1s",
-        "--http-url",
-        &h.url,
-    ]);
+    let a = q.args_via(&proxy.endpoint, &["--http-url", &h.url]);
     let mut w = Worker::start(&a);
     eventually(SECS(30), "/readyz names the credentials", || async {
         matches!(w.get("/readyz").await, Some((503, body)) if body.contains("InvalidCredentials"))
@@ -1309,8 +1127,7 @@ async fn bad_credentials_fail_readiness_with_a_clear_log_line() {
         h.calls().len() == 1
     })
     .await;
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 /// Runs `qc-worker` with `args` and `env` to completion: (exit code, stderr).
@@ -1429,8 +1246,7 @@ async fn redis_store_over_tls_dedups_and_an_untrusted_certificate_keeps_the_work
         .map(|o| format!(r#"{{"orderId":"{o}"}}"#))
         .collect();
     let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(20))).await;
-    let mut a = base_args(&q);
-    a.extend(args(&[
+    let a = q.args(&[
         "--idempotency-store",
         "redis",
         "--redis-url",
@@ -1439,7 +1255,7 @@ async fn redis_store_over_tls_dedups_and_an_untrusted_certificate_keeps_the_work
         "jsonPointer:/orderId",
         "--http-url",
         &h.url,
-    ]));
+    ]);
 
     // Without the test CA among its roots the worker cannot finish the handshake: not ready, says
     // why, receives nothing, and still stops cleanly.
@@ -1458,8 +1274,7 @@ async fn redis_store_over_tls_dedups_and_an_untrusted_certificate_keeps_the_work
     assert_ne!(status, 200, "not ready without redis");
     assert_eq!(q.counts().await.0, 3, "nothing received while not ready");
     assert_eq!(h.calls().len(), 0);
-    untrusted.signal("TERM");
-    assert!(untrusted.wait_exit(SECS(20)).await.success());
+    untrusted.stop().await;
 
     // Trusting the CA (SSL_CERT_FILE, as in the image), the store works over TLS.
     let dir = Arc::new(tempfile::tempdir().unwrap());
@@ -1471,8 +1286,7 @@ async fn redis_store_over_tls_dedups_and_an_untrusted_certificate_keeps_the_work
     assert_eq!(effects.get("o-2"), Some(&1), "{effects:?}");
     let name = q.url.rsplit('/').next().unwrap();
     assert_eq!(redis.cli(&["GET", &format!("qc:idem:{name}:o-1")]), "done");
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 /// SQS over https: the worker's own client (rustls, roots from SSL_CERT_FILE as in the image) against
@@ -1485,16 +1299,7 @@ async fn sqs_over_https_trusts_the_given_roots_and_refuses_an_unknown_issuer() {
     let bodies = numbered(30);
     q.send_all(&bodies, |_| String::new()).await;
     let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(5))).await;
-    let a = args(&[
-        "--queue-url",
-        &q.url,
-        "--endpoint-url",
-        &moto.endpoint,
-        "--wait-time",
-        "1s",
-        "--http-url",
-        &h.url,
-    ]);
+    let a = q.args_via(&moto.endpoint, &["--http-url", &h.url]);
 
     let dir = Arc::new(tempfile::tempdir().unwrap());
     let other = moto.certs.other_ca_file.to_string_lossy().to_string();
@@ -1512,8 +1317,7 @@ async fn sqs_over_https_trusts_the_given_roots_and_refuses_an_unknown_issuer() {
         "not ready while the endpoint's certificate is not trusted"
     );
     assert_eq!(h.calls().len(), 0);
-    untrusted.signal("TERM");
-    assert!(untrusted.wait_exit(SECS(20)).await.success());
+    untrusted.stop().await;
     assert_eq!(q.counts().await.0, 30, "nothing received");
 
     let dir = Arc::new(tempfile::tempdir().unwrap());
@@ -1531,8 +1335,7 @@ async fn sqs_over_https_trusts_the_given_roots_and_refuses_an_unknown_issuer() {
         deletes >= 3.0,
         "deletes went out in batches over TLS: {deletes}"
     );
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 /// The proxy variables every proxy-aware tool reads, pointing at `proxy` (both spellings, so an
@@ -1607,8 +1410,7 @@ async fn sqs_calls_go_through_the_http_proxy_from_the_environment() {
         ),
         "only SQS calls to moto went through the proxy (not the handler's): {seen:?}"
     );
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 /// HTTPS_PROXY with an https endpoint: the SQS calls are tunnelled with CONNECT, TLS to moto inside
@@ -1621,16 +1423,7 @@ async fn https_sqs_is_tunnelled_through_the_https_proxy_from_the_environment() {
     q.send_all(&bodies, |_| String::new()).await;
     let proxy = EgressProxy::start().await;
     let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(5))).await;
-    let a = args(&[
-        "--queue-url",
-        &q.url,
-        "--endpoint-url",
-        &moto.endpoint,
-        "--wait-time",
-        "1s",
-        "--http-url",
-        &h.url,
-    ]);
+    let a = q.args_via(&moto.endpoint, &["--http-url", &h.url]);
     let ca = moto.certs.ca_file.to_string_lossy().to_string();
     let mut env = proxy_env("HTTPS_PROXY", &proxy.url);
     env.push(("SSL_CERT_FILE", ca));
@@ -1653,8 +1446,7 @@ async fn https_sqs_is_tunnelled_through_the_https_proxy_from_the_environment() {
             }),
         "only CONNECT tunnels to moto: {seen:?}"
     );
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 /// A batch waiting locally for a slot outlives its first lease (VisibilityTimeout 2s, one slot,
@@ -1666,8 +1458,7 @@ async fn a_batch_waiting_for_a_slot_is_kept_alive_and_handled_once() {
     let bodies = numbered(6);
     q.send_all(&bodies, |_| String::new()).await;
     let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(1500))).await;
-    let mut a = base_args(&q);
-    a.extend(args(&[
+    let a = q.args(&[
         "--concurrency",
         "1",
         "--batch-size",
@@ -1676,22 +1467,16 @@ async fn a_batch_waiting_for_a_slot_is_kept_alive_and_handled_once() {
         "10s",
         "--http-url",
         &h.url,
-    ]));
+    ]);
     let mut w = Worker::start(&a);
-    eventually(SECS(60), "6 messages deleted", || async {
-        w.metric("qc_worker_messages_deleted_total").await == Some(6.0)
-    })
-    .await;
+    w.wait_deleted(6, SECS(60)).await;
     // Longer than one more visibility timeout: a lapsed lease would show as a second call by now.
     tokio::time::sleep(SECS(3)).await;
-    let calls = h.calls();
-    assert_eq!(calls.len(), 6, "no redelivery: {calls:?}");
-    assert!(calls.iter().all(|c| c.receive_count == 1), "{calls:?}");
+    h.assert_calls_all_first_deliveries(6);
     assert!(q.is_empty().await);
     // One receive of 5 while the first message runs: the rest waited, so they were heartbeated.
     assert!(w.metric("qc_worker_heartbeats_total").await.unwrap() >= 4.0);
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 /// SIGTERM while a batch waits for the only slot: the running message finishes and is deleted, the
@@ -1701,15 +1486,14 @@ async fn sigterm_releases_messages_waiting_for_a_slot() {
     let q = TestQueue::new("waiting-term", 60, 5, false).await;
     q.send_all(&numbered(10), |_| String::new()).await;
     let h = HttpHandler::start(|_| Reply::ok(SECS(2))).await;
-    let mut a = base_args(&q);
-    a.extend(args(&[
+    let a = q.args(&[
         "--concurrency",
         "1",
         "--batch-size",
         "10",
         "--http-url",
         &h.url,
-    ]));
+    ]);
     let mut w = Worker::start(&a);
     eventually(SECS(30), "the first message in the handler", || async {
         !h.calls().is_empty()
@@ -1717,8 +1501,7 @@ async fn sigterm_releases_messages_waiting_for_a_slot() {
     .await;
     let received = w.metric("qc_worker_messages_received_total").await.unwrap();
     assert!(received >= 2.0, "a batch was received: {received}");
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
     let s = stopped(&w);
     assert_eq!(s["deleted"], 1, "{s}");
     assert_eq!(s["released"].as_u64(), Some(received as u64 - 1), "{s}");
@@ -1741,15 +1524,14 @@ async fn a_busy_queue_is_received_in_whole_batches_while_a_batch_waits() {
     let bodies = numbered(20);
     q.send_all(&bodies, |_| String::new()).await;
     let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(100))).await;
-    let mut a = base_args(&q);
-    a.extend(args(&[
+    let a = q.args(&[
         "--concurrency",
         "1",
         "--batch-size",
         "5",
         "--http-url",
         &h.url,
-    ]));
+    ]);
     let mut w = Worker::start(&a);
     let mut most = 0.0f64;
     let deadline = std::time::Instant::now() + SECS(60);
@@ -1780,13 +1562,9 @@ async fn a_busy_queue_is_received_in_whole_batches_while_a_batch_waits() {
         w.log_text()
     );
     assert_eq!(up_to_5 - up_to_4, 4.0, "four receives of 5");
-    let counts = h.counts_by_body();
-    for b in &bodies {
-        assert_eq!(counts.get(b), Some(&1), "{b} handled once: {counts:?}");
-    }
+    h.assert_each_handled_once(&bodies);
     assert!(q.is_empty().await);
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 const XRAY: &str = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1";
@@ -1842,8 +1620,7 @@ async fn trace_context_reaches_the_http_handler_from_xray_or_a_traceparent_attri
     .await;
     let none_id = send_traced(&q, "none", None, &[]).await;
     let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
-    let mut a = base_args(&q);
-    a.extend(args(&["--http-url", &h.url]));
+    let a = q.args(&["--http-url", &h.url]);
     let mut w = Worker::start(&a);
     eventually(SECS(30), "all handled and deleted", || q.is_empty()).await;
     let calls: HashMap<String, Call> = h.calls().into_iter().map(|c| (c.id.clone(), c)).collect();
@@ -1864,8 +1641,7 @@ async fn trace_context_reaches_the_http_handler_from_xray_or_a_traceparent_attri
     );
     assert_eq!(hdr(&none_id, "traceparent"), None);
     assert_eq!(hdr(&none_id, "x-amzn-trace-id"), None);
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1884,8 +1660,7 @@ async fn trace_context_reaches_the_exec_handler_environment() {
             out = out.display()
         ),
     );
-    let mut a = base_args(&q);
-    a.extend(args(&["--exec", "--", handler.to_str().unwrap()]));
+    let a = q.args(&["--exec", "--", handler.to_str().unwrap()]);
     let mut w = Worker::start(&a);
     eventually(SECS(30), "all handled and deleted", || q.is_empty()).await;
     let env = |id: &str| std::fs::read_to_string(out.join(id)).unwrap();
@@ -1894,8 +1669,7 @@ async fn trace_context_reaches_the_exec_handler_environment() {
         format!("tp={XRAY_AS_W3C} xray={XRAY}")
     );
     assert_eq!(env(&none_id).trim(), "tp= xray=");
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1909,8 +1683,7 @@ async fn cloudevents_headers_are_percent_encoded_ce_id_is_the_message_id_and_col
     ];
     let id = send_traced(&q, "{}", None, &attrs).await;
     let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
-    let mut a = base_args(&q);
-    a.extend(args(&["--http-url", &h.url]));
+    let a = q.args(&["--http-url", &h.url]);
     let mut w = Worker::start(&a);
     eventually(SECS(30), "handled and deleted", || q.is_empty()).await;
     let calls = h.calls();
@@ -1923,8 +1696,7 @@ async fn cloudevents_headers_are_percent_encoded_ce_id_is_the_message_id_and_col
     );
     assert_eq!(hdr["x-sqs-attribute-tenant"], "first");
     assert_eq!(hdr["x-qc-omitted-attributes"], "tenant");
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1961,14 +1733,12 @@ async fn binary_attributes_reach_the_exec_handler_in_base64() {
             out = out.display()
         ),
     );
-    let mut a = base_args(&q);
-    a.extend(args(&["--exec", "--", handler.to_str().unwrap()]));
+    let a = q.args(&["--exec", "--", handler.to_str().unwrap()]);
     let mut w = Worker::start(&a);
     eventually(SECS(30), "handled and deleted", || q.is_empty()).await;
     let got = std::fs::read_to_string(out.join(&id)).unwrap();
     assert_eq!(got.trim(), "AAEC/wo=");
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 // Growing heartbeat extensions (docs/worker.md): each extension doubles (VT, 2 VT, 4 VT, ...) up to the
@@ -1995,20 +1765,16 @@ async fn a_failure_or_timeout_after_a_grown_lease_comes_back_at_its_retry_delay(
         _ => Reply::ok(Duration::ZERO),
     })
     .await;
-    let mut a = base_args(&q);
-    a.extend(args(&[
+    let a = q.args(&[
         "--timeout",
         "9s",
         "--retry-base",
         "0s",
         "--http-url",
         &h.url,
-    ]));
+    ]);
     let mut w = Worker::start(&a);
-    eventually(SECS(60), "both handled again and deleted", || async {
-        w.metric("qc_worker_messages_deleted_total").await == Some(2.0)
-    })
-    .await;
+    w.wait_deleted(2, SECS(60)).await;
     assert!(
         w.metric("qc_worker_heartbeats_total").await >= Some(6.0),
         "the leases grew over several extensions"
@@ -2035,8 +1801,7 @@ async fn a_failure_or_timeout_after_a_grown_lease_comes_back_at_its_retry_delay(
             .await,
         Some(1.0)
     );
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 /// SIGTERM while a message received ahead waits for the only slot, its lease grown by background
@@ -2055,8 +1820,7 @@ async fn sigterm_releases_a_waiting_message_whose_lease_grew() {
         }
     })
     .await;
-    let mut a = base_args(&q);
-    a.extend(args(&[
+    let a = q.args(&[
         "--concurrency",
         "1",
         "--batch-size",
@@ -2067,7 +1831,7 @@ async fn sigterm_releases_a_waiting_message_whose_lease_grew() {
         "20s",
         "--http-url",
         &h.url,
-    ]));
+    ]);
     let dir = Arc::new(tempfile::tempdir().unwrap());
     let mut w = Worker::start_in(dir.clone(), &a);
     eventually(SECS(30), "one running, one waiting", || async {
@@ -2093,12 +1857,8 @@ async fn sigterm_releases_a_waiting_message_whose_lease_grew() {
     assert_eq!((visible, in_flight), (1, 0), "one released, one deleted");
     let mut rest = Worker::start_in(dir, &a);
     eventually(SECS(30), "the released message handled", || q.is_empty()).await;
-    let counts = h.counts_by_body();
-    for b in &bodies {
-        assert_eq!(counts.get(b), Some(&1), "{b} handled once: {counts:?}");
-    }
-    rest.signal("TERM");
-    assert!(rest.wait_exit(SECS(20)).await.success());
+    h.assert_each_handled_once(&bodies);
+    rest.stop().await;
 }
 
 /// kill -9 during a long handler whose lease has grown: the message is not lost. It comes back when
@@ -2117,8 +1877,7 @@ async fn kill_9_during_a_long_handler_returns_its_message_within_the_grown_lease
         }
     })
     .await;
-    let mut a = base_args(&q);
-    a.extend(args(&["--timeout", "60s", "--http-url", &h.url]));
+    let a = q.args(&["--timeout", "60s", "--http-url", &h.url]);
     let mut first = Worker::start(&a);
     eventually(SECS(30), "the handler called", || async {
         !h.calls().is_empty()
@@ -2151,6 +1910,5 @@ async fn kill_9_during_a_long_handler_returns_its_message_within_the_grown_lease
     // max(VT, 3 × time held), plus a receive's poll and moto's latency.
     let bound = SECS(3).max(held * 3) + SECS(5);
     assert!(back < bound, "back after {back:?}, bound {bound:?}");
-    second.signal("TERM");
-    assert!(second.wait_exit(SECS(20)).await.success());
+    second.stop().await;
 }

@@ -42,8 +42,7 @@ async fn empty_idempotency_keys_are_handled_without_dedup_and_counted() {
     ];
     q.send_all(&bodies, |_| String::new()).await;
     let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
-    let mut a = base_args(&q);
-    a.extend(args(&[
+    let a = q.args(&[
         "--idempotency-store",
         "memory",
         "--idempotency-key",
@@ -52,7 +51,7 @@ async fn empty_idempotency_keys_are_handled_without_dedup_and_counted() {
         "1",
         "--http-url",
         &h.url,
-    ]));
+    ]);
     let mut w = Worker::start(&a);
     eventually(SECS(60), "queue drained", || q.is_empty()).await;
     let counts = h.counts_by_body();
@@ -77,8 +76,7 @@ async fn empty_idempotency_keys_are_handled_without_dedup_and_counted() {
             .iter()
             .all(|l| l["key_source"] == "jsonPointer:/orderId")
     );
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 /// nginx's default `large_client_header_buffers 4 8k`: a request line or header line longer than
@@ -115,8 +113,7 @@ async fn a_20_kb_attribute_is_left_out_and_named_so_a_size_limited_handler_takes
         .send()
         .await
         .unwrap();
-    let mut a = base_args(&q);
-    a.extend(args(&["--on-poison", "delete", "--http-url", &h.url]));
+    let a = q.args(&["--on-poison", "delete", "--http-url", &h.url]);
     let mut w = Worker::start(&a);
     eventually(SECS(30), "handler called", || async {
         !h.calls().is_empty()
@@ -142,8 +139,7 @@ async fn a_20_kb_attribute_is_left_out_and_named_so_a_size_limited_handler_takes
             .await,
         Some(1.0)
     );
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 /// A redis server of this test's own, so it can be stopped and started again on the same port.
@@ -203,8 +199,7 @@ async fn store_outage_makes_the_worker_unready_and_stops_receiving_until_it_retu
     let q = TestQueue::new("store-outage", 2, 3, false).await;
     let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
     let mut redis = OwnRedis::start();
-    let mut a = base_args(&q);
-    a.extend(args(&[
+    let a = q.args(&[
         "--idempotency-store",
         "redis",
         "--redis-url",
@@ -213,7 +208,7 @@ async fn store_outage_makes_the_worker_unready_and_stops_receiving_until_it_retu
         "1s",
         "--http-url",
         &h.url,
-    ]));
+    ]);
     let mut w = Worker::start(&a);
     w.wait_ready(SECS(30)).await;
     redis.down();
@@ -238,10 +233,7 @@ async fn store_outage_makes_the_worker_unready_and_stops_receiving_until_it_retu
     })
     .await;
     w.wait_ready(SECS(10)).await;
-    let counts = h.counts_by_body();
-    for b in &bodies {
-        assert_eq!(counts.get(b), Some(&1), "{b} handled once: {counts:?}");
-    }
+    h.assert_each_handled_once(&bodies);
     assert_eq!(q.dlq_visible().await, 0);
     eprintln!(
         "drill store-outage: sent {}, handled {}, received while down {received_during}, received in all {:?}, deleted {:?}, dlq {}",
@@ -257,8 +249,7 @@ async fn store_outage_makes_the_worker_unready_and_stops_receiving_until_it_retu
         received_during <= 20.0,
         "received {received_during} while the store was down"
     );
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 /// The worker's child processes: (pid, state, command line).
@@ -339,8 +330,7 @@ esac"#,
     for b in bodies {
         q.send_one(b).await;
     }
-    let mut a = base_args(&q);
-    a.extend(args(&[
+    let a = q.args(&[
         "--timeout",
         "1s",
         "--retry-base",
@@ -350,7 +340,7 @@ esac"#,
         "--exec",
         "--",
         handler.to_str().unwrap(),
-    ]));
+    ]);
     // python3 sets PR_SET_CHILD_SUBREAPER (36) and execs the worker: PID 1's duty, as in the pod.
     let worker = env!("CARGO_BIN_EXE_qc-worker");
     let wrapper = dir.path().join("as-pid1.py");
@@ -395,8 +385,7 @@ esac"#,
         "{} processes forked by the handler outlived it",
         strays.len()
     );
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 /// Every message of the DLQ: (body, attributes as text, group id).
@@ -466,8 +455,7 @@ async fn poison_goes_to_the_dlq_with_body_attributes_and_reason_by_default() {
             .await
             .unwrap();
     }
-    let mut a = base_args(&q);
-    a.extend(args(&["--http-url", &h.url]));
+    let a = q.args(&["--http-url", &h.url]);
     let mut w = Worker::start(&a);
     eventually(SECS(60), "source queue empty", || q.is_empty()).await;
     let dlq = drain_dlq(&q).await;
@@ -487,8 +475,7 @@ async fn poison_goes_to_the_dlq_with_body_attributes_and_reason_by_default() {
         w.metric("qc_worker_messages_deleted_total").await,
         Some(4.0)
     );
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 /// Poison on FIFO: the copy keeps its group (SQS needs a group id and a dedup id on a FIFO DLQ).
@@ -508,8 +495,7 @@ async fn fifo_poison_reaches_the_fifo_dlq_in_its_group() {
         .map(std::string::ToString::to_string)
         .collect();
     q.send_all(&bodies, |n| format!("g{}", n % 2)).await;
-    let mut a = base_args(&q);
-    a.extend(args(&["--http-url", &h.url]));
+    let a = q.args(&["--http-url", &h.url]);
     let mut w = Worker::start(&a);
     eventually(SECS(60), "source queue empty", || q.is_empty()).await;
     let mut dlq = drain_dlq(&q).await;
@@ -521,8 +507,7 @@ async fn fifo_poison_reaches_the_fifo_dlq_in_its_group() {
         [("bad-a", Some("g1")), ("bad-b", Some("g1"))],
         "{dlq:?}"
     );
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 /// Poison without a DLQ: `dead-letter` acts as `leave`, the message stays on the queue.
@@ -577,8 +562,7 @@ async fn poison_without_a_dlq_is_left_on_the_queue() {
         "still on the queue"
     );
     assert_eq!(w.log_lines("poison message; the queue has no redrive policy, so it is left on the queue (--on-poison dead-letter acts as leave)").len(), 1);
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 /// A heartbeat call that hangs must be given up before the lease it extends runs out: waited for
@@ -594,41 +578,16 @@ async fn a_hung_heartbeat_call_is_given_up_in_time_to_keep_the_lease() {
     proxy
         .set(Fault::HangFirst("ChangeMessageVisibilityBatch"))
         .await;
-    let a = args(&[
-        "--queue-url",
-        &q.url,
-        "--endpoint-url",
-        &proxy.endpoint,
-        "--wait-time",
-        "1s",
-        "--timeout",
-        "30s",
-        "--http-url",
-        &h.url,
-    ]);
-    let mut w1 = Worker::start(&a);
-    let mut w2 = Worker::start(&a);
+    let a = q.args_via(&proxy.endpoint, &["--timeout", "30s", "--http-url", &h.url]);
+    let mut ws = Replicas::start(&a);
     eventually(SECS(60), "the messages deleted", || async {
-        let mut deleted = 0.0;
-        for w in [&w1, &w2] {
-            deleted += w
-                .metric("qc_worker_messages_deleted_total")
-                .await
-                .unwrap_or(0.0);
-        }
-        deleted >= 3.0
+        ws.sum("qc_worker_messages_deleted_total").await >= 3.0
     })
     .await;
     // Longer than a lease: a lapse would show as a second call by now.
     tokio::time::sleep(SECS(5)).await;
     let calls = h.calls();
-    let failures = w1
-        .metric("qc_worker_heartbeat_failures_total")
-        .await
-        .unwrap()
-        + w2.metric("qc_worker_heartbeat_failures_total")
-            .await
-            .unwrap();
+    let failures = ws.sum("qc_worker_heartbeat_failures_total").await;
     eprintln!(
         "drill hung-heartbeat: sent 3, handler calls {}, heartbeat failures {failures}",
         calls.len()
@@ -636,19 +595,10 @@ async fn a_hung_heartbeat_call_is_given_up_in_time_to_keep_the_lease() {
     assert_eq!(calls.len(), 3, "each handled once: {calls:?}");
     assert!(calls.iter().all(|c| c.receive_count == 1), "{calls:?}");
     assert!(failures >= 1.0, "the hung call counted as a failed beat");
-    let lost = w1
-        .metric("qc_worker_heartbeat_leases_lost_total")
-        .await
-        .unwrap()
-        + w2.metric("qc_worker_heartbeat_leases_lost_total")
-            .await
-            .unwrap();
+    let lost = ws.sum("qc_worker_heartbeat_leases_lost_total").await;
     assert_eq!(lost, 0.0, "the failed beat was retried within the lease");
     assert!(q.is_empty().await);
-    for w in [&mut w1, &mut w2] {
-        w.signal("TERM");
-        assert!(w.wait_exit(SECS(20)).await.success());
-    }
+    ws.stop().await;
 }
 
 /// A group's next message must not start as soon as the previous one's delete is queued: if that
@@ -664,16 +614,7 @@ async fn fifo_next_message_waits_for_the_delete_and_a_failed_delete_stops_the_gr
     proxy
         .set(Fault::FailAction("DeleteMessage", 500, "InternalFailure"))
         .await;
-    let a = args(&[
-        "--queue-url",
-        &q.url,
-        "--endpoint-url",
-        &proxy.endpoint,
-        "--wait-time",
-        "1s",
-        "--http-url",
-        &h.url,
-    ]);
+    let a = q.args_via(&proxy.endpoint, &["--http-url", &h.url]);
     let mut w = Worker::start(&a);
     eventually(SECS(60), "a delete given up", || async {
         w.metric("qc_worker_delete_failures_total").await >= Some(1.0)
@@ -705,8 +646,7 @@ async fn fifo_next_message_waits_for_the_delete_and_a_failed_delete_stops_the_gr
         assert!(order.contains(b), "{b} never handled: {order:?}");
     }
     assert_eq!(in_dlq, 0);
-    w.signal("TERM");
-    assert!(w.wait_exit(SECS(20)).await.success());
+    w.stop().await;
 }
 
 /// A message whose key another worker has in progress must not come back every visibility timeout
@@ -728,45 +668,26 @@ async fn a_key_in_progress_elsewhere_is_hidden_until_done_not_burned_into_the_dl
         .collect();
     q.send_all(&bodies, |_| String::new()).await;
     let h = HttpHandler::start(|_| Reply::ok(SECS(6))).await;
-    let redis_url = common::redis_url();
-    let mut a = base_args(&q);
-    a.extend(args(&[
+    let a = q.args(&[
         "--timeout",
         "10s",
         "--batch-size",
         "1",
-        "--idempotency-store",
-        "redis",
-        "--redis-url",
-        &redis_url,
-        "--idempotency-key",
-        "jsonPointer:/orderId",
         "--http-url",
         &h.url,
-    ]));
-    let mut w1 = Worker::start(&a);
-    let mut w2 = Worker::start(&a);
+    ]);
+    let mut ws = Replicas::start(&[a, redis_orders_args()].concat());
     let started = std::time::Instant::now();
     eventually(SECS(90), "the source queue empty", || q.is_empty()).await;
     let drained_s = started.elapsed().as_secs();
-    let sum = |name: &'static str| {
-        let (w1, w2) = (&w1, &w2);
-        async move {
-            let mut total = 0.0;
-            for w in [w1, w2] {
-                // NaN when missing: every assertion on it then fails.
-                total += w.metric(name).await.unwrap_or(f64::NAN);
-            }
-            total
-        }
-    };
+    let sum = |name| ws.sum(name);
     let waited = sum("qc_worker_messages_processed_total{outcome=\"in_progress_elsewhere\"}").await;
     let duplicates = sum("qc_worker_messages_processed_total{outcome=\"duplicate\"}").await;
     let deleted = sum("qc_worker_messages_deleted_total").await;
     let claims_lost = sum("qc_worker_idempotency_claims_lost_total").await;
     let store_errors = sum("qc_worker_idempotency_errors_total").await;
     let in_dlq = q.dlq_visible().await;
-    let effects = effects_by_order(&h);
+    let effects = calls_by_order(&h);
     eprintln!(
         "drill in-progress-elsewhere: sent {}, handled {}, deleted {deleted}, in DLQ {in_dlq}, duplicates {duplicates}, seen in progress {waited}, drained in {drained_s} s, claims lost {claims_lost}",
         bodies.len(),
@@ -787,10 +708,7 @@ async fn a_key_in_progress_elsewhere_is_hidden_until_done_not_burned_into_the_dl
         store_errors, 0.0,
         "every claim, renewal and completion answered"
     );
-    for w in [&mut w1, &mut w2] {
-        w.signal("TERM");
-        assert!(w.wait_exit(SECS(20)).await.success());
-    }
+    ws.stop().await;
 }
 
 /// Growing extensions: with a handler of 6 × VT the gaps between extensions grow to
@@ -810,36 +728,18 @@ async fn claims_outlive_the_longer_gaps_between_grown_extensions() {
         .collect();
     q.send_all(&bodies, |_| String::new()).await;
     let h = HttpHandler::start(|_| Reply::ok(SECS(12))).await;
-    let redis_url = common::redis_url();
-    let mut a = base_args(&q);
-    a.extend(args(&[
+    let a = q.args(&[
         "--timeout",
         "14s",
         "--batch-size",
         "1",
-        "--idempotency-store",
-        "redis",
-        "--redis-url",
-        &redis_url,
-        "--idempotency-key",
-        "jsonPointer:/orderId",
         "--http-url",
         &h.url,
-    ]));
-    let mut w1 = Worker::start(&a);
-    let mut w2 = Worker::start(&a);
+    ]);
+    let mut ws = Replicas::start(&[a, redis_orders_args()].concat());
     eventually(SECS(120), "the source queue empty", || q.is_empty()).await;
-    let sum = |name: &'static str| {
-        let (w1, w2) = (&w1, &w2);
-        async move {
-            let mut total = 0.0;
-            for w in [w1, w2] {
-                total += w.metric(name).await.unwrap_or(f64::NAN);
-            }
-            total
-        }
-    };
-    let effects = effects_by_order(&h);
+    let sum = |name| ws.sum(name);
+    let effects = calls_by_order(&h);
     for k in keys {
         assert_eq!(effects.get(k), Some(&1), "{k} handled once: {effects:?}");
     }
@@ -860,19 +760,5 @@ async fn claims_outlive_the_longer_gaps_between_grown_extensions() {
         "at most 7 extensions per 12 s handler, saw {beats} for {handled}"
     );
     assert_eq!(q.dlq_visible().await, 0);
-    for w in [&mut w1, &mut w2] {
-        w.signal("TERM");
-        assert!(w.wait_exit(SECS(20)).await.success());
-    }
-}
-
-/// Handler calls per `orderId`.
-fn effects_by_order(h: &HttpHandler) -> HashMap<String, usize> {
-    let mut m = HashMap::new();
-    for c in h.calls() {
-        let v: serde_json::Value = serde_json::from_slice(&c.body).unwrap();
-        *m.entry(v["orderId"].as_str().unwrap().to_string())
-            .or_default() += 1;
-    }
-    m
+    ws.stop().await;
 }

@@ -172,14 +172,29 @@ pub struct Worker {
 
 /// Flags every test worker gets: the moto endpoint, short polls.
 pub fn base_args(queue: &TestQueue) -> Vec<String> {
-    vec![
-        "--queue-url".into(),
-        queue.url.clone(),
-        "--endpoint-url".into(),
-        common::sqs_endpoint(),
-        "--wait-time".into(),
-        "1s".into(),
-    ]
+    queue.args_via(&common::sqs_endpoint(), &[])
+}
+
+impl TestQueue {
+    /// The flags of a worker on this queue through moto (`base_args`), then `extra`.
+    pub fn args(&self, extra: &[&str]) -> Vec<String> {
+        self.args_via(&common::sqs_endpoint(), extra)
+    }
+
+    /// The flags of a worker on this queue that reaches SQS at `endpoint` (a `FaultProxy` in front of
+    /// moto), with short polls, then `extra`.
+    pub fn args_via(&self, endpoint: &str, extra: &[&str]) -> Vec<String> {
+        let mut a = args(&[
+            "--queue-url",
+            &self.url,
+            "--endpoint-url",
+            endpoint,
+            "--wait-time",
+            "1s",
+        ]);
+        a.extend(args(extra));
+        a
+    }
 }
 
 impl Worker {
@@ -320,6 +335,97 @@ impl Worker {
         let (_, text) = self.get("/metrics").await?;
         parse_metric(&text, name)
     }
+
+    /// The count of SQS requests of one action (`qc_worker_sqs_requests_total{action=...}`).
+    pub async fn sqs_requests(&self, action: &str) -> Option<f64> {
+        self.metric(&format!(
+            "qc_worker_sqs_requests_total{{action=\"{action}\"}}"
+        ))
+        .await
+    }
+
+    /// Waits until the worker has counted exactly `n` messages deleted; panics past `limit`.
+    pub async fn wait_deleted(&self, n: usize, limit: Duration) {
+        let what = format!("{n} messages deleted");
+        eventually(limit, &what, || async {
+            self.metric("qc_worker_messages_deleted_total").await == Some(n as f64)
+        })
+        .await;
+    }
+
+    /// No heartbeat lease was lost. A heartbeat call that failed and was retried within the lease
+    /// costs nothing (a loaded machine may fail one); what must not happen is a lease lost.
+    pub async fn assert_no_lease_lost(&self) {
+        assert_eq!(
+            self.metric("qc_worker_heartbeat_leases_lost_total").await,
+            Some(0.0),
+            "a heartbeat lease was lost"
+        );
+    }
+
+    /// SIGTERM, then the worker must drain and exit 0 within 20 s.
+    pub async fn stop(&mut self) {
+        self.stop_within(Duration::from_secs(20)).await;
+    }
+
+    /// SIGTERM, then the worker must drain and exit 0 within `limit`.
+    pub async fn stop_within(&mut self, limit: Duration) {
+        self.signal("TERM");
+        let status = self.wait_exit(limit).await;
+        assert!(
+            status.success(),
+            "qc-worker exited with {status} after SIGTERM; log:\n{}",
+            self.log_text()
+        );
+    }
+}
+
+/// Two workers started with the same flags, as the replicas of one QueueConsumer.
+pub struct Replicas(pub [Worker; 2]);
+
+impl Replicas {
+    pub fn start(args: &[String]) -> Replicas {
+        Replicas([Worker::start(args), Worker::start(args)])
+    }
+
+    /// A sample summed over both workers; NaN when either lacks it, so every assertion on it fails.
+    pub async fn sum(&self, name: &str) -> f64 {
+        let mut total = 0.0;
+        for w in &self.0 {
+            total += w.metric(name).await.unwrap_or(f64::NAN);
+        }
+        total
+    }
+
+    /// Stops both (`Worker::stop`).
+    pub async fn stop(&mut self) {
+        for w in &mut self.0 {
+            w.stop().await;
+        }
+    }
+}
+
+/// The flags of a redis idempotency store (the test server) keyed by each body's `/orderId`.
+pub fn redis_orders_args() -> Vec<String> {
+    args(&[
+        "--idempotency-store",
+        "redis",
+        "--redis-url",
+        &common::redis_url(),
+        "--idempotency-key",
+        "jsonPointer:/orderId",
+    ])
+}
+
+/// Handler calls (whatever their answer) per `orderId` of the bodies.
+pub fn calls_by_order(h: &HttpHandler) -> HashMap<String, usize> {
+    let mut m = HashMap::new();
+    for c in h.calls() {
+        let v: serde_json::Value = serde_json::from_slice(&c.body).unwrap();
+        *m.entry(v["orderId"].as_str().unwrap().to_string())
+            .or_default() += 1;
+    }
+    m
 }
 
 impl Drop for Worker {
@@ -507,6 +613,21 @@ impl HttpHandler {
                 .or_default() += 1;
         }
         m
+    }
+
+    /// Each of `bodies` reached the handler exactly once.
+    pub fn assert_each_handled_once(&self, bodies: &[String]) {
+        let counts = self.counts_by_body();
+        for b in bodies {
+            assert_eq!(counts.get(b), Some(&1), "{b} handled once: {counts:?}");
+        }
+    }
+
+    /// `n` calls, each a first delivery (receive count 1): no message came back after a lapsed lease.
+    pub fn assert_calls_all_first_deliveries(&self, n: usize) {
+        let calls = self.calls();
+        assert_eq!(calls.len(), n, "{n} calls, no redelivery: {calls:?}");
+        assert!(calls.iter().all(|c| c.receive_count == 1), "{calls:?}");
     }
 }
 
