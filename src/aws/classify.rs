@@ -173,24 +173,39 @@ pub fn has_credentials_error(err: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// A service error as the SDK reports it: the HTTP `status` and, if any, the error `code`; for the
+/// tests of this classifier and of the adapters that classify through it.
+///
+/// # Panics
+///
+/// On a `status` that is not an HTTP status (100-999).
+#[cfg(test)]
+pub fn service_error(
+    status: u16,
+    code: Option<&str>,
+) -> SdkError<aws_sdk_sqs::operation::receive_message::ReceiveMessageError, HttpResponse> {
+    let mut meta = aws_sdk_sqs::error::ErrorMetadata::builder().message("from the test");
+    if let Some(code) = code {
+        meta = meta.code(code);
+    }
+    let raw = HttpResponse::new(
+        status.try_into().expect("an HTTP status"),
+        aws_smithy_types::body::SdkBody::empty(),
+    );
+    SdkError::service_error(
+        aws_sdk_sqs::operation::receive_message::ReceiveMessageError::generic(meta.build()),
+        raw,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use aws_sdk_sqs::error::ErrorMetadata;
     use aws_sdk_sqs::operation::receive_message::ReceiveMessageError;
     use aws_smithy_runtime_api::client::result::ConnectorError;
-    use aws_smithy_types::body::SdkBody;
 
     fn service(status: u16, code: Option<&str>) -> ErrorKind {
-        let mut meta = ErrorMetadata::builder().message("from the test");
-        if let Some(code) = code {
-            meta = meta.code(code);
-        }
-        let raw = HttpResponse::new(status.try_into().unwrap(), SdkBody::empty());
-        classify(&SdkError::service_error(
-            ReceiveMessageError::generic(meta.build()),
-            raw,
-        ))
+        classify(&service_error(status, code))
     }
 
     #[test]
@@ -200,15 +215,27 @@ mod tests {
                 "AWS.SimpleQueueService.NonExistentQueue",
                 ErrorKind::QueueDoesNotExist,
             ),
+            ("QueueDoesNotExist", ErrorKind::QueueDoesNotExist),
             ("QueueDoesNotExistException", ErrorKind::QueueDoesNotExist),
             ("ResourceNotFound", ErrorKind::ResourceNotFound),
+            ("InvalidClientTokenId", ErrorKind::InvalidCredentials),
+            ("SignatureDoesNotMatch", ErrorKind::InvalidCredentials),
             ("ExpiredToken", ErrorKind::InvalidCredentials),
             ("UnrecognizedClientException", ErrorKind::InvalidCredentials),
             ("KmsAccessDenied", ErrorKind::AccessDenied),
+            ("KMS.AccessDeniedException", ErrorKind::AccessDenied),
             ("KMS.InvalidStateException", ErrorKind::KmsKeyUnusable),
+            ("KMS.DisabledException", ErrorKind::KmsKeyUnusable),
+            ("KMS.NotFoundException", ErrorKind::KmsKeyUnusable),
+            ("KMS.OptInRequired", ErrorKind::KmsKeyUnusable),
             ("KmsThrottled", ErrorKind::Throttled),
+            ("KMS.ThrottlingException", ErrorKind::Throttled),
+            ("RequestThrottled", ErrorKind::Throttled),
+            ("ThrottlingException", ErrorKind::Throttled),
             ("RequestLimitExceeded", ErrorKind::Throttled),
             ("Throttling", ErrorKind::Throttled),
+            ("ReceiptHandleIsInvalid", ErrorKind::InvalidReceiptHandle),
+            ("MessageNotInflight", ErrorKind::InvalidReceiptHandle),
             ("InvalidParameterValue", ErrorKind::InvalidParameter),
             ("InvalidAddress", ErrorKind::InvalidQueueUrl),
             ("ServiceUnavailable", ErrorKind::ServerError),
@@ -216,6 +243,9 @@ mod tests {
             assert_eq!(classify_code(code), Some(kind), "{code}");
         }
         assert_eq!(classify_code("SomethingNew"), None);
+        assert!(ErrorKind::AccessDenied.is_configuration());
+        assert!(ErrorKind::KmsKeyUnusable.is_configuration());
+        assert!(!ErrorKind::Throttled.is_configuration());
     }
 
     #[test]
@@ -228,6 +258,7 @@ mod tests {
         assert_eq!(service(400, Some("Novel")), ErrorKind::Other);
         assert_eq!(service(400, None), ErrorKind::BadResponse);
         assert_eq!(service(502, None), ErrorKind::ServerError);
+        assert_eq!(service(429, None), ErrorKind::Throttled);
     }
 
     #[test]
