@@ -44,6 +44,26 @@ fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_string())
 }
 
+/// Earlier builds run beside this one, in order: `QC_BENCH_BEFORE_WORKER` names their qc-worker
+/// binaries (comma-separated), `QC_BENCH_BEFORE_LABEL` their labels in the same order ("before" for
+/// a label not given).
+fn before_workers() -> Vec<(String, String)> {
+    let Ok(paths) = std::env::var("QC_BENCH_BEFORE_WORKER") else {
+        return Vec::new();
+    };
+    let labels = env_or("QC_BENCH_BEFORE_LABEL", "before");
+    let mut labels = labels.split(',').map(str::trim);
+    paths
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let label = labels.next().unwrap_or("before");
+            (p.to_string(), format!("qc-worker {label}"))
+        })
+        .collect()
+}
+
 /// The consumers each C runs: qc-worker, then bbc/sqs-consumer in its three modes (if installed).
 const BBC_MODES: [&str; 3] = ["batch1", "batch10", "handleMessageBatch"];
 
@@ -86,11 +106,10 @@ fn main() {
         for c in concurrencies {
             let n = (c * per_slot).max(per_slot);
             // The build before a change (QC_BENCH_BEFORE_WORKER) beside this one, same run.
-            let mut consumers = Vec::new();
-            if let Ok(before) = std::env::var("QC_BENCH_BEFORE_WORKER") {
-                let label = env_or("QC_BENCH_BEFORE_LABEL", "before");
-                consumers.push(Consumer::Worker(before, format!("qc-worker {label}")));
-            }
+            let mut consumers: Vec<Consumer> = before_workers()
+                .into_iter()
+                .map(|(bin, label)| Consumer::Worker(bin, label))
+                .collect();
             consumers.push(Consumer::Worker(
                 env!("CARGO_BIN_EXE_qc-worker").to_string(),
                 "qc-worker".to_string(),
@@ -623,11 +642,10 @@ mod heartbeats {
         let intervals: Vec<&str> = intervals_env.split(',').map(str::trim).collect();
         let handler_time = Duration::from_secs(3 * vt);
         let handler = LongHandler::start(handler_time).await;
-        let mut consumers = Vec::new();
-        if let Ok(before) = std::env::var("QC_BENCH_BEFORE_WORKER") {
-            let label = env_or("QC_BENCH_BEFORE_LABEL", "before");
-            consumers.push(HbConsumer::Worker(before, format!("qc-worker {label}")));
-        }
+        let mut consumers: Vec<HbConsumer> = super::before_workers()
+            .into_iter()
+            .map(|(bin, label)| HbConsumer::Worker(bin, label))
+            .collect();
         consumers.push(HbConsumer::Worker(
             env!("CARGO_BIN_EXE_qc-worker").to_string(),
             "qc-worker this build".to_string(),
