@@ -8,6 +8,7 @@ pub mod controller;
 pub mod manifest;
 pub mod render;
 pub mod scaling;
+pub mod sync;
 pub mod telemetry;
 pub mod validate;
 pub mod worker;

@@ -26,6 +26,8 @@ use futures::future::BoxFuture;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
+use crate::sync::lock;
+
 /// One call for many keys. Keys missing from the answer get `V::default()` (no data).
 pub type Fetch<K, V, E> =
     Arc<dyn Fn(Vec<K>) -> BoxFuture<'static, Result<HashMap<K, V>, E>> + Send + Sync>;
@@ -123,13 +125,6 @@ impl<K, V, E> Clone for Batcher<K, V, E> {
         Batcher {
             inner: self.inner.clone(),
         }
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
     }
 }
 

@@ -21,6 +21,8 @@ use super::classify::ErrorKind;
 use super::error_chain;
 use super::limit::{LimitConfig, Limiter};
 
+use crate::sync::lock;
+
 /// SQS metrics namespace and the metrics the controller reads or alarms on.
 pub const SQS_NAMESPACE: &str = "AWS/SQS";
 pub const METRIC_VISIBLE: &str = "ApproximateNumberOfMessagesVisible";
@@ -368,13 +370,6 @@ enum WriteState {
     Running,
     Done(AlarmWrite),
     Failed(CloudWatchError),
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
 }
 
 impl std::fmt::Debug for CloudWatchAlarms {

@@ -12,6 +12,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+use crate::sync::lock;
 use crate::telemetry::Exposition;
 
 /// Tries of one call while the service answers that it is throttling (the last answer is returned).
@@ -75,13 +76,6 @@ impl std::fmt::Debug for Limiter {
             .field("config", &self.config)
             .field("rate", &self.rate())
             .finish_non_exhaustive()
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
     }
 }
 

@@ -213,10 +213,7 @@ impl SqsReader {
     }
 
     fn urls(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, tokio::time::Instant)>> {
-        match self.urls.lock() {
-            Ok(u) => u,
-            Err(p) => p.into_inner(),
-        }
+        crate::sync::lock(&self.urls)
     }
 }
 
@@ -435,16 +432,11 @@ impl StaticReader {
 
     /// Calls made so far, as `GetQueueAttributes URL` / `GetQueueUrl ARN`.
     pub fn calls(&self) -> Vec<String> {
-        self.calls
-            .lock()
-            .map_or_else(|p| p.into_inner().clone(), |c| c.clone())
+        crate::sync::lock(&self.calls).clone()
     }
 
     fn record(&self, call: String) {
-        match self.calls.lock() {
-            Ok(mut c) => c.push(call),
-            Err(p) => p.into_inner().push(call),
-        }
+        crate::sync::lock(&self.calls).push(call);
     }
 }
 

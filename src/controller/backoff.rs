@@ -25,10 +25,7 @@ pub struct Backoff {
 
 impl Backoff {
     fn failures(&self) -> MutexGuard<'_, HashMap<ConsumerKey, u32>> {
-        match self.failures.lock() {
-            Ok(f) => f,
-            Err(p) => p.into_inner(),
-        }
+        crate::sync::lock(&self.failures)
     }
 
     /// One more failure of `key`: the delay before its next try.

@@ -27,10 +27,7 @@ pub struct Metrics {
 impl Metrics {
     /// Counts a failed reconcile step by its reason.
     pub(super) fn error(&self, reason: &'static str) {
-        let mut m = match self.reconcile_errors.lock() {
-            Ok(m) => m,
-            Err(p) => p.into_inner(),
-        };
+        let mut m = crate::sync::lock(&self.reconcile_errors);
         *m.entry(reason).or_default() += 1;
     }
 
@@ -49,10 +46,10 @@ impl Metrics {
             "QueueConsumer reconciles run.",
             &[(&[], count(&self.reconciles))],
         );
-        let mut errors: Vec<(&'static str, u64)> = match self.reconcile_errors.lock() {
-            Ok(m) => m.iter().map(|(k, v)| (*k, *v)).collect(),
-            Err(p) => p.into_inner().iter().map(|(k, v)| (*k, *v)).collect(),
-        };
+        let mut errors: Vec<(&'static str, u64)> = crate::sync::lock(&self.reconcile_errors)
+            .iter()
+            .map(|(k, v)| (*k, *v))
+            .collect();
         errors.sort_unstable();
         let labels: Vec<[(&str, &str); 1]> = errors.iter().map(|(r, _)| [("reason", *r)]).collect();
         let samples: Vec<_> = labels

@@ -107,19 +107,13 @@ impl Context {
 
     /// Remember a controller's QueueConsumer cache: series of consumers no cache holds are dropped.
     pub fn watch_store(&self, store: Store<QueueConsumer>) {
-        match self.stores.lock() {
-            Ok(mut s) => s.push(store),
-            Err(p) => p.into_inner().push(store),
-        }
+        crate::sync::lock(&self.stores).push(store);
     }
 
     /// Drop the series of QueueConsumers that were deleted (a consumer without finalizer is not
     /// reconciled again after its deletion). Without a cache (reconcile called directly), nothing is.
     pub fn forget_deleted_consumers(&self) {
-        let stores = match self.stores.lock() {
-            Ok(s) => s.clone(),
-            Err(p) => p.into_inner().clone(),
-        };
+        let stores = crate::sync::lock(&self.stores).clone();
         if stores.is_empty() {
             return;
         }

@@ -195,10 +195,7 @@ impl FactsCache {
     }
 
     fn slot(&self, endpoint: Option<&str>, url: &str) -> Slot {
-        let mut slots = match self.slots.lock() {
-            Ok(s) => s,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut slots = crate::sync::lock(&self.slots);
         slots
             .entry((endpoint.map(str::to_string), url.to_string()))
             .or_default()

@@ -16,7 +16,7 @@
 //!   status message, and scaling goes on.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::task::JoinHandle;
@@ -24,6 +24,7 @@ use tokio::task::JoinHandle;
 use crate::api::{QueueConsumer, REDRIVE_REQUEST_ANNOTATION, RedriveStatus};
 use crate::aws::redrive::{self, MoveOptions, MoveProgress, RedriveError, TaskStart};
 use crate::aws::{DeadLetterFacts, Facts};
+use crate::sync::lock;
 
 pub const RUNNING: &str = "Running";
 pub const COMPLETED: &str = "Completed";
@@ -52,13 +53,6 @@ struct Job {
 pub struct Redrives {
     jobs: Mutex<HashMap<String, Job>>,
     no_tasks: Mutex<HashSet<Option<String>>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
 }
 
 impl Redrives {

@@ -89,10 +89,7 @@ impl Histories {
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Tracked>> {
-        match self.entries.lock() {
-            Ok(e) => e,
-            Err(p) => p.into_inner(),
-        }
+        crate::sync::lock(&self.entries)
     }
 
     /// Take the queue's counts, read at `at`, as a sample when one is due for this QueueConsumer's

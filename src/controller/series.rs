@@ -117,10 +117,7 @@ pub struct Consumers {
 
 impl Consumers {
     fn lock(&self) -> MutexGuard<'_, BTreeMap<(String, String), Series>> {
-        match self.entries.lock() {
-            Ok(e) => e,
-            Err(p) => p.into_inner(),
-        }
+        crate::sync::lock(&self.entries)
     }
 
     pub fn set(&self, namespace: &str, name: &str, series: Series) {

@@ -430,10 +430,7 @@ impl Windows {
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Window>> {
-        match self.entries.lock() {
-            Ok(e) => e,
-            Err(p) => p.into_inner(),
-        }
+        crate::sync::lock(&self.entries)
     }
 
     /// Whether a scrape is due: none yet, or the last one at least `every` ago.
