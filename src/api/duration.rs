@@ -4,9 +4,6 @@
 use std::fmt;
 use std::str::FromStr;
 
-use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
 /// Pattern published in the CRD for every duration field.
 pub const DURATION_PATTERN: &str = r"^([0-9]+(ms|s|m|h))+$";
 
@@ -160,37 +157,12 @@ impl fmt::Display for Duration {
     }
 }
 
-impl Serialize for Duration {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for Duration {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(deserializer)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-impl JsonSchema for Duration {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        "Duration".into()
-    }
-
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({
-            "type": "string",
-            "pattern": DURATION_PATTERN,
-            "maxLength": 32,
-            "description": "A duration: whole numbers with units ms, s, m, h (e.g. 30s, 5m, 1h30m)."
-        })
-    }
-}
+string_form!(Duration, {
+    "type": "string",
+    "pattern": DURATION_PATTERN,
+    "maxLength": 32,
+    "description": "A duration: whole numbers with units ms, s, m, h (e.g. 30s, 5m, 1h30m)."
+});
 
 #[cfg(test)]
 mod tests {

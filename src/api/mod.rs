@@ -1,6 +1,40 @@
 //! The `QueueConsumer` API (`sqs.consumers.dev/v1alpha1`): spec, status and condition names.
 //! The CRD is generated from these types (`qc-operator crd`); CEL rules mirror what `validate` can check without AWS.
 
+/// Serialize through `Display`, deserialize through `FromStr` (its error is the message), and an inline
+/// string schema: for the spec's types whose YAML form is one string (a duration, `auto` or a
+/// duration, an idempotency key). The schema name is the type's name.
+macro_rules! string_form {
+    ($ty:ident, $schema:tt) => {
+        impl serde::Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_str(self)
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let s = <String as serde::Deserialize>::deserialize(deserializer)?;
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+
+        impl schemars::JsonSchema for $ty {
+            fn schema_name() -> std::borrow::Cow<'static, str> {
+                stringify!($ty).into()
+            }
+
+            fn inline_schema() -> bool {
+                true
+            }
+
+            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                schemars::json_schema!($schema)
+            }
+        }
+    };
+}
+
 pub mod conditions;
 mod duration;
 pub mod quantity;
@@ -21,7 +55,7 @@ use kube::{CustomResource, KubeSchema};
 pub use quantity::is_quantity;
 use schemars::transform::RecursiveTransform;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 pub const GROUP: &str = "sqs.consumers.dev";
 pub const KIND: &str = "QueueConsumer";
@@ -270,35 +304,12 @@ impl FromStr for HeartbeatInterval {
     }
 }
 
-impl Serialize for HeartbeatInterval {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for HeartbeatInterval {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(deserializer)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-impl JsonSchema for HeartbeatInterval {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        "HeartbeatInterval".into()
-    }
-    fn inline_schema() -> bool {
-        true
-    }
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({
-            "type": "string",
-            "pattern": r"^(auto|([0-9]+(ms|s|m|h))+)$",
-            "maxLength": 32,
-            "description": "When the first extension falls due after the receive (later ones spread out as extensions grow): auto (a third of the visibility timeout) or a duration such as 10s (units ms, s, m, h). Default: auto."
-        })
-    }
-}
+string_form!(HeartbeatInterval, {
+    "type": "string",
+    "pattern": r"^(auto|([0-9]+(ms|s|m|h))+)$",
+    "maxLength": 32,
+    "description": "When the first extension falls due after the receive (later ones spread out as extensions grow): auto (a third of the visibility timeout) or a duration such as 10s (units ms, s, m, h). Default: auto."
+});
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -515,34 +526,11 @@ impl fmt::Display for IdempotencyKey {
     }
 }
 
-impl Serialize for IdempotencyKey {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for IdempotencyKey {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(deserializer)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-impl JsonSchema for IdempotencyKey {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        "IdempotencyKey".into()
-    }
-    fn inline_schema() -> bool {
-        true
-    }
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({
-            "type": "string",
-            "pattern": r"^(messageId|jsonPointer:/.*|attribute:[A-Za-z0-9_.-]+)$",
-            "description": "What identifies a message: messageId, jsonPointer:/path/in/body or attribute:Name. Default: messageId."
-        })
-    }
-}
+string_form!(IdempotencyKey, {
+    "type": "string",
+    "pattern": r"^(messageId|jsonPointer:/.*|attribute:[A-Za-z0-9_.-]+)$",
+    "description": "What identifies a message: messageId, jsonPointer:/path/in/body or attribute:Name. Default: messageId."
+});
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

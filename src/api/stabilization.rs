@@ -7,9 +7,6 @@
 use std::fmt;
 use std::str::FromStr;
 
-use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
 use super::Duration;
 
 /// The hold `auto` uses until the consumer's pods' start-up has been measured.
@@ -86,37 +83,12 @@ impl fmt::Display for Stabilization {
     }
 }
 
-impl Serialize for Stabilization {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for Stabilization {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(deserializer)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-impl JsonSchema for Stabilization {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        "Stabilization".into()
-    }
-
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({
-            "type": "string",
-            "pattern": STABILIZATION_PATTERN,
-            "maxLength": 32,
-            "description": "`auto` (hold an idle replica about as long as one pod start-up, measured from the consumer's pods; 30s until measured) or a duration (e.g. 0s, 5m)."
-        })
-    }
-}
+string_form!(Stabilization, {
+    "type": "string",
+    "pattern": STABILIZATION_PATTERN,
+    "maxLength": 32,
+    "description": "`auto` (hold an idle replica about as long as one pod start-up, measured from the consumer's pods; 30s until measured) or a duration (e.g. 0s, 5m)."
+});
 
 #[cfg(test)]
 mod tests {
