@@ -332,17 +332,7 @@ impl RedisStore {
         cmd: redis::Cmd,
     ) -> Result<T, IdempotencyError> {
         let mut conn = self.conn.clone();
-        match tokio::time::timeout(CALL_TIMEOUT, cmd.query_async(&mut conn)).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(IdempotencyError::CallRedis {
-                step,
-                reason: e.to_string(),
-            }),
-            Err(_) => Err(IdempotencyError::CallRedis {
-                step,
-                reason: "timed out".into(),
-            }),
-        }
+        bounded(step, cmd.query_async(&mut conn)).await
     }
 
     async fn claim(&self, key: &str, lease: Duration) -> Result<Claim, IdempotencyError> {
@@ -395,17 +385,7 @@ impl RedisStore {
         invocation: redis::ScriptInvocation<'_>,
     ) -> Result<T, IdempotencyError> {
         let mut conn = self.conn.clone();
-        match tokio::time::timeout(CALL_TIMEOUT, invocation.invoke_async::<T>(&mut conn)).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(IdempotencyError::CallRedis {
-                step,
-                reason: e.to_string(),
-            }),
-            Err(_) => Err(IdempotencyError::CallRedis {
-                step,
-                reason: "timed out".into(),
-            }),
-        }
+        bounded(step, invocation.invoke_async::<T>(&mut conn)).await
     }
 
     async fn ping(&self) -> Result<(), IdempotencyError> {
@@ -430,6 +410,24 @@ impl RedisStore {
         invocation.arg(format!("in-progress:{token}"));
         let _: i64 = self.invoke("release", invocation).await?;
         Ok(())
+    }
+}
+
+/// A Redis call bounded by CALL_TIMEOUT; a failure or timeout names the step it was for.
+async fn bounded<T>(
+    step: &'static str,
+    call: impl Future<Output = redis::RedisResult<T>>,
+) -> Result<T, IdempotencyError> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(IdempotencyError::CallRedis {
+            step,
+            reason: e.to_string(),
+        }),
+        Err(_) => Err(IdempotencyError::CallRedis {
+            step,
+            reason: "timed out".into(),
+        }),
     }
 }
 
