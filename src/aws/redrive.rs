@@ -437,12 +437,7 @@ async fn attributes(
         .send()
         .await
         .map_err(|e| call_error("GetQueueAttributes", url, &e, IAM_HINT))?;
-    Ok(out
-        .attributes
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(k, v)| (k.as_str().to_string(), v))
-        .collect())
+    Ok(super::sqs::attribute_map(out.attributes))
 }
 
 /// The bound of one move when nobody gave one: twice what the DLQ held at the start, plus 100. It ends

@@ -217,6 +217,17 @@ impl SqsReader {
     }
 }
 
+/// GetQueueAttributes' answer keyed by attribute name (`VisibilityTimeout`, `RedrivePolicy`, ...).
+pub fn attribute_map(
+    attributes: Option<impl IntoIterator<Item = (aws_sdk_sqs::types::QueueAttributeName, String)>>,
+) -> HashMap<String, String> {
+    attributes
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| (k.as_str().to_string(), v))
+        .collect()
+}
+
 fn throttled(e: &SqsError) -> bool {
     matches!(e, SqsError::Throttled { .. })
 }
@@ -250,12 +261,7 @@ impl QueueReader for SqsReader {
                 return Err(e);
             }
         };
-        Ok(out
-            .attributes
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| (k.as_str().to_string(), v))
-            .collect())
+        Ok(attribute_map(out.attributes))
     }
 
     async fn url_for_arn(&self, arn: &QueueArn) -> Result<Option<String>, SqsError> {
@@ -547,27 +553,25 @@ mod tests {
         );
     }
 
+    fn missing(arn: &str) -> DeadLetterFacts {
+        DeadLetterFacts::Missing { arn: arn.into() }
+    }
+
     #[tokio::test]
     async fn unknown_arn_is_missing() {
         let r = StaticReader::new().with_queue(SRC, source(Some(DLQ_ARN)));
-        let f = observe(&r, SRC).await.unwrap();
         assert_eq!(
-            f.dead_letter,
-            DeadLetterFacts::Missing {
-                arn: DLQ_ARN.into()
-            }
+            observe(&r, SRC).await.unwrap().dead_letter,
+            missing(DLQ_ARN)
         );
     }
 
     #[tokio::test]
     async fn unparseable_arn_is_missing_without_a_call() {
         let r = StaticReader::new().with_queue(SRC, source(Some("not-an-arn")));
-        let f = observe(&r, SRC).await.unwrap();
         assert_eq!(
-            f.dead_letter,
-            DeadLetterFacts::Missing {
-                arn: "not-an-arn".into()
-            }
+            observe(&r, SRC).await.unwrap().dead_letter,
+            missing("not-an-arn")
         );
         assert_eq!(r.calls().len(), 1);
     }
@@ -577,12 +581,9 @@ mod tests {
         let r = StaticReader::new()
             .with_queue(SRC, source(Some(DLQ_ARN)))
             .with_arn(DLQ_ARN, DLQ);
-        let f = observe(&r, SRC).await.unwrap();
         assert_eq!(
-            f.dead_letter,
-            DeadLetterFacts::Missing {
-                arn: DLQ_ARN.into()
-            }
+            observe(&r, SRC).await.unwrap().dead_letter,
+            missing(DLQ_ARN)
         );
     }
 
