@@ -256,27 +256,18 @@ async fn start(token: &str, old: Option<RedriveStatus>, i: &StepInputs<'_>) -> O
                 .await
             {
                 Ok(TaskStart::Started { handle }) => {
-                    return Outcome {
-                        status: Some(RedriveStatus {
-                            request: Some(token.to_string()),
-                            state: Some(RUNNING.into()),
-                            method: Some(METHOD_TASK.into()),
-                            moved: Some(0),
-                            task_handle: Some(handle.clone()),
-                            started_at: Some(now.clone()),
-                            ..RedriveStatus::default()
-                        }),
-                        events: vec![RedriveEvent {
-                            warning: false,
-                            reason: REDRIVE_STARTED,
-                            note: format!(
-                                "redrive {token:?}: SQS move task {handle} moves the messages of {} back to {} at up to {} per second",
-                                t.dlq_url,
-                                t.source_url,
-                                redrive::DEFAULT_RATE
-                            ),
-                        }],
+                    let note = format!(
+                        "SQS move task {handle} moves the messages of {} back to {} at up to {} per second",
+                        t.dlq_url,
+                        t.source_url,
+                        redrive::DEFAULT_RATE
+                    );
+                    let how = RedriveStatus {
+                        method: Some(METHOD_TASK.into()),
+                        task_handle: Some(handle),
+                        ..RedriveStatus::default()
                     };
+                    return started(token, how, note, now);
                 }
                 Ok(TaskStart::Unsupported { detail }) => {
                     tracing::info!(endpoint = ?i.endpoint, %detail, "redrive: no message move tasks at this endpoint; moving with receive/send/delete");
@@ -287,26 +278,36 @@ async fn start(token: &str, old: Option<RedriveStatus>, i: &StepInputs<'_>) -> O
         }
     }
     spawn(token, &t, 0, client, i);
+    let note = format!(
+        "the controller moves the messages of {} back to {} at up to {} per second ({why_own})",
+        t.dlq_url,
+        t.source_url,
+        redrive::DEFAULT_RATE
+    );
+    let how = RedriveStatus {
+        method: Some(METHOD_OWN.into()),
+        failed: Some(0),
+        skipped: Some(0),
+        ..RedriveStatus::default()
+    };
+    started(token, how, note, now)
+}
+
+/// A move that just started: `how` (its method and counts) running from `now`, nothing moved yet,
+/// and a RedriveStarted Event with `note`.
+fn started(token: &str, how: RedriveStatus, note: String, now: &Time) -> Outcome {
     Outcome {
         status: Some(RedriveStatus {
             request: Some(token.to_string()),
             state: Some(RUNNING.into()),
-            method: Some(METHOD_OWN.into()),
             moved: Some(0),
-            failed: Some(0),
-            skipped: Some(0),
             started_at: Some(now.clone()),
-            ..RedriveStatus::default()
+            ..how
         }),
         events: vec![RedriveEvent {
             warning: false,
             reason: REDRIVE_STARTED,
-            note: format!(
-                "redrive {token:?}: the controller moves the messages of {} back to {} at up to {} per second ({why_own})",
-                t.dlq_url,
-                t.source_url,
-                redrive::DEFAULT_RATE
-            ),
+            note: format!("redrive {token:?}: {note}"),
         }],
     }
 }
