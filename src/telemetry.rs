@@ -296,22 +296,8 @@ fn route(probes: &dyn Probes, path: &str) -> Response<Full<Bytes>> {
             "text/plain; version=0.0.4; charset=utf-8",
             probes.metrics(),
         ),
-        "/healthz" => match probes.live() {
-            Ok(()) => (StatusCode::OK, "text/plain", "ok\n".to_string()),
-            Err(reason) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "text/plain",
-                format!("{reason}\n"),
-            ),
-        },
-        "/readyz" => match probes.ready() {
-            Ok(()) => (StatusCode::OK, "text/plain", "ok\n".to_string()),
-            Err(reason) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "text/plain",
-                format!("{reason}\n"),
-            ),
-        },
+        "/healthz" => probe(probes.live()),
+        "/readyz" => probe(probes.ready()),
         _ => (
             StatusCode::NOT_FOUND,
             "text/plain",
@@ -324,6 +310,18 @@ fn route(probes: &dyn Probes, path: &str) -> Response<Full<Bytes>> {
         resp.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
     }
     resp
+}
+
+/// A probe's answer: 200 `ok`, or 503 with the reason it fails.
+fn probe(result: Result<(), String>) -> (StatusCode, &'static str, String) {
+    match result {
+        Ok(()) => (StatusCode::OK, "text/plain", "ok\n".to_string()),
+        Err(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            format!("{reason}\n"),
+        ),
+    }
 }
 
 #[cfg(test)]

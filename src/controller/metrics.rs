@@ -62,26 +62,30 @@ impl Metrics {
             "Failed reconciles by reason.",
             &samples,
         );
-        e.counter(
-            "qc_deployment_applies_total",
-            "Worker Deployments written.",
-            &[(&[], count(&self.deployment_applies))],
-        );
-        e.counter(
-            "qc_scale_writes_total",
-            "Replica changes written by the scaler.",
-            &[(&[], count(&self.scale_writes))],
-        );
-        e.counter(
-            "qc_status_writes_total",
-            "QueueConsumer status writes.",
-            &[(&[], count(&self.status_writes))],
-        );
-        e.counter(
-            "qc_deletion_cost_writes_total",
-            "Pod deletion costs written before scale-downs.",
-            &[(&[], count(&self.deletion_cost_writes))],
-        );
+        for (name, help, counter) in [
+            (
+                "qc_deployment_applies_total",
+                "Worker Deployments written.",
+                &self.deployment_applies,
+            ),
+            (
+                "qc_scale_writes_total",
+                "Replica changes written by the scaler.",
+                &self.scale_writes,
+            ),
+            (
+                "qc_status_writes_total",
+                "QueueConsumer status writes.",
+                &self.status_writes,
+            ),
+            (
+                "qc_deletion_cost_writes_total",
+                "Pod deletion costs written before scale-downs.",
+                &self.deletion_cost_writes,
+            ),
+        ] {
+            e.counter(name, help, &[(&[], count(counter))]);
+        }
         self.consumers.render(e);
     }
 }
