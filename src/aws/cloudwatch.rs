@@ -410,23 +410,30 @@ impl CloudWatchAlarms {
                 None => Batcher::new(options.window, per_call, fetch),
             }
         }
-        let (c, l) = (client.clone(), limiter.clone());
+        /// A batch's call, each run with its own handles on the client and the limiter.
+        fn fetch<K, V, F, Fut>(
+            client: &aws_sdk_cloudwatch::Client,
+            limiter: &Arc<Limiter>,
+            call: F,
+        ) -> super::batch::Fetch<K, V, Failure>
+        where
+            F: Fn(aws_sdk_cloudwatch::Client, Arc<Limiter>, Vec<K>) -> Fut + Send + Sync + 'static,
+            Fut: Future<Output = Result<HashMap<K, V>, Failure>> + Send + 'static,
+        {
+            let (c, l) = (client.clone(), limiter.clone());
+            Arc::new(move |keys| -> BoxFuture<'static, _> {
+                Box::pin(call(c.clone(), l.clone(), keys))
+            })
+        }
         let alarms = batcher(
             &options,
             ALARMS_PER_CALL,
-            Arc::new(move |names: Vec<String>| -> BoxFuture<'static, _> {
-                let (c, l) = (c.clone(), l.clone());
-                Box::pin(async move { describe_alarms(&c, &l, names).await })
-            }),
+            fetch(&client, &limiter, describe_alarms),
         );
-        let (c, l) = (client.clone(), limiter.clone());
         let metrics = batcher(
             &options,
             METRICS_PER_CALL,
-            Arc::new(move |keys: Vec<QueueMetric>| -> BoxFuture<'static, _> {
-                let (c, l) = (c.clone(), l.clone());
-                Box::pin(async move { get_metric_data(&c, &l, keys).await })
-            }),
+            fetch(&client, &limiter, get_metric_data),
         );
         CloudWatchAlarms {
             client,
@@ -578,8 +585,8 @@ fn observed(name: &str, a: MetricAlarm) -> ObservedAlarm {
 
 /// One DescribeAlarms (and its pages) for up to 100 names; a name not in the answer has no alarm.
 async fn describe_alarms(
-    client: &aws_sdk_cloudwatch::Client,
-    limiter: &Limiter,
+    client: aws_sdk_cloudwatch::Client,
+    limiter: Arc<Limiter>,
     names: Vec<String>,
 ) -> Result<HashMap<String, Option<ObservedAlarm>>, Failure> {
     let mut found = HashMap::new();
@@ -615,8 +622,8 @@ async fn describe_alarms(
 /// One GetMetricData (and its pages) for up to 500 queue metrics: the latest one-minute Maximum of
 /// each over the last 15 minutes (SQS metrics arrive a few minutes late).
 async fn get_metric_data(
-    client: &aws_sdk_cloudwatch::Client,
-    limiter: &Limiter,
+    client: aws_sdk_cloudwatch::Client,
+    limiter: Arc<Limiter>,
     keys: Vec<QueueMetric>,
 ) -> Result<HashMap<QueueMetric, Option<f64>>, Failure> {
     let now = SystemTime::now();
