@@ -283,6 +283,21 @@ mod tests {
     use serde_json::json;
 
     /// A rollout that applies (the Deployment itself does not matter to these tests).
+    /// A 600 s history with one sample at t=10 s.
+    fn one_sample(visible: u64, in_flight: u64) -> History {
+        let mut h = History::new(crate::api::Duration::from_secs(600));
+        h.push(Sample {
+            visible,
+            in_flight,
+            delayed: 0,
+            deleted: None,
+            oldest_age: None,
+            at: Timestamp::from_secs(10),
+        })
+        .unwrap();
+        h
+    }
+
     fn apply() -> Rollout {
         Rollout::Apply(Box::default())
     }
@@ -348,16 +363,7 @@ mod tests {
     #[test]
     fn only_a_rollout_that_applies_is_scaled() {
         let q = qc();
-        let mut h = History::new(crate::api::Duration::from_secs(600));
-        h.push(Sample {
-            visible: 900,
-            in_flight: 0,
-            delayed: 0,
-            deleted: None,
-            oldest_age: None,
-            at: Timestamp::from_secs(10),
-        })
-        .unwrap();
+        let h = one_sample(900, 0);
         let now = Timestamp::from_secs(11);
         let d = deployment(Some(1));
         for held in [
@@ -423,23 +429,10 @@ mod tests {
     fn a_deployment_just_created_on_an_idle_queue_goes_to_zero_at_once() {
         let mut q = qc();
         q.spec.scaling.min_replicas = 0;
-        let sample = |visible, in_flight| {
-            let mut h = History::new(crate::api::Duration::from_secs(600));
-            h.push(Sample {
-                visible,
-                in_flight,
-                delayed: 0,
-                deleted: None,
-                oldest_age: None,
-                at: Timestamp::from_secs(10),
-            })
-            .unwrap();
-            h
-        };
         let now = Timestamp::from_secs(11);
         // The API server defaulted the new Deployment to 1 replica.
         let d = deployment(None);
-        let idle = sample(0, 0);
+        let idle = one_sample(0, 0);
         let r = decide_replicas(&q, &apply(), Some(&d), true, &idle, now);
         assert_eq!(r.write(), Some(0), "{r:?}");
         // The same Deployment found (not created) after a restart: held for the window.
@@ -451,7 +444,7 @@ mod tests {
                 if decision.limited_by == Some(scaling::Limit::ShortHistory)
         ));
         // Work in flight or waiting: the new replica stays.
-        for h in [sample(0, 3), sample(2, 0)] {
+        for h in [one_sample(0, 3), one_sample(2, 0)] {
             let r = decide_replicas(&q, &apply(), Some(&d), true, &h, now);
             assert_ne!(r.write(), Some(0), "{r:?}");
         }
