@@ -147,7 +147,11 @@ async fn many_queues_ages_take_one_get_metric_data_per_500() {
         let reads = queues.iter().map(|q| alarms.oldest_message_age(q));
         let ages = futures::future::join_all(reads).await;
         for (i, age) in ages.into_iter().enumerate() {
-            assert_eq!(age.unwrap(), Some(i as i64 + 1), "queue {i} of {n}");
+            assert_eq!(
+                age.unwrap(),
+                Some(i64::try_from(i).unwrap() + 1),
+                "queue {i} of {n}"
+            );
         }
         assert_eq!(
             alarms.limiter().calls_of("GetMetricData"),
@@ -325,7 +329,7 @@ async fn many_consumers_cost_two_cloudwatch_calls_per_interval_in_the_background
             && states.iter().all(|s| matches!(s, Ensured::InSync { .. }));
         if done {
             for (i, age) in ages.into_iter().enumerate() {
-                assert_eq!(age, Some(i as i64 + 1), "queue {i}");
+                assert_eq!(age, Some(i64::try_from(i).unwrap() + 1), "queue {i}");
             }
             break;
         }
@@ -342,7 +346,7 @@ async fn many_consumers_cost_two_cloudwatch_calls_per_interval_in_the_background
     while alarms.counts().0.passes < 5 || alarms.counts().1.passes < 5 {
         let (ages, states) = round().await;
         for (i, age) in ages.into_iter().enumerate() {
-            assert_eq!(age, Some(i as i64 + 1), "queue {i}");
+            assert_eq!(age, Some(i64::try_from(i).unwrap() + 1), "queue {i}");
         }
         assert!(
             states

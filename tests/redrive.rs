@@ -135,7 +135,7 @@ async fn send(sqs: &aws_sdk_sqs::Client, url: &str, n: usize, groups: usize) {
 async fn dead_letter(sqs: &aws_sdk_sqs::Client, src: &str, dlq: &str, n: usize) {
     send(sqs, src, n, 0).await;
     for _ in 0..50 {
-        if count(sqs, dlq).await.0 == n as i64 {
+        if count(sqs, dlq).await.0 == i64::try_from(n).unwrap() {
             return;
         }
         sqs.receive_message()

@@ -51,6 +51,12 @@ impl Duration {
         self.0.as_millis()
     }
 
+    /// Whole milliseconds, saturating at `u64::MAX` (a sum or product that saturated the duration
+    /// stays the largest, never wraps to a small one).
+    pub fn as_millis_u64(&self) -> u64 {
+        u64::try_from(self.0.as_millis()).unwrap_or(u64::MAX)
+    }
+
     /// Whole seconds, rounded up (SQS takes integer seconds; rounding down would shorten a lease).
     pub fn as_secs_ceil(&self) -> u64 {
         let s = self.0.as_secs();
@@ -167,6 +173,19 @@ string_form!(Duration, {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn millis_saturate_instead_of_wrapping() {
+        // A duration that saturated (p99 x rounds) is more milliseconds than u64 holds.
+        let huge = Duration::from_secs(u64::MAX);
+        assert_eq!(huge.as_millis_u64(), u64::MAX);
+        assert_eq!(Duration::from_millis(1500).as_millis_u64(), 1500);
+        // auto heartbeats at a third of the visibility timeout stay the largest, never a small wrap.
+        assert_eq!(
+            crate::api::HeartbeatInterval::Auto.resolve(huge),
+            Duration::from_millis(u64::MAX / 3)
+        );
+    }
 
     #[test]
     fn parses_units_and_compounds() {

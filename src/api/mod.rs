@@ -278,7 +278,7 @@ impl HeartbeatInterval {
     /// The interval for a queue with visibility timeout `vt`.
     pub fn resolve(&self, vt: Duration) -> Duration {
         match self {
-            HeartbeatInterval::Auto => Duration::from_millis((vt.as_millis() / 3) as u64),
+            HeartbeatInterval::Auto => Duration::from_millis(vt.as_millis_u64() / 3),
             HeartbeatInterval::Fixed(d) => *d,
         }
     }

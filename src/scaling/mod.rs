@@ -796,7 +796,7 @@ impl Model {
         } else if raw < u64::from(self.min) {
             (self.min, Some(Limit::MinReplicas))
         } else {
-            (raw as u32, None)
+            (u32::try_from(raw).unwrap_or(self.max), None)
         };
         // scale-down: the load (the arrivals' λ × mean, else the in-flight term's input) at
         // SCALE_DOWN_UTILIZATION, so a load at the edge of a replica does not flap across it
@@ -811,7 +811,8 @@ impl Model {
             .unwrap_or(u64::MAX)
         };
         let keep_raw = keep_in_flight.saturating_add(backlog_replicas).max(raw);
-        let keep = keep_raw.clamp(u64::from(self.min), u64::from(self.max)) as u32;
+        let keep = u32::try_from(keep_raw.clamp(u64::from(self.min), u64::from(self.max)))
+            .unwrap_or(self.max);
         let (per_new, per_seen) = self.per_replica();
         Recommendation {
             raw,

@@ -69,7 +69,7 @@ fn work_time(spec: &QueueConsumerSpec) -> Duration {
 
 /// M = max(5s, 10% of the work time).
 pub fn margin(spec: &QueueConsumerSpec) -> Duration {
-    let tenth = Duration::from_millis((work_time(spec).as_millis() / 10) as u64);
+    let tenth = Duration::from_millis(work_time(spec).as_millis_u64() / 10);
     tenth.max(MARGIN_FLOOR)
 }
 
@@ -265,7 +265,7 @@ fn queue_rules(spec: &QueueConsumerSpec, q: &QueueFacts, out: &mut Vec<Finding>)
         let interval = p.heartbeat.interval.resolve(vt);
         let limit = vt.saturating_sub(m);
         if interval >= limit {
-            let suggested = Duration::from_millis((limit.as_millis() / 2) as u64);
+            let suggested = Duration::from_millis(limit.as_millis_u64() / 2);
             let recommendation = if suggested.is_zero() {
                 format!(
                     "set VisibilityTimeout to at least {}",
@@ -358,7 +358,9 @@ fn queue_rules(spec: &QueueConsumerSpec, q: &QueueFacts, out: &mut Vec<Finding>)
         && window < tolerance
     {
         let per_receive = vt.max(Duration::from_secs(1));
-        let needed_r = (tolerance.as_millis().div_ceil(per_receive.as_millis())) as u64;
+        let needed_r = tolerance
+            .as_millis_u64()
+            .div_ceil(per_receive.as_millis_u64());
         out.push(finding(
                 codes::RETRY_WINDOW_BELOW_OUTAGE_TOLERANCE,
                 Severity::Warning,

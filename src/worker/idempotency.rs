@@ -433,7 +433,7 @@ async fn bounded<T>(
 
 /// Milliseconds for PX/PEXPIRE: at least 1.
 fn millis(d: Duration) -> u64 {
-    d.as_millis().clamp(1, u128::from(u64::MAX)) as u64
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
 /// The URL without its password, for logs.

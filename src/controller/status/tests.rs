@@ -618,7 +618,7 @@ fn a_steady_busy_consumer_is_not_rewritten_but_a_real_change_is() {
         (1.57, 0.83, 42.0, 11),
     ];
     for (k, (p99, mean, rate, in_flight)) in jitter.into_iter().enumerate() {
-        let t = 15 * (k as i64 + 1);
+        let t = 15 * (i64::try_from(k).unwrap() + 1);
         assert!(
             !reconcile_status(&mut q, busy(p99, mean, rate, in_flight, t), t),
             "interval {k}: a steady consumer's jitter wrote status"

@@ -162,7 +162,7 @@ impl Reaper {
 
 /// The worker's child processes, from /proc (the 4th field of /proc/PID/stat is the parent).
 fn children() -> Vec<i32> {
-    let me = std::process::id() as i32;
+    let me = rustix::process::getpid().as_raw_nonzero().get();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -273,9 +273,9 @@ impl ExecHandler {
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             let spawned = cmd.spawn();
             if let Ok(c) = &spawned
-                && let Some(id) = c.id()
+                && let Some(id) = c.id().and_then(|id| i32::try_from(id).ok())
             {
-                own.insert(id as i32);
+                own.insert(id);
             }
             spawned
         };
@@ -290,7 +290,7 @@ impl ExecHandler {
         };
         let pid = child
             .id()
-            .and_then(|id| rustix::process::Pid::from_raw(id as i32));
+            .and_then(|id| rustix::process::Pid::from_raw(i32::try_from(id).ok()?));
         let mut guard = GroupGuard {
             pgid: pid,
             reaper: self.reaper.clone(),
