@@ -163,12 +163,9 @@ fn pod_template_schema(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
-/// A queue URL or endpoint: http(s), then printable ASCII without spaces (no CR, LF or tab that could
-/// split a header or a log line).
-pub const URL_PATTERN: &str = "^https?://[!-~]+$";
-/// An AWS region: `us-east-1`, `us-gov-west-1`, `cn-north-1`.
-pub const REGION_PATTERN: &str = "^[a-z]{2}(-[a-z]+)+-[0-9]+$";
-
+// The CEL rules below hold the patterns: a queue URL or endpoint is http(s), then printable ASCII
+// without spaces (no CR, LF or tab that could split a header or a log line); a region is `us-east-1`,
+// `us-gov-west-1`, `cn-north-1`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[x_kube(validation = Rule::new("self.url.matches('^https?://[!-~]+$')").message("queue.url must be an http(s) URL of printable characters without spaces, CR or LF, e.g. https://sqs.us-east-1.amazonaws.com/123456789012/orders").reason(Reason::FieldValueInvalid))]
@@ -625,9 +622,10 @@ pub struct ValidationSpec {
     pub enforce: bool,
 }
 
-/// Messages one replica may handle at once: the worker's own limit (`qc-worker --concurrency`), so a
+/// Messages one replica may handle at once, at most: every slot holds a message, a task and buffers.
+/// `qc-worker --concurrency` has the same bound (`worker::MAX_CONCURRENCY` is this constant), so a
 /// spec the API server admits never makes a worker that refuses to start.
-pub const MAX_CONCURRENCY: u32 = crate::worker::MAX_CONCURRENCY;
+pub const MAX_CONCURRENCY: u32 = 10_000;
 
 /// The `qc-worker` container: its resources, so namespaces with a ResourceQuota admit the pods.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

@@ -25,7 +25,9 @@ impl EndpointError {
     pub fn reason(&self) -> &'static str {
         match self {
             EndpointError::BadPattern { .. } => "InvalidAllowedEndpoint",
-            EndpointError::NotAllowed { .. } => "EndpointNotAllowed",
+            EndpointError::NotAllowed { .. } => {
+                crate::api::conditions::reason::ENDPOINT_NOT_ALLOWED
+            }
         }
     }
 }

@@ -26,7 +26,7 @@ pub(super) async fn cleanup(
         ctx.event(
             qc,
             true,
-            "EndpointNotAllowed",
+            crate::api::conditions::reason::ENDPOINT_NOT_ALLOWED,
             format!("CloudWatch alarm {name} was not deleted: spec.queue.endpoint is not allowed by this operator, so no request is sent to it"),
         )
         .await;

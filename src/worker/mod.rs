@@ -31,8 +31,9 @@ use sqs::{QueueInfo, Sqs};
 
 /// Deletes and releases wait at most this long for a batch of 10 to fill.
 pub const FLUSH_INTERVAL: StdDuration = StdDuration::from_millis(20);
-/// Messages one worker handles at once, at most: every slot holds a message, a task and buffers.
-pub const MAX_CONCURRENCY: u32 = 10_000;
+/// Messages one worker handles at once, at most (`--concurrency`): the bound of the spec's
+/// `processing.concurrency`, so a spec the API server admits never makes a worker that refuses to start.
+pub use crate::api::MAX_CONCURRENCY;
 /// Bounds of `--max-request-head`: below 1 KiB the fixed CloudEvents headers may not fit.
 pub const MIN_REQUEST_HEAD: usize = 1024;
 pub const MAX_REQUEST_HEAD: usize = 1024 * 1024;
