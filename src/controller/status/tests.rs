@@ -84,6 +84,18 @@ impl Built {
     }
 }
 
+/// The status of an applied rollout over queue facts that were read, with no findings.
+fn build_read(qc: &QueueConsumer, f: &Facts, deployment: Option<&Deployment>, now: Time) -> Built {
+    build_with(
+        qc,
+        Observation::Read(f),
+        &Report::default(),
+        apply(),
+        deployment,
+        now,
+    )
+}
+
 fn build_with(
     qc: &QueueConsumer,
     obs: Observation<'_>,
@@ -186,14 +198,7 @@ fn conditions_per_dead_letter_state() {
 fn unreachable_queue_holds_and_keeps_last_numbers() {
     let mut q = qc(false);
     let f = facts(dlq(1, None));
-    let first = build_with(
-        &q,
-        Observation::Read(&f),
-        &Report::default(),
-        apply(),
-        None,
-        at(100),
-    );
+    let first = build_read(&q, &f, None, at(100));
     q.status = Some(first.status.clone());
     let err = ObserveError::ReadQueueAttributes {
         url: URL.into(),
@@ -267,23 +272,9 @@ fn transition_time_moves_only_on_a_flip() {
     let mut q = qc(false);
     let d = available_deployment(1);
     let f = facts(dlq(0, None));
-    let first = build_with(
-        &q,
-        Observation::Read(&f),
-        &Report::default(),
-        apply(),
-        Some(&d),
-        at(100),
-    );
+    let first = build_read(&q, &f, Some(&d), at(100));
     q.status = Some(first.status.clone());
-    let same = build_with(
-        &q,
-        Observation::Read(&f),
-        &Report::default(),
-        apply(),
-        Some(&d),
-        at(200),
-    );
+    let same = build_read(&q, &f, Some(&d), at(200));
     assert!(same_ignoring_time(&first.status, &same.status));
     assert_eq!(
         same.cond("DeadLetterQueueHealthy").last_transition_time,
@@ -292,14 +283,7 @@ fn transition_time_moves_only_on_a_flip() {
     assert!(transitions(&first.status.conditions, &same.status.conditions).is_empty());
 
     let f2 = facts(dlq(5, None));
-    let flipped = build_with(
-        &q,
-        Observation::Read(&f2),
-        &Report::default(),
-        apply(),
-        Some(&d),
-        at(300),
-    );
+    let flipped = build_read(&q, &f2, Some(&d), at(300));
     assert!(!same_ignoring_time(&first.status, &flipped.status));
     assert_eq!(
         flipped.cond("DeadLetterQueueHealthy").last_transition_time,
@@ -316,23 +300,9 @@ fn transition_time_moves_only_on_a_flip() {
 fn sampled_at_stays_while_numbers_stay() {
     let mut q = qc(false);
     let f = facts(dlq(0, None));
-    let first = build_with(
-        &q,
-        Observation::Read(&f),
-        &Report::default(),
-        apply(),
-        None,
-        at(100),
-    );
+    let first = build_read(&q, &f, None, at(100));
     q.status = Some(first.status.clone());
-    let again = build_with(
-        &q,
-        Observation::Read(&f),
-        &Report::default(),
-        apply(),
-        None,
-        at(200),
-    );
+    let again = build_read(&q, &f, None, at(200));
     assert_eq!(again.status.queue.unwrap().sampled_at, Some(at(100)));
 }
 
@@ -341,14 +311,7 @@ fn first_healthy_reconcile_is_no_news() {
     let q = qc(false);
     let d = available_deployment(1);
     let f = facts(dlq(0, None));
-    let b = build_with(
-        &q,
-        Observation::Read(&f),
-        &Report::default(),
-        apply(),
-        Some(&d),
-        at(1),
-    );
+    let b = build_read(&q, &f, Some(&d), at(1));
     let t = transitions(&[], &b.status.conditions);
     assert!(t.is_empty(), "{t:?}");
     assert_eq!(b.status.replicas, Some(1));
@@ -366,25 +329,11 @@ fn ready_needs_an_available_deployment_or_zero_replicas() {
     let f = facts(dlq(0, None));
     let mut unavailable = available_deployment(2);
     unavailable.status = None;
-    let b = build_with(
-        &q,
-        Observation::Read(&f),
-        &Report::default(),
-        apply(),
-        Some(&unavailable),
-        at(1),
-    );
+    let b = build_read(&q, &f, Some(&unavailable), at(1));
     assert_eq!(b.cond("Ready").reason, "DeploymentUnavailable");
     let mut zero = available_deployment(0);
     zero.status = None;
-    let b = build_with(
-        &q,
-        Observation::Read(&f),
-        &Report::default(),
-        apply(),
-        Some(&zero),
-        at(1),
-    );
+    let b = build_read(&q, &f, Some(&zero), at(1));
     assert_eq!(b.cond("Ready").status, "True");
     assert_eq!(b.cond("ScalingActive").reason, "ScaledToZero");
 }
