@@ -198,21 +198,7 @@ async fn bench_one(
     concurrency: usize,
     messages: usize,
 ) -> Run {
-    let name = format!(
-        "bench-c{concurrency}-{}-{}",
-        std::process::id(),
-        fastrand::u32(..)
-    );
-    let url = client
-        .create_queue()
-        .queue_name(&name)
-        .attributes(QueueAttributeName::VisibilityTimeout, "60")
-        .send()
-        .await
-        .unwrap()
-        .queue_url
-        .unwrap();
-    fill(client, &url, messages).await;
+    let url = filled_queue(client, &format!("bench-c{concurrency}"), 60, messages).await;
     proxy.reset();
     handler.reset();
 
@@ -228,20 +214,7 @@ async fn bench_one(
         &log,
     );
     let pid = child.id();
-    // Drained = nothing left on the server, polled directly (not through the proxy, not the
-    // consumer), so measuring costs the consumer nothing.
-    let deadline = Instant::now() + Duration::from_mins(10);
-    loop {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        if queue_len(client, &url).await == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "drain did not finish; log:\n{}",
-            std::fs::read_to_string(log.path()).unwrap_or_default()
-        );
-    }
+    wait_drained(client, &url, &log, "drain", Duration::from_millis(10)).await;
     let drain = started.elapsed();
     let cpu = cpu_time(pid);
     let peak_rss_kib = peak_rss_kib(pid);
@@ -304,6 +277,59 @@ fn receive_sizes(metrics: &str) -> String {
 }
 
 /// Visible plus in-flight messages.
+/// A new queue named `prefix`-pid-random with this VisibilityTimeout (seconds), holding `messages`.
+async fn filled_queue(
+    client: &aws_sdk_sqs::Client,
+    prefix: &str,
+    vt: u64,
+    messages: usize,
+) -> String {
+    let name = format!("{prefix}-{}-{}", std::process::id(), fastrand::u32(..));
+    let url = client
+        .create_queue()
+        .queue_name(&name)
+        .attributes(QueueAttributeName::VisibilityTimeout, vt.to_string())
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    fill(client, &url, messages).await;
+    url
+}
+
+/// Until nothing is left on the server, polled directly every `poll` (not through the proxy, not the
+/// consumer, so measuring costs the consumer nothing); panics with the consumer's log after 10 min.
+async fn wait_drained(
+    client: &aws_sdk_sqs::Client,
+    url: &str,
+    log: &tempfile::NamedTempFile,
+    what: &str,
+    poll: Duration,
+) {
+    let deadline = Instant::now() + Duration::from_mins(10);
+    loop {
+        tokio::time::sleep(poll).await;
+        if queue_len(client, url).await == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not finish; log:\n{}",
+            std::fs::read_to_string(log.path()).unwrap_or_default()
+        );
+    }
+}
+
+/// "debug" or "release", for the tables' headers.
+fn build_kind() -> &'static str {
+    if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    }
+}
+
 async fn queue_len(client: &aws_sdk_sqs::Client, url: &str) -> u64 {
     let Ok(out) = client
         .get_queue_attributes()
@@ -390,11 +416,7 @@ fn peak_rss_kib(pid: u32) -> u64 {
 }
 
 fn print_table(runs: &[Run]) {
-    let build = if cfg!(debug_assertions) {
-        "debug"
-    } else {
-        "release"
-    };
+    let build = build_kind();
     println!(
         "\nhandler: log-normal, P50 20 ms, P99 100 ms; every SQS request delayed 5-15 ms by a proxy in front of fauxqs; qc-worker: {build} build\n"
     );
@@ -596,8 +618,8 @@ fn canonical_action(lower: &str) -> String {
 mod heartbeats {
     use super::{
         Arc, Bytes, Command, Duration, Full, HashMap, Incoming, Infallible, Instant, LatencyProxy,
-        Mutex, QueueAttributeName, Request, Response, Stdio, env_or, fill, free_port, queue_len,
-        support,
+        Mutex, Request, Response, Stdio, build_kind, env_or, filled_queue, free_port, support,
+        wait_drained,
     };
 
     struct HbRun {
@@ -698,21 +720,7 @@ mod heartbeats {
         vt: u64,
         interval: &str,
     ) -> HbRun {
-        let name = format!(
-            "bench-hb-c{concurrency}-{}-{}",
-            std::process::id(),
-            fastrand::u32(..)
-        );
-        let url = client
-            .create_queue()
-            .queue_name(&name)
-            .attributes(QueueAttributeName::VisibilityTimeout, vt.to_string())
-            .send()
-            .await
-            .unwrap()
-            .queue_url
-            .unwrap();
-        fill(client, &url, messages).await;
+        let url = filled_queue(client, &format!("bench-hb-c{concurrency}"), vt, messages).await;
         proxy.reset();
         handler.reset();
         let log = tempfile::NamedTempFile::new().unwrap();
@@ -747,18 +755,14 @@ mod heartbeats {
                 .spawn()
                 .unwrap(),
         };
-        let deadline = Instant::now() + Duration::from_mins(10);
-        loop {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            if queue_len(client, &url).await == 0 {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "heartbeat drain did not finish; log:\n{}",
-                std::fs::read_to_string(log.path()).unwrap_or_default()
-            );
-        }
+        wait_drained(
+            client,
+            &url,
+            &log,
+            "heartbeat drain",
+            Duration::from_millis(20),
+        )
+        .await;
         let drain = started.elapsed();
         // Counted before the consumer is stopped: a shutdown's releases are not heartbeats.
         let counts = proxy.counts();
@@ -814,11 +818,7 @@ mod heartbeats {
     }
 
     fn print(runs: &[HbRun], vt: u64, handler: Duration) {
-        let build = if cfg!(debug_assertions) {
-            "debug"
-        } else {
-            "release"
-        };
+        let build = build_kind();
         println!(
             "\nheartbeats: VisibilityTimeout {vt}s, handler {:.0}s (3 × VT), N = rounds × C; every SQS request delayed 5-15 ms by a proxy in front of fauxqs; this qc-worker: {build} build\n",
             handler.as_secs_f64()
