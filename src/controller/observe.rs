@@ -249,7 +249,10 @@ impl FactsCache {
 /// oldest message: 0, without a call. The DLQ is read only when it holds messages. A CloudWatch failure
 /// only leaves an age out: the counts from SQS are what scaling and health are decided on.
 pub async fn with_oldest_age(facts: Facts, alarms: &dyn Alarms) -> Facts {
-    with_ages(facts, |name| async move { oldest_age(alarms, &name).await }).await
+    with_ages(facts, |name| async move {
+        age_or_none(&name, alarms.oldest_message_age(&name).await)
+    })
+    .await
 }
 
 /// `with_oldest_age` as the reconcile does it: from what the background refresher last read, never
@@ -257,7 +260,7 @@ pub async fn with_oldest_age(facts: Facts, alarms: &dyn Alarms) -> Facts {
 /// is left out, like a failed read.
 pub async fn with_known_oldest_age(facts: Facts, alarms: &dyn Alarms) -> Facts {
     with_ages(facts, |name| async move {
-        known_oldest_age(alarms, &name).await
+        age_or_none(&name, alarms.known_oldest_message_age(&name).await)
     })
     .await
 }
@@ -285,24 +288,12 @@ where
     facts
 }
 
-async fn known_oldest_age(alarms: &dyn Alarms, name: &str) -> Option<i64> {
-    match alarms.known_oldest_message_age(name).await {
-        Ok(age) => age,
-        Err(e) => {
-            tracing::debug!(queue = %name, error = %e, "oldest message age unavailable");
-            None
-        }
-    }
-}
-
-async fn oldest_age(alarms: &dyn Alarms, name: &str) -> Option<i64> {
-    match alarms.oldest_message_age(name).await {
-        Ok(age) => age,
-        Err(e) => {
-            tracing::debug!(queue = %name, error = %e, "oldest message age unavailable");
-            None
-        }
-    }
+/// An age read from CloudWatch, or none (logged) when the read failed.
+fn age_or_none(name: &str, read: Result<Option<i64>, cloudwatch::CloudWatchError>) -> Option<i64> {
+    read.unwrap_or_else(|e| {
+        tracing::debug!(queue = %name, error = %e, "oldest message age unavailable");
+        None
+    })
 }
 
 /// Now, at the second precision of Kubernetes timestamps.
