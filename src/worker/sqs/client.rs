@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use aws_sdk_sqs::config::StalledStreamProtectionConfig;
 use aws_sdk_sqs::config::interceptors::BeforeTransmitInterceptorContextRef;
 use aws_sdk_sqs::config::timeout::TimeoutConfig;
 use aws_sdk_sqs::config::{ConfigBag, Intercept, RuntimeComponents};
@@ -63,8 +64,12 @@ impl Sqs {
             .read_timeout(READ_TIMEOUT)
             .build();
         let endpoint = Arc::new(OnceLock::new());
+        // Stalled-stream protection off: it wraps every response body in a throughput monitor
+        // (a clock read per poll) and adds an interceptor to every request, and each call here is
+        // already bounded as a whole (`call`'s timeout; READ_TIMEOUT for the response head).
         let conf = aws_sdk_sqs::config::Builder::from(sdk)
             .timeout_config(timeouts)
+            .stalled_stream_protection(StalledStreamProtectionConfig::disabled())
             .interceptor(CountRequests {
                 metrics: metrics.clone(),
                 endpoint: endpoint.clone(),
