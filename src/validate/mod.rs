@@ -41,15 +41,17 @@ pub fn has_errors(findings: &[Finding]) -> bool {
 }
 
 /// Messages one replica holds at once: its `concurrency` slots, plus, with the heartbeat on and a
-/// standard queue, the one batch (`batchSize`) that may wait locally for a slot (the worker's
+/// standard queue, the one batch (`batchSize`) that may wait locally for a slot and the few
+/// (at most half a batch) that may still wait when the next batch is received (the worker's
 /// prefetch; a FIFO message already waits behind its group, so FIFO workers have none).
 pub fn in_flight_per_replica(spec: &QueueConsumerSpec) -> u32 {
     let p = &spec.processing;
     p.concurrency.max(1).saturating_add(prefetch(spec))
 }
 
-/// The batch a worker may hold waiting for a slot: `batchSize` with the heartbeat on (its leases are
-/// extended while it waits) on a standard queue, else none (the worker receives only into free slots).
+/// What a worker may hold waiting for a slot: `batchSize` + ceil(`batchSize` / 2) with the heartbeat
+/// on (their leases are extended while they wait) on a standard queue, else none (the worker
+/// receives only into free slots).
 /// The worker's own rule (`worker::prefetch`), so the prediction cannot drift from what it does.
 pub fn prefetch(spec: &QueueConsumerSpec) -> u32 {
     let p = &spec.processing;

@@ -80,8 +80,9 @@ fn healthy_setup_has_no_findings() {
 #[test]
 fn budget_arithmetic() {
     let s = default_spec();
-    assert_eq!(in_flight_per_replica(&s), 20);
-    assert_eq!(budget(&s), Duration::from_secs(9));
+    // 10 slots, the waiting batch of 10 and up to 5 still waiting when the next batch is asked for.
+    assert_eq!(in_flight_per_replica(&s), 25);
+    assert_eq!(budget(&s), Duration::from_secs(11));
     // Without the heartbeat the worker receives only into free slots: no waiting batch.
     let no_hb = spec("processing: {p99: 2s, heartbeat: {enabled: false}}");
     assert_eq!(in_flight_per_replica(&no_hb), 10);
@@ -93,13 +94,13 @@ fn budget_arithmetic() {
     .expect("test spec parses");
     assert_eq!(in_flight_per_replica(&fifo), 10);
     assert_eq!(budget(&fifo), Duration::from_secs(7));
-    // concurrency 1, batchSize 10: the waiting batch runs one after the other (11 rounds).
+    // concurrency 1, batchSize 10: what waits runs one after the other (16 rounds).
     let one = spec("processing: {p99: 2s, concurrency: 1}");
-    assert_eq!(in_flight_per_replica(&one), 11);
-    assert_eq!(budget(&one), Duration::from_secs(22 + 5));
+    assert_eq!(in_flight_per_replica(&one), 16);
+    assert_eq!(budget(&one), Duration::from_secs(32 + 5));
     let long = spec("processing: {p99: 2m, timeout: 5m}");
-    assert_eq!(margin(&long), Duration::from_secs(24));
-    assert_eq!(budget(&long), Duration::from_secs(264));
+    assert_eq!(margin(&long), Duration::from_secs(36));
+    assert_eq!(budget(&long), Duration::from_secs(396));
 }
 
 #[test]
@@ -141,18 +142,18 @@ fn visibility_timeout_below_six_times_mean() {
 #[test]
 fn visibility_timeout_excessive() {
     let c = codes::VISIBILITY_TIMEOUT_EXCESSIVE;
-    let s = default_spec(); // budget 9s: 10× is 90s, so the 15m floor decides
+    let s = default_spec(); // budget 11s: 10× is 110s, so the 15m floor decides
     assert!(
         find(&s, Some(&facts(queue(900))), c).is_none(),
         "boundary: exactly 15m"
     );
     let f = find(&s, Some(&facts(queue(901))), c).expect("fires");
     assert_eq!(f.severity, Severity::Warning);
-    assert!(f.recommendation.contains("18s"), "{}", f.recommendation);
-    // long work: budget 264s, 10× = 44m; 40m is over 15m but under 10 × budget
+    assert!(f.recommendation.contains("22s"), "{}", f.recommendation);
+    // long work: budget 396s, 10× = 66m; 60m is over 15m but under 10 × budget
     let long = spec("processing: {p99: 2m, timeout: 5m}");
-    assert!(find(&long, Some(&facts(queue(2640))), c).is_none());
-    assert!(find(&long, Some(&facts(queue(2641))), c).is_some());
+    assert!(find(&long, Some(&facts(queue(3960))), c).is_none());
+    assert!(find(&long, Some(&facts(queue(3961))), c).is_some());
 }
 
 #[test]
@@ -399,15 +400,16 @@ fn dead_letter_queue_missing() {
 #[test]
 fn in_flight_ceiling_reachable() {
     let c = codes::IN_FLIGHT_CEILING_REACHABLE;
-    // 100 running + a waiting batch of 10 = 110 per replica; 1090 × 110 = 119,900.
-    let at = spec("processing: {p99: 2s, concurrency: 100}\nscaling: {maxReplicas: 1090}");
+    // 100 running + a waiting batch of 10 + 5 still waiting at the next receive = 115 per replica;
+    // 1043 × 115 = 119,945.
+    let at = spec("processing: {p99: 2s, concurrency: 100}\nscaling: {maxReplicas: 1043}");
     assert!(find(&at, None, c).is_none(), "boundary: under 120,000");
-    let over = spec("processing: {p99: 2s, concurrency: 100}\nscaling: {maxReplicas: 1091}");
+    let over = spec("processing: {p99: 2s, concurrency: 100}\nscaling: {maxReplicas: 1044}");
     let f = find(&over, None, c).expect("fires offline");
     assert_eq!(f.severity, Severity::Warning);
     assert_eq!(
         f.recommendation,
-        "set scaling.maxReplicas to at most 1090, or lower processing.concurrency"
+        "set scaling.maxReplicas to at most 1043, or lower processing.concurrency"
     );
     // Without the heartbeat nothing waits: exactly 120,000 at 1200 replicas.
     let no_hb = spec(

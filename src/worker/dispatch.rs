@@ -1,6 +1,8 @@
 //! The receive loop. At most `concurrency` messages run at once. With heartbeats on (standard
 //! queues), one more batch may wait locally, kept alive by heartbeats: the next receive is then in
-//! flight before slots free up, and a busy queue is received in whole batches; not once handlers
+//! flight before slots free up, and a busy queue is received in whole batches. That next whole batch
+//! is asked for while a few messages still wait (as many slots as free during a receive's round trip,
+//! at most half a batch), so slots that free meanwhile find it already there; not once handlers
 //! take longer than the heartbeat interval on average (a waiting message would cost heartbeats and
 //! be kept from other consumers for a whole handler time). Without heartbeats the worker receives
 //! only into free slots. FIFO groups run in order, one chain per MessageGroupId.
@@ -31,6 +33,9 @@ pub struct Settings {
     pub fifo: bool,
     /// Messages that may wait locally for a slot (0: receive only into free slots).
     pub prefetch: usize,
+    /// With `prefetch`: the most messages that may still wait when the next whole batch is asked
+    /// for (`worker::early_receive_max`); the held total stays within concurrency + prefetch + this.
+    pub early_max: usize,
     /// The waiting batch is kept only while the mean handler time is below this (the heartbeat
     /// interval): a message that would wait longer than that for a slot costs heartbeats and is
     /// better left on the queue for another consumer. None: always.
@@ -42,7 +47,8 @@ pub struct Settings {
 /// Pending messages of each FIFO group that has a chain running, in queue order.
 type Groups = Arc<Mutex<HashMap<String, VecDeque<Lease>>>>;
 
-type ReceiveResult = Result<Vec<Message>, SqsError>;
+/// A receive's answer and how long it took.
+type ReceiveResult = (Result<Vec<Message>, SqsError>, Duration);
 
 pub struct Dispatcher {
     processor: Arc<Processor>,
@@ -87,6 +93,8 @@ impl Dispatcher {
         let mut fill_at: Option<Instant> = None;
         let mut fill_ready = false;
         let mut latency_ewma: Option<f64> = None;
+        // Round trip of receives that found messages (an empty one may have long-polled).
+        let mut receive_ewma: Option<f64> = None;
         let mut paused: Option<Pin<Box<dyn std::future::Future<Output = ()> + Send>>> = None;
         let mut draining = false;
         let mut drain_deadline = Instant::now();
@@ -109,7 +117,16 @@ impl Dispatcher {
                     }
                 );
             }
-            let capacity = s.concurrency + prefetch;
+            // The next whole batch is asked for while a few messages still wait: as many as slots
+            // are expected to free during one receive round trip (C × round trip / mean handler
+            // time), at most `early_max`; else slots that free before it returns idle that long.
+            let early = match (prefetch, receive_ewma, latency_ewma) {
+                (1.., Some(rtt), Some(mean)) if mean > 0.0 => {
+                    ((rtt * s.concurrency as f64 / mean).ceil() as usize).min(s.early_max)
+                }
+                _ => 0,
+            };
+            let capacity = s.concurrency + prefetch + early;
             let full = s.batch_size.min(capacity).max(1);
             let max_parallel = s.concurrency.div_ceil(full).clamp(1, MAX_PARALLEL_RECEIVES);
             if !draining && paused.is_none() && backoff_until.is_none() {
@@ -121,7 +138,7 @@ impl Dispatcher {
                     }
                     // While messages wait locally every slot is busy and the next ones are
                     // at hand: a partial receive would only cost a request. The next receive goes
-                    // out, whole, when the waiting batch has started.
+                    // out, whole, when no more than `early` messages of the waiting batch still wait.
                     let launch = if receives.is_empty() {
                         want >= full || (waiting.is_empty() && (in_flight == 0 || fill_ready))
                     } else {
@@ -143,8 +160,11 @@ impl Dispatcher {
                     fill_ready = false;
                     let sqs = p.sqs.clone();
                     let wait = s.wait_time;
-                    let handle =
-                        receives.spawn(async move { sqs.receive(want as u32, wait).await });
+                    let handle = receives.spawn(async move {
+                        let sent = Instant::now();
+                        let result = sqs.receive(want as u32, wait).await;
+                        (result, sent.elapsed())
+                    });
                     asked.insert(handle.id(), want);
                 }
             }
@@ -200,7 +220,7 @@ impl Dispatcher {
                     start_waiting(&p, &mut tasks, &mut waiting, in_flight, s.concurrency);
                 }
                 Some(joined) = receives.join_next_with_id(), if !receives.is_empty() => {
-                    let (id, result) = match joined {
+                    let (id, (result, took)) = match joined {
                         Ok(r) => r,
                         Err(e) => {
                             // Only a bug panics a receive task; its slots are given back.
@@ -238,6 +258,10 @@ impl Dispatcher {
                                 ready = true;
                             }
                             errors = 0;
+                            if !messages.is_empty() {
+                                let t = took.as_secs_f64();
+                                receive_ewma = Some(receive_ewma.map_or(t, |e| e * 0.8 + t * 0.2));
+                            }
                             metrics.received.add(messages.len() as u64);
                             metrics.receive_sizes.observe(messages.len() as f64);
                             tracing::debug!(asked = want, answered = messages.len(), in_flight, waiting = waiting.len(), "received");

@@ -210,11 +210,24 @@ pub struct Summary {
     pub sqs_requests: u64,
 }
 
-/// Messages one worker may hold waiting for a slot: one batch while heartbeats keep its leases, on a
-/// standard queue (a FIFO message already waits behind its group); none without heartbeats, whose
-/// leases would run out while they wait. `validate::prefetch` predicts with this function.
+/// Messages one worker may hold beyond its `concurrency` slots, waiting for a slot: one batch, plus
+/// at most `early_receive_max` still waiting when the next whole batch is asked for, while heartbeats
+/// keep their leases, on a standard queue (a FIFO message already waits behind its group); none
+/// without heartbeats, whose leases would run out while they wait. `validate::prefetch` predicts
+/// with this function.
 pub fn prefetch(batch_size: u32, heartbeat: bool, fifo: bool) -> u32 {
-    if heartbeat && !fifo { batch_size } else { 0 }
+    if heartbeat && !fifo {
+        batch_size.saturating_add(early_receive_max(batch_size))
+    } else {
+        0
+    }
+}
+
+/// The most messages that may still wait locally when the next whole-batch receive goes out: half a
+/// batch, rounded up. The worker asks that early by the slots it expects to free during one receive
+/// round trip (concurrency × round trip / mean handler time), within this cap (docs/worker.md).
+pub fn early_receive_max(batch_size: u32) -> u32 {
+    batch_size.div_ceil(2)
 }
 
 /// Runs the worker until `shutdown` completes and the drain is over.
@@ -362,7 +375,10 @@ pub async fn run(
         batch_size: config.batch_size as usize,
         wait_time: config.wait_time.as_std(),
         fifo: info.fifo,
-        prefetch: prefetch(config.batch_size, heartbeat.is_some(), info.fifo) as usize,
+        prefetch: prefetch(config.batch_size, heartbeat.is_some(), info.fifo).min(config.batch_size)
+            as usize,
+        early_max: prefetch(config.batch_size, heartbeat.is_some(), info.fifo)
+            .saturating_sub(config.batch_size) as usize,
         prefetch_while_under: heartbeat,
         drain_budget: total.saturating_sub(flush_reserve),
     };
