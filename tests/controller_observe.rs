@@ -8,6 +8,7 @@ mod fake_kube;
 #[path = "worker/support.rs"]
 mod support;
 
+use common::fixture::consumer;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -46,19 +47,21 @@ impl Env {
     }
 
     fn manifest(&self, p99: &str, min: u32, max: u32) -> Value {
-        json!({
-            "apiVersion": "sqs.consumers.dev/v1alpha1", "kind": "QueueConsumer",
-            "metadata": {"name": NAME, "namespace": NS},
-            "spec": {
-                "queue": {"url": self.queue.url, "endpoint": common::sqs_endpoint()},
-                "processing": {"p99": p99, "timeout": "120s", "concurrency": 10, "waitTime": "1s"},
-                "handler": {"http": {"port": 8080, "path": "/messages"}},
-                "template": {"spec": {"containers": [{"name": "app", "image": "shop/orders:1"}]}},
-                "scaling": {"pollInterval": "1s", "minReplicas": min, "maxReplicas": max,
-                            "scaleDownStabilization": "1s"},
-                "deadLetter": {"alarm": false}
-            }
-        })
+        consumer(NAME)
+            .namespace(NS)
+            .on_moto(&self.queue.url)
+            .p99(p99)
+            .timeout("120s")
+            .concurrency(10)
+            .wait_time("1s")
+            .http(8080, "/messages")
+            .image("shop/orders:1")
+            .scaling(
+                json!({"pollInterval": "1s", "minReplicas": min, "maxReplicas": max,
+                            "scaleDownStabilization": "1s"}),
+            )
+            .alarm(false)
+            .json()
     }
 
     fn qc(&self) -> QueueConsumer {

@@ -66,20 +66,15 @@ async fn env() -> Env {
 
 /// P99 2s, concurrency 1, maxBacklogAge 2s: one replica per visible message. Poll every second.
 fn manifest(url: &str, suspend: bool) -> Value {
-    json!({
-        "apiVersion": "sqs.consumers.dev/v1alpha1", "kind": "QueueConsumer",
-        "metadata": {"name": "orders", "namespace": NS},
-        "spec": {
-            "queue": {"url": url, "endpoint": common::sqs_endpoint()},
-            "processing": {"p99": "2s", "timeout": "10s", "waitTime": "1s", "concurrency": 1},
-            "handler": {"http": {"port": 8080, "path": "/messages"}},
-            "template": {"spec": {"containers": [{"name": "app", "image": "shop/orders:1"}]}},
-            "suspend": suspend,
-            "scaling": {"pollInterval": "1s", "maxBacklogAge": "2s", "maxReplicas": 4,
-                        "scaleDownStabilization": "1m"},
-            "deadLetter": {"alarm": false}
-        }
-    })
+    common::fixture::moto_consumer(NS, url)
+        .p99("2s")
+        .concurrency(1)
+        .suspend(suspend)
+        .scaling(
+            json!({"pollInterval": "1s", "maxBacklogAge": "2s", "maxReplicas": 4,
+                        "scaleDownStabilization": "1m"}),
+        )
+        .json()
 }
 
 impl Env {

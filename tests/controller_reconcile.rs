@@ -7,6 +7,7 @@
 mod common;
 mod fake_kube;
 
+use common::fixture::consumer;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -123,20 +124,19 @@ async fn env() -> Env {
 }
 
 fn qc_manifest(name: &str, url: &str, alarm: bool) -> Value {
-    json!({
-        "apiVersion": "sqs.consumers.dev/v1alpha1", "kind": "QueueConsumer",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "queue": {"url": url, "endpoint": common::sqs_endpoint()},
-            "processing": {"p99": "2s", "timeout": "10s", "waitTime": "1s"},
-            "handler": {"http": {"port": 8080, "path": "/messages"}},
-            "template": {"spec": {"containers": [{"name": "app", "image": "shop/orders:1"}]}},
-            // One replica throughout, so these tests see the Deployment, not the scaler (that is
-            // tests/controller_scaling.rs and `a_new_consumer_on_an_idle_queue_starts_at_zero` below).
-            "scaling": {"pollInterval": "1s", "minReplicas": 1},
-            "deadLetter": {"alarm": alarm}
-        }
-    })
+    consumer(name)
+        .namespace(NS)
+        .on_moto(url)
+        .p99("2s")
+        .timeout("10s")
+        .wait_time("1s")
+        .http(8080, "/messages")
+        .image("shop/orders:1")
+        // One replica throughout, so these tests see the Deployment, not the scaler (that is
+        // tests/controller_scaling.rs and `a_new_consumer_on_an_idle_queue_starts_at_zero` below).
+        .scaling(json!({"pollInterval": "1s", "minReplicas": 1}))
+        .alarm(alarm)
+        .json()
 }
 
 impl Env {

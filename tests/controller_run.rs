@@ -1,7 +1,10 @@
 //! `run` end to end against the in-memory Kubernetes API: watches drive reconciles, the endpoints
 //! answer, and with leader election only the Lease holder acts until it steps down.
 
+mod common;
 mod fake_kube;
+
+use common::fixture::consumer;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -34,17 +37,14 @@ fn context(fake: &FakeKube, identity: &str) -> Arc<Context> {
 }
 
 fn manifest(concurrency: u32) -> Value {
-    json!({
-        "apiVersion": "sqs.consumers.dev/v1alpha1", "kind": "QueueConsumer",
-        "metadata": {"name": "orders", "namespace": NS},
-        "spec": {
-            "queue": {"url": URL},
-            "processing": {"p99": "1s", "concurrency": concurrency},
-            "handler": {"exec": {"command": ["/h"]}},
-            "template": {"spec": {"containers": [{"name": "app", "image": "app:1"}]}},
-            "deadLetter": {"alarm": false}
-        }
-    })
+    consumer("orders")
+        .namespace(NS)
+        .queue_url(URL)
+        .concurrency(concurrency)
+        .exec("/h")
+        .image("app:1")
+        .alarm(false)
+        .json()
 }
 
 fn free_addr() -> SocketAddr {

@@ -5,6 +5,7 @@
 mod common;
 mod fake_kube;
 
+use common::fixture::consumer;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -58,18 +59,17 @@ async fn queues(sqs: &aws_sdk_sqs::Client) -> (String, String) {
 }
 
 fn manifest(name: &str, url: &str, endpoint: &str, alarm: bool) -> Value {
-    json!({
-        "apiVersion": "sqs.consumers.dev/v1alpha1", "kind": "QueueConsumer",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "queue": {"url": url, "endpoint": endpoint},
-            "processing": {"p99": "1s", "timeout": "10s", "waitTime": "1s", "concurrency": 1},
-            "handler": {"http": {}},
-            "template": {"spec": {"containers": [{"name": "app", "image": "shop/orders:1"}]}},
-            "scaling": {"pollInterval": "1s", "minReplicas": 0, "maxReplicas": 10, "maxBacklogAge": "10s"},
-            "deadLetter": {"alarm": alarm}
-        }
-    })
+    consumer(name)
+        .namespace(NS)
+        .queue_url(url)
+        .endpoint(endpoint)
+        .timeout("10s")
+        .wait_time("1s")
+        .concurrency(1)
+        .image("shop/orders:1")
+        .scaling(json!({"pollInterval": "1s", "minReplicas": 0, "maxReplicas": 10, "maxBacklogAge": "10s"}))
+        .alarm(alarm)
+        .json()
 }
 
 fn qc(fake: &FakeKube, name: &str) -> QueueConsumer {

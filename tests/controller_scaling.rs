@@ -107,18 +107,11 @@ fn manifest(url: &str, scaling: Value) -> Value {
     s.as_object_mut()
         .unwrap()
         .extend(scaling.as_object().unwrap().clone());
-    json!({
-        "apiVersion": "sqs.consumers.dev/v1alpha1", "kind": "QueueConsumer",
-        "metadata": {"name": "orders", "namespace": NS},
-        "spec": {
-            "queue": {"url": url, "endpoint": common::sqs_endpoint()},
-            "processing": {"p99": "2s", "timeout": "10s", "waitTime": "1s", "concurrency": 1},
-            "handler": {"http": {"port": 8080, "path": "/messages"}},
-            "template": {"spec": {"containers": [{"name": "app", "image": "shop/orders:1"}]}},
-            "scaling": s,
-            "deadLetter": {"alarm": false}
-        }
-    })
+    common::fixture::moto_consumer(NS, url)
+        .p99("2s")
+        .concurrency(1)
+        .scaling(s)
+        .json()
 }
 
 impl Env {

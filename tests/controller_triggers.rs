@@ -7,6 +7,7 @@
 mod common;
 mod fake_kube;
 
+use common::fixture::consumer;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -106,17 +107,14 @@ async fn own_writes_do_not_reconcile_again_and_outside_changes_do_at_once() {
     let (stop, task) = start(ctx.clone());
     fake.create(
         QUEUE_CONSUMERS,
-        json!({
-            "apiVersion": "sqs.consumers.dev/v1alpha1", "kind": "QueueConsumer",
-            "metadata": {"name": "orders", "namespace": NS},
-            "spec": {
-                "queue": {"url": URL},
-                "processing": {"p99": "1s", "concurrency": 4},
-                "handler": {"exec": {"command": ["/h"]}},
-                "template": {"spec": {"containers": [{"name": "app", "image": "app:1"}]}},
-                "scaling": {"pollInterval": "10m"}
-            }
-        }),
+        consumer("orders")
+            .namespace(NS)
+            .queue_url(URL)
+            .concurrency(4)
+            .exec("/h")
+            .image("app:1")
+            .scaling(json!({"pollInterval": "10m"}))
+            .json(),
     );
     let wait = Duration::from_secs(10);
     eventually("status", wait, || {
@@ -184,18 +182,19 @@ async fn own_writes_do_not_reconcile_again_and_outside_changes_do_at_once() {
 }
 
 fn moto_manifest(name: &str, url: &str, endpoint: &str) -> Value {
-    json!({
-        "apiVersion": "sqs.consumers.dev/v1alpha1", "kind": "QueueConsumer",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "queue": {"url": url, "region": "us-east-1", "endpoint": endpoint},
-            "processing": {"p99": "1s"},
-            "handler": {"http": {"port": 8080}},
-            "template": {"spec": {"containers": [{"name": "app", "image": "app:1",
-                "ports": [{"containerPort": 8080}]}]}},
-            "scaling": {"pollInterval": "4s"}
-        }
-    })
+    consumer(name)
+        .namespace(NS)
+        .queue_url(url)
+        .set("/spec/queue/region", "us-east-1")
+        .endpoint(endpoint)
+        .set("/spec/handler/http", json!({"port": 8080}))
+        .set(
+            "/spec/template",
+            json!({"spec": {"containers": [{"name": "app", "image": "app:1",
+                "ports": [{"containerPort": 8080}]}]}}),
+        )
+        .scaling(json!({"pollInterval": "4s"}))
+        .json()
 }
 
 /// The name of the QueueConsumer a request reconciled: each reconcile reads its Deployment once.

@@ -3,13 +3,13 @@
 
 mod common;
 
+use common::fixture::consumer;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::k8s;
 use kube::api::{Api, PostParams};
 use qc::api::QueueConsumer;
-use serde_json::json;
 
 fn free_addr() -> SocketAddr {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -17,17 +17,7 @@ fn free_addr() -> SocketAddr {
 }
 
 fn manifest() -> QueueConsumer {
-    serde_json::from_value(json!({
-        "apiVersion": "sqs.consumers.dev/v1alpha1", "kind": "QueueConsumer",
-        "metadata": {"name": "orders"},
-        "spec": {
-            "queue": {"url": "https://sqs.us-east-1.amazonaws.com/123456789012/orders"},
-            "processing": {"p99": "1s"},
-            "handler": {"exec": {"command": ["/h"]}},
-            "deadLetter": {"alarm": false}
-        }
-    }))
-    .unwrap()
+    consumer("orders").exec("/h").alarm(false).typed()
 }
 
 /// The binary itself against a real API server over TLS with a client certificate (the kubeconfig

@@ -9,6 +9,7 @@
 mod common;
 mod fake_kube;
 
+use common::fixture::consumer;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -88,23 +89,18 @@ fn context(
 }
 
 fn manifest(url: &str, endpoint: Option<&str>, alarm: bool) -> QueueConsumer {
-    let mut queue = json!({"url": url});
-    if let Some(e) = endpoint {
-        queue["endpoint"] = json!(e);
+    let qc = consumer("orders")
+        .queue_url(url)
+        .concurrency(4)
+        .exec("/h")
+        .image("app:1")
+        .scaling(json!({"pollInterval": "1s", "minReplicas": 1}))
+        .alarm(alarm);
+    match endpoint {
+        Some(e) => qc.endpoint(e),
+        None => qc,
     }
-    serde_json::from_value(json!({
-        "apiVersion": "sqs.consumers.dev/v1alpha1", "kind": "QueueConsumer",
-        "metadata": {"name": "orders"},
-        "spec": {
-            "queue": queue,
-            "processing": {"p99": "1s", "concurrency": 4},
-            "handler": {"exec": {"command": ["/h"]}},
-            "template": {"spec": {"containers": [{"name": "app", "image": "app:1"}]}},
-            "scaling": {"pollInterval": "1s", "minReplicas": 1},
-            "deadLetter": {"alarm": alarm}
-        }
-    }))
-    .unwrap()
+    .typed()
 }
 
 fn qc_writes(reqs: &[Recorded]) -> Vec<&Recorded> {

@@ -6,6 +6,9 @@
 //! The controller's own behaviour on such input (no request to a refused endpoint, a silent endpoint,
 //! status naming another alarm) is tested against moto in tests/controller_safety.rs.
 
+#[path = "../common/mod.rs"]
+mod common;
+
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -13,18 +16,15 @@ use qc::aws::endpoints::AllowedEndpoints;
 use qc::manifest::{Document, load_str};
 use serde_json::{Value, json};
 
+use common::fixture::consumer;
+
 /// A valid QueueConsumer each row breaks in one place.
 fn base() -> Value {
-    json!({
-        "apiVersion": "sqs.consumers.dev/v1alpha1", "kind": "QueueConsumer",
-        "metadata": {"name": "orders", "namespace": "shop"},
-        "spec": {
-            "queue": {"url": "https://sqs.us-east-1.amazonaws.com/123456789012/orders"},
-            "processing": {"p99": "2s"},
-            "handler": {"http": {}},
-            "template": {"spec": {"containers": [{"name": "app", "image": "shop/orders:1"}]}}
-        }
-    })
+    consumer("orders")
+        .namespace("shop")
+        .p99("2s")
+        .image("shop/orders:1")
+        .json()
 }
 
 /// Sets `pointer` (created as objects on the way) to `value`.

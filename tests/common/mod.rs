@@ -1,6 +1,7 @@
 //! Shared helpers of the integration tests: the real servers started by `scripts/test`.
 #![allow(dead_code)]
 
+pub mod fixture;
 pub mod k8s;
 
 use std::sync::atomic::{AtomicU32, Ordering};
