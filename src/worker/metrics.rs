@@ -5,7 +5,44 @@ use std::sync::Mutex;
 
 use crate::telemetry::{Counter, Exposition, Gauge, Histogram, LATENCY_BUCKETS, Probes};
 
-use super::sqs::Action;
+/// The SQS actions the worker uses; metrics are labelled with these names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    ReceiveMessage,
+    DeleteMessageBatch,
+    ChangeMessageVisibility,
+    ChangeMessageVisibilityBatch,
+    GetQueueAttributes,
+}
+
+impl Action {
+    pub const ALL: [Action; 5] = [
+        Action::ReceiveMessage,
+        Action::DeleteMessageBatch,
+        Action::ChangeMessageVisibility,
+        Action::ChangeMessageVisibilityBatch,
+        Action::GetQueueAttributes,
+    ];
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Action::ReceiveMessage => "ReceiveMessage",
+            Action::DeleteMessageBatch => "DeleteMessageBatch",
+            Action::ChangeMessageVisibility => "ChangeMessageVisibility",
+            Action::ChangeMessageVisibilityBatch => "ChangeMessageVisibilityBatch",
+            Action::GetQueueAttributes => "GetQueueAttributes",
+        }
+    }
+
+    /// The action of an SDK operation name; None for operations the worker does not call.
+    pub fn from_operation(name: &str) -> Option<Action> {
+        Action::ALL.into_iter().find(|a| a.as_str() == name)
+    }
+
+    pub fn index(&self) -> usize {
+        *self as usize
+    }
+}
 
 /// One bucket per possible answer size of a ReceiveMessage call (MaxNumberOfMessages is at most 10).
 pub const RECEIVE_SIZE_BUCKETS: &[f64] = &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0];

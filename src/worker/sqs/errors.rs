@@ -3,44 +3,8 @@
 
 use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 
-/// The SQS actions the worker uses; metrics are labelled with these names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Action {
-    ReceiveMessage,
-    DeleteMessageBatch,
-    ChangeMessageVisibility,
-    ChangeMessageVisibilityBatch,
-    GetQueueAttributes,
-}
-
-impl Action {
-    pub const ALL: [Action; 5] = [
-        Action::ReceiveMessage,
-        Action::DeleteMessageBatch,
-        Action::ChangeMessageVisibility,
-        Action::ChangeMessageVisibilityBatch,
-        Action::GetQueueAttributes,
-    ];
-
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Action::ReceiveMessage => "ReceiveMessage",
-            Action::DeleteMessageBatch => "DeleteMessageBatch",
-            Action::ChangeMessageVisibility => "ChangeMessageVisibility",
-            Action::ChangeMessageVisibilityBatch => "ChangeMessageVisibilityBatch",
-            Action::GetQueueAttributes => "GetQueueAttributes",
-        }
-    }
-
-    /// The action of an SDK operation name; None for operations the worker does not call.
-    pub fn from_operation(name: &str) -> Option<Action> {
-        Action::ALL.into_iter().find(|a| a.as_str() == name)
-    }
-
-    pub fn index(&self) -> usize {
-        *self as usize
-    }
-}
+/// Defined with the counters it labels (`worker::metrics`), so metrics need nothing from here.
+pub use crate::worker::metrics::Action;
 
 pub use crate::aws::classify::{ErrorKind, classify_code};
 
