@@ -96,10 +96,10 @@ fn event_reasons(reqs: &[Recorded]) -> Vec<String> {
         .collect()
 }
 
-/// A requeue on this QueueConsumer's slot of its 1s poll interval (polls are spread: between half and
-/// one and a half intervals from now), never an error backoff.
+/// A requeue on this QueueConsumer's slot of its 1s poll interval (polls are spread: within one
+/// interval from now), never an error backoff.
 fn is_poll(a: &Action) -> bool {
-    (500..=1500).any(|ms| *a == Action::requeue(Duration::from_millis(ms)))
+    (1..=1000).any(|ms| *a == Action::requeue(Duration::from_millis(ms)))
 }
 
 /// A port on loopback that refuses connections (bound, then released).

@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -177,12 +176,11 @@ pub struct Observed {
     pub sampled_at: Time,
     /// When the read was made, to the millisecond: the time of the scaler's sample.
     pub at: Timestamp,
-    read_at: Instant,
 }
 
 type Slot = Arc<tokio::sync::Mutex<Option<Observed>>>;
 
-/// Facts per queue, reused while younger than the asking QueueConsumer's poll interval. Concurrent
+/// Facts per queue, reused within the asking QueueConsumer's poll interval (`spread::same_interval`). Concurrent
 /// reconciles of one queue wait for the read in flight instead of issuing their own.
 #[derive(Default)]
 pub struct FactsCache {
@@ -213,17 +211,17 @@ impl FactsCache {
     ) -> Result<Observed, ObserveError> {
         let slot = self.slot(endpoint, url);
         let mut cached = slot.lock().await;
-        // Reconciles come back on their slot of the interval (`spread`), a little earlier or later
-        // than the read they made an interval ago: within `spread::slack` the facts are due again, so
-        // that each interval reads the queue once.
-        let max_age = max_age.as_std();
-        let slack = super::spread::slack(max_age);
+        // One read per queue in each poll interval, counted from the Unix epoch (the grid the
+        // QueueConsumers' slots are placed on, `spread`): whichever QueueConsumer of the queue comes
+        // first in an interval reads, the others (and a reconcile of the same one early on its slot)
+        // take that read. So the facts a reconcile uses are always younger than its poll interval, and
+        // a queue costs at most one GetQueueAttributes per interval however many QueueConsumers share
+        // it and wherever their slots fall.
         if let Some(o) = cached.as_ref()
-            && o.read_at.elapsed() + slack < max_age
+            && super::spread::same_interval(o.at, wall_clock(), max_age.as_std())
         {
             return Ok(o.clone());
         }
-        let read_at = Instant::now();
         let at = wall_clock();
         let facts = match observe(clients.sqs.as_ref(), url).await {
             Ok(f) => f,
@@ -237,7 +235,6 @@ impl FactsCache {
             facts,
             sampled_at: now(),
             at,
-            read_at,
         };
         *cached = Some(o.clone());
         Ok(o)

@@ -16,7 +16,7 @@ use super::status::{self, Workers};
 use super::{ConsumerKey, Context, name_of, observe, scale, workers};
 
 /// The worker pods (None when they could not be listed) and what their /metrics say. Scrapes when one
-/// is due (once per pollInterval) or `now`. Never fails the reconcile: a pod list or scrape that fails
+/// is due (once per pollInterval, the second one sooner: `workers::warm_up`) or `now`. Never fails the reconcile: a pod list or scrape that fails
 /// leaves the observation without those pods (logged), and scaling goes on.
 pub(super) async fn read_workers(
     qc: &QueueConsumer,
@@ -36,7 +36,10 @@ pub(super) async fn read_workers(
         }
     };
     if let Some(pods) = &pods
-        && (now || ctx.workers.due(&id, qc.spec.scaling.poll_interval))
+        && (now
+            || ctx
+                .workers
+                .due(&id, qc.spec.scaling.poll_interval, observe::wall_clock()))
     {
         let targets: Vec<_> = pods.iter().filter_map(workers::target).collect();
         let (round, errors) = workers::scrape(&targets, observe::wall_clock()).await;
@@ -57,6 +60,9 @@ pub(super) async fn read_workers(
             .as_deref()
             .map(workers::crash_looping)
             .unwrap_or_default(),
+        warming_up: window.as_ref().is_none_or(|w| {
+            !workers::scrape_due(w.span(), qc.spec.scaling.poll_interval.as_std())
+        }),
     };
     // Small moves of a busy consumer's numbers are not news: no status write for them.
     (pods, status::dead_band(qc, observed))

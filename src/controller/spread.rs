@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use crate::scaling::Timestamp;
+
 /// FNV-1a: stable across releases and platforms (std's hasher is not promised to be).
 fn fnv1a(s: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -22,9 +24,11 @@ pub fn phase(uid: &str, interval: Duration) -> Duration {
     Duration::from_millis(fnv1a(uid) % ms)
 }
 
-/// How long until the next slot of `uid`, at least half an interval from `now_ms` (milliseconds
-/// since the epoch) so that a reconcile off its slot (the first one, or one after an error) is not
-/// followed by another at once. On its slot, the answer is exactly one interval.
+/// How long until the next slot of `uid` from `now_ms` (milliseconds since the epoch), in
+/// (0, interval]: on its slot, exactly one interval. A reconcile off its slot (the first one, a
+/// watch event's, the one after an error) is followed by the slot's own, so no QueueConsumer goes
+/// longer than one interval without a reconcile; the slot's one then costs no AWS call, as the
+/// queue's facts of this interval are reused (`same_interval`).
 pub fn next_poll(uid: &str, interval: Duration, now_ms: u64) -> Duration {
     let ms = u64::try_from(interval.as_millis())
         .unwrap_or(u64::MAX)
@@ -32,11 +36,17 @@ pub fn next_poll(uid: &str, interval: Duration, now_ms: u64) -> Duration {
     let phase = fnv1a(uid) % ms;
     // Milliseconds from now to the next instant t with t ≡ phase (mod interval), in (0, interval].
     let into = (now_ms % ms + ms - phase) % ms;
-    let mut wait = ms - into;
-    if wait < ms / 2 {
-        wait += ms;
-    }
-    Duration::from_millis(wait)
+    Duration::from_millis(ms - into)
+}
+
+/// Whether two instants fall in the same poll interval counted from the Unix epoch: what is read once
+/// per interval (a queue's facts) is read again in the next one. A clock that went back counts as
+/// another interval.
+pub fn same_interval(read: Timestamp, now: Timestamp, interval: Duration) -> bool {
+    let ms = u64::try_from(interval.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    read.as_millis() / ms == now.as_millis() / ms && now.as_millis() >= read.as_millis()
 }
 
 /// How much earlier than a full interval a per-interval read counts as due again. Reconciles come
@@ -67,11 +77,13 @@ mod tests {
     }
 
     #[test]
-    fn the_next_poll_is_within_half_to_one_and_a_half_intervals_and_on_the_slot() {
+    fn the_next_poll_is_within_one_interval_and_on_the_slot() {
         for (i, now) in (0..2000u64).map(|i| (i, 1_700_000_000_000 + i * 7_919)) {
             let uid = format!("uid-{i}");
             let d = next_poll(&uid, P, now);
-            assert!(d >= P / 2 && d < P + P / 2, "{d:?}");
+            // Never longer than an interval without a reconcile (#18: every QueueConsumer reconciled
+            // in every interval, the first steady one included).
+            assert!(d > Duration::ZERO && d <= P, "{d:?}");
             let at = now + d.as_millis() as u64;
             assert_eq!(
                 u128::from(at % 15_000),
@@ -96,6 +108,18 @@ mod tests {
             per_second.iter().all(|n| (35..=100).contains(n)),
             "{per_second:?}"
         );
+    }
+
+    #[test]
+    fn a_read_counts_for_the_rest_of_its_interval_only() {
+        let t = |ms: u64| Timestamp::from_millis(ms);
+        let start = 1_700_000_010_000u64; // a multiple of 15 s
+        assert!(same_interval(t(start), t(start + 14_999), P));
+        assert!(same_interval(t(start + 14_000), t(start + 14_999), P));
+        assert!(!same_interval(t(start + 14_999), t(start + 15_000), P));
+        assert!(!same_interval(t(start), t(start + 30_000), P));
+        // A clock that went back reads again.
+        assert!(!same_interval(t(start + 5_000), t(start + 4_000), P));
     }
 
     #[test]

@@ -89,6 +89,9 @@ pub struct Workers {
     pub sampled_at: Option<Time>,
     /// Pods whose containers crash-loop ("pod/container: restarted N times"), for `RolloutStalled`.
     pub crash_looping: Vec<String>,
+    /// This process's scrapes span less than a poll interval (it just started, took over as leader,
+    /// or the consumer is new): its window says less than a full one would.
+    pub warming_up: bool,
 }
 
 /// The status to write. Blocks that cannot be refreshed (queue unreachable) keep their last values,
@@ -780,6 +783,32 @@ pub fn dead_band(qc: &QueueConsumer, mut w: Workers) -> Workers {
         }
         _ => true,
     };
+    // A window this process has only begun (a restart, a new leader) says less than the one in
+    // status, written before it: the numbers in status stand until this process has scraped for a
+    // poll interval, so that a restart does not flip every consumer to NoObservations and back (two
+    // status writes and two Events each). Pods that came or went still show at once.
+    if w.warming_up
+        && !refresh_due
+        && old.pods == fresh.pods
+        && old.pods_unreachable == fresh.pods_unreachable
+        && let Some(window) = old.window
+    {
+        w.stats = Some(Stats {
+            p99_seconds: old.p99_seconds,
+            mean_seconds: old.mean_seconds,
+            messages_per_second: old.messages_per_second.unwrap_or(0.0),
+            messages: old
+                .messages
+                .and_then(|m| u64::try_from(m).ok())
+                .unwrap_or(0),
+            window,
+        });
+        if let Some(f) = old.in_flight {
+            w.in_flight = f;
+        }
+        w.sampled_at.clone_from(&old.sampled_at);
+        return w;
+    }
     if refresh_due
         || old_verdict != Some(processing_verdict(&qc.spec, &w).as_str())
         || !observed_close(old, &fresh)

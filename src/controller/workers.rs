@@ -359,6 +359,14 @@ pub fn scrape_due(since: StdDuration, every: StdDuration) -> bool {
     since + super::spread::slack(every) >= every
 }
 
+/// How soon after this process's first scrape of a QueueConsumer's pods the second one comes: a
+/// third of the poll interval, at most 5 s. One scrape gives no rate; without this the first rates
+/// (and the status write they cause) came a whole poll interval later, in what is otherwise steady
+/// state, and on a long `pollInterval` a new consumer showed nothing for that long.
+pub fn warm_up(every: StdDuration) -> StdDuration {
+    (every / 3).min(StdDuration::from_secs(5))
+}
+
 /// Messages deleted by a QueueConsumer's workers between two scrapes.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Deleted {
@@ -386,6 +394,29 @@ impl Window {
 
     pub fn latest(&self) -> Option<&Round> {
         self.rounds.back()
+    }
+
+    /// From the first scrape this process keeps to the last.
+    pub fn span(&self) -> StdDuration {
+        match (self.rounds.front(), self.rounds.back()) {
+            (Some(a), Some(b)) => b.at.since(a.at).as_std(),
+            _ => StdDuration::ZERO,
+        }
+    }
+
+    /// The last scrape's pods answered, and none of them was read before: no rate yet, and the next
+    /// scrape is due after [`warm_up`] (a new consumer's first pods, a restarted controller's first
+    /// scrape, a rollout's new pods).
+    fn first_scrape_only(&self) -> bool {
+        let Some(last) = self.rounds.back() else {
+            return false;
+        };
+        !last.pods.is_empty()
+            && !self
+                .rounds
+                .iter()
+                .take(self.rounds.len() - 1)
+                .any(|r| r.pods.keys().any(|p| last.pods.contains_key(p)))
     }
 
     /// The deletes between the two newest scrapes, with the time they span ([`deleted_between`]).
@@ -436,11 +467,28 @@ impl Windows {
     /// Whether a scrape is due: none yet, or the last one at least `every` ago.
     /// Whether a scrape is due: an interval since the last, less `spread::slack` (a reconcile on its
     /// slot comes back a little early as often as late; without the slack every other one skipped).
-    pub fn due(&self, key: &str, every: Duration) -> bool {
-        self.lock()
-            .get(key)
-            .and_then(|w| w.scraped)
-            .is_none_or(|t| scrape_due(t.elapsed(), every.as_std()))
+    /// Once in each poll interval counted from the Unix epoch (`spread::same_interval`, as the
+    /// queue's facts): a QueueConsumer's reconcile on its slot scrapes, another one in the same
+    /// interval does not. The second scrape is due sooner, after [`warm_up`].
+    pub fn due(&self, key: &str, every: Duration, now: Timestamp) -> bool {
+        self.lock().get(key).is_none_or(|w| {
+            let Some(last) = w.latest() else {
+                return true;
+            };
+            !super::spread::same_interval(last.at, now, every.as_std())
+                || w.scraped.is_some_and(|t| {
+                    w.first_scrape_only() && t.elapsed() >= warm_up(every.as_std())
+                })
+        })
+    }
+
+    /// How long until the warm-up scrape of `key` (its second) is due, when that is what comes next.
+    pub fn warm_up_in(&self, key: &str, every: Duration) -> Option<StdDuration> {
+        let entries = self.lock();
+        let w = entries.get(key)?;
+        let t = w.scraped?;
+        w.first_scrape_only()
+            .then(|| warm_up(every.as_std()).saturating_sub(t.elapsed()))
     }
 
     pub fn push(&self, key: &str, round: Round) {
@@ -694,6 +742,42 @@ mod tests {
         assert!(!scrape_due(StdDuration::from_secs(12), poll));
         // A watch-triggered reconcile soon after a scrape does not scrape again.
         assert!(!scrape_due(StdDuration::from_secs(1), poll));
+    }
+
+    #[test]
+    fn scrapes_once_per_interval_and_the_second_soon_after_the_first() {
+        let poll = Duration::from_secs(15);
+        let t = |n| text(&[(0.1, n), (0.5, n)], n, 0.0, 0);
+        let cell = 1_700_000_010_000u64; // a multiple of 15 s
+        let w = Windows::new();
+        assert!(w.due("q", poll, Timestamp::from_millis(cell + 100)), "never scraped");
+        w.push("q", round(cell + 100, &[("a", &t(5))]));
+        // The first scrape of these pods gives no rate: the second is due after the warm-up, in
+        // the same interval, not a whole interval later.
+        assert!(!w.due("q", poll, Timestamp::from_millis(cell + 200)));
+        let warm = w.warm_up_in("q", poll).unwrap();
+        assert!(warm > StdDuration::from_secs(4) && warm <= warm_up(poll.as_std()));
+        {
+            let mut entries = w.lock();
+            let e = entries.get_mut("q").unwrap();
+            e.scraped = Some(Instant::now().checked_sub(warm_up(poll.as_std())).unwrap());
+        }
+        assert!(w.due("q", poll, Timestamp::from_millis(cell + 5_200)));
+        w.push("q", round(cell + 5_200, &[("a", &t(9))]));
+        assert_eq!(w.warm_up_in("q", poll), None, "a rate now: no more warm-up");
+        // Then once per interval counted from the epoch: not again in this one, however late in it
+        // (a reconcile early on its slot), and at the start of the next.
+        assert!(!w.due("q", poll, Timestamp::from_millis(cell + 14_999)));
+        assert!(w.due("q", poll, Timestamp::from_millis(cell + 15_000)));
+        w.push("q", round(cell + 15_000, &[("a", &t(20))]));
+        assert!(!w.due("q", poll, Timestamp::from_millis(cell + 15_400)));
+        // A pod never read before (a rollout): its second scrape is a warm-up again.
+        w.push("q", round(cell + 30_000, &[("b", &t(1))]));
+        assert!(w.warm_up_in("q", poll).is_some());
+        // No pod answered: nothing to warm up.
+        let empty = Windows::new();
+        empty.push("e", round(cell, &[]));
+        assert_eq!(empty.warm_up_in("e", poll), None);
     }
 
     #[test]

@@ -509,6 +509,7 @@ fn busy(p99: f64, mean: f64, rate: f64, in_flight: i64, at_secs: i64) -> Workers
         in_flight,
         sampled_at: Some(at(at_secs)),
         crash_looping: vec![],
+        warming_up: false,
     }
 }
 
@@ -540,6 +541,53 @@ fn reconcile_status(q: &mut QueueConsumer, w: Workers, now_secs: i64) -> bool {
         q.status = Some(new);
     }
     write
+}
+
+#[test]
+fn a_restarted_controller_keeps_the_observed_numbers_until_it_has_scraped_an_interval() {
+    // Status as the previous controller process left it: a full window, the verdict True.
+    let mut q = qc(false);
+    assert!(reconcile_status(&mut q, busy(1.52, 0.81, 40.2, 10, 0), 0));
+    let before = q.status.clone().unwrap();
+    // This process's first scrape (no rate yet), then its warm-up scrape 5 s later (a rate over a
+    // few seconds): neither flips the condition to NoObservations nor rewrites the numbers.
+    let first = Workers {
+        stats: None,
+        warming_up: true,
+        ..busy(0.0, 0.0, 0.0, 12, 20)
+    };
+    assert!(
+        !reconcile_status(&mut q, first, 20),
+        "the first scrape after a restart wrote status"
+    );
+    let warm = Workers {
+        stats: Some(Stats {
+            p99_seconds: Some(0.9),
+            mean_seconds: Some(0.5),
+            messages_per_second: 12.0,
+            messages: 12,
+            window: Duration::from_secs(5),
+        }),
+        warming_up: true,
+        ..busy(0.0, 0.0, 0.0, 12, 25)
+    };
+    assert!(!reconcile_status(&mut q, warm, 25));
+    assert_eq!(q.status.as_ref(), Some(&before));
+    // A pod that went away shows at once, warming up or not.
+    let fewer = Workers {
+        stats: None,
+        pods: 1,
+        warming_up: true,
+        ..busy(0.0, 0.0, 0.0, 5, 30)
+    };
+    assert!(reconcile_status(&mut q.clone(), fewer, 30));
+    // Numbers older than the refresh are not held: the truth (no window yet) is written.
+    let late = Workers {
+        stats: None,
+        warming_up: true,
+        ..busy(0.0, 0.0, 0.0, 10, 400)
+    };
+    assert!(reconcile_status(&mut q, late, 400));
 }
 
 #[test]
