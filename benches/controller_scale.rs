@@ -1,36 +1,39 @@
 //! The controller at scale: N QueueConsumers on Q queues (each queue holding a message and with its
 //! own dead-letter queue holding one, so both queues' oldest-message ages are read from CloudWatch and
 //! every QueueConsumer keeps a DLQ alarm), the in-memory Kubernetes API, and the real `qc-operator run`
-//! loop (kube Controller, watch triggers, AWS gates, batched CloudWatch reads) for a catch-up and then
-//! three poll intervals. Prints one table row per interval. Run by `bash scripts/bench-controller`,
-//! which starts SQS (fauxqs) and CloudWatch (moto) and names them in AWS_ENDPOINT_URL_SQS and
-//! AWS_ENDPOINT_URL_CLOUDWATCH, which the SDK (so the controller) honours; the manifests name no
-//! endpoint. Knobs: QC_BENCH_SCALES ("100:100,1000:1000,10000:1000" as consumers:queues),
-//! QC_BENCH_POLL (15s), QC_BENCH_INTERVALS (3), QC_BENCH_CONCURRENCY (the default reconcile
-//! concurrency), QC_BENCH_ALARMS (1; 0: no DLQ alarms). Without `--bench` (cargo test) it does nothing.
+//! binary for a catch-up and then three poll intervals. Prints one table row per interval. The
+//! in-memory API runs in this process and is served over loopback HTTP; the controller is the binary
+//! in a process of its own, reaching it through a kubeconfig, so its RSS and CPU are its own (read
+//! from /proc) and its AWS calls and reconciles are read from its /metrics. Run by
+//! `bash scripts/bench-controller`, which starts SQS (fauxqs) and CloudWatch (moto) and names them in
+//! AWS_ENDPOINT_URL_SQS and AWS_ENDPOINT_URL_CLOUDWATCH, which the SDK (so the controller) honours;
+//! the manifests name no endpoint. Knobs: QC_BENCH_SCALES ("100:100,1000:1000,10000:1000" as
+//! consumers:queues), QC_BENCH_POLL (15s), QC_BENCH_INTERVALS (3), QC_BENCH_CATCHUP_INTERVALS (40),
+//! QC_BENCH_CONCURRENCY (--reconcile-concurrency), QC_BENCH_AWS_IN_FLIGHT (--aws-max-in-flight),
+//! QC_BENCH_ALARMS (1; 0: no DLQ alarms), QC_BENCH_LOG (the controller's RUST_LOG, warn; its log is
+//! qc-operator-bench.log in the temporary directory). Without `--bench` (cargo test) it does nothing.
 
 #[path = "../tests/fake_kube/mod.rs"]
 mod fake_kube;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_sqs::types::QueueAttributeName;
 use fake_kube::{FakeKube, PODS, QUEUE_CONSUMERS};
 use futures::StreamExt;
-use qc::aws::cloudwatch::BatchOptions;
-use qc::aws::limit::{LimitConfig, Outcome};
-use qc::controller::Context;
-use qc::controller::observe::{AwsOptions, DEFAULT_BATCH_WINDOW, SdkProvider};
-use qc::controller::run::{DEFAULT_RECONCILE_CONCURRENCY, RunOptions, run};
-use qc::render::RenderOptions;
+use http_body_util::BodyExt;
+use qc::controller::run::DEFAULT_RECONCILE_CONCURRENCY;
 use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const NS: &str = "bench";
 
-fn status_kib(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+/// A field of /proc/PID/status in KiB (VmRSS, VmHWM).
+fn status_kib(pid: &str, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
         .find(|l| l.starts_with(field))
@@ -200,13 +203,159 @@ fn worker_pod(name: &str, port: u16) -> serde_json::Value {
     })
 }
 
+
+/// Serve the in-memory API over loopback HTTP/1.1, as an API server would: the controller runs in a
+/// process of its own (the real `qc-operator run`) and reaches it through a kubeconfig.
+async fn serve_fake(fake: FakeKube) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let fake = fake.clone();
+            tokio::spawn(async move {
+                let service =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let fake = fake.clone();
+                        async move {
+                            let (parts, body) = req.into_parts();
+                            let bytes = body
+                                .collect()
+                                .await
+                                .map(http_body_util::Collected::to_bytes)
+                                .unwrap_or_default();
+                            let req = http::Request::from_parts(
+                                parts,
+                                kube::client::Body::from(bytes.to_vec()),
+                            );
+                            Ok::<_, Infallible>(fake.serve(req).await)
+                        }
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    port
+}
+
+fn kubeconfig(port: u16) -> tempfile::NamedTempFile {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    std::io::Write::write_all(
+        &mut f,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{port}\nusers:\n- name: bench\n  user:\n    token: bench\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: bench\n    namespace: {NS}\ncurrent-context: fake\n"
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    f
+}
+
+/// The controller's /metrics text (empty while it does not answer).
+async fn controller_metrics(addr: std::net::SocketAddr) -> String {
+    let Ok(Ok(mut sock)) =
+        tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr)).await
+    else {
+        return String::new();
+    };
+    let req = format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    if sock.write_all(req.as_bytes()).await.is_err() {
+        return String::new();
+    }
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), sock.read_to_end(&mut out)).await;
+    let text = String::from_utf8_lossy(&out);
+    text.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
+}
+
+/// What the controller's /metrics say: AWS calls by action (and throttled), reconciles, errors.
+#[derive(Default, Clone)]
+struct Counters {
+    aws: BTreeMap<String, u64>,
+    throttled: u64,
+    reconciles: u64,
+    errors: BTreeMap<String, u64>,
+}
+
+fn label<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    let start = line.find(&format!("{name}=\""))? + name.len() + 2;
+    let len = line[start..].find('"')?;
+    Some(&line[start..start + len])
+}
+
+fn counters(text: &str) -> Counters {
+    let mut c = Counters::default();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(v) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        let v = v as u64;
+        if series.starts_with("qc_aws_requests_total{") {
+            if let Some(action) = label(series, "action") {
+                *c.aws.entry(action.to_string()).or_default() += v;
+            }
+            if label(series, "outcome") == Some("throttled") {
+                c.throttled += v;
+            }
+        } else if series == "qc_reconciles_total" {
+            c.reconciles = v;
+        } else if series.starts_with("qc_reconcile_errors_total{")
+            && let Some(reason) = label(series, "reason")
+        {
+            *c.errors.entry(reason.to_string()).or_default() += v;
+        }
+    }
+    c
+}
+
+/// The controller process's CPU time (user + system) so far.
+fn cpu_time(pid: &str) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command's closing parenthesis: state is field 3, utime 14, stime 15.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    Duration::from_millis(ticks * 1000 / clock_ticks())
+}
+
+fn clock_ticks() -> u64 {
+    static TICKS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse().ok())
+            .unwrap_or(100)
+    })
+}
+
+fn epoch_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 #[derive(Default, Clone)]
 struct Row {
     label: String,
+    length: Duration,
     wall: Duration,
     reconciles: u64,
     distinct: usize,
-    aws: BTreeMap<&'static str, u64>,
+    aws: BTreeMap<String, u64>,
     throttled: u64,
     kube_requests: usize,
     pod_lists: usize,
@@ -215,28 +364,8 @@ struct Row {
     writes_by: BTreeMap<&'static str, usize>,
     scrapes: u64,
     max_gap: Duration,
-}
-
-fn aws_calls(p: &SdkProvider) -> (BTreeMap<&'static str, u64>, u64) {
-    let (sqs, cw) = p.limiters();
-    let mut by_action = BTreeMap::new();
-    let mut throttled = 0;
-    for ((action, outcome), n) in sqs.calls().into_iter().chain(cw.calls()) {
-        *by_action.entry(action).or_default() += n;
-        if outcome == Outcome::Throttled {
-            throttled += n;
-        }
-    }
-    (by_action, throttled)
-}
-
-fn diff(
-    now: &BTreeMap<&'static str, u64>,
-    before: &BTreeMap<&'static str, u64>,
-) -> BTreeMap<&'static str, u64> {
-    now.iter()
-        .map(|(k, v)| (*k, v - before.get(k).copied().unwrap_or(0)))
-        .collect()
+    cpu: Duration,
+    rss_kib: u64,
 }
 
 /// The name of the QueueConsumer a request reconciled: each reconcile reads its Deployment once.
@@ -247,7 +376,25 @@ fn reconciled(r: &fake_kube::Recorded) -> Option<String> {
         .flatten()
 }
 
-async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) {
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// One scale's figures for the summary across scales.
+struct Summary {
+    n: usize,
+    q: usize,
+    alarms: bool,
+    steady: Vec<Row>,
+    peak_kib: u64,
+    settled_kib: u64,
+}
+
+#[allow(clippy::too_many_lines)]
+async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) -> Summary {
     let conf = qc::aws::sdk_config(Some("us-east-1"), None).await;
     let sqs = aws_sdk_sqs::Client::new(&conf);
     let run_id = format!("s{n}x{q}-{}", std::process::id());
@@ -264,70 +411,60 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) {
         fake.create_with_status(PODS, worker_pod(&name, metrics_port));
     }
     fake.clear_requests();
-    // The bench's CloudWatch gate is wider than the default (5 a second): moto does not throttle, and
-    // the catch-up creates one alarm per QueueConsumer. Steady-state calls do not depend on it.
-    let provider = Arc::new(SdkProvider::new(AwsOptions {
-        // QC_BENCH_AWS_IN_FLIGHT: the SQS gate's calls at once (the flag --aws-max-in-flight).
-        sqs: std::env::var("QC_BENCH_AWS_IN_FLIGHT")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map_or(qc::aws::sqs::DEFAULT_LIMIT, |n| {
-                LimitConfig::new(qc::aws::sqs::DEFAULT_LIMIT.rate, n)
-            }),
-        cloudwatch: LimitConfig::new(200.0, 16),
-        batch: BatchOptions {
-            window: DEFAULT_BATCH_WINDOW,
-            ..AwsOptions::default().batch
-        },
-    }));
-    let ctx = Arc::new(Context::new(
-        fake.client(),
-        provider.clone(),
-        RenderOptions {
-            worker_image: "qc:bench".into(),
-        },
-        None,
-    ));
-    let baseline_kib = status_kib("VmRSS:");
-    // Peak RSS from here on (Linux: writing 5 resets VmHWM to the current RSS).
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+    let api_port = serve_fake(fake.clone()).await;
+    let config = kubeconfig(api_port);
+    let metrics_addr = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap();
-    let task = tokio::spawn(run(
-        ctx.clone(),
-        RunOptions {
-            namespaces: vec![NS.into()],
-            metrics_addr: addr,
-            leader: None,
-            reconcile_concurrency: std::env::var("QC_BENCH_CONCURRENCY")
-                .ok()
-                .and_then(|c| c.parse().ok())
-                .unwrap_or(DEFAULT_RECONCILE_CONCURRENCY),
-        },
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
+    let alarms_on = !std::env::var("QC_BENCH_ALARMS").is_ok_and(|v| v == "0");
+    // The real binary, as a Deployment runs it. Its CloudWatch gate is wider than the default (5 a
+    // second): moto does not throttle, and the catch-up creates one alarm per QueueConsumer;
+    // steady-state calls do not depend on it. QC_BENCH_AWS_IN_FLIGHT: --aws-max-in-flight.
+    let log = std::fs::File::create(format!("{}/qc-operator-bench.log", std::env::temp_dir().display())).unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_qc-operator"))
+        .args([
+            "run",
+            "--namespace",
+            NS,
+            "--metrics-addr",
+            &metrics_addr.to_string(),
+            "--worker-image",
+            "qc:bench",
+            "--log-format",
+            "text",
+            "--reconcile-concurrency",
+            &env_or("QC_BENCH_CONCURRENCY", DEFAULT_RECONCILE_CONCURRENCY).to_string(),
+            "--cloudwatch-requests-per-second",
+            "200",
+            "--aws-max-in-flight",
+            &env_or("QC_BENCH_AWS_IN_FLIGHT", qc::aws::sqs::DEFAULT_LIMIT.max_in_flight)
+                .to_string(),
+        ])
+        .env("KUBECONFIG", config.path())
+        .env("RUST_LOG", std::env::var("QC_BENCH_LOG").unwrap_or_else(|_| "warn".into()))
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap().to_string();
 
     let mut rows = Vec::new();
     let mut last_seen: HashMap<String, Instant> = HashMap::new();
-    let (mut aws_before, mut thr_before) = (BTreeMap::new(), 0);
-    let mut reconciles_before = 0;
+    let mut before = Counters::default();
     let mut scrapes_before = 0;
+    let mut cpu_before = Duration::ZERO;
     let started = Instant::now();
-    // Interval 0 is the catch-up: it ends when every QueueConsumer has been reconciled and its status
-    // written once and, with DLQ alarms on, every alarm is reported in sync in status (its put runs in
-    // the background, at moto's pace), bounded at QC_BENCH_CATCHUP_INTERVALS (40) intervals. Then `intervals` poll intervals of
-    // steady state.
-    let alarms_on = !std::env::var("QC_BENCH_ALARMS").is_ok_and(|v| v == "0");
-    let catch_up_bound: u32 = std::env::var("QC_BENCH_CATCHUP_INTERVALS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(40);
-    let (mut statuses_at, mut alarms_at) = (None, None);
+    // Interval 0 is the catch-up: it ends at the first boundary of the poll interval (counted from
+    // the Unix epoch, as the controller places each QueueConsumer's slot in it) after every
+    // QueueConsumer has been reconciled and its status written once and, with DLQ alarms on, every
+    // alarm is reported in sync in status (its put runs in the background, at moto's pace), bounded at
+    // QC_BENCH_CATCHUP_INTERVALS (40) intervals. Then `intervals` whole poll intervals of steady state.
+    let catch_up_bound: u32 = env_or("QC_BENCH_CATCHUP_INTERVALS", 40);
+    let poll_ms = poll.as_millis() as u64;
+    let (mut statuses_at, mut settled_at, mut alarms_at) = (None, None, None);
+    let mut end_ms = 0u64;
     for k in 0..=intervals {
         let begin = Instant::now();
         let mut row = Row {
@@ -338,11 +475,21 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) {
             },
             ..Row::default()
         };
+        if k > 0 {
+            end_ms += poll_ms;
+        }
         let mut seen: HashMap<String, Instant> = HashMap::new();
         // The catch-up ends once every QueueConsumer's first reconcile has written its status.
-        let mut status_written = std::collections::HashSet::<String>::default();
+        let mut status_written = HashSet::<String>::default();
+        let mut last_alarm_check = Instant::now();
         loop {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            let now_ms = epoch_ms();
+            let nap = if k > 0 || end_ms > 0 {
+                Duration::from_millis(end_ms.saturating_sub(now_ms).min(100))
+            } else {
+                Duration::from_millis(100)
+            };
+            tokio::time::sleep(nap).await;
             let now = Instant::now();
             for r in fake.take_requests() {
                 row.kube_requests += 1;
@@ -373,79 +520,96 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) {
                     seen.entry(name).or_insert(now);
                 }
             }
-            let done = if k == 0 {
-                if statuses_at.is_none() && seen.len() >= n && status_written.len() >= n {
-                    statuses_at = Some(begin.elapsed());
+            if let Ok(Some(exit)) = child.try_wait() {
+                panic!("qc-operator exited ({exit}); see {}/qc-operator-bench.log", std::env::temp_dir().display());
+            }
+            if k > 0 || end_ms > 0 {
+                if epoch_ms() >= end_ms {
+                    break;
                 }
-                // Read every QueueConsumer's status about once a second.
-                if alarms_on
-                    && statuses_at.is_some()
-                    && alarms_at.is_none()
-                    && begin.elapsed().as_millis() % 1000 < 100
+                continue;
+            }
+            if statuses_at.is_none() && seen.len() >= n && status_written.len() >= n {
+                statuses_at = Some(begin.elapsed());
+            }
+            // Read every QueueConsumer's status about once a second: caught up once each shows its
+            // workers' first rates (status.observed.window: the second scrape's) and, with alarms
+            // on, its alarm in sync.
+            if statuses_at.is_some()
+                && (settled_at.is_none() || (alarms_on && alarms_at.is_none()))
+                && last_alarm_check.elapsed() >= Duration::from_secs(1)
+            {
+                last_alarm_check = Instant::now();
+                let all = fake.list(QUEUE_CONSUMERS);
+                let count = |f: &dyn Fn(&serde_json::Value) -> bool| all.iter().filter(|q| f(q)).count();
+                if settled_at.is_none()
+                    && count(&|q| !q["status"]["observed"]["window"].is_null()) >= n
                 {
-                    let in_sync = fake
-                        .list(QUEUE_CONSUMERS)
-                        .iter()
-                        .filter(|q| q["status"]["deadLetter"]["alarmName"].is_string())
-                        .count();
-                    if in_sync >= n {
-                        alarms_at = Some(begin.elapsed());
-                    }
+                    settled_at = Some(begin.elapsed());
                 }
-                let caught_up = statuses_at.is_some() && (!alarms_on || alarms_at.is_some());
-                caught_up || begin.elapsed() > poll * catch_up_bound
-            } else {
-                begin.elapsed() >= poll
-            };
-            if done {
-                break;
+                if alarms_on
+                    && alarms_at.is_none()
+                    && count(&|q| q["status"]["deadLetter"]["alarmName"].is_string()) >= n
+                {
+                    alarms_at = Some(begin.elapsed());
+                }
+            }
+            let caught_up =
+                settled_at.is_some() && (!alarms_on || alarms_at.is_some());
+            if caught_up || begin.elapsed() > poll * catch_up_bound {
+                // On to the next boundary of the interval.
+                end_ms = (epoch_ms() / poll_ms + 1) * poll_ms;
             }
         }
+        row.length = begin.elapsed();
         row.distinct = seen.len();
         row.wall = seen
             .values()
             .max()
             .map(|t| t.duration_since(begin))
             .unwrap_or_default();
-        let (aws_now, thr_now) = aws_calls(&provider);
-        row.aws = diff(&aws_now, &aws_before);
-        row.throttled = thr_now - thr_before;
-        (aws_before, thr_before) = (aws_now, thr_now);
-        let r = ctx
-            .metrics
-            .reconciles
-            .load(std::sync::atomic::Ordering::Relaxed);
-        row.reconciles = r - reconciles_before;
-        reconciles_before = r;
+        let now = counters(&controller_metrics(metrics_addr).await);
+        row.aws = now
+            .aws
+            .iter()
+            .map(|(k, v)| (k.clone(), v - before.aws.get(k).copied().unwrap_or(0)))
+            .collect();
+        row.throttled = now.throttled - before.throttled;
+        row.reconciles = now.reconciles - before.reconciles;
+        before = now;
         let s = scrapes.load(std::sync::atomic::Ordering::Relaxed);
         row.scrapes = s - scrapes_before;
         scrapes_before = s;
+        let cpu = cpu_time(&pid);
+        row.cpu = cpu - cpu_before;
+        cpu_before = cpu;
+        row.rss_kib = status_kib(&pid, "VmRSS:");
         rows.push(row);
     }
-    let peak_kib = status_kib("VmHWM:");
-    let _ = stop_tx.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
+    let peak_kib = status_kib(&pid, "VmHWM:");
+    let settled_kib = status_kib(&pid, "VmRSS:");
+    let api_kib = status_kib("self", "VmRSS:");
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
 
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ");
     println!(
-        "\n### {n} QueueConsumers on {q} queues (+ {q} DLQs), poll {poll_s}; DLQ alarms {}; SQS on {}, CloudWatch on moto; queues created in {took:.1?}; run {:.1?}; load average {}\n",
-        if std::env::var("QC_BENCH_ALARMS").is_ok_and(|v| v == "0") {
-            "off"
-        } else {
-            "on"
-        },
+        "\n### {n} QueueConsumers on {q} queues (+ {q} DLQs), poll {poll_s}; DLQ alarms {}; SQS on {}, CloudWatch on moto; queues created in {took:.1?}; run {:.1?}; load average {load}\n",
+        if alarms_on { "on" } else { "off" },
         std::env::var("QC_BENCH_SQS").unwrap_or_else(|_| "fauxqs".into()),
         started.elapsed(),
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" ")
     );
     println!(
-        "| interval | all reconciled after (s) | QueueConsumers reconciled | reconciles | GetQueueAttributes | GetQueueUrl | GetMetricData | DescribeAlarms | PutMetricAlarm | throttled | Kubernetes requests | of which pod lists | Kubernetes writes (status / Deployment / Event / other) | pod scrapes | longest gap between reconciles (s) |"
+        "| interval | length (s) | all reconciled after (s) | QueueConsumers reconciled | reconciles | GetQueueAttributes | GetQueueUrl | GetMetricData | DescribeAlarms | PutMetricAlarm | throttled | Kubernetes requests | of which pod lists | Kubernetes writes (status / Deployment / Event / other) | pod scrapes | longest gap between reconciles (s) | controller CPU (s) | controller RSS (MiB) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         let a = |name: &str| r.aws.get(name).copied().unwrap_or(0);
         let w = |what: &str| r.writes_by.get(what).copied().unwrap_or(0);
@@ -458,8 +622,9 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) {
             w("other")
         );
         println!(
-            "| {} | {:.1} | {} / {n} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {:.1} | {:.1} | {} / {n} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.1} |",
             r.label,
+            r.length.as_secs_f64(),
             r.wall.as_secs_f64(),
             r.distinct,
             r.reconciles,
@@ -478,6 +643,8 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) {
             } else {
                 format!("{:.1}", r.max_gap.as_secs_f64())
             },
+            r.cpu.as_secs_f64(),
+            r.rss_kib as f64 / 1024.0,
         );
     }
     let secs = |d: Option<Duration>| {
@@ -486,35 +653,84 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) {
         })
     };
     println!(
-        "\nCatch-up: every QueueConsumer reconciled with its status written after {}; every DLQ alarm in sync in status after {}.",
+        "\nCatch-up: every QueueConsumer reconciled with its status written after {}, with its workers' first rates in status after {}; every DLQ alarm in sync in status after {}. Steady intervals are whole poll intervals counted from the Unix epoch (the grid the controller's slots and per-interval reads use).",
         secs(statuses_at),
+        secs(settled_at),
         if alarms_on {
             secs(alarms_at)
         } else {
             "- (alarms off)".to_string()
         }
     );
-    let errors: Vec<String> = ctx
-        .metrics
-        .render()
-        .lines()
-        .filter(|l| l.starts_with("qc_reconcile_errors_total{"))
-        .map(str::to_string)
-        .collect();
     println!(
         "\nReconcile errors: {}",
-        if errors.is_empty() {
+        if before.errors.is_empty() {
             "none".to_string()
         } else {
-            errors.join(", ")
+            format!("{:?}", before.errors)
         }
     );
     println!(
-        "\nPeak RSS during the run: {:.1} MiB, of which {:.1} MiB were there before the controller started (the in-memory API holding {n} QueueConsumers, the bench, the runtime): the controller's share is about {:.1} MiB.",
+        "\nController process (`qc-operator run`, its own process): peak RSS {:.1} MiB, {:.1} MiB at the end. The in-memory API and the bench, in the other process: {:.1} MiB.",
         peak_kib as f64 / 1024.0,
-        baseline_kib as f64 / 1024.0,
-        peak_kib.saturating_sub(baseline_kib) as f64 / 1024.0
+        settled_kib as f64 / 1024.0,
+        api_kib as f64 / 1024.0,
     );
+    Summary {
+        n,
+        q,
+        alarms: alarms_on,
+        steady: rows.into_iter().skip(1).collect(),
+        peak_kib,
+        settled_kib,
+    }
+}
+
+/// One line per scale: what a steady interval costs, per interval and per QueueConsumer.
+fn print_summary(all: &[Summary]) {
+    println!(
+        "\n### Cost per steady interval (mean over the steady intervals) and per QueueConsumer\n"
+    );
+    println!(
+        "| QueueConsumers / queues | DLQ alarms | reconciles / interval | GetQueueAttributes / interval (per queue incl. DLQ) | CloudWatch calls / interval | Kubernetes requests / interval (per QueueConsumer) | Kubernetes writes / interval | controller CPU / interval (s) | CPU per reconcile (ms) | peak RSS (MiB) | RSS at the end per QueueConsumer (KiB) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    for s in all {
+        let k = s.steady.len().max(1) as f64;
+        let sum = |f: &dyn Fn(&Row) -> f64| s.steady.iter().map(f).sum::<f64>() / k;
+        let reconciles = sum(&|r| r.reconciles as f64);
+        let gqa = sum(&|r| r.aws.get("GetQueueAttributes").copied().unwrap_or(0) as f64);
+        let cw = sum(&|r| {
+            ["GetMetricData", "DescribeAlarms", "PutMetricAlarm", "DeleteAlarms"]
+                .iter()
+                .map(|a| r.aws.get(*a).copied().unwrap_or(0) as f64)
+                .sum()
+        });
+        let kube = sum(&|r| r.kube_requests as f64);
+        let writes = sum(&|r| r.kube_writes as f64);
+        let cpu = sum(&|r| r.cpu.as_secs_f64());
+        println!(
+            "| {} / {} | {} | {:.0} | {:.0} ({:.2}) | {:.1} | {:.0} ({:.2}) | {:.1} | {:.2} | {:.2} | {:.1} | {:.1} |",
+            s.n,
+            s.q,
+            if s.alarms { "on" } else { "off" },
+            reconciles,
+            gqa,
+            gqa / (2 * s.q) as f64,
+            cw,
+            kube,
+            kube / s.n as f64,
+            writes,
+            cpu,
+            if reconciles > 0.0 {
+                cpu * 1000.0 / reconciles
+            } else {
+                0.0
+            },
+            s.peak_kib as f64 / 1024.0,
+            s.settled_kib as f64 / s.n as f64,
+        );
+    }
 }
 
 fn main() {
@@ -539,16 +755,15 @@ fn main() {
         .ok()
         .and_then(|p| p.parse::<qc::api::Duration>().ok())
         .map_or(Duration::from_secs(15), |d| d.as_std());
-    let intervals = std::env::var("QC_BENCH_INTERVALS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
+    let intervals = env_or("QC_BENCH_INTERVALS", 3);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    for (n, q) in scales {
-        rt.block_on(scale(n, q.clamp(1, n), poll, intervals));
-    }
+    let summaries: Vec<Summary> = scales
+        .into_iter()
+        .map(|(n, q)| rt.block_on(scale(n, q.clamp(1, n), poll, intervals)))
+        .collect();
+    print_summary(&summaries);
 }

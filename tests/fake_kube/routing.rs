@@ -95,7 +95,7 @@ impl FakeKube {
         ))
     }
 
-    pub(super) async fn serve(&self, req: Request<kube::client::Body>) -> Response<Body> {
+    pub async fn serve(&self, req: Request<kube::client::Body>) -> Response<Body> {
         let (parts, body) = req.into_parts();
         let bytes = body.collect_bytes().await.unwrap_or_default();
         let method = parts.method.as_str().to_string();
