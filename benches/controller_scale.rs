@@ -203,7 +203,6 @@ fn worker_pod(name: &str, port: u16) -> serde_json::Value {
     })
 }
 
-
 /// Serve the in-memory API over loopback HTTP/1.1, as an API server would: the controller runs in a
 /// process of its own (the real `qc-operator run`) and reaches it through a kubeconfig.
 async fn serve_fake(fake: FakeKube) -> u16 {
@@ -421,7 +420,11 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) -> Summary 
     // The real binary, as a Deployment runs it. Its CloudWatch gate is wider than the default (5 a
     // second): moto does not throttle, and the catch-up creates one alarm per QueueConsumer;
     // steady-state calls do not depend on it. QC_BENCH_AWS_IN_FLIGHT: --aws-max-in-flight.
-    let log = std::fs::File::create(format!("{}/qc-operator-bench.log", std::env::temp_dir().display())).unwrap();
+    let log = std::fs::File::create(format!(
+        "{}/qc-operator-bench.log",
+        std::env::temp_dir().display()
+    ))
+    .unwrap();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_qc-operator"))
         .args([
             "run",
@@ -438,11 +441,17 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) -> Summary 
             "--cloudwatch-requests-per-second",
             "200",
             "--aws-max-in-flight",
-            &env_or("QC_BENCH_AWS_IN_FLIGHT", qc::aws::sqs::DEFAULT_LIMIT.max_in_flight)
-                .to_string(),
+            &env_or(
+                "QC_BENCH_AWS_IN_FLIGHT",
+                qc::aws::sqs::DEFAULT_LIMIT.max_in_flight,
+            )
+            .to_string(),
         ])
         .env("KUBECONFIG", config.path())
-        .env("RUST_LOG", std::env::var("QC_BENCH_LOG").unwrap_or_else(|_| "warn".into()))
+        .env(
+            "RUST_LOG",
+            std::env::var("QC_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdout(std::process::Stdio::null())
         .stderr(log)
         .kill_on_drop(true)
@@ -521,7 +530,10 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) -> Summary 
                 }
             }
             if let Ok(Some(exit)) = child.try_wait() {
-                panic!("qc-operator exited ({exit}); see {}/qc-operator-bench.log", std::env::temp_dir().display());
+                panic!(
+                    "qc-operator exited ({exit}); see {}/qc-operator-bench.log",
+                    std::env::temp_dir().display()
+                );
             }
             if k > 0 || end_ms > 0 {
                 if epoch_ms() >= end_ms {
@@ -541,7 +553,8 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) -> Summary 
             {
                 last_alarm_check = Instant::now();
                 let all = fake.list(QUEUE_CONSUMERS);
-                let count = |f: &dyn Fn(&serde_json::Value) -> bool| all.iter().filter(|q| f(q)).count();
+                let count =
+                    |f: &dyn Fn(&serde_json::Value) -> bool| all.iter().filter(|q| f(q)).count();
                 if settled_at.is_none()
                     && count(&|q| !q["status"]["observed"]["window"].is_null()) >= n
                 {
@@ -554,8 +567,7 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) -> Summary 
                     alarms_at = Some(begin.elapsed());
                 }
             }
-            let caught_up =
-                settled_at.is_some() && (!alarms_on || alarms_at.is_some());
+            let caught_up = settled_at.is_some() && (!alarms_on || alarms_at.is_some());
             if caught_up || begin.elapsed() > poll * catch_up_bound {
                 // On to the next boundary of the interval.
                 end_ms = (epoch_ms() / poll_ms + 1) * poll_ms;
@@ -581,7 +593,7 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) -> Summary 
         row.scrapes = s - scrapes_before;
         scrapes_before = s;
         let cpu = cpu_time(&pid);
-        row.cpu = cpu - cpu_before;
+        row.cpu = cpu.saturating_sub(cpu_before);
         cpu_before = cpu;
         row.rss_kib = status_kib(&pid, "VmRSS:");
         rows.push(row);
@@ -701,10 +713,15 @@ fn print_summary(all: &[Summary]) {
         let reconciles = sum(&|r| r.reconciles as f64);
         let gqa = sum(&|r| r.aws.get("GetQueueAttributes").copied().unwrap_or(0) as f64);
         let cw = sum(&|r| {
-            ["GetMetricData", "DescribeAlarms", "PutMetricAlarm", "DeleteAlarms"]
-                .iter()
-                .map(|a| r.aws.get(*a).copied().unwrap_or(0) as f64)
-                .sum()
+            [
+                "GetMetricData",
+                "DescribeAlarms",
+                "PutMetricAlarm",
+                "DeleteAlarms",
+            ]
+            .iter()
+            .map(|a| r.aws.get(*a).copied().unwrap_or(0) as f64)
+            .sum()
         });
         let kube = sum(&|r| r.kube_requests as f64);
         let writes = sum(&|r| r.kube_writes as f64);

@@ -780,7 +780,10 @@ fn epoch_ms() -> u64 {
 }
 
 async fn sleep_until_epoch_ms(t: u64) {
-    tokio::time::sleep(std::time::Duration::from_millis(t.saturating_sub(epoch_ms()))).await;
+    tokio::time::sleep(std::time::Duration::from_millis(
+        t.saturating_sub(epoch_ms()),
+    ))
+    .await;
 }
 
 /// #18: at most one GetQueueAttributes per queue per poll interval, wherever the slots of the

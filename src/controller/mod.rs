@@ -327,25 +327,22 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         Err(e) => return Err(Error::ObserveQueue(e)),
         Ok(_) => {}
     }
-    Ok(match decision.rollout {
-        // Only a spec change can fix a spec that cannot be rendered.
-        Rollout::HeldInvalidSpec(_) => Action::await_change(),
-        // Queue depth cannot be watched: look again after the poll interval, on this
-        // QueueConsumer's own slot of it; after a first scrape of its pods, sooner, for the second
-        // (`workers::warm_up`).
-        _ => {
-            let poll = qc.spec.scaling.poll_interval;
-            let slot = spread::next_poll(
-                &ConsumerKey::of(qc),
-                poll.as_std(),
-                observe::wall_clock().as_millis(),
-            );
-            let warm_up = ctx.workers.warm_up_in(&ConsumerKey::of(qc), poll);
-            Action::requeue(warm_up.map_or(slot, |w| {
-                slot.min(w.max(std::time::Duration::from_millis(100)))
-            }))
-        }
-    })
+    // Only a spec change can fix a spec that cannot be rendered.
+    if let Rollout::HeldInvalidSpec(_) = decision.rollout {
+        return Ok(Action::await_change());
+    }
+    // Queue depth cannot be watched: look again after the poll interval, on this QueueConsumer's own
+    // slot of it; after a first scrape of its pods, sooner, for the second (`workers::warm_up`).
+    let poll = qc.spec.scaling.poll_interval;
+    let slot = spread::next_poll(
+        &ConsumerKey::of(qc),
+        poll.as_std(),
+        observe::wall_clock().as_millis(),
+    );
+    let warm_up = ctx.workers.warm_up_in(&ConsumerKey::of(qc), poll);
+    Ok(Action::requeue(warm_up.map_or(slot, |w| {
+        slot.min(w.max(std::time::Duration::from_millis(100)))
+    })))
 }
 
 /// The SDK clients for this QueueConsumer's region and endpoint. A tenant's endpoint the operator does

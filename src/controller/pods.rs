@@ -60,9 +60,9 @@ pub(super) async fn read_workers(
             .as_deref()
             .map(workers::crash_looping)
             .unwrap_or_default(),
-        warming_up: window.as_ref().is_none_or(|w| {
-            !workers::scrape_due(w.span(), qc.spec.scaling.poll_interval.as_std())
-        }),
+        warming_up: window
+            .as_ref()
+            .is_none_or(|w| !workers::scrape_due(w.span(), qc.spec.scaling.poll_interval.as_std())),
     };
     // Small moves of a busy consumer's numbers are not news: no status write for them.
     (pods, status::dead_band(qc, observed))

@@ -750,7 +750,10 @@ mod tests {
         let t = |n| text(&[(0.1, n), (0.5, n)], n, 0.0, 0);
         let cell = 1_700_000_010_000u64; // a multiple of 15 s
         let w = Windows::new();
-        assert!(w.due("q", poll, Timestamp::from_millis(cell + 100)), "never scraped");
+        assert!(
+            w.due("q", poll, Timestamp::from_millis(cell + 100)),
+            "never scraped"
+        );
         w.push("q", round(cell + 100, &[("a", &t(5))]));
         // The first scrape of these pods gives no rate: the second is due after the warm-up, in
         // the same interval, not a whole interval later.
