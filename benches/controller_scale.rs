@@ -474,8 +474,10 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) -> Summary 
     let poll_ms = poll.as_millis() as u64;
     let (mut statuses_at, mut settled_at, mut alarms_at) = (None, None, None);
     let mut end_ms = 0u64;
+    // Each row starts where the last one ended (at the boundary), not after the bench's own reading
+    // of the controller's /metrics, which takes a while on a loaded machine.
+    let mut begin = Instant::now();
     for k in 0..=intervals {
-        let begin = Instant::now();
         let mut row = Row {
             label: if k == 0 {
                 "catch-up".into()
@@ -573,7 +575,8 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) -> Summary 
                 end_ms = (epoch_ms() / poll_ms + 1) * poll_ms;
             }
         }
-        row.length = begin.elapsed();
+        let boundary = Instant::now();
+        row.length = boundary.duration_since(begin);
         row.distinct = seen.len();
         row.wall = seen
             .values()
@@ -597,6 +600,7 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) -> Summary 
         cpu_before = cpu;
         row.rss_kib = status_kib(&pid, "VmRSS:");
         rows.push(row);
+        begin = boundary;
     }
     let peak_kib = status_kib(&pid, "VmHWM:");
     let settled_kib = status_kib(&pid, "VmRSS:");
