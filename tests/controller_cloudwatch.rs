@@ -83,19 +83,7 @@ async fn oldest_age_reads_the_latest_datapoint() {
     let alarms = CloudWatchAlarms::new(cw.clone());
     let queue = common::unique_name("dlq-age");
     assert_eq!(alarms.oldest_message_age(&queue).await.unwrap(), None);
-    cw.put_metric_data()
-        .namespace("AWS/SQS")
-        .metric_data(
-            MetricDatum::builder()
-                .metric_name("ApproximateAgeOfOldestMessage")
-                .dimensions(Dimension::builder().name("QueueName").value(&queue).build())
-                .value(321.0)
-                .unit(StandardUnit::Seconds)
-                .build(),
-        )
-        .send()
-        .await
-        .unwrap();
+    common::put_oldest_age(&cw, &queue, 321.0).await;
     assert_eq!(alarms.oldest_message_age(&queue).await.unwrap(), Some(321));
 }
 

@@ -9,7 +9,6 @@ mod fake_kube;
 
 use std::sync::Arc;
 
-use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 use fake_kube::aws::{UnreachableCloudWatch, context};
 use fake_kube::{DEPLOYMENTS, EVENTS, FakeKube, QUEUE_CONSUMERS, Recorded};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -110,22 +109,7 @@ impl Env {
     }
 
     async fn send(&self, n: usize) {
-        let entries = (0..n)
-            .map(|i| {
-                SendMessageBatchRequestEntry::builder()
-                    .id(format!("m{i}"))
-                    .message_body(format!("order {i}"))
-                    .build()
-                    .unwrap()
-            })
-            .collect::<Vec<_>>();
-        self.sqs
-            .send_message_batch()
-            .queue_url(&self.url)
-            .set_entries(Some(entries))
-            .send()
-            .await
-            .unwrap();
+        common::send_numbered(&self.sqs, &self.url, "order", n).await;
     }
 
     fn mark(&self) -> usize {
@@ -346,26 +330,7 @@ impl RedriveEnv {
     }
 
     async fn send_to_dlq(&self, n: usize) {
-        for chunk in (0..n).collect::<Vec<_>>().chunks(10) {
-            let entries = chunk
-                .iter()
-                .map(|i| {
-                    SendMessageBatchRequestEntry::builder()
-                        .id(format!("m{i}"))
-                        .message_body(format!("failed order {i}"))
-                        .build()
-                        .unwrap()
-                })
-                .collect::<Vec<_>>();
-            self.e
-                .sqs
-                .send_message_batch()
-                .queue_url(&self.dlq)
-                .set_entries(Some(entries))
-                .send()
-                .await
-                .unwrap();
-        }
+        common::send_numbered(&self.e.sqs, &self.dlq, "failed order", n).await;
     }
 
     async fn visible(&self, url: &str) -> i64 {

@@ -12,7 +12,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use aws_sdk_cloudwatch::types::{Dimension, MetricDatum, StandardUnit};
 use aws_sdk_sqs::types::QueueAttributeName;
 use fake_kube::aws::{TEST_WORKER_IMAGE, UnreachableCloudWatch, context};
 use fake_kube::rbac;
@@ -410,20 +409,7 @@ async fn the_source_queue_oldest_age_comes_from_cloudwatch_like_the_dead_letter_
         .await
         .unwrap();
     let name = e.url.rsplit('/').next().unwrap().to_string();
-    e.cloudwatch_client
-        .put_metric_data()
-        .namespace("AWS/SQS")
-        .metric_data(
-            MetricDatum::builder()
-                .metric_name("ApproximateAgeOfOldestMessage")
-                .dimensions(Dimension::builder().name("QueueName").value(&name).build())
-                .value(77.0)
-                .unit(StandardUnit::Seconds)
-                .build(),
-        )
-        .send()
-        .await
-        .unwrap();
+    common::put_oldest_age(&e.cloudwatch_client, &name, 77.0).await;
     e.reconcile("orders").await.unwrap();
     let queue = e.qc("orders").status.unwrap().queue.unwrap();
     assert_eq!(queue.visible, Some(1));
@@ -445,25 +431,7 @@ async fn dead_letter_messages_flip_health_and_back() {
     e.send_to_dlq(2).await;
     // CloudWatch has the DLQ's age of oldest message (moto keeps what is put into AWS/SQS).
     let dlq_name = e.dlq_url.rsplit('/').next().unwrap().to_string();
-    e.cloudwatch_client
-        .put_metric_data()
-        .namespace("AWS/SQS")
-        .metric_data(
-            MetricDatum::builder()
-                .metric_name("ApproximateAgeOfOldestMessage")
-                .dimensions(
-                    Dimension::builder()
-                        .name("QueueName")
-                        .value(&dlq_name)
-                        .build(),
-                )
-                .value(125.0)
-                .unit(StandardUnit::Seconds)
-                .build(),
-        )
-        .send()
-        .await
-        .unwrap();
+    common::put_oldest_age(&e.cloudwatch_client, &dlq_name, 125.0).await;
     e.next_poll().await;
     e.fake.clear_requests();
     e.reconcile("orders").await.unwrap();

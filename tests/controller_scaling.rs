@@ -8,7 +8,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use aws_sdk_sqs::types::{QueueAttributeName, SendMessageBatchRequestEntry};
+use aws_sdk_sqs::types::QueueAttributeName;
 use fake_kube::aws::{UnreachableCloudWatch, context};
 use fake_kube::rbac;
 use fake_kube::{DEPLOYMENTS, EVENTS, FakeKube, PODS, QUEUE_CONSUMERS, Recorded};
@@ -146,26 +146,7 @@ impl Env {
     }
 
     async fn send(&self, n: usize) {
-        let ids: Vec<usize> = (0..n).collect();
-        for chunk in ids.chunks(10) {
-            let entries = chunk
-                .iter()
-                .map(|i| {
-                    SendMessageBatchRequestEntry::builder()
-                        .id(format!("m{i}"))
-                        .message_body(format!("order {i}"))
-                        .build()
-                        .unwrap()
-                })
-                .collect::<Vec<_>>();
-            self.sqs
-                .send_message_batch()
-                .queue_url(&self.url)
-                .set_entries(Some(entries))
-                .send()
-                .await
-                .unwrap();
-        }
+        common::send_numbered(&self.sqs, &self.url, "order", n).await;
     }
 
     /// Requests since `mark` (an earlier `requests().len()`).

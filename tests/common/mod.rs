@@ -71,3 +71,51 @@ pub async fn queue_arn(client: &aws_sdk_sqs::Client, url: &str) -> String {
         .and_then(|mut a| a.remove(&QueueAttributeName::QueueArn))
         .expect("GetQueueAttributes answered without QueueArn")
 }
+
+/// Sends `n` messages `{prefix} {i}` (i from 0) to `url`, ten a SendMessageBatch.
+pub async fn send_numbered(client: &aws_sdk_sqs::Client, url: &str, prefix: &str, n: usize) {
+    use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
+    for chunk in (0..n).collect::<Vec<_>>().chunks(10) {
+        let entries = chunk
+            .iter()
+            .map(|i| {
+                SendMessageBatchRequestEntry::builder()
+                    .id(format!("m{i}"))
+                    .message_body(format!("{prefix} {i}"))
+                    .build()
+                    .unwrap()
+            })
+            .collect::<Vec<_>>();
+        client
+            .send_message_batch()
+            .queue_url(url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .unwrap();
+    }
+}
+
+/// Puts a queue's ApproximateAgeOfOldestMessage (seconds) into CloudWatch's `AWS/SQS` namespace, as
+/// SQS publishes it (moto keeps what is put there).
+pub async fn put_oldest_age(cw: &aws_sdk_cloudwatch::Client, queue_name: &str, seconds: f64) {
+    use aws_sdk_cloudwatch::types::{Dimension, MetricDatum, StandardUnit};
+    cw.put_metric_data()
+        .namespace("AWS/SQS")
+        .metric_data(
+            MetricDatum::builder()
+                .metric_name("ApproximateAgeOfOldestMessage")
+                .dimensions(
+                    Dimension::builder()
+                        .name("QueueName")
+                        .value(queue_name)
+                        .build(),
+                )
+                .value(seconds)
+                .unit(StandardUnit::Seconds)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+}
