@@ -146,39 +146,21 @@ async fn eventually<F: std::future::Future<Output = bool>>(
 
 /// One controller replica ("solo", no alarms, a static queue reader) on the real server and the fake,
 /// with the `orders` QueueConsumer created on the real server; None when the test skips.
-struct Solo {
-    real: RealKube,
-    fake: FakeKube,
-    ctx: Arc<Context>,
-    qcs: Api<QueueConsumer>,
-}
-
-impl Solo {
-    async fn start(test: &str) -> Option<Solo> {
-        let real = k8s::connect(test).await?;
-        let fake = FakeKube::new();
-        let ctx = context(&fake, &real, static_reader(), Arc::new(NoAlarms), "solo");
-        let qcs: Api<QueueConsumer> = Api::namespaced(real.client.clone(), &real.namespace);
-        qcs.create(&PostParams::default(), &manifest(URL, None, false))
-            .await
-            .unwrap();
-        Some(Solo {
-            real,
-            fake,
-            ctx,
-            qcs,
-        })
-    }
+async fn solo(test: &str) -> Option<(RealKube, FakeKube, Arc<Context>, Api<QueueConsumer>)> {
+    let real = k8s::connect(test).await?;
+    let fake = FakeKube::new();
+    let ctx = context(&fake, &real, static_reader(), Arc::new(NoAlarms), "solo");
+    let qcs: Api<QueueConsumer> = Api::namespaced(real.client.clone(), &real.namespace);
+    qcs.create(&PostParams::default(), &manifest(URL, None, false))
+        .await
+        .unwrap();
+    Some((real, fake, ctx, qcs))
 }
 
 #[tokio::test]
 async fn status_is_applied_by_qc_operator_merging_conditions_by_type() {
-    let Some(Solo {
-        real,
-        fake,
-        ctx,
-        qcs,
-    }) = Solo::start("status_is_applied_by_qc_operator_merging_conditions_by_type").await
+    let Some((real, fake, ctx, qcs)) =
+        solo("status_is_applied_by_qc_operator_merging_conditions_by_type").await
     else {
         return;
     };
@@ -293,12 +275,8 @@ async fn status_is_applied_by_qc_operator_merging_conditions_by_type() {
 
 #[tokio::test]
 async fn generation_moves_with_the_spec_and_observed_generation_follows() {
-    let Some(Solo {
-        real,
-        fake,
-        ctx,
-        qcs,
-    }) = Solo::start("generation_moves_with_the_spec_and_observed_generation_follows").await
+    let Some((real, fake, ctx, qcs)) =
+        solo("generation_moves_with_the_spec_and_observed_generation_follows").await
     else {
         return;
     };
