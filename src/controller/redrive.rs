@@ -256,18 +256,13 @@ async fn start(token: &str, old: Option<RedriveStatus>, i: &StepInputs<'_>) -> O
                 .await
             {
                 Ok(TaskStart::Started { handle }) => {
-                    let note = format!(
-                        "SQS move task {handle} moves the messages of {} back to {} at up to {} per second",
-                        t.dlq_url,
-                        t.source_url,
-                        redrive::DEFAULT_RATE
-                    );
+                    let mover = format!("SQS move task {handle}");
                     let how = RedriveStatus {
                         method: Some(METHOD_TASK.into()),
                         task_handle: Some(handle),
                         ..RedriveStatus::default()
                     };
-                    return started(token, how, note, now);
+                    return started(token, &t, how, &mover, "", now);
                 }
                 Ok(TaskStart::Unsupported { detail }) => {
                     tracing::info!(endpoint = ?i.endpoint, %detail, "redrive: no message move tasks at this endpoint; moving with receive/send/delete");
@@ -278,24 +273,32 @@ async fn start(token: &str, old: Option<RedriveStatus>, i: &StepInputs<'_>) -> O
         }
     }
     spawn(token, &t, 0, client, i);
-    let note = format!(
-        "the controller moves the messages of {} back to {} at up to {} per second ({why_own})",
-        t.dlq_url,
-        t.source_url,
-        redrive::DEFAULT_RATE
-    );
     let how = RedriveStatus {
         method: Some(METHOD_OWN.into()),
         failed: Some(0),
         skipped: Some(0),
         ..RedriveStatus::default()
     };
-    started(token, how, note, now)
+    let why = format!(" ({why_own})");
+    started(token, &t, how, "the controller", &why, now)
 }
 
 /// A move that just started: `how` (its method and counts) running from `now`, nothing moved yet,
-/// and a RedriveStarted Event with `note`.
-fn started(token: &str, how: RedriveStatus, note: String, now: &Time) -> Outcome {
+/// and a RedriveStarted Event saying who moves the messages (`mover`), where, and how fast.
+fn started(
+    token: &str,
+    t: &Target,
+    how: RedriveStatus,
+    mover: &str,
+    why: &str,
+    now: &Time,
+) -> Outcome {
+    let note = format!(
+        "{mover} moves the messages of {} back to {} at up to {} per second{why}",
+        t.dlq_url,
+        t.source_url,
+        redrive::DEFAULT_RATE
+    );
     Outcome {
         status: Some(RedriveStatus {
             request: Some(token.to_string()),
