@@ -29,7 +29,16 @@ use qc::controller::run::DEFAULT_RECONCILE_CONCURRENCY;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// The namespace of the kubeconfig's context (the controller watches every namespace).
 const NS: &str = "bench";
+/// QueueConsumers per namespace: platform clusters hold many teams' namespaces, each with a few
+/// consumers, and the controller lists a QueueConsumer's pods in its own namespace.
+const PER_NAMESPACE: usize = 100;
+
+/// The namespace of the `i`-th QueueConsumer.
+fn namespace_of(i: usize) -> String {
+    format!("bench-{}", i / PER_NAMESPACE)
+}
 
 /// A field of /proc/PID/status in KiB (VmRSS, VmHWM).
 fn status_kib(pid: &str, field: &str) -> u64 {
@@ -113,10 +122,10 @@ async fn send(sqs: &aws_sdk_sqs::Client, url: &str, body: &str) {
         .unwrap();
 }
 
-fn manifest(name: &str, url: &str, poll: &str) -> serde_json::Value {
+fn manifest(name: &str, ns: &str, url: &str, poll: &str) -> serde_json::Value {
     json!({
         "apiVersion": "sqs.consumers.dev/v1alpha1", "kind": "QueueConsumer",
-        "metadata": {"name": name, "namespace": NS, "generation": 1},
+        "metadata": {"name": name, "namespace": ns, "generation": 1},
         "spec": {
             "queue": {"url": url, "region": "us-east-1"},
             "processing": {"p99": "2s"},
@@ -188,10 +197,10 @@ async fn worker_metrics_server() -> (u16, Arc<std::sync::atomic::AtomicU64>) {
 }
 
 /// A running, ready worker pod of QueueConsumer `name` whose metrics port is the bench's server.
-fn worker_pod(name: &str, port: u16) -> serde_json::Value {
+fn worker_pod(name: &str, ns: &str, port: u16) -> serde_json::Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": format!("{name}-w0"), "namespace": NS,
+        "metadata": {"name": format!("{name}-w0"), "namespace": ns,
                      "labels": qc::render::selector_labels(name)},
         "spec": {"containers": [
             {"name": "app", "image": "app:1"},
@@ -369,10 +378,14 @@ struct Row {
 
 /// The name of the QueueConsumer a request reconciled: each reconcile reads its Deployment once.
 fn reconciled(r: &fake_kube::Recorded) -> Option<String> {
-    let prefix = format!("/apis/apps/v1/namespaces/{NS}/deployments/");
-    (r.method == "GET" && !r.is_watch())
-        .then(|| r.path.strip_prefix(&prefix).map(str::to_string))
-        .flatten()
+    if r.method != "GET" || r.is_watch() {
+        return None;
+    }
+    let (ns, name) = r
+        .path
+        .strip_prefix("/apis/apps/v1/namespaces/")?
+        .split_once("/deployments/")?;
+    Some(format!("{ns}/{name}"))
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -405,9 +418,10 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) -> Summary 
     let poll_s = format!("{}s", poll.as_secs());
     for i in 0..n {
         let name = format!("qc-{i}");
-        fake.create(QUEUE_CONSUMERS, manifest(&name, &urls[i % q], &poll_s));
+        let ns = namespace_of(i);
+        fake.create(QUEUE_CONSUMERS, manifest(&name, &ns, &urls[i % q], &poll_s));
         // One worker pod each: the controller lists them every reconcile and scrapes them every interval.
-        fake.create_with_status(PODS, worker_pod(&name, metrics_port));
+        fake.create_with_status(PODS, worker_pod(&name, &ns, metrics_port));
     }
     fake.clear_requests();
     let api_port = serve_fake(fake.clone()).await;
@@ -428,8 +442,6 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) -> Summary 
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_qc-operator"))
         .args([
             "run",
-            "--namespace",
-            NS,
             "--metrics-addr",
             &metrics_addr.to_string(),
             "--worker-image",

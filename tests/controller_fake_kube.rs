@@ -3,10 +3,11 @@
 
 mod fake_kube;
 
-use fake_kube::{DEPLOYMENTS, FakeKube, LEASES};
+use fake_kube::{DEPLOYMENTS, FakeKube, LEASES, PODS};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use serde_json::json;
 
@@ -190,6 +191,67 @@ async fn watch_replays_from_resource_version_and_streams() {
         ),
         other => panic!("unexpected {other:?}"),
     }
+}
+
+#[tokio::test]
+async fn lists_return_one_kind_in_one_namespace_or_all_namespaces_with_selectors() {
+    let fake = FakeKube::new();
+    for (ns, name, app) in [
+        ("a", "p1", "x"),
+        ("a", "p2", "y"),
+        ("b", "p1", "x"),
+        ("c", "p3", "x"),
+    ] {
+        fake.create(
+            PODS,
+            json!({"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": name, "namespace": ns, "labels": {"app": app}},
+                   "spec": {"containers": [{"name": "c", "image": "i"}]}}),
+        );
+    }
+    // Another kind with the same names and labels in the same namespaces: never in a Pod list.
+    for ns in ["a", "b"] {
+        let mut d = deployment("i", false);
+        d["metadata"]["namespace"] = json!(ns);
+        d["metadata"]["labels"] = json!({"app": "x"});
+        fake.create(DEPLOYMENTS, d);
+    }
+    let names = |pods: Vec<Pod>| -> Vec<String> {
+        pods.into_iter()
+            .map(|p| {
+                format!(
+                    "{}/{}",
+                    p.metadata.namespace.unwrap(),
+                    p.metadata.name.unwrap()
+                )
+            })
+            .collect()
+    };
+    let list = |api: Api<Pod>, selector: &'static str| async move {
+        let lp = kube::api::ListParams::default().labels(selector);
+        names(api.list(&lp).await.unwrap().items)
+    };
+    assert_eq!(
+        list(Api::namespaced(fake.client(), "a"), "").await,
+        ["a/p1", "a/p2"]
+    );
+    assert_eq!(
+        list(Api::namespaced(fake.client(), "a"), "app=x").await,
+        ["a/p1"]
+    );
+    assert_eq!(
+        list(Api::namespaced(fake.client(), "b"), "app=y").await,
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        list(Api::namespaced(fake.client(), "z"), "").await,
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        list(Api::all(fake.client()), "app=x").await,
+        ["a/p1", "b/p1", "c/p3"]
+    );
+    assert_eq!(list(Api::all(fake.client()), "").await.len(), 4);
 }
 
 #[tokio::test]

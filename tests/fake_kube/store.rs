@@ -321,9 +321,15 @@ impl State {
         ns: Option<&str>,
         query: &BTreeMap<String, String>,
     ) -> Result<Value, ApiError> {
+        // Keys sort by kind, then namespace: read only that kind's (and namespace's) range, so a list
+        // costs what it returns, as in the API server, not the whole store.
+        let start = (kind, ns.unwrap_or_default().to_string(), String::new());
         let mut items = Vec::new();
-        for ((k, o_ns, _), s) in &self.objects {
-            if *k == kind && ns.is_none_or(|n| n == o_ns) && matches_selector(&s.object, query)? {
+        for ((k, o_ns, _), s) in self.objects.range(start..) {
+            if *k != kind || ns.is_some_and(|n| n != o_ns) {
+                break;
+            }
+            if matches_selector(&s.object, query)? {
                 items.push(s.object.clone());
             }
         }
