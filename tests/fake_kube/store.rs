@@ -30,35 +30,37 @@ pub(super) fn spec_part(v: &Value) -> Value {
     v
 }
 
+/// The `k=v` (or `k==v`) terms of a selector; another form is refused with `unsupported(term)`.
+fn selector_terms(
+    sel: &str,
+    unsupported: impl Fn(&str) -> String,
+) -> Result<Vec<(&str, &str)>, ApiError> {
+    sel.split(',')
+        .map(|term| {
+            let (k, v) = term
+                .split_once('=')
+                .ok_or_else(|| err(400, "BadRequest", unsupported(term)))?;
+            Ok((k.trim_end_matches('='), v.trim_start_matches('=')))
+        })
+        .collect()
+}
+
 pub(super) fn matches_selector(
     obj: &Value,
     query: &BTreeMap<String, String>,
 ) -> Result<bool, ApiError> {
     if let Some(sel) = query.get("labelSelector").filter(|s| !s.is_empty()) {
-        for term in sel.split(',') {
-            let (k, v) = term.split_once('=').ok_or_else(|| {
-                err(
-                    400,
-                    "BadRequest",
-                    format!("the fake supports only k=v label selectors, not {term:?}"),
-                )
-            })?;
-            let (k, v) = (k.trim_end_matches('='), v.trim_start_matches('='));
+        let terms = selector_terms(sel, |term| {
+            format!("the fake supports only k=v label selectors, not {term:?}")
+        })?;
+        for (k, v) in terms {
             if obj["metadata"]["labels"][k].as_str() != Some(v) {
                 return Ok(false);
             }
         }
     }
     if let Some(sel) = query.get("fieldSelector").filter(|s| !s.is_empty()) {
-        for term in sel.split(',') {
-            let (k, v) = term.split_once('=').ok_or_else(|| {
-                err(
-                    400,
-                    "BadRequest",
-                    format!("unsupported field selector {term:?}"),
-                )
-            })?;
-            let (k, v) = (k.trim_end_matches('='), v.trim_start_matches('='));
+        for (k, v) in selector_terms(sel, |term| format!("unsupported field selector {term:?}"))? {
             let actual = match k {
                 "metadata.name" => obj["metadata"]["name"].as_str(),
                 "metadata.namespace" => obj["metadata"]["namespace"].as_str(),
