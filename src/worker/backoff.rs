@@ -6,6 +6,22 @@ use std::time::Duration;
 /// SQS refuses visibility timeouts above 12 hours.
 pub const VISIBILITY_MAX: Duration = Duration::from_hours(12);
 
+/// Kept clear of SQS's 12 hours of visibility since the receive: the receive's own latency and the
+/// rounding up to whole seconds.
+pub const TWELVE_HOURS_SLACK: Duration = Duration::from_mins(1);
+
+/// What is left of a visibility change `wanted`, made `since_receipt` after the receive: SQS refuses
+/// a change that would end more than 12 hours after the receive (it does not shorten it, and the
+/// message then reappears only when its current visibility ends), so `wanted` is cut to what is
+/// left, with `TWELVE_HOURS_SLACK` to spare.
+pub fn within_twelve_hours(wanted: Duration, since_receipt: Duration) -> Duration {
+    wanted.min(
+        VISIBILITY_MAX
+            .saturating_sub(since_receipt)
+            .saturating_sub(TWELVE_HOURS_SLACK),
+    )
+}
+
 /// Visibility for a message that failed transiently on its `receive_count`-th receive:
 /// `base * 2^(receive_count - 1)`, capped at `max`, capped again at 12 h.
 pub fn retry_delay(base: Duration, max: Duration, receive_count: u32) -> Duration {
@@ -61,6 +77,24 @@ mod tests {
                 "{base:?} {max:?} {count}"
             );
         }
+    }
+
+    #[test]
+    fn a_visibility_change_ends_within_twelve_hours_of_the_receive() {
+        let h = Duration::from_hours;
+        // Early on, the change is made as asked.
+        assert_eq!(within_twelve_hours(S(900), S(10)), S(900));
+        assert_eq!(within_twelve_hours(h(11), h(0)), h(11));
+        // Late, cut to what is left, a minute to spare: 11 h 50 m in, 10 m left, 9 m granted.
+        let late = h(11) + Duration::from_mins(50);
+        assert_eq!(within_twelve_hours(S(900), late), S(540));
+        assert!(late + within_twelve_hours(h(12), late) + TWELVE_HOURS_SLACK <= VISIBILITY_MAX);
+        // Nothing left: visible again at once, never a change SQS refuses.
+        assert_eq!(
+            within_twelve_hours(S(900), S(12 * 3600 - 30)),
+            Duration::ZERO
+        );
+        assert_eq!(within_twelve_hours(S(900), h(13)), Duration::ZERO);
     }
 
     #[test]

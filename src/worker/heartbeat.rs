@@ -29,7 +29,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::backoff::{VISIBILITY_MAX, visibility_secs};
+use super::backoff::{visibility_secs, within_twelve_hours};
 use super::batcher::MAX_BATCH;
 use super::metrics::Metrics;
 use super::sqs::{Action, Entry, EntryFailure, ErrorKind, Sqs, SqsError, classify_code};
@@ -44,9 +44,6 @@ pub const MIN_CALL: Duration = Duration::from_millis(200);
 /// Longest heartbeat extension: after a crash, no message stays hidden longer than this (or its
 /// handler timeout, or the visibility timeout if that is longer).
 pub const MAX_EXTENSION: Duration = Duration::from_mins(15);
-/// Kept clear of SQS's 12 hours of visibility since the receive (the receive's own latency and
-/// rounding up to whole seconds).
-const TWELVE_HOURS_SLACK: Duration = Duration::from_mins(1);
 
 /// The heartbeat's extensions and cadence: pure, so the schedule is tested without clocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,10 +76,7 @@ impl Plan {
             .unwrap_or(Duration::MAX)
             .min(self.cap)
             .max(self.vt);
-        let left = VISIBILITY_MAX
-            .saturating_sub(since_receipt)
-            .saturating_sub(TWELVE_HOURS_SLACK);
-        let ext = grown.min(left);
+        let ext = within_twelve_hours(grown, since_receipt);
         (ext >= Duration::from_secs(1)).then_some(ext)
     }
 
@@ -350,6 +344,7 @@ async fn send(sqs: Sqs, metrics: Arc<Metrics>, margin: Duration, batch: Vec<Requ
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::worker::backoff::VISIBILITY_MAX;
 
     const MS: fn(u64) -> Duration = Duration::from_millis;
 

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::api::{IdempotencyKey, OnPoison};
 
-use super::backoff::{VISIBILITY_MAX, retry_delay, visibility_secs};
+use super::backoff::{retry_delay, visibility_secs, within_twelve_hours};
 use super::batcher::Batcher;
 use super::dead_letter::DeadLetter;
 use super::handler::{Handler, Verdict};
@@ -198,9 +198,16 @@ impl Lease {
         }
     }
 
-    /// Sets the visibility to `delay` so the message comes back then.
+    /// Sets the visibility to `delay` so the message comes back then; late in SQS's 12 hours since
+    /// the receive, sooner (a longer change would be refused, and the message would then wait for
+    /// the end of its current lease, however long heartbeats had made it).
     async fn back_off(&mut self, delay: Duration) {
-        let secs = visibility_secs(delay);
+        let since_receipt = Instant::now().saturating_duration_since(self.beat.received_at);
+        let allowed = within_twelve_hours(delay, since_receipt);
+        if allowed < delay {
+            tracing::info!(message_id = %self.msg.id, wanted_s = visibility_secs(delay), retry_in_s = visibility_secs(allowed), "retry delay cut to what is left of SQS's 12 hours since the receive");
+        }
+        let secs = visibility_secs(allowed);
         if let Err(e) = self
             .processor
             .sqs
@@ -386,9 +393,10 @@ pub fn hide_for(
     visibility_timeout: Duration,
     since_receipt: Duration,
 ) -> Duration {
-    (claim_left + HIDE_MARGIN)
-        .max(visibility_timeout)
-        .min(VISIBILITY_MAX.saturating_sub(since_receipt))
+    within_twelve_hours(
+        (claim_left + HIDE_MARGIN).max(visibility_timeout),
+        since_receipt,
+    )
 }
 
 /// How a message ended, for the FIFO group it belongs to.
@@ -797,11 +805,8 @@ mod tests {
         assert_eq!(hide_for(S(20), S(2), S(0)), S(22));
         // Never shorter than leaving it would be.
         assert_eq!(hide_for(S(1), S(30), S(0)), S(30));
-        // Within 12 hours from receipt.
-        assert_eq!(hide_for(S(13 * 3600), S(30), S(0)), VISIBILITY_MAX);
-        assert_eq!(
-            hide_for(S(13 * 3600), S(30), S(3600)),
-            VISIBILITY_MAX.checked_sub(S(3600)).unwrap()
-        );
+        // Within 12 hours from receipt, a minute (TWELVE_HOURS_SLACK) to spare.
+        assert_eq!(hide_for(S(13 * 3600), S(30), S(0)), S(12 * 3600 - 60));
+        assert_eq!(hide_for(S(13 * 3600), S(30), S(3600)), S(11 * 3600 - 60));
     }
 }
