@@ -19,14 +19,14 @@ use aws_runtime::user_agent::UserAgentInterceptor;
 use aws_sdk_sqs::config::interceptors::BeforeSerializationInterceptorContextRef;
 use aws_sdk_sqs::config::{ConfigBag, Intercept};
 use aws_sdk_sqs::error::BoxError;
-use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageSystemAttributeName};
+use aws_sdk_sqs::types::DeleteMessageBatchRequestEntry;
 use aws_smithy_runtime_api::client::interceptors::disable_interceptor;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use qc::worker::metrics::Metrics;
-use qc::worker::sqs::{Entry, Sqs};
+use qc::worker::sqs::{Entry, SYSTEM_ATTRIBUTES, Sqs};
 
 /// A receipt handle as long as SQS's (they run to several hundred characters).
 fn receipt_handle(i: usize) -> String {
@@ -257,14 +257,7 @@ async fn one(caller: &Caller, url: &str, entries: &[Entry], delete: bool) {
                 .max_number_of_messages(10)
                 .wait_time_seconds(0)
                 .message_attribute_names("All");
-            for name in [
-                MessageSystemAttributeName::AwsTraceHeader,
-                MessageSystemAttributeName::ApproximateReceiveCount,
-                MessageSystemAttributeName::SentTimestamp,
-                MessageSystemAttributeName::MessageGroupId,
-                MessageSystemAttributeName::MessageDeduplicationId,
-                MessageSystemAttributeName::SequenceNumber,
-            ] {
+            for name in SYSTEM_ATTRIBUTES {
                 req = req.message_system_attribute_names(name);
             }
             assert_eq!(req.send().await.unwrap().messages().len(), 10);

@@ -372,8 +372,8 @@ impl BatchAnswer for ChangeMessageVisibilityBatchOutput {
     }
 }
 
-/// Only the system attributes the worker uses.
-const SYSTEM_ATTRIBUTES: [MessageSystemAttributeName; 6] = [
+/// Only the system attributes the worker uses (what its receives ask for).
+pub const SYSTEM_ATTRIBUTES: [MessageSystemAttributeName; 6] = [
     MessageSystemAttributeName::AwsTraceHeader,
     MessageSystemAttributeName::ApproximateReceiveCount,
     MessageSystemAttributeName::SentTimestamp,

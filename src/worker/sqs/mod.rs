@@ -12,7 +12,7 @@ mod client;
 mod errors;
 mod wire;
 
-pub use client::{RECEIVE_LAG, Sqs, lease_start};
+pub use client::{RECEIVE_LAG, SYSTEM_ATTRIBUTES, Sqs, lease_start};
 pub use errors::{Action, ErrorKind, SqsError, classify_code};
 pub use wire::{
     AttributeValue, Entry, EntryFailure, Message, NO_ANSWER, QueueInfo, batch_failures,
