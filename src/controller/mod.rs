@@ -25,6 +25,7 @@ pub mod triggers;
 pub mod workers;
 
 use std::sync::atomic::Ordering;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -74,6 +75,11 @@ pub struct Context {
     backoff: backoff::Backoff,
     /// The watch caches of QueueConsumers, to drop the series of deleted ones.
     stores: Mutex<Vec<Store<QueueConsumer>>>,
+    /// When this process last wrote each QueueConsumer's status (and so its counts).
+    status_written: Mutex<HashMap<ConsumerKey, crate::scaling::Timestamp>>,
+    /// How long the counts in a status stand when nothing else changed ([`status::COUNTS_REFRESH`];
+    /// tests shorten it).
+    pub counts_refresh: std::time::Duration,
 }
 
 impl Context {
@@ -102,6 +108,8 @@ impl Context {
             metrics: Metrics::default(),
             backoff: backoff::Backoff::default(),
             stores: Mutex::new(Vec::new()),
+            status_written: Mutex::new(HashMap::new()),
+            counts_refresh: status::COUNTS_REFRESH,
         }
     }
 
@@ -123,6 +131,12 @@ impl Context {
                     .is_some_and(|q| q.metadata.uid.as_deref().unwrap_or("") == uid)
             })
         });
+        let live: HashSet<ConsumerKey> = stores
+            .iter()
+            .flat_map(Store::state)
+            .map(|q| ConsumerKey::of(&q))
+            .collect();
+        crate::sync::lock(&self.status_written).retain(|k, _| live.contains(k));
     }
 }
 
@@ -152,6 +166,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         ctx.scaling.forget(&ConsumerKey::of(qc));
         ctx.redrives.forget(&ConsumerKey::of(qc));
         ctx.workers.forget(&ConsumerKey::of(qc));
+        crate::sync::lock(&ctx.status_written).remove(&ConsumerKey::of(qc));
         ctx.metrics.consumers.remove(&ns, &qc.name_any());
         return cleanup::cleanup(qc, ctx, &qcs, clients.as_ref().ok()).await;
     }
@@ -274,18 +289,41 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     old_status
         .conditions
         .retain(|c| !foreign.contains(&c.type_));
-    if !status::same_ignoring_time(&old_status, &new_status)
-        && let Err(e) = write_status(ctx, &qcs, &name, &new_status).await
-    {
-        // A conflict retries at once with fresh state, through the error policy.
-        if e.is_conflict() {
-            return Err(e);
+    // A busy queue's counts are written at most once a minute; anything else at once. Without a
+    // write of this process's (a restart, a new leader), the counts are as old as their sampledAt.
+    let key = ConsumerKey::of(qc);
+    let written_at = crate::sync::lock(&ctx.status_written)
+        .get(&key)
+        .copied()
+        .or_else(|| {
+            old_status
+                .queue
+                .as_ref()
+                .and_then(|q| q.sampled_at.as_ref())
+                .map(crate::scaling::Timestamp::from_k8s)
+        });
+    let write_at = observe::wall_clock();
+    let write = status::status_write(
+        &old_status,
+        &new_status,
+        written_at,
+        write_at,
+        ctx.counts_refresh,
+    );
+    if write == status::StatusWrite::Write {
+        if let Err(e) = write_status(ctx, &qcs, &name, &new_status).await {
+            // A conflict retries at once with fresh state, through the error policy.
+            if e.is_conflict() {
+                return Err(e);
+            }
+            // Status is a report: failing to write it must not slow the next poll (or scaling).
+            step_failed(ctx, qc, &e).await;
+            return Ok(Action::requeue(qc.spec.scaling.poll_interval.as_std()));
         }
-        // Status is a report: failing to write it must not slow the next poll (or scaling).
-        step_failed(ctx, qc, &e).await;
-        return Ok(Action::requeue(qc.spec.scaling.poll_interval.as_std()));
+        crate::sync::lock(&ctx.status_written).insert(key, write_at);
     }
 
+    // The series carry what was just observed, written to status or held.
     ctx.metrics.consumers.set(
         &ns,
         &name,

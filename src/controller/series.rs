@@ -1,5 +1,6 @@
 //! Per-QueueConsumer series on the controller's /metrics (labels `namespace`, `queueconsumer`): the
-//! numbers of its last written status, one family per quantity. A consumer's series go with it.
+//! numbers of its last computed status (fresh at every poll, also when the status write of busy counts
+//! is held), one family per quantity. A consumer's series go with it.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};

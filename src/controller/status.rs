@@ -1014,6 +1014,92 @@ fn normalized(s: &QueueConsumerStatus) -> QueueConsumerStatus {
     s
 }
 
+/// The counts of a busy queue (`status.queue`'s visible, in flight, delayed and oldest age, the same of
+/// `status.deadLetter`, and the numbers quoted in condition messages) are written at most this often
+/// when nothing else in status changed (docs/decisions.md "Busy queues: status counts written at most
+/// once a minute").
+pub const COUNTS_REFRESH: std::time::Duration = std::time::Duration::from_mins(1);
+
+/// What a reconcile does with the status it built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatusWrite {
+    /// Equal but for timestamps: nothing to write.
+    Unchanged,
+    /// Something a reader must see at once changed, or the counts in status are due for a refresh.
+    Write,
+    /// Only counts moved (none emptied or filled) and the ones in status are younger than the
+    /// refresh: status stays as written. The metrics carry the fresh counts.
+    Hold,
+}
+
+/// Whether `fresh` is written over `old`, the status as last written. `counts_written_at` is when the
+/// counts in `old` were written (None: not known, so they are due), `refresh` how long they stand
+/// ([`COUNTS_REFRESH`]). Written at once when anything but the counts differs: a condition's status,
+/// reason or any other text of its message, the desired or current replicas, observedGeneration,
+/// findings, `status.observed` (which has its own dead-band), and a count that goes to zero or from
+/// zero (the emptiness of a queue is news, its depth is not). A clock that went back writes. Pure.
+pub fn status_write(
+    old: &QueueConsumerStatus,
+    fresh: &QueueConsumerStatus,
+    counts_written_at: Option<crate::scaling::Timestamp>,
+    now: crate::scaling::Timestamp,
+    refresh: std::time::Duration,
+) -> StatusWrite {
+    let (old, fresh) = (normalized(old), normalized(fresh));
+    if old == fresh {
+        return StatusWrite::Unchanged;
+    }
+    if without_counts(&old) != without_counts(&fresh) {
+        return StatusWrite::Write;
+    }
+    match counts_written_at {
+        Some(at) if at <= now && now.since(at).as_std() < refresh => StatusWrite::Hold,
+        _ => StatusWrite::Write,
+    }
+}
+
+/// A normalized status with each count replaced by its emptiness (0 stays 0, any other count is 1),
+/// and so each number in a condition's message: what remains is what is written at once.
+fn without_counts(s: &QueueConsumerStatus) -> QueueConsumerStatus {
+    let empty = |v: &mut Option<i64>| *v = v.map(i64::signum);
+    let mut s = s.clone();
+    if let Some(q) = s.queue.as_mut() {
+        empty(&mut q.visible);
+        empty(&mut q.in_flight);
+        empty(&mut q.delayed);
+        empty(&mut q.oldest_age_seconds);
+    }
+    if let Some(d) = s.dead_letter.as_mut() {
+        empty(&mut d.visible);
+        empty(&mut d.oldest_age_seconds);
+    }
+    for c in &mut s.conditions {
+        c.message = numbers_as_emptiness(&c.message);
+    }
+    s
+}
+
+/// Each run of digits as "0" when it is all zeros, else "1": "12 visible, 0 in flight, the oldest
+/// 2m5s old" reads "1 visible, 0 in flight, the oldest 1m1s old".
+fn numbers_as_emptiness(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut run_nonzero: Option<bool> = None;
+    for ch in message.chars() {
+        if ch.is_ascii_digit() {
+            run_nonzero = Some(run_nonzero.unwrap_or(false) || ch != '0');
+            continue;
+        }
+        if let Some(nonzero) = run_nonzero.take() {
+            out.push(if nonzero { '1' } else { '0' });
+        }
+        out.push(ch);
+    }
+    if let Some(nonzero) = run_nonzero {
+        out.push(if nonzero { '1' } else { '0' });
+    }
+    out
+}
+
 /// A condition that changed status, for an Event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Transition {

@@ -689,3 +689,179 @@ fn a_steady_busy_consumer_is_not_rewritten_but_a_real_change_is() {
     later.sampled_at = Some(at(540));
     assert!(!reconcile_status(&mut q, later, 540));
 }
+
+// ---- the status write of a busy queue's counts (COUNTS_REFRESH) ----
+
+fn ms(secs: u64) -> crate::scaling::Timestamp {
+    crate::scaling::Timestamp::from_secs(secs)
+}
+
+/// A consumer held at 2 replicas (min = max = 2), so its desired replicas stay while its counts move.
+fn held_at_two() -> QueueConsumer {
+    let mut q = qc(false);
+    q.spec.scaling.min_replicas = 2;
+    q.spec.scaling.max_replicas = 2;
+    q
+}
+
+/// The status a reconcile at `secs` builds over `visible` messages in the queue and `dlq_visible` in
+/// its DLQ, through the scaler and the Deployment, so that condition messages quote the counts.
+fn counted(q: &QueueConsumer, visible: u64, dlq_visible: i64, secs: i64) -> QueueConsumerStatus {
+    let mut f = facts(dlq(dlq_visible, Some(dlq_visible * 10)));
+    f.queue = queue(URL, i64::try_from(visible).unwrap());
+    let (rd, _) = scale_decision(q, &[(visible, 2)], 2);
+    let d = available_deployment(2);
+    build(&StatusInputs {
+        qc: q,
+        facts: Observation::Read(&f),
+        report: &Report::default(),
+        rollout: &apply(),
+        deployment: Some(&d),
+        alarm: AlarmStatus::default(),
+        replicas: &rd,
+        scaled_at: None,
+        sampled_at: Some(at(secs)),
+        redrive: None,
+        workers: None,
+        now: at(secs),
+    })
+}
+
+fn message(s: &QueueConsumerStatus, t: &str) -> String {
+    s.conditions
+        .iter()
+        .find(|c| c.type_ == t)
+        .unwrap()
+        .message
+        .clone()
+}
+
+/// Written at 100 with 1,000 visible and 3 in the DLQ; at 130 the queue has 1,400 and the DLQ 5.
+fn written_and_busier() -> (QueueConsumer, QueueConsumerStatus, QueueConsumerStatus) {
+    let mut q = held_at_two();
+    let written = counted(&q, 1000, 3, 100);
+    q.status = Some(written.clone());
+    let fresh = counted(&q, 1400, 5, 130);
+    (q, written, fresh)
+}
+
+#[test]
+fn busy_counts_are_held_for_a_minute_then_written() {
+    let (q, written, fresh) = written_and_busier();
+    // The counts did move, in status.queue, status.deadLetter and the conditions' messages, and
+    // nothing else did.
+    assert_ne!(fresh.queue.as_ref().unwrap().visible, Some(1000));
+    assert_ne!(fresh.dead_letter.as_ref().unwrap().visible, Some(3));
+    for t in ["ScalingActive", "DeadLetterQueueHealthy"] {
+        assert_ne!(message(&written, t), message(&fresh, t), "{t}");
+    }
+    assert_eq!(fresh.desired_replicas, written.desired_replicas);
+    let decide = |written_at: Option<u64>, now: u64| {
+        status_write(
+            &written,
+            &fresh,
+            written_at.map(ms),
+            ms(now),
+            COUNTS_REFRESH,
+        )
+    };
+    assert_eq!(decide(Some(100), 130), StatusWrite::Hold);
+    assert_eq!(decide(Some(100), 159), StatusWrite::Hold);
+    assert_eq!(decide(Some(100), 160), StatusWrite::Write, "a minute later");
+    assert_eq!(decide(None, 130), StatusWrite::Write, "not known when");
+    assert_eq!(decide(Some(131), 130), StatusWrite::Write, "the clock went back");
+    // The same counts again (only their times move): nothing to write, however old.
+    let same = counted(&q, 1000, 3, 400);
+    assert_eq!(
+        status_write(&written, &same, Some(ms(100)), ms(400), COUNTS_REFRESH),
+        StatusWrite::Unchanged
+    );
+}
+
+#[test]
+fn what_readers_must_see_is_written_at_once() {
+    let (_, written, fresh) = written_and_busier();
+    let decide = |old: &QueueConsumerStatus, new: &QueueConsumerStatus| {
+        status_write(old, new, Some(ms(100)), ms(110), COUNTS_REFRESH)
+    };
+    assert_eq!(decide(&written, &fresh), StatusWrite::Hold, "the baseline");
+    type Change = (&'static str, fn(&mut QueueConsumerStatus));
+    let changes: [Change; 11] = [
+        ("the queue empties", |s| {
+            s.queue.as_mut().unwrap().visible = Some(0);
+        }),
+        ("nothing left in flight", |s| {
+            s.queue.as_mut().unwrap().in_flight = Some(0);
+        }),
+        ("the DLQ empties", |s| {
+            s.dead_letter.as_mut().unwrap().visible = Some(0);
+        }),
+        ("a condition's status", |s| {
+            s.conditions[0].status = "False".into();
+        }),
+        ("a condition's reason", |s| {
+            s.conditions[0].reason = "Other".into();
+        }),
+        ("a message's words", |s| {
+            s.conditions[0].message.push_str(", and more");
+        }),
+        ("the desired replicas", |s| {
+            s.desired_replicas = Some(3);
+        }),
+        ("the current replicas", |s| {
+            s.replicas = Some(1);
+        }),
+        ("observedGeneration", |s| {
+            s.observed_generation = Some(5);
+        }),
+        ("a finding", |s| {
+            s.findings.push(Finding {
+                code: "SomeRule".into(),
+                severity: Severity::Warning,
+                message: "m".into(),
+                recommendation: "r".into(),
+            });
+        }),
+        ("the visibility timeout", |s| {
+            s.queue.as_mut().unwrap().visibility_timeout =
+                Some(crate::api::Duration::from_secs(61));
+        }),
+    ];
+    for (what, change) in changes {
+        let mut new = fresh.clone();
+        change(&mut new);
+        assert_eq!(decide(&written, &new), StatusWrite::Write, "{what}");
+    }
+    // And the other way: a queue that fills again.
+    let mut empty = written.clone();
+    empty.queue.as_mut().unwrap().visible = Some(0);
+    assert_eq!(decide(&empty, &fresh), StatusWrite::Write, "the queue fills");
+}
+
+#[test]
+fn numbers_in_messages_are_compared_by_emptiness() {
+    assert_eq!(
+        numbers_as_emptiness("12 visible, 0 in flight, the oldest 2m05s old; 1.5/s"),
+        "1 visible, 0 in flight, the oldest 1m1s old; 1.1/s"
+    );
+    assert_eq!(numbers_as_emptiness("00 and 10"), "0 and 1");
+    assert_eq!(numbers_as_emptiness("no numbers"), "no numbers");
+}
+
+/// A held status is not written, so the next build still compares against the written one: the
+/// write a minute later keeps the conditions' lastTransitionTime and makes no transition (no Event).
+#[test]
+fn a_held_write_keeps_transition_times_and_events() {
+    let (mut q, written, _) = written_and_busier();
+    q.status = Some(written.clone());
+    let later = counted(&q, 1800, 7, 170);
+    assert_eq!(
+        status_write(&written, &later, Some(ms(100)), ms(170), COUNTS_REFRESH),
+        StatusWrite::Write
+    );
+    assert!(transitions(&written.conditions, &later.conditions).is_empty());
+    for c in &later.conditions {
+        let before = written.conditions.iter().find(|o| o.type_ == c.type_).unwrap();
+        assert_eq!(c.last_transition_time, before.last_transition_time, "{}", c.type_);
+    }
+}
