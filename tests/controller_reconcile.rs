@@ -919,3 +919,110 @@ async fn a_deployment_owned_by_someone_else_is_never_taken_over() {
         "someone else's replicas are not reported as ours"
     );
 }
+
+/// The value of a per-QueueConsumer series on the controller's /metrics.
+fn consumer_metric(ctx: &Context, family: &str, name: &str) -> Option<f64> {
+    let prefix = format!("{family}{{namespace=\"{NS}\",queueconsumer=\"{name}\"}} ");
+    ctx.metrics
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
+}
+
+/// A busy queue, whose depth moves at every poll, has its counts written at most once per refresh
+/// (a minute; 4 s here) while the per-QueueConsumer series carry them fresh at every poll; the queue
+/// emptying is written at once.
+#[tokio::test]
+async fn a_busy_queues_counts_are_written_once_per_refresh_and_fresh_in_the_metrics() {
+    use std::time::{Duration, Instant};
+    const REFRESH: Duration = Duration::from_secs(4);
+    let mut e = env().await;
+    Arc::get_mut(&mut e.ctx).unwrap().counts_refresh = REFRESH;
+    let mut m = qc_manifest("busy", &e.url, false);
+    // One replica whatever the depth: only the counts move.
+    m["spec"]["scaling"] = json!({"pollInterval": "1s", "minReplicas": 1, "maxReplicas": 1});
+    e.fake.create(QUEUE_CONSUMERS, m);
+    let status_writes = || {
+        e.fake
+            .writes()
+            .into_iter()
+            .filter(|r| r.targets(QUEUE_CONSUMERS) && r.is_status())
+            .count()
+    };
+    let visible_in_status = || e.qc("busy").status.unwrap().queue.unwrap().visible;
+    let send = |i: i32| {
+        e.sqs
+            .send_message()
+            .queue_url(&e.url)
+            .message_body(format!("m{i}"))
+            .send()
+    };
+
+    send(0).await.unwrap();
+    let start = Instant::now();
+    e.reconcile("busy").await.unwrap();
+    assert_eq!(status_writes(), 1);
+    assert_eq!(visible_in_status(), Some(1));
+    // (start of the reconcile that wrote, end of the one that wrote next)
+    let mut last_write = start;
+    let (mut held, mut written_after_held) = (0, 0);
+    let mut visible: i32 = 1;
+    let mut last_was_write = false;
+    // Until the counts were held twice and then written, the last poll being a write.
+    for _ in 0..12 {
+        if held >= 2 && written_after_held >= 1 && last_was_write {
+            break;
+        }
+        send(visible).await.unwrap();
+        visible += 1;
+        e.next_poll().await;
+        let before = status_writes();
+        let start = Instant::now();
+        e.reconcile("busy").await.unwrap();
+        let end = Instant::now();
+        let want = Some(f64::from(visible));
+        assert_eq!(
+            consumer_metric(&e.ctx, "qc_queue_messages_visible", "busy"),
+            want,
+            "the series carry the fresh count at every poll"
+        );
+        let sv = visible_in_status().unwrap();
+        last_was_write = status_writes() > before;
+        if last_was_write {
+            assert_eq!(status_writes(), before + 1);
+            assert_eq!(sv, i64::from(visible), "a write carries the fresh counts");
+            assert!(
+                end - last_write >= REFRESH,
+                "written {:?} after the last write",
+                end - last_write
+            );
+            last_write = start;
+            if held > 0 {
+                written_after_held += 1;
+            }
+        } else {
+            assert!(
+                sv < i64::from(visible),
+                "held: status keeps {sv}, fresh {visible}"
+            );
+            held += 1;
+        }
+    }
+    assert!(
+        held >= 2 && written_after_held >= 1 && last_was_write,
+        "held {held}, written after a hold {written_after_held}"
+    );
+
+    // The queue empties: written at once, well within the refresh of the last write.
+    e.sqs.purge_queue().queue_url(&e.url).send().await.unwrap();
+    e.next_poll().await;
+    let before = status_writes();
+    e.reconcile("busy").await.unwrap();
+    assert!(last_write.elapsed() < REFRESH, "{:?}", last_write.elapsed());
+    assert_eq!(status_writes(), before + 1, "the emptying is written");
+    assert_eq!(visible_in_status(), Some(0));
+    assert_eq!(
+        consumer_metric(&e.ctx, "qc_queue_messages_visible", "busy"),
+        Some(0.0)
+    );
+}

@@ -24,8 +24,8 @@ pub mod status;
 pub mod triggers;
 pub mod workers;
 
-use std::sync::atomic::Ordering;
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::apps::v1::Deployment;

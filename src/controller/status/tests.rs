@@ -769,7 +769,11 @@ fn busy_counts_are_held_for_a_minute_then_written() {
     assert_eq!(decide(Some(100), 159), StatusWrite::Hold);
     assert_eq!(decide(Some(100), 160), StatusWrite::Write, "a minute later");
     assert_eq!(decide(None, 130), StatusWrite::Write, "not known when");
-    assert_eq!(decide(Some(131), 130), StatusWrite::Write, "the clock went back");
+    assert_eq!(
+        decide(Some(131), 130),
+        StatusWrite::Write,
+        "the clock went back"
+    );
     // The same counts again (only their times move): nothing to write, however old.
     let same = counted(&q, 1000, 3, 400);
     assert_eq!(
@@ -835,7 +839,11 @@ fn what_readers_must_see_is_written_at_once() {
     // And the other way: a queue that fills again.
     let mut empty = written.clone();
     empty.queue.as_mut().unwrap().visible = Some(0);
-    assert_eq!(decide(&empty, &fresh), StatusWrite::Write, "the queue fills");
+    assert_eq!(
+        decide(&empty, &fresh),
+        StatusWrite::Write,
+        "the queue fills"
+    );
 }
 
 #[test]
@@ -861,7 +869,15 @@ fn a_held_write_keeps_transition_times_and_events() {
     );
     assert!(transitions(&written.conditions, &later.conditions).is_empty());
     for c in &later.conditions {
-        let before = written.conditions.iter().find(|o| o.type_ == c.type_).unwrap();
-        assert_eq!(c.last_transition_time, before.last_transition_time, "{}", c.type_);
+        let before = written
+            .conditions
+            .iter()
+            .find(|o| o.type_ == c.type_)
+            .unwrap();
+        assert_eq!(
+            c.last_transition_time, before.last_transition_time,
+            "{}",
+            c.type_
+        );
     }
 }
