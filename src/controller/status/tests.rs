@@ -784,12 +784,12 @@ fn busy_counts_are_held_for_a_minute_then_written() {
 
 #[test]
 fn what_readers_must_see_is_written_at_once() {
+    type Change = (&'static str, fn(&mut QueueConsumerStatus));
     let (_, written, fresh) = written_and_busier();
     let decide = |old: &QueueConsumerStatus, new: &QueueConsumerStatus| {
         status_write(old, new, Some(ms(100)), ms(110), COUNTS_REFRESH)
     };
     assert_eq!(decide(&written, &fresh), StatusWrite::Hold, "the baseline");
-    type Change = (&'static str, fn(&mut QueueConsumerStatus));
     let changes: [Change; 11] = [
         ("the queue empties", |s| {
             s.queue.as_mut().unwrap().visible = Some(0);
