@@ -1059,43 +1059,47 @@ pub fn status_write(
 }
 
 /// A normalized status with each count replaced by its emptiness (0 stays 0, any other count is 1),
-/// and so each number in a condition's message: what remains is what is written at once.
+/// each age by whether there is one, and each number in a condition's message by `#`: what remains is
+/// what is written at once. An age going to 0 is not news (the visible count says whether the queue is
+/// empty), and neither is a number in a message: every one of them is a count or age of the queue or
+/// DLQ, a replica count, or an observed figure that status carries in a field of its own (compared here),
+/// or one derived from them, like `ScalingActive`'s "new" messages, which goes to 0 and back at every poll
+/// on a busy queue.
 fn without_counts(s: &QueueConsumerStatus) -> QueueConsumerStatus {
     let empty = |v: &mut Option<i64>| *v = v.map(i64::signum);
+    let some = |v: &mut Option<i64>| *v = v.map(|_| 1);
     let mut s = s.clone();
     if let Some(q) = s.queue.as_mut() {
         empty(&mut q.visible);
         empty(&mut q.in_flight);
         empty(&mut q.delayed);
-        empty(&mut q.oldest_age_seconds);
+        some(&mut q.oldest_age_seconds);
     }
     if let Some(d) = s.dead_letter.as_mut() {
         empty(&mut d.visible);
-        empty(&mut d.oldest_age_seconds);
+        some(&mut d.oldest_age_seconds);
     }
     for c in &mut s.conditions {
-        c.message = numbers_as_emptiness(&c.message);
+        c.message = numbers_masked(&c.message);
     }
     s
 }
 
-/// Each run of digits as "0" when it is all zeros, else "1": "12 visible, 0 in flight, the oldest
-/// 2m5s old" reads "1 visible, 0 in flight, the oldest 1m1s old".
-fn numbers_as_emptiness(message: &str) -> String {
+/// Each run of digits as `#`: "12 visible, 0 in flight, the oldest 2m5s old" reads "# visible, # in
+/// flight, the oldest #m#s old".
+fn numbers_masked(message: &str) -> String {
     let mut out = String::with_capacity(message.len());
-    let mut run_nonzero: Option<bool> = None;
+    let mut in_number = false;
     for ch in message.chars() {
         if ch.is_ascii_digit() {
-            run_nonzero = Some(run_nonzero.unwrap_or(false) || ch != '0');
-            continue;
+            if !in_number {
+                out.push('#');
+            }
+            in_number = true;
+        } else {
+            in_number = false;
+            out.push(ch);
         }
-        if let Some(nonzero) = run_nonzero.take() {
-            out.push(if nonzero { '1' } else { '0' });
-        }
-        out.push(ch);
-    }
-    if let Some(nonzero) = run_nonzero {
-        out.push(if nonzero { '1' } else { '0' });
     }
     out
 }
