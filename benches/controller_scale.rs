@@ -11,7 +11,10 @@
 //! consumers:queues), QC_BENCH_POLL (15s), QC_BENCH_INTERVALS (3), QC_BENCH_CATCHUP_INTERVALS (40),
 //! QC_BENCH_CONCURRENCY (--reconcile-concurrency), QC_BENCH_AWS_IN_FLIGHT (--aws-max-in-flight),
 //! QC_BENCH_ALARMS (1; 0: no DLQ alarms), QC_BENCH_LOG (the controller's RUST_LOG, warn; its log is
-//! qc-operator-bench.log in the temporary directory). Without `--bench` (cargo test) it does nothing.
+//! qc-operator-bench.log in the temporary directory), QC_BENCH_BUSY (0; 1: busy queues, one message
+//! more in every source queue at the start of each steady interval, so every QueueConsumer's counts
+//! move at every poll and its status writes are bounded by the once-a-minute refresh of the counts).
+//! Without `--bench` (cargo test) it does nothing.
 
 #[path = "../tests/fake_kube/mod.rs"]
 mod fake_kube;
@@ -111,6 +114,11 @@ async fn create_queues(sqs: &aws_sdk_sqs::Client, run: &str, q: usize) -> (Vec<S
         .collect()
         .await;
     (sources, start.elapsed())
+}
+
+/// QC_BENCH_BUSY=1: the source queues get a message more at each steady interval.
+fn busy_queues() -> bool {
+    std::env::var("QC_BENCH_BUSY").is_ok_and(|v| v == "1")
 }
 
 async fn send(sqs: &aws_sdk_sqs::Client, url: &str, body: &str) {
@@ -489,7 +497,22 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) -> Summary 
     // Each row starts where the last one ended (at the boundary), not after the bench's own reading
     // of the controller's /metrics, which takes a while on a loaded machine.
     let mut begin = Instant::now();
+    let busy = busy_queues();
     for k in 0..=intervals {
+        if busy && k > 0 {
+            // In the background: the controller reads each queue at its own slot in the interval.
+            let (sqs, urls) = (sqs.clone(), urls.clone());
+            tokio::spawn(async move {
+                futures::stream::iter(urls)
+                    .map(|url| {
+                        let sqs = sqs.clone();
+                        async move { send(&sqs, &url, "busy").await }
+                    })
+                    .buffer_unordered(32)
+                    .collect::<Vec<()>>()
+                    .await;
+            });
+        }
         let mut row = Row {
             label: if k == 0 {
                 "catch-up".into()
@@ -629,8 +652,13 @@ async fn scale(n: usize, q: usize, poll: Duration, intervals: usize) -> Summary 
         .collect::<Vec<_>>()
         .join(" ");
     println!(
-        "\n### {n} QueueConsumers on {q} queues (+ {q} DLQs), poll {poll_s}; DLQ alarms {}; SQS on {}, CloudWatch on moto; queues created in {took:.1?}; run {:.1?}; load average {load}\n",
+        "\n### {n} QueueConsumers on {q} queues (+ {q} DLQs), poll {poll_s}; DLQ alarms {}; {}SQS on {}, CloudWatch on moto; queues created in {took:.1?}; run {:.1?}; load average {load}\n",
         if alarms_on { "on" } else { "off" },
+        if busy {
+            "busy queues (one message more per queue per interval); "
+        } else {
+            ""
+        },
         std::env::var("QC_BENCH_SQS").unwrap_or_else(|_| "fauxqs".into()),
         started.elapsed(),
     );
