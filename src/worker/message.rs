@@ -202,8 +202,7 @@ impl Lease {
     /// the receive, sooner (a longer change would be refused, and the message would then wait for
     /// the end of its current lease, however long heartbeats had made it).
     async fn back_off(&mut self, delay: Duration) {
-        let since_receipt = Instant::now().saturating_duration_since(self.beat.received_at);
-        let allowed = within_twelve_hours(delay, since_receipt);
+        let allowed = within_twelve_hours(delay, self.beat.since_receipt());
         if allowed < delay {
             tracing::info!(message_id = %self.msg.id, wanted_s = visibility_secs(delay), retry_in_s = visibility_secs(allowed), "retry delay cut to what is left of SQS's 12 hours since the receive");
         }
@@ -259,6 +258,11 @@ struct Beat {
 }
 
 impl Beat {
+    /// How long ago the receive returned: SQS's 12 hours of visibility count from it.
+    fn since_receipt(&self) -> Duration {
+        Instant::now().saturating_duration_since(self.received_at)
+    }
+
     /// Runs `work` while keeping the message's lease alive; None if it is still running at `deadline`.
     /// A beat is awaited before `work` is polled again, so no visibility change is in flight when
     /// this returns. One timer serves the beats and the deadline, reset in place.
@@ -298,8 +302,7 @@ impl Beat {
             return;
         };
         let plan: &Plan = heartbeats.plan();
-        let since_receipt = Instant::now().saturating_duration_since(self.received_at);
-        let Some(extension) = plan.extension(self.made, since_receipt) else {
+        let Some(extension) = plan.extension(self.made, self.since_receipt()) else {
             // SQS refuses any visibility past 12 hours from the receive: nothing left to extend.
             self.next = None;
             self.lose(
@@ -615,9 +618,11 @@ impl Processor {
     /// (instead of leaving it to come back each visibility timeout and burn its receives into the DLQ).
     async fn hide_in_progress(&self, lease: &mut Lease, key: &str, remaining: Option<Duration>) {
         let remaining = remaining.unwrap_or_else(|| self.claim_lease());
-        let since_receipt =
-            Instant::now().saturating_duration_since(Instant::from_std(lease.msg.received_at));
-        let hide = hide_for(remaining, self.visibility_timeout, since_receipt);
+        let hide = hide_for(
+            remaining,
+            self.visibility_timeout,
+            lease.beat.since_receipt(),
+        );
         let secs = visibility_secs(hide);
         tracing::info!(message_id = %lease.msg.id, key = %key, claim_left_ms = remaining.as_millis() as u64, hide_s = secs, "idempotency key in progress elsewhere; hiding the message until that claim ends");
         if let Err(e) = self
