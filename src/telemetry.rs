@@ -186,6 +186,14 @@ impl Exposition {
         }
     }
 
+    /// A counter family with fractional values (seconds).
+    pub fn counter_f64(&mut self, name: &str, help: &str, samples: &[(Labels<'_>, f64)]) {
+        self.header(name, help, "counter");
+        for (labels, v) in samples {
+            self.sample(name, labels, v);
+        }
+    }
+
     pub fn gauge(&mut self, name: &str, help: &str, samples: &[(Labels<'_>, i64)]) {
         self.header(name, help, "gauge");
         for (labels, v) in samples {

@@ -95,6 +95,31 @@ struct Cli {
     #[arg(long, env = "QC_SHUTDOWN_TIMEOUT")]
     shutdown_timeout: Option<Duration>,
 
+    /// Outage breaker: pause receiving while the handler's dependency fails (transient failures
+    /// over the thresholds below, HTTP 503 with Retry-After, exit 75), keep the messages in hand
+    /// under heartbeats and probe with one of them, instead of burning their receives toward the DLQ.
+    #[arg(long, env = "QC_BREAKER", default_value_t = true, action = ArgAction::Set, value_name = "true|false")]
+    breaker: bool,
+    /// Opens when at least this percentage of the last --breaker-window outcomes failed (1..100).
+    #[arg(long, env = "QC_BREAKER_FAILURE_PERCENT", default_value_t = 50)]
+    breaker_failure_percent: u32,
+    /// Outcomes in the breaker's window (within the last minute); the percentage applies once it is full.
+    #[arg(long, env = "QC_BREAKER_WINDOW", default_value_t = 20)]
+    breaker_window: usize,
+    /// Opens after this many transient failures in a row (low traffic).
+    #[arg(long, env = "QC_BREAKER_CONSECUTIVE", default_value_t = 10)]
+    breaker_consecutive: u32,
+    /// First probe delay while open; doubles per failed probe, jittered.
+    #[arg(long, env = "QC_BREAKER_PROBE_BASE", default_value = "1s")]
+    breaker_probe_base: Duration,
+    /// Longest probe delay.
+    #[arg(long, env = "QC_BREAKER_PROBE_MAX", default_value = "30s")]
+    breaker_probe_max: Duration,
+    /// After the breaker has been open this long, held messages follow the normal retries toward
+    /// the DLQ (default: held up to SQS's 12 hours of visibility).
+    #[arg(long, env = "QC_OUTAGE_TOLERANCE")]
+    outage_tolerance: Option<Duration>,
+
     /// HTTP handler: POST each message here (CloudEvents binary mode).
     #[arg(long, env = "QC_HTTP_URL", conflicts_with = "exec")]
     http_url: Option<String>,
@@ -176,6 +201,16 @@ fn config(cli: Cli) -> anyhow::Result<Config> {
         metrics_addr: cli.metrics_addr,
         max_request_head: cli.max_request_head,
         shutdown_timeout: cli.shutdown_timeout,
+        breaker: qc::worker::breaker::Settings {
+            enabled: cli.breaker,
+            failure_percent: cli.breaker_failure_percent,
+            window: cli.breaker_window,
+            consecutive: cli.breaker_consecutive,
+            probe_base: cli.breaker_probe_base.as_std(),
+            probe_max: cli.breaker_probe_max.as_std(),
+            tolerance: cli.outage_tolerance.map(|t| t.as_std()),
+            concurrency: cli.concurrency as usize,
+        },
         handler,
     })
 }

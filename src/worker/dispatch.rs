@@ -98,6 +98,7 @@ impl Dispatcher {
         let mut paused: Option<Pin<Box<dyn std::future::Future<Output = ()> + Send>>> = None;
         let mut draining = false;
         let mut drain_deadline = Instant::now();
+        let mut breaker_state = p.breaker.subscribe();
 
         loop {
             // Long handlers (mean above the heartbeat interval): no batch waits for a slot.
@@ -126,7 +127,19 @@ impl Dispatcher {
                 }
                 _ => 0,
             };
-            let capacity = s.concurrency + prefetch + early;
+            let mut capacity = s.concurrency + prefetch + early;
+            // The outage breaker: no receives while open (but one message to probe with when none
+            // is held), its slow-start slots while recovering.
+            if let Some(cap) = p.breaker.cap() {
+                capacity = if cap == 0
+                    && in_flight + reserved == 0
+                    && p.breaker.wants_message(Instant::now())
+                {
+                    1
+                } else {
+                    capacity.min(cap)
+                };
+            }
             let full = s.batch_size.min(capacity).max(1);
             let max_parallel = s.concurrency.div_ceil(full).clamp(1, MAX_PARALLEL_RECEIVES);
             if !draining && paused.is_none() && backoff_until.is_none() {
@@ -173,12 +186,21 @@ impl Dispatcher {
             }
             // Waiting messages whose heartbeat falls due get a background one until they start.
             let beat_due = waiting.iter().filter_map(Lease::beat_due).min();
+            // Only a future instant: one already past is the waiters' to act on (or a probe
+            // receive already asked for), and waking for it again would spin.
+            let breaker_wake = if draining {
+                None
+            } else {
+                p.breaker.next_wake().filter(|at| *at > Instant::now())
+            };
 
             tokio::select! {
                 () = &mut shutdown, if !draining => {
                     draining = true;
                     drain_deadline = Instant::now() + s.drain_budget;
                     metrics.set_readiness(Readiness::Draining);
+                    // Messages held at the breaker's gate are released by their tasks.
+                    p.breaker.shut_down();
                     tracing::info!(in_flight, receiving = receives.len(), "shutting down: no new receives, finishing in-flight messages");
                     // Messages waiting for a slot or behind their FIFO group have not started:
                     // release them now.
@@ -304,6 +326,14 @@ impl Dispatcher {
                 }
                 Some(_) = tasks.join_next(), if !tasks.is_empty() => {
                     while tasks.try_join_next().is_some() {}
+                }
+                Ok(()) = breaker_state.changed() => {
+                    // Opened, recovering or closed: the capacity above changes with it.
+                }
+                () = sleep_until_opt(breaker_wake), if breaker_wake.is_some() => {
+                    // A probe falls due (a message to probe with may be needed) or the outage
+                    // tolerance ends.
+                    p.breaker.tick(Instant::now());
                 }
                 () = sleep_until_opt(fill_at), if fill_at.is_some() && !fill_ready => {
                     fill_ready = true;

@@ -459,6 +459,7 @@ mod tests {
             deduplication_id: None,
             sequence_number: None,
             sent_timestamp: None,
+            first_receive_timestamp: None,
             attributes: vec![
                 (
                     "orderId".into(),

@@ -12,8 +12,9 @@ use crate::api::{IdempotencyKey, OnPoison};
 
 use super::backoff::{retry_delay, visibility_secs, within_twelve_hours};
 use super::batcher::Batcher;
+use super::breaker::{Breaker, Denied, Outcome, Pass};
 use super::dead_letter::DeadLetter;
-use super::handler::{Handler, Verdict};
+use super::handler::{Cause, Handler, Verdict};
 use super::heartbeat::{Heartbeats, Plan, lease_lost};
 use super::idempotency::{Claim, IdempotencyError, Store, key_of};
 use super::metrics::{Metrics, OutcomeLabel};
@@ -54,6 +55,8 @@ pub struct Processor {
     /// FIFO: a delete counts only once SQS confirmed it, so the group's next message cannot start
     /// before (a delete given up leaves the message on the queue and stops the group).
     pub confirm_deletes: bool,
+    /// The outage breaker: every handler call passes its gate.
+    pub breaker: Arc<Breaker>,
     poisoned: Mutex<BoundedSet>,
 }
 
@@ -179,6 +182,11 @@ impl Lease {
 
     /// Makes the message visible again at once, unhandled (shutdown, FIFO group stopped).
     pub async fn release(mut self) {
+        self.release_in_place().await;
+    }
+
+    /// `release`, for a message task that still owns its lease (the breaker's gate on shutdown).
+    async fn release_in_place(&mut self) {
         self.beat_inline().await;
         self.processor.releaser.send(self.entry()).await;
         self.settled = true;
@@ -430,6 +438,7 @@ impl Processor {
         deleter: Batcher,
         releaser: Batcher,
         freed: mpsc::UnboundedSender<Freed>,
+        breaker: Arc<Breaker>,
     ) -> Self {
         let heartbeats = heartbeat.map(|interval| {
             Heartbeats::spawn(
@@ -457,6 +466,7 @@ impl Processor {
             releaser,
             freed,
             confirm_deletes: false,
+            breaker,
             poisoned: Mutex::new(BoundedSet {
                 set: HashSet::new(),
                 order: VecDeque::new(),
@@ -476,7 +486,7 @@ impl Processor {
     }
 
     /// Applies `--on-poison` to a message the handler called poison.
-    async fn poison(&self, mut lease: Lease, reason: String) -> Ended {
+    async fn poison(&self, lease: &mut Lease, reason: String) -> Ended {
         let m = &self.metrics;
         let msg = &lease.msg;
         match self.on_poison {
@@ -486,22 +496,22 @@ impl Processor {
             }
             OnPoison::Leave => {
                 tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, reason = %reason, "poison message; leaving it for the redrive policy (--on-poison leave)");
-                self.leave_poison(&mut lease).await
+                self.leave_poison(lease).await
             }
             OnPoison::DeadLetter => {
                 let Some(dl) = &self.dead_letter else {
-                    return self.leave_poison(&mut lease).await;
+                    return self.leave_poison(lease).await;
                 };
                 let target = match dl.target().await {
                     Ok(Some(url)) => url,
                     Ok(None) => {
                         tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, reason = %reason, "poison message; the queue has no redrive policy, so it is left on the queue (--on-poison dead-letter acts as leave)");
-                        return self.leave_poison(&mut lease).await;
+                        return self.leave_poison(lease).await;
                     }
                     Err(e) => {
                         m.dead_letter_failures.inc();
                         tracing::error!(message_id = %msg.id, reason = %reason, error = %e, "poison message; cannot find the dead-letter queue, leaving it for the redrive policy");
-                        return self.leave_poison(&mut lease).await;
+                        return self.leave_poison(lease).await;
                     }
                 };
                 // Sent under the heartbeat: the lease must outlive the send and the delete.
@@ -530,7 +540,7 @@ impl Processor {
                             _ => "timed out".to_string(),
                         };
                         tracing::error!(message_id = %msg.id, reason = %reason, error = %error, "poison message; cannot send it to the dead-letter queue, leaving it for the redrive policy");
-                        self.leave_poison(&mut lease).await
+                        self.leave_poison(lease).await
                     }
                 }
             }
@@ -635,6 +645,69 @@ impl Processor {
         lease.settled = true;
     }
 
+    /// The last moment a message may wait at the breaker's gate and still make a whole handler
+    /// call inside its lease: with heartbeats, within SQS's 12 hours since the receive; without,
+    /// within the lease it got at the receive.
+    fn hold_deadline(&self, lease: &Lease) -> Instant {
+        let call = self.timeout + STOP_BACKSTOP + Duration::from_secs(5);
+        match self.heartbeat {
+            Some(_) => {
+                lease.beat.received_at
+                    + super::backoff::VISIBILITY_MAX
+                        .saturating_sub(super::backoff::TWELVE_HOURS_SLACK)
+                        .saturating_sub(call)
+            }
+            None => lease
+                .beat
+                .lease_until
+                .checked_sub(call)
+                .unwrap_or(lease.beat.received_at),
+        }
+    }
+
+    /// Passes the breaker's gate: at once while it is closed, else waiting (under the heartbeat)
+    /// for the probe or a slow-start slot. A message that leaves without a call is settled here:
+    /// released on shutdown (or when it never failed), backed off when it did.
+    async fn pass_gate<'a>(
+        &'a self,
+        lease: &mut Lease,
+        failed_before: bool,
+    ) -> Result<Pass<'a>, Ended> {
+        if let Some(pass) = self.breaker.try_pass() {
+            return Ok(pass);
+        }
+        let deadline = self.hold_deadline(lease);
+        let admitted = lease
+            .beat
+            .until(self, &lease.msg, deadline, Box::pin(self.breaker.admit()))
+            .await;
+        match admitted {
+            Some(Ok(pass)) => Ok(pass),
+            Some(Err(Denied::ShuttingDown)) => {
+                tracing::info!(message_id = %lease.msg.id, "shutting down while the breaker is open; releasing the held message unhandled");
+                lease.release_in_place().await;
+                Err(Ended::Kept)
+            }
+            other => {
+                let why = if other.is_none() {
+                    "held as long as its lease allows"
+                } else {
+                    "the breaker has been open longer than the outage tolerance"
+                };
+                if failed_before {
+                    let delay =
+                        retry_delay(self.retry_base, self.retry_max, lease.msg.receive_count);
+                    tracing::warn!(message_id = %lease.msg.id, receive_count = lease.msg.receive_count, why, retry_in_s = visibility_secs(delay), "no longer holding the message; retrying it the normal way");
+                    lease.back_off(delay).await;
+                } else {
+                    tracing::warn!(message_id = %lease.msg.id, why, "no longer holding the message; releasing it unhandled");
+                    lease.release_in_place().await;
+                }
+                Err(Ended::Kept)
+            }
+        }
+    }
+
     /// Runs one message to its end.
     pub async fn process(&self, mut lease: Lease) -> Ended {
         let m = &self.metrics;
@@ -645,13 +718,49 @@ impl Processor {
             m.outcome(OutcomeLabel::Poison);
             if self.on_poison == OnPoison::DeadLetter {
                 let reason = "handler answered poison on an earlier receive".to_string();
-                return self.poison(lease, reason).await;
+                return self.poison(&mut lease, reason).await;
             }
             let delay = retry_delay(self.retry_base, self.retry_max, lease.msg.receive_count);
             lease.back_off(delay).await;
             return Ended::Kept;
         }
+        // Failed in this receive and kept for another call (the breaker is open).
+        let mut failed_before = false;
+        loop {
+            let pass = match self.pass_gate(&mut lease, failed_before).await {
+                Ok(pass) => pass,
+                Err(ended) => return ended,
+            };
+            match self.attempt(&mut lease, pass).await {
+                Attempt::Ended(ended) => return ended,
+                Attempt::Failed {
+                    reason,
+                    retry_after,
+                } => {
+                    if self.breaker.holds() {
+                        failed_before = true;
+                        m.breaker_holds.inc();
+                        tracing::info!(message_id = %lease.msg.id, receive_count = lease.msg.receive_count, reason = %reason, "handler failed while the breaker is open; holding the message for the next probe instead of handing it back");
+                        continue;
+                    }
+                    // A handler's Retry-After is honoured up to --retry-max: a typo of a few digits
+                    // must not hide the message for 12 hours.
+                    let delay = retry_after.map_or_else(
+                        || retry_delay(self.retry_base, self.retry_max, lease.msg.receive_count),
+                        |d| d.min(self.retry_max),
+                    );
+                    tracing::warn!(message_id = %lease.msg.id, receive_count = lease.msg.receive_count, reason = %reason, retry_in_s = visibility_secs(delay), "handler failed; retrying later");
+                    lease.back_off(delay).await;
+                    return Ended::Kept;
+                }
+            }
+        }
+    }
 
+    /// One handler call (with its idempotency claim); a transient failure is returned for
+    /// `process` to hold or back off.
+    async fn attempt(&self, lease: &mut Lease, pass: Pass<'_>) -> Attempt {
+        let m = &self.metrics;
         let mut claimed: Option<(String, String)> = None;
         if let Some(store) = &self.store {
             match key_of(&self.key, &lease.msg) {
@@ -674,12 +783,12 @@ impl Processor {
                     Ok(Claim::Done) => {
                         tracing::info!(message_id = %lease.msg.id, key = %key, "idempotency key already done; deleting without calling the handler");
                         m.outcome(OutcomeLabel::Duplicate);
-                        return lease.delete().await;
+                        return Attempt::Ended(lease.delete().await);
                     }
                     Ok(Claim::InProgress { remaining }) => {
                         m.outcome(OutcomeLabel::InProgressElsewhere);
-                        self.hide_in_progress(&mut lease, &key, remaining).await;
-                        return Ended::Kept;
+                        self.hide_in_progress(lease, &key, remaining).await;
+                        return Attempt::Ended(Ended::Kept);
                     }
                     Err(e) => {
                         m.idempotency_errors.inc();
@@ -689,7 +798,7 @@ impl Processor {
                         let delay =
                             retry_delay(self.retry_base, self.retry_max, lease.msg.receive_count);
                         lease.back_off(delay).await;
-                        return Ended::Kept;
+                        return Attempt::Ended(Ended::Kept);
                     }
                 },
             }
@@ -726,6 +835,7 @@ impl Processor {
                         crate::api::Duration::from_std(self.timeout)
                     ),
                     retry_after: None,
+                    cause: Cause::Downstream,
                 },
                 true,
             ),
@@ -742,46 +852,91 @@ impl Processor {
                 tracing::warn!(message_id = %lease.msg.id, key = %key, error = %e, "cannot record the idempotency result");
             }
         }
+        pass.record(breaker_outcome(&verdict, first_received(&lease.msg)));
 
         let msg = &lease.msg;
         match verdict {
             Verdict::Success => {
                 m.outcome(OutcomeLabel::Success);
-                lease.delete().await
+                Attempt::Ended(lease.delete().await)
             }
             Verdict::Poison(reason) => {
                 m.outcome(OutcomeLabel::Poison);
-                self.poison(lease, reason).await
+                Attempt::Ended(self.poison(lease, reason).await)
             }
             Verdict::Transient {
                 reason,
                 retry_after,
+                ..
             } => {
                 m.outcome(if timed_out {
                     OutcomeLabel::Timeout
                 } else {
                     OutcomeLabel::Transient
                 });
-                // A handler's Retry-After is honoured up to --retry-max: a typo of a few digits
-                // must not hide the message for 12 hours.
-                let delay = retry_after.map_or_else(
-                    || retry_delay(self.retry_base, self.retry_max, msg.receive_count),
-                    |d| d.min(self.retry_max),
-                );
-                tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, reason = %reason, retry_in_s = visibility_secs(delay), "handler failed; retrying later");
-                lease.back_off(delay).await;
-                Ended::Kept
+                Attempt::Failed {
+                    reason,
+                    retry_after,
+                }
             }
             Verdict::Unreachable(reason) => {
                 m.outcome(OutcomeLabel::Transient);
                 tracing::warn!(message_id = %msg.id, reason = %reason, "handler unreachable; pausing receives until it accepts connections");
                 lease.unreachable = true;
-                let delay = retry_delay(self.retry_base, self.retry_max, msg.receive_count);
-                lease.back_off(delay).await;
-                Ended::Kept
+                Attempt::Failed {
+                    reason,
+                    retry_after: None,
+                }
             }
         }
     }
+}
+
+/// For a redelivered message, how long ago SQS first delivered it (None on its first receive).
+fn first_received(msg: &Message) -> Option<Duration> {
+    if msg.receive_count <= 1 {
+        return None;
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    // Without the attribute (an endpoint that omits it): as if received at the start of time, so
+    // any success since counts against the dependency being down.
+    let first = Duration::from_millis(msg.first_receive_timestamp.unwrap_or(0));
+    Some(now.saturating_sub(first))
+}
+
+/// What one handler call's verdict tells the outage breaker.
+pub fn breaker_outcome(verdict: &Verdict, first_received: Option<Duration>) -> Outcome {
+    match verdict {
+        Verdict::Success => Outcome::Success,
+        Verdict::Poison(_)
+        | Verdict::Transient {
+            cause: Cause::Other,
+            ..
+        } => Outcome::Neutral,
+        Verdict::Transient {
+            cause: Cause::Unavailable,
+            retry_after,
+            ..
+        } => Outcome::Overloaded(*retry_after),
+        Verdict::Transient {
+            cause: Cause::Downstream,
+            ..
+        }
+        | Verdict::Unreachable(_) => Outcome::Failure { first_received },
+    }
+}
+
+/// How one handler call ended, for `process`.
+enum Attempt {
+    /// The message is settled (deleted, dead-lettered, hidden, backed off).
+    Ended(Ended),
+    /// A transient failure: hold it for the breaker's probe, or back it off.
+    Failed {
+        reason: String,
+        retry_after: Option<Duration>,
+    },
 }
 
 async fn store_call<'a, F, Fut>(

@@ -113,6 +113,19 @@ pub struct Metrics {
     pub idempotency_claims_lost: Counter,
     pub dead_lettered: Counter,
     pub dead_letter_failures: Counter,
+    /// `qc_worker_breaker_state`: 0 closed, 1 open, 2 recovering (`breaker::State::gauge`).
+    pub breaker_state: Gauge,
+    /// Transitions by the state entered (`breaker::State` order: closed, open, recovering, spent).
+    pub breaker_transitions: [Counter; 4],
+    /// Probes by result: success, failure.
+    pub breaker_probes: [Counter; 2],
+    /// Messages waiting at the breaker's gate.
+    pub breaker_held: Gauge,
+    /// Transient failures held for the breaker's probe instead of handed back to the queue.
+    pub breaker_holds: Counter,
+    /// Milliseconds of open episodes that have ended; the current one is added when rendered.
+    pub breaker_open_millis: Counter,
+    breaker_open_since: Mutex<Option<std::time::Instant>>,
     readiness: Mutex<Readiness>,
 }
 
@@ -139,6 +152,13 @@ impl Default for Metrics {
             idempotency_claims_lost: Counter::default(),
             dead_lettered: Counter::default(),
             dead_letter_failures: Counter::default(),
+            breaker_state: Gauge::default(),
+            breaker_transitions: Default::default(),
+            breaker_probes: Default::default(),
+            breaker_held: Gauge::default(),
+            breaker_holds: Counter::default(),
+            breaker_open_millis: Counter::default(),
+            breaker_open_since: Mutex::new(None),
             readiness: Mutex::new(Readiness::Starting("reading queue attributes".into())),
         }
     }
@@ -161,6 +181,28 @@ impl Metrics {
             .map_or(Readiness::Failing("readiness lock poisoned".into()), |g| {
                 g.clone()
             })
+    }
+
+    /// An open episode of the breaker begins (`open`) or ends.
+    pub fn breaker_episode(&self, open: bool) {
+        if let Ok(mut since) = self.breaker_open_since.lock() {
+            if open {
+                since.get_or_insert_with(std::time::Instant::now);
+            } else if let Some(s) = since.take() {
+                self.breaker_open_millis.add(s.elapsed().as_millis() as u64);
+            }
+        }
+    }
+
+    /// Seconds the breaker has not been closed, the current episode included.
+    pub fn breaker_open_seconds(&self) -> f64 {
+        let current = self
+            .breaker_open_since
+            .lock()
+            .ok()
+            .and_then(|s| s.map(|s| s.elapsed().as_secs_f64()))
+            .unwrap_or(0.0);
+        self.breaker_open_millis.get() as f64 / 1000.0 + current
     }
 
     /// Total SQS requests of every action.
@@ -289,6 +331,47 @@ impl Metrics {
             "qc_worker_dead_letter_failures_total",
             "Poison messages that could not be sent to the dead-letter queue and were left on the source.",
             &[(&[], self.dead_letter_failures.get())],
+        );
+        e.gauge(
+            "qc_worker_breaker_state",
+            "Outage breaker: 0 closed, 1 open (the handler's dependency is failing: receiving paused, held messages retried in-process by probes), 2 recovering (slow start after a successful probe).",
+            &[(&[], self.breaker_state.get())],
+        );
+        let to = ["closed", "open", "recovering", "spent"];
+        let transitions: Vec<([(&str, &str); 1], u64)> = to
+            .iter()
+            .zip(&self.breaker_transitions)
+            .map(|(s, c)| ([("to", *s)], c.get()))
+            .collect();
+        let samples: Vec<(&[(&str, &str)], u64)> =
+            transitions.iter().map(|(l, v)| (&l[..], *v)).collect();
+        e.counter(
+            "qc_worker_breaker_transitions_total",
+            "Outage breaker transitions, by the state entered (spent: open longer than the outage tolerance, nothing held).",
+            &samples,
+        );
+        e.counter_f64(
+            "qc_worker_breaker_open_seconds_total",
+            "Seconds the outage breaker has not been closed (open, recovering or spent).",
+            &[(&[], self.breaker_open_seconds())],
+        );
+        e.gauge(
+            "qc_worker_breaker_held_messages",
+            "Messages held at the outage breaker's gate, under their heartbeats, waiting for a probe or a slot.",
+            &[(&[], self.breaker_held.get())],
+        );
+        e.counter(
+            "qc_worker_breaker_holds_total",
+            "Transient failures kept in hand for the outage breaker's probe instead of handed back to the queue (each saves a receive toward maxReceiveCount).",
+            &[(&[], self.breaker_holds.get())],
+        );
+        e.counter(
+            "qc_worker_breaker_probes_total",
+            "Handler calls made as the outage breaker's probe, by result.",
+            &[
+                (&[("result", "success")], self.breaker_probes[0].get()),
+                (&[("result", "failure")], self.breaker_probes[1].get()),
+            ],
         );
         let ready = i64::from(self.readiness() == Readiness::Ready);
         e.gauge(

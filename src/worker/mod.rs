@@ -3,6 +3,7 @@
 
 pub mod backoff;
 pub mod batcher;
+pub mod breaker;
 pub mod dead_letter;
 pub mod dispatch;
 pub mod handler;
@@ -86,6 +87,8 @@ pub struct Config {
     pub max_request_head: usize,
     /// Default: `timeout` + 5s.
     pub shutdown_timeout: Option<Duration>,
+    /// The outage breaker (`--breaker*`, `--outage-tolerance`); its `concurrency` is `concurrency`.
+    pub breaker: breaker::Settings,
     pub handler: HandlerConfig,
 }
 
@@ -177,6 +180,49 @@ impl Config {
             return bad(
                 "--max-request-head",
                 "must be between 1KiB and 1MiB (the default 8KiB fits nginx's and most frameworks' limits)",
+            );
+        }
+        let b = &self.breaker;
+        if !(1..=100).contains(&b.failure_percent) {
+            return bad(
+                "--breaker-failure-percent",
+                "must be between 1 and 100 (the default 50 opens when half the window failed)",
+            );
+        }
+        if !(2..=1000).contains(&b.window) {
+            return bad(
+                "--breaker-window",
+                "must be between 2 and 1000 outcomes (default 20)",
+            );
+        }
+        if !(1..=1000).contains(&b.consecutive) {
+            return bad(
+                "--breaker-consecutive",
+                "must be between 1 and 1000 failures in a row (default 10)",
+            );
+        }
+        if b.probe_base.is_zero() {
+            return bad(
+                "--breaker-probe-base",
+                "must be greater than 0s (default 1s)",
+            );
+        }
+        if b.probe_max < b.probe_base {
+            return bad(
+                "--breaker-probe-max",
+                "must not be below --breaker-probe-base",
+            );
+        }
+        if b.probe_max > StdDuration::from_hours(12) {
+            return bad(
+                "--breaker-probe-max",
+                "must be at most 12h (a held message cannot outlive SQS's 12 hours of visibility)",
+            );
+        }
+        if b.tolerance.is_some_and(|t| t.is_zero()) {
+            return bad(
+                "--outage-tolerance",
+                "must be greater than 0s; leave it unset to hold messages up to SQS's 12 hours, or use --breaker false",
             );
         }
         if self.idempotency_store != IdempotencyStore::None && self.idempotency_ttl.is_zero() {
@@ -345,6 +391,13 @@ pub async fn run(
         close_rx,
     );
     let (freed_tx, freed_rx) = mpsc::unbounded_channel();
+    let breaker = Arc::new(breaker::Breaker::new(
+        breaker::Settings {
+            concurrency: config.concurrency as usize,
+            ..config.breaker.clone()
+        },
+        metrics.clone(),
+    ));
     let mut processor = Processor::new(
         sqs.clone(),
         metrics.clone(),
@@ -363,6 +416,7 @@ pub async fn run(
         deleter,
         releaser,
         freed_tx,
+        breaker,
     );
     processor.confirm_deletes = info.fifo;
     let processor = Arc::new(processor);
@@ -530,6 +584,8 @@ fn log_start(config: &Config, info: &QueueInfo, heartbeat: Option<StdDuration>) 
         heartbeat_interval_ms = heartbeat.map(|h| h.as_millis() as u64),
         on_poison = config.on_poison.as_str(),
         idempotency_store = config.idempotency_store.as_str(),
+        breaker = config.breaker.enabled,
+        outage_tolerance_s = config.breaker.tolerance.map(|t| t.as_secs()),
         shutdown_timeout_ms = config.shutdown_timeout().as_millis() as u64,
         "queue read"
     );
@@ -580,6 +636,7 @@ mod tests {
             metrics_addr: "127.0.0.1:0".into(),
             max_request_head: handler::DEFAULT_MAX_HEAD,
             shutdown_timeout: None,
+            breaker: breaker::Settings::default(),
             handler: HandlerConfig::Http {
                 url: "http://127.0.0.1:8080/messages".into(),
             },
@@ -632,6 +689,31 @@ mod tests {
                 "--heartbeat-interval",
             ),
             (Box::new(|c| c.max_request_head = 100), "--max-request-head"),
+            (
+                Box::new(|c| c.breaker.failure_percent = 0),
+                "--breaker-failure-percent",
+            ),
+            (
+                Box::new(|c| c.breaker.failure_percent = 101),
+                "--breaker-failure-percent",
+            ),
+            (Box::new(|c| c.breaker.window = 1), "--breaker-window"),
+            (
+                Box::new(|c| c.breaker.consecutive = 0),
+                "--breaker-consecutive",
+            ),
+            (
+                Box::new(|c| c.breaker.probe_base = StdDuration::ZERO),
+                "--breaker-probe-base",
+            ),
+            (
+                Box::new(|c| c.breaker.probe_max = StdDuration::from_millis(500)),
+                "--breaker-probe-max",
+            ),
+            (
+                Box::new(|c| c.breaker.tolerance = Some(StdDuration::ZERO)),
+                "--outage-tolerance",
+            ),
             (
                 Box::new(|c| c.max_request_head = 2 * MAX_REQUEST_HEAD),
                 "--max-request-head",

@@ -285,6 +285,7 @@ impl ExecHandler {
                 return Some(Verdict::Transient {
                     reason: format!("cannot start {}: {e}", self.program.display()),
                     retry_after: None,
+                    cause: super::Cause::Downstream,
                 });
             }
         };
@@ -355,6 +356,7 @@ impl ExecHandler {
             Err(e) => Verdict::Transient {
                 reason: format!("cannot wait for {}: {e}", self.program.display()),
                 retry_after: None,
+                cause: super::Cause::Downstream,
             },
         })
     }

@@ -103,6 +103,7 @@ impl HttpHandler {
             Err(e) => Verdict::Transient {
                 reason: format!("no answer from {}: {e}", self.uri),
                 retry_after: None,
+                cause: super::Cause::Downstream,
             },
         }
     }
@@ -380,6 +381,7 @@ mod tests {
             receive_count: 3,
             group_id: Some("g\r\nx-evil: 1".into()),
             sent_timestamp: Some(951_782_400_123),
+            first_receive_timestamp: None,
             attributes: vec![
                 ("Content-Type".into(), attr("application/xml")),
                 ("OrderId".into(), attr(" o-77")),

@@ -22,9 +22,24 @@ pub enum Verdict {
     Transient {
         reason: String,
         retry_after: Option<Duration>,
+        cause: Cause,
     },
     /// The handler could not be reached at all (connection refused): the worker pauses receiving.
     Unreachable(String),
+}
+
+/// What a transient failure says about the handler's dependency, for the outage breaker
+/// (`worker::breaker`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// Points at a dependency: no answer, a timeout, HTTP 5xx or 429, an exec exit other than 0/65/75
+    /// or a signal. Counted by the breaker.
+    Downstream,
+    /// The handler said its dependency is unavailable: HTTP 503 with Retry-After, exit 75
+    /// (EX_TEMPFAIL). Opens the breaker at once.
+    Unavailable,
+    /// Says nothing of the dependency (another 4xx, a 1xx or 3xx answer): retried, not counted.
+    Other,
 }
 
 /// Why a handler could not be set up.
@@ -94,13 +109,27 @@ pub fn verdict_for_status(status: u16, retry_after: Option<&str>, now: SystemTim
     match status {
         200..=299 => Verdict::Success,
         400 | 422 => Verdict::Poison(format!("handler answered HTTP {status}")),
-        429 | 503 => Verdict::Transient {
+        429 | 503 => {
+            let retry_after = retry_after.and_then(|v| parse_retry_after(v, now));
+            Verdict::Transient {
+                reason: format!("handler answered HTTP {status}"),
+                cause: if status == 503 && retry_after.is_some() {
+                    Cause::Unavailable
+                } else {
+                    Cause::Downstream
+                },
+                retry_after,
+            }
+        }
+        500..=599 => Verdict::Transient {
             reason: format!("handler answered HTTP {status}"),
-            retry_after: retry_after.and_then(|v| parse_retry_after(v, now)),
+            retry_after: None,
+            cause: Cause::Downstream,
         },
         _ => Verdict::Transient {
             reason: format!("handler answered HTTP {status}"),
             retry_after: None,
+            cause: Cause::Other,
         },
     }
 }
@@ -117,23 +146,36 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
 
 /// EX_DATAERR from sysexits.h: the input data was incorrect.
 pub const EXIT_POISON: i32 = 65;
+/// EX_TEMPFAIL from sysexits.h: a temporary failure; for the worker, the handler's dependency is
+/// unavailable (the outage breaker opens at once).
+pub const EXIT_UNAVAILABLE: i32 = 75;
 
 /// The exec mapping (docs/handler-contract.md): exit 0 success, 65 poison, any other exit or a signal transient.
 pub fn verdict_for_exit(code: Option<i32>, signal: Option<i32>) -> Verdict {
     match (code, signal) {
         (Some(0), _) => Verdict::Success,
         (Some(EXIT_POISON), _) => Verdict::Poison(format!("handler exited {EXIT_POISON}")),
+        (Some(EXIT_UNAVAILABLE), _) => Verdict::Transient {
+            reason: format!(
+                "handler exited {EXIT_UNAVAILABLE} (EX_TEMPFAIL: its dependency is unavailable)"
+            ),
+            retry_after: None,
+            cause: Cause::Unavailable,
+        },
         (Some(c), _) => Verdict::Transient {
             reason: format!("handler exited {c}"),
             retry_after: None,
+            cause: Cause::Downstream,
         },
         (None, Some(s)) => Verdict::Transient {
             reason: format!("handler killed by signal {s}"),
             retry_after: None,
+            cause: Cause::Downstream,
         },
         (None, None) => Verdict::Transient {
             reason: "handler ended without an exit code".into(),
             retry_after: None,
+            cause: Cause::Downstream,
         },
     }
 }
@@ -157,6 +199,59 @@ mod tests {
             Verdict::Transient { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
+    }
+
+    fn cause(v: &Verdict) -> Option<Cause> {
+        match v {
+            Verdict::Transient { cause, .. } => Some(*cause),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn what_a_failure_says_about_the_dependency() {
+        let now = SystemTime::UNIX_EPOCH;
+        for s in [500, 502, 504, 599, 429] {
+            assert_eq!(
+                cause(&verdict_for_status(s, None, now)),
+                Some(Cause::Downstream),
+                "{s}"
+            );
+        }
+        assert_eq!(
+            cause(&verdict_for_status(429, Some("5"), now)),
+            Some(Cause::Downstream)
+        );
+        assert_eq!(
+            cause(&verdict_for_status(503, None, now)),
+            Some(Cause::Downstream)
+        );
+        assert_eq!(
+            cause(&verdict_for_status(503, Some("5"), now)),
+            Some(Cause::Unavailable)
+        );
+        for s in [300, 401, 403, 404, 409, 413] {
+            assert_eq!(
+                cause(&verdict_for_status(s, None, now)),
+                Some(Cause::Other),
+                "{s}"
+            );
+        }
+        assert_eq!(cause(&verdict_for_status(400, None, now)), None);
+        assert_eq!(
+            cause(&verdict_for_exit(Some(75), None)),
+            Some(Cause::Unavailable)
+        );
+        for c in [1, 2, 64, 66, 127, 255] {
+            assert_eq!(
+                cause(&verdict_for_exit(Some(c), None)),
+                Some(Cause::Downstream)
+            );
+        }
+        assert_eq!(
+            cause(&verdict_for_exit(None, Some(9))),
+            Some(Cause::Downstream)
+        );
     }
 
     #[test]

@@ -373,10 +373,11 @@ impl BatchAnswer for ChangeMessageVisibilityBatchOutput {
 }
 
 /// Only the system attributes the worker uses (what its receives ask for).
-pub const SYSTEM_ATTRIBUTES: [MessageSystemAttributeName; 6] = [
+pub const SYSTEM_ATTRIBUTES: [MessageSystemAttributeName; 7] = [
     MessageSystemAttributeName::AwsTraceHeader,
     MessageSystemAttributeName::ApproximateReceiveCount,
     MessageSystemAttributeName::SentTimestamp,
+    MessageSystemAttributeName::ApproximateFirstReceiveTimestamp,
     MessageSystemAttributeName::MessageGroupId,
     MessageSystemAttributeName::MessageDeduplicationId,
     MessageSystemAttributeName::SequenceNumber,

@@ -20,6 +20,10 @@ pub struct Message {
     pub sequence_number: Option<String>,
     /// Milliseconds since the epoch.
     pub sent_timestamp: Option<u64>,
+    /// When SQS first delivered the message, milliseconds since the epoch
+    /// (`ApproximateFirstReceiveTimestamp`): the outage breaker asks whether the handler succeeded
+    /// since a redelivered message first failed.
+    pub first_receive_timestamp: Option<u64>,
     pub attributes: Vec<(String, AttributeValue)>,
     /// The X-Ray trace header SQS keeps for the message (`AWSTraceHeader` system attribute).
     pub trace_header: Option<String>,
@@ -51,6 +55,7 @@ impl Message {
             deduplication_id: None,
             sequence_number: None,
             sent_timestamp: None,
+            first_receive_timestamp: None,
             attributes: Vec::new(),
             trace_header: None,
             received_at: Instant::now(),
@@ -111,6 +116,10 @@ impl Message {
             sequence_number: take(MessageSystemAttributeName::SequenceNumber),
             sent_timestamp: take(MessageSystemAttributeName::SentTimestamp)
                 .and_then(|t| t.parse().ok()),
+            first_receive_timestamp: take(
+                MessageSystemAttributeName::ApproximateFirstReceiveTimestamp,
+            )
+            .and_then(|t| t.parse().ok()),
             trace_header: take(MessageSystemAttributeName::AwsTraceHeader),
             id,
             receipt_handle,

@@ -1,0 +1,1016 @@
+//! The outage breaker (docs/worker.md, "When the handler's dependency fails"): when the handler's
+//! own dependency fails (its database, an API it calls), the worker stops receiving, keeps the
+//! messages it holds under their heartbeats instead of handing them back to burn receives toward
+//! the DLQ, probes the handler with one of them on a backoff, and on a successful probe opens its
+//! slots again one at a time (slow start).
+//!
+//! `Detector` is the pure state machine: outcomes and instants in, decisions out. `Breaker` wraps it
+//! for the message tasks: a gate each handler call passes (without a lock while closed), the state
+//! for the dispatcher, metrics and log lines on every transition.
+//!
+//! What counts: transient failures that point at a dependency (timeouts, no connection, HTTP 5xx and
+//! 429, exec exits other than 0 and 65) of messages on their first receive. A poison answer, another
+//! 4xx, or the failure of a message that already failed on an earlier receive (it may be the message,
+//! not the dependency) says nothing: a tenth of messages that always fail must not stop the rest.
+//! HTTP 503 with Retry-After and exit 75 (EX_TEMPFAIL) open it at once.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+use super::metrics::Metrics;
+
+/// Outcomes older than this leave the window: at low traffic the run of consecutive failures decides.
+pub const WINDOW_AGE: Duration = Duration::from_mins(1);
+/// Consecutive failures in slow start that open the breaker again.
+pub const RECOVERY_FAILURES: u32 = 2;
+/// Longest pause a handler's Retry-After may ask for (a typo of a few digits must not pause for hours).
+pub const MAX_EXPLICIT_PAUSE: Duration = Duration::from_mins(15);
+
+/// The breaker's configuration (`--breaker*`, `--outage-tolerance`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    pub enabled: bool,
+    /// Opens when at least this percentage of the window's outcomes are failures...
+    pub failure_percent: u32,
+    /// ...and the window holds this many outcomes (its size).
+    pub window: usize,
+    /// Or when this many failures come in a row.
+    pub consecutive: u32,
+    /// Probe delays: `probe_base × 2^(n-1)`, at most `probe_max`, jittered down by up to half.
+    pub probe_base: Duration,
+    pub probe_max: Duration,
+    /// After the breaker has been open this long, messages are no longer held: they follow the
+    /// normal retries toward the DLQ until a success closes it. None: held up to SQS's 12 hours.
+    pub tolerance: Option<Duration>,
+    /// The worker's slots: slow start ends when this many calls run again.
+    pub concurrency: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            enabled: true,
+            failure_percent: 50,
+            window: 20,
+            consecutive: 10,
+            probe_base: Duration::from_secs(1),
+            probe_max: Duration::from_secs(30),
+            tolerance: None,
+            concurrency: 10,
+        }
+    }
+}
+
+/// What one handler call says about the handler's dependency.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Success,
+    /// Nothing about the dependency: poison, a 4xx other than 429.
+    Neutral,
+    /// A transient failure (timeout, no connection, 5xx, 429, an exec exit other than 0/65/75).
+    /// `first_received`: for a redelivered message, how long ago SQS first delivered it. While
+    /// closed, such a failure counts only if no call has succeeded since: when others succeeded
+    /// after it first failed, the message, not the dependency, is the likely cause.
+    Failure {
+        first_received: Option<Duration>,
+    },
+    /// The handler said its dependency is down: HTTP 503 with Retry-After, exit 75.
+    Overloaded(Option<Duration>),
+}
+
+/// The state as metrics and the dispatcher see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    Closed,
+    /// Intake paused; one probe at a time.
+    Open,
+    /// A probe succeeded: slots open again one at a time.
+    Recovering,
+    /// Open longer than the outage tolerance: nothing is held; closes on the next success.
+    Spent,
+}
+
+impl State {
+    /// `qc_worker_breaker_state`: 0 closed, 1 open (the dependency is failing: also past the outage
+    /// tolerance), 2 recovering.
+    pub fn gauge(self) -> i64 {
+        match self {
+            State::Closed => 0,
+            State::Open | State::Spent => 1,
+            State::Recovering => 2,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Closed => "closed",
+            State::Open => "open",
+            State::Recovering => "recovering",
+            State::Spent => "spent",
+        }
+    }
+}
+
+/// A change of state, with what caused it, for the log and metrics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transition {
+    pub to: State,
+    pub cause: String,
+}
+
+/// Leave to call the handler. `probe`: the one call allowed while open; `limited`: counted against
+/// the slow start's slots until its outcome is recorded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ticket {
+    pub probe: bool,
+    pub limited: bool,
+}
+
+/// The gate's answer to a message that wants to call the handler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admit {
+    Go(Ticket),
+    /// Not yet: ask again at this instant, or when woken (None: only when woken).
+    Wait(Option<Instant>),
+    /// Past the outage tolerance: stop holding, retry the normal way.
+    GiveUp,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Phase {
+    Closed,
+    Open {
+        episode: Instant,
+        probe_at: Instant,
+        attempt: u32,
+        probing: bool,
+    },
+    Recovering {
+        episode: Instant,
+        allowed: usize,
+        attempt: u32,
+        failures: u32,
+    },
+    Spent,
+}
+
+/// The pure state machine.
+#[derive(Clone, Debug)]
+pub struct Detector {
+    s: Settings,
+    /// Recent counted outcomes: (when, failed), newest last, at most `s.window`.
+    window: VecDeque<(Instant, bool)>,
+    run: u32,
+    phase: Phase,
+    last_success: Option<Instant>,
+    /// Calls admitted in slow start whose outcome is not recorded yet.
+    running: usize,
+    /// Messages waiting at the gate, in arrival order: the probe goes to the first, who then goes to
+    /// the back, so a message that always fails cannot keep the breaker open by itself.
+    waiters: VecDeque<u64>,
+}
+
+impl Detector {
+    pub fn new(s: Settings) -> Detector {
+        Detector {
+            s,
+            window: VecDeque::new(),
+            run: 0,
+            phase: Phase::Closed,
+            last_success: None,
+            running: 0,
+            waiters: VecDeque::new(),
+        }
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.s
+    }
+
+    pub fn state(&self) -> State {
+        match self.phase {
+            Phase::Closed => State::Closed,
+            Phase::Open { .. } => State::Open,
+            Phase::Recovering { .. } => State::Recovering,
+            Phase::Spent => State::Spent,
+        }
+    }
+
+    /// Failing messages are held (kept under their heartbeat, retried in-process) rather than
+    /// handed back to the queue.
+    pub fn holds(&self) -> bool {
+        matches!(self.phase, Phase::Open { .. } | Phase::Recovering { .. })
+    }
+
+    /// Messages the worker may have in hand now (None: its normal capacity).
+    pub fn cap(&self) -> Option<usize> {
+        match self.phase {
+            Phase::Open { .. } => Some(0),
+            Phase::Recovering { allowed, .. } => Some(allowed),
+            Phase::Closed | Phase::Spent => None,
+        }
+    }
+
+    /// Open, a probe due and no message held to probe with: the dispatcher receives one.
+    pub fn wants_message(&self, now: Instant) -> bool {
+        match self.phase {
+            Phase::Open {
+                probe_at, probing, ..
+            } => !probing && now >= probe_at && self.waiters.is_empty(),
+            _ => false,
+        }
+    }
+
+    /// When something changes by itself: the next probe, or the end of the outage tolerance.
+    pub fn next_wake(&self) -> Option<Instant> {
+        let tolerance = |episode: Instant| self.s.tolerance.map(|t| episode + t);
+        match self.phase {
+            Phase::Open {
+                episode,
+                probe_at,
+                probing,
+                ..
+            } => {
+                let probe = (!probing).then_some(probe_at);
+                [probe, tolerance(episode)].into_iter().flatten().min()
+            }
+            Phase::Recovering { episode, .. } => tolerance(episode),
+            Phase::Closed | Phase::Spent => None,
+        }
+    }
+
+    /// Applies what time alone changes: past the outage tolerance, open becomes spent.
+    pub fn tick(&mut self, now: Instant) -> Option<Transition> {
+        let episode = match self.phase {
+            Phase::Open { episode, .. } | Phase::Recovering { episode, .. } => episode,
+            Phase::Closed | Phase::Spent => return None,
+        };
+        let tolerance = self.s.tolerance?;
+        if now.saturating_duration_since(episode) < tolerance {
+            return None;
+        }
+        self.phase = Phase::Spent;
+        self.running = 0;
+        Some(Transition {
+            to: State::Spent,
+            cause: format!(
+                "open longer than the outage tolerance ({}): messages are no longer held and follow the normal retries toward the DLQ",
+                crate::api::Duration::from_std(tolerance)
+            ),
+        })
+    }
+
+    /// Message `waiter` asks to call the handler.
+    pub fn admit(&mut self, waiter: u64, now: Instant) -> (Admit, Option<Transition>) {
+        let t = self.tick(now);
+        let admit = match &mut self.phase {
+            Phase::Closed => Admit::Go(Ticket::default()),
+            Phase::Spent => {
+                if self.waiters.contains(&waiter) {
+                    Admit::GiveUp
+                } else {
+                    Admit::Go(Ticket::default())
+                }
+            }
+            Phase::Open {
+                probe_at, probing, ..
+            } => {
+                if !self.waiters.contains(&waiter) {
+                    self.waiters.push_back(waiter);
+                }
+                if !*probing && now >= *probe_at && self.waiters.front() == Some(&waiter) {
+                    *probing = true;
+                    self.waiters.pop_front();
+                    Admit::Go(Ticket {
+                        probe: true,
+                        limited: false,
+                    })
+                } else {
+                    Admit::Wait(self.next_wake())
+                }
+            }
+            Phase::Recovering { allowed, .. } => {
+                if self.running < *allowed {
+                    self.running += 1;
+                    self.waiters.retain(|w| *w != waiter);
+                    Admit::Go(Ticket {
+                        probe: false,
+                        limited: true,
+                    })
+                } else {
+                    if !self.waiters.contains(&waiter) {
+                        self.waiters.push_back(waiter);
+                    }
+                    Admit::Wait(self.next_wake())
+                }
+            }
+        };
+        (admit, t)
+    }
+
+    /// A waiter left the gate without a call (released on shutdown, given up, its task ended).
+    pub fn leave(&mut self, waiter: u64) {
+        self.waiters.retain(|w| *w != waiter);
+    }
+
+    fn probe_delay(&self, attempt: u32, jitter: f64) -> Duration {
+        let full = self
+            .s
+            .probe_base
+            .checked_mul(1u32 << attempt.saturating_sub(1).min(20))
+            .unwrap_or(Duration::MAX)
+            .min(self.s.probe_max)
+            .max(self.s.probe_base.min(self.s.probe_max));
+        // Down by up to half, so a fleet of workers does not probe in lockstep.
+        full.mul_f64(1.0 - 0.5 * jitter.clamp(0.0, 1.0))
+    }
+
+    fn open(
+        &mut self,
+        now: Instant,
+        episode: Instant,
+        attempt: u32,
+        explicit: Option<Duration>,
+        jitter: f64,
+        cause: String,
+    ) -> Transition {
+        let delay = match explicit {
+            Some(d) => d.min(MAX_EXPLICIT_PAUSE),
+            None => self.probe_delay(attempt.max(1), jitter),
+        };
+        self.phase = Phase::Open {
+            episode,
+            probe_at: now + delay,
+            attempt: attempt.max(1),
+            probing: false,
+        };
+        self.running = 0;
+        Transition {
+            to: State::Open,
+            cause: format!(
+                "{cause}; next probe in {}",
+                crate::api::Duration::from_std(Duration::from_secs(delay.as_secs()))
+            ),
+        }
+    }
+
+    fn close(&mut self, cause: &str) -> Transition {
+        self.phase = Phase::Closed;
+        self.window.clear();
+        self.run = 0;
+        self.running = 0;
+        Transition {
+            to: State::Closed,
+            cause: cause.to_string(),
+        }
+    }
+
+    /// The outcome of a call admitted with `ticket`. `jitter` is a random number in [0, 1).
+    pub fn record(
+        &mut self,
+        ticket: Ticket,
+        outcome: Outcome,
+        now: Instant,
+        jitter: f64,
+    ) -> Option<Transition> {
+        if ticket.limited {
+            self.running = self.running.saturating_sub(1);
+        }
+        if !self.s.enabled {
+            return None;
+        }
+        if outcome == Outcome::Success {
+            self.last_success = Some(now);
+        }
+        match self.phase.clone() {
+            Phase::Closed => self.record_closed(outcome, now, jitter),
+            Phase::Open {
+                episode,
+                attempt,
+                probe_at,
+                ..
+            } => {
+                if !ticket.probe {
+                    // A call started before the breaker opened: the probe decides.
+                    return None;
+                }
+                match outcome {
+                    Outcome::Success => {
+                        self.phase = Phase::Recovering {
+                            episode,
+                            allowed: 2.min(self.s.concurrency.max(1)),
+                            attempt,
+                            failures: 0,
+                        };
+                        if self.s.concurrency <= 2 {
+                            return Some(self.close("probes succeed: slots open again"));
+                        }
+                        Some(Transition {
+                            to: State::Recovering,
+                            cause: "the probe succeeded; opening slots one at a time".into(),
+                        })
+                    }
+                    Outcome::Neutral => {
+                        // The probe message itself was bad: probe with another one at once.
+                        self.phase = Phase::Open {
+                            episode,
+                            probe_at: now.min(probe_at),
+                            attempt,
+                            probing: false,
+                        };
+                        None
+                    }
+                    Outcome::Failure { .. } | Outcome::Overloaded(_) => {
+                        let explicit = match outcome {
+                            Outcome::Overloaded(d) => d,
+                            _ => None,
+                        };
+                        let delay = match explicit {
+                            Some(d) => d.min(MAX_EXPLICIT_PAUSE),
+                            None => self.probe_delay(attempt + 1, jitter),
+                        };
+                        self.phase = Phase::Open {
+                            episode,
+                            probe_at: now + delay,
+                            attempt: attempt + 1,
+                            probing: false,
+                        };
+                        None
+                    }
+                }
+            }
+            Phase::Recovering {
+                episode,
+                allowed,
+                attempt,
+                failures,
+            } => match outcome {
+                Outcome::Success => {
+                    let allowed = allowed + 1;
+                    if allowed >= self.s.concurrency {
+                        return Some(self.close("slow start done: every slot open again"));
+                    }
+                    self.phase = Phase::Recovering {
+                        episode,
+                        allowed,
+                        attempt,
+                        failures: 0,
+                    };
+                    None
+                }
+                Outcome::Neutral => None,
+                Outcome::Failure { .. } => {
+                    let failures = failures + 1;
+                    if failures >= RECOVERY_FAILURES {
+                        return Some(self.open(
+                            now,
+                            episode,
+                            attempt + 1,
+                            None,
+                            jitter,
+                            format!("{failures} failures in a row while recovering"),
+                        ));
+                    }
+                    self.phase = Phase::Recovering {
+                        episode,
+                        allowed,
+                        attempt,
+                        failures,
+                    };
+                    None
+                }
+                Outcome::Overloaded(d) => Some(self.open(
+                    now,
+                    episode,
+                    attempt + 1,
+                    d,
+                    jitter,
+                    "the handler said its dependency is unavailable while recovering".into(),
+                )),
+            },
+            Phase::Spent => match outcome {
+                Outcome::Success => Some(self.close("a message succeeded after the outage")),
+                _ => None,
+            },
+        }
+    }
+
+    fn record_closed(&mut self, outcome: Outcome, now: Instant, jitter: f64) -> Option<Transition> {
+        while self
+            .window
+            .front()
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) > WINDOW_AGE)
+        {
+            self.window.pop_front();
+        }
+        let failed = match outcome {
+            Outcome::Success => false,
+            Outcome::Neutral => return None,
+            Outcome::Failure {
+                first_received: Some(ago),
+            } if self
+                .last_success
+                .is_some_and(|s| now.saturating_duration_since(s) < ago) =>
+            {
+                return None;
+            }
+            Outcome::Failure { .. } => true,
+            Outcome::Overloaded(d) => {
+                return Some(self.open(
+                    now,
+                    now,
+                    1,
+                    Some(d.unwrap_or(self.s.probe_base)),
+                    jitter,
+                    "the handler said its dependency is unavailable (HTTP 503 with Retry-After or exit 75)".into(),
+                ));
+            }
+        };
+        self.window.push_back((now, failed));
+        while self.window.len() > self.s.window.max(1) {
+            self.window.pop_front();
+        }
+        if !failed {
+            self.run = 0;
+            return None;
+        }
+        self.run = self.run.saturating_add(1);
+        let failures = self.window.iter().filter(|(_, f)| *f).count();
+        let len = self.window.len();
+        let ratio = len >= self.s.window
+            && failures * 100 >= (self.s.failure_percent as usize).saturating_mul(len);
+        if self.run >= self.s.consecutive.max(1) {
+            let cause = format!("{} transient handler failures in a row", self.run);
+            Some(self.open(now, now, 1, None, jitter, cause))
+        } else if ratio {
+            let cause = format!(
+                "{failures} of the last {len} handler calls failed transiently (threshold {}%)",
+                self.s.failure_percent
+            );
+            Some(self.open(now, now, 1, None, jitter, cause))
+        } else {
+            None
+        }
+    }
+}
+
+/// The breaker the message tasks share.
+pub struct Breaker {
+    detector: Mutex<Detector>,
+    /// Closed (or disabled): a call passes the gate without taking the lock.
+    closed: AtomicBool,
+    enabled: bool,
+    shutdown: AtomicBool,
+    notify: Notify,
+    state: watch::Sender<State>,
+    next_waiter: AtomicU64,
+    metrics: Arc<Metrics>,
+}
+
+/// Why a message left the gate without a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Denied {
+    /// Shutting down: release the message.
+    ShuttingDown,
+    /// Past the outage tolerance: retry the normal way.
+    GaveUp,
+}
+
+impl Breaker {
+    pub fn new(settings: Settings, metrics: Arc<Metrics>) -> Breaker {
+        let (state, _) = watch::channel(State::Closed);
+        Breaker {
+            enabled: settings.enabled,
+            detector: Mutex::new(Detector::new(settings)),
+            closed: AtomicBool::new(true),
+            shutdown: AtomicBool::new(false),
+            notify: Notify::new(),
+            state,
+            next_waiter: AtomicU64::new(0),
+            metrics,
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<State> {
+        self.state.subscribe()
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Detector) -> T) -> Option<T> {
+        self.detector.lock().ok().map(|mut d| f(&mut d))
+    }
+
+    pub fn state(&self) -> State {
+        *self.state.borrow()
+    }
+
+    pub fn holds(&self) -> bool {
+        self.enabled && self.with(|d| d.holds()).unwrap_or(false)
+    }
+
+    pub fn cap(&self) -> Option<usize> {
+        if self.closed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.with(|d| d.cap()).flatten()
+    }
+
+    pub fn wants_message(&self, now: Instant) -> bool {
+        !self.closed.load(Ordering::Acquire)
+            && !self.shutdown.load(Ordering::Acquire)
+            && self.with(|d| d.wants_message(now)).unwrap_or(false)
+    }
+
+    pub fn next_wake(&self) -> Option<Instant> {
+        if self.closed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.with(|d| d.next_wake()).flatten()
+    }
+
+    /// What time alone changes (the outage tolerance); the dispatcher calls it at `next_wake`.
+    pub fn tick(&self, now: Instant) {
+        if let Some(Some(t)) = self.with(|d| d.tick(now)) {
+            self.transition(&t);
+        }
+    }
+
+    /// Shutting down: every message waiting at the gate leaves it to be released.
+    pub fn shut_down(&self) {
+        self.shutdown.store(true, Ordering::Release);
+        self.notify.notify_waiters();
+    }
+
+    /// Leave to call the handler at once, while closed (no lock, no wait); None: ask `admit`.
+    pub fn try_pass(&self) -> Option<Pass<'_>> {
+        (!self.enabled || self.closed.load(Ordering::Acquire)).then(|| Pass {
+            breaker: self,
+            ticket: Ticket::default(),
+            done: false,
+        })
+    }
+
+    /// Waits until the message may call the handler. Returns at once while closed.
+    pub async fn admit(&self) -> Result<Pass<'_>, Denied> {
+        self.admit_ticket().await.map(|ticket| Pass {
+            breaker: self,
+            ticket,
+            done: false,
+        })
+    }
+
+    async fn admit_ticket(&self) -> Result<Ticket, Denied> {
+        if !self.enabled || self.closed.load(Ordering::Acquire) {
+            return Ok(Ticket::default());
+        }
+        let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
+        let _waiting = Waiting { breaker: self, id };
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.shutdown.load(Ordering::Acquire) {
+                return Err(Denied::ShuttingDown);
+            }
+            let Some((admit, t, held)) = self.with(|d| {
+                let (a, t) = d.admit(id, Instant::now());
+                (a, t, d.waiters.len())
+            }) else {
+                return Ok(Ticket::default());
+            };
+            self.metrics
+                .breaker_held
+                .set(i64::try_from(held).unwrap_or(i64::MAX));
+            if let Some(t) = t {
+                self.transition(&t);
+            }
+            match admit {
+                Admit::Go(ticket) => {
+                    if ticket.probe {
+                        tracing::info!("probing the handler with one held message");
+                    }
+                    return Ok(ticket);
+                }
+                Admit::GiveUp => return Err(Denied::GaveUp),
+                Admit::Wait(until) => match until {
+                    Some(at) => {
+                        tokio::select! {
+                            () = &mut notified => {}
+                            () = tokio::time::sleep_until(at) => {}
+                        }
+                    }
+                    None => notified.await,
+                },
+            }
+        }
+    }
+
+    /// Records a call's outcome.
+    fn record(&self, ticket: Ticket, outcome: Outcome) {
+        if !self.enabled {
+            return;
+        }
+        if ticket.probe {
+            let label = usize::from(outcome != Outcome::Success);
+            self.metrics.breaker_probes[label].inc();
+        }
+        let now = Instant::now();
+        if let Some(t) = self
+            .with(|d| d.record(ticket, outcome, now, fastrand::f64()))
+            .flatten()
+        {
+            self.transition(&t);
+        } else if ticket.limited || ticket.probe {
+            // A slot or the probe is free again.
+            self.notify.notify_waiters();
+        }
+    }
+
+    fn transition(&self, t: &Transition) {
+        let from = self.state();
+        self.closed.store(
+            matches!(t.to, State::Closed | State::Spent),
+            Ordering::Release,
+        );
+        let m = &self.metrics;
+        m.breaker_state.set(t.to.gauge());
+        m.breaker_transitions[t.to as usize].inc();
+        m.breaker_episode(t.to != State::Closed);
+        match t.to {
+            State::Open => {
+                tracing::warn!(from = from.as_str(), cause = %t.cause, "breaker open: the handler's dependency is failing; receiving paused, held messages kept under heartbeats and retried in-process");
+            }
+            State::Recovering => {
+                tracing::info!(cause = %t.cause, "breaker recovering: slow start");
+            }
+            State::Closed => {
+                tracing::info!(from = from.as_str(), cause = %t.cause, "breaker closed: receiving at full concurrency");
+            }
+            State::Spent => {
+                tracing::warn!(cause = %t.cause, "breaker gave up holding messages");
+            }
+        }
+        self.state.send_replace(t.to);
+        self.notify.notify_waiters();
+    }
+}
+
+/// Leave to make one handler call; its outcome is recorded once (Neutral if dropped unrecorded, so
+/// a probe or a slow-start slot is never lost to an early return or an aborted task).
+pub struct Pass<'a> {
+    breaker: &'a Breaker,
+    ticket: Ticket,
+    done: bool,
+}
+
+impl Pass<'_> {
+    pub fn probe(&self) -> bool {
+        self.ticket.probe
+    }
+
+    pub fn record(mut self, outcome: Outcome) {
+        self.done = true;
+        self.breaker.record(self.ticket, outcome);
+    }
+}
+
+impl Drop for Pass<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.breaker.record(self.ticket, Outcome::Neutral);
+        }
+    }
+}
+
+/// A message at the gate; leaves the waiters' line when dropped.
+struct Waiting<'a> {
+    breaker: &'a Breaker,
+    id: u64,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.breaker.with(|d| d.leave(self.id));
+        self.breaker.notify.notify_waiters();
+        self.breaker.metrics.breaker_held.set(
+            self.breaker
+                .with(|d| i64::try_from(d.waiters.len()).unwrap_or(i64::MAX))
+                .unwrap_or_default(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    fn settings() -> Settings {
+        Settings::default()
+    }
+
+    fn fail() -> Outcome {
+        Outcome::Failure {
+            first_received: None,
+        }
+    }
+
+    #[test]
+    fn a_run_of_failures_opens_and_only_the_first_waiter_probes() {
+        let t0 = Instant::now();
+        let mut d = Detector::new(settings());
+        for i in 0..9 {
+            assert_eq!(d.record(Ticket::default(), fail(), t0, 0.0), None, "{i}");
+        }
+        let t = d.record(Ticket::default(), fail(), t0, 0.0).unwrap();
+        assert_eq!(t.to, State::Open);
+        assert_eq!(d.cap(), Some(0));
+        // Probe after the base delay (no jitter), to the first waiter only.
+        assert_eq!(d.admit(1, t0).0, Admit::Wait(Some(t0 + S(1))));
+        assert_eq!(d.admit(2, t0).0, Admit::Wait(Some(t0 + S(1))));
+        assert!(matches!(d.admit(2, t0 + S(1)).0, Admit::Wait(_)));
+        let (a, _) = d.admit(1, t0 + S(1));
+        assert_eq!(
+            a,
+            Admit::Go(Ticket {
+                probe: true,
+                limited: false
+            })
+        );
+        // While the probe runs, nobody else goes.
+        assert_eq!(d.admit(2, t0 + S(2)).0, Admit::Wait(None));
+        // It fails: the next probe doubles (2 s), and goes to the other waiter.
+        d.record(
+            Ticket {
+                probe: true,
+                limited: false,
+            },
+            fail(),
+            t0 + S(2),
+            0.0,
+        );
+        assert_eq!(d.admit(1, t0 + S(2)).0, Admit::Wait(Some(t0 + S(4))));
+        assert!(matches!(d.admit(1, t0 + S(4)).0, Admit::Wait(_)));
+        assert!(matches!(
+            d.admit(2, t0 + S(4)).0,
+            Admit::Go(Ticket { probe: true, .. })
+        ));
+    }
+
+    #[test]
+    fn a_successful_probe_starts_slowly_and_closes_at_full_concurrency() {
+        let t0 = Instant::now();
+        let mut d = Detector::new(settings());
+        d.record(Ticket::default(), Outcome::Overloaded(Some(S(3))), t0, 0.0);
+        assert_eq!(d.state(), State::Open);
+        assert_eq!(d.admit(1, t0 + S(2)).0, Admit::Wait(Some(t0 + S(3))));
+        let (Admit::Go(probe), _) = d.admit(1, t0 + S(3)) else {
+            panic!("no probe")
+        };
+        let t = d.record(probe, Outcome::Success, t0 + S(3), 0.0).unwrap();
+        assert_eq!(t.to, State::Recovering);
+        assert_eq!(d.cap(), Some(2));
+        let mut tickets = Vec::new();
+        for w in 10..12 {
+            let (Admit::Go(t), _) = d.admit(w, t0 + S(3)) else {
+                panic!("slot {w}")
+            };
+            tickets.push(t);
+        }
+        assert!(matches!(d.admit(12, t0 + S(3)).0, Admit::Wait(_)));
+        let mut closed = false;
+        for i in 0..20 {
+            let t = tickets.pop().unwrap();
+            if let Some(tr) = d.record(t, Outcome::Success, t0 + S(4), 0.0) {
+                assert_eq!(tr.to, State::Closed);
+                closed = true;
+                break;
+            }
+            while let (Admit::Go(t), _) = d.admit(100 + i, t0 + S(4)) {
+                tickets.push(t);
+            }
+        }
+        assert!(closed);
+        assert_eq!(d.cap(), None);
+    }
+
+    #[test]
+    fn poison_and_failures_of_messages_that_failed_while_others_succeeded_never_open() {
+        let t0 = Instant::now();
+        let mut d = Detector::new(settings());
+        d.record(Ticket::default(), Outcome::Success, t0, 0.5);
+        // Redelivered messages first received before that success (a tail of messages that
+        // always fail, the healthy ones all done): nothing counts.
+        for i in 1..1000 {
+            let now = t0 + Duration::from_millis(i);
+            let o = if i % 2 == 0 {
+                Outcome::Neutral
+            } else {
+                Outcome::Failure {
+                    first_received: Some(Duration::from_millis(i) + S(1)),
+                }
+            };
+            assert_eq!(d.record(Ticket::default(), o, now, 0.5), None);
+        }
+        assert_eq!(d.state(), State::Closed);
+    }
+
+    #[test]
+    fn redelivered_failures_with_no_success_since_count() {
+        // A FIFO queue of few groups: the same messages fail again and again, nothing succeeds.
+        let t0 = Instant::now();
+        let mut d = Detector::new(settings());
+        d.record(Ticket::default(), Outcome::Success, t0, 0.0);
+        let later = t0 + S(10);
+        let mut opened = None;
+        for i in 0..10u32 {
+            let o = Outcome::Failure {
+                first_received: Some(S(5)),
+            };
+            if d.record(Ticket::default(), o, later, 0.0).is_some() {
+                opened = Some(i);
+            }
+        }
+        assert_eq!(opened, Some(9));
+    }
+
+    #[test]
+    fn the_ratio_opens_over_a_full_window() {
+        let t0 = Instant::now();
+        let mut d = Detector::new(settings());
+        // Alternating: 50 % failures, never 10 in a row; opens once 20 are in the window.
+        let mut opened_at = None;
+        for i in 0..40u32 {
+            let o = if i % 2 == 0 { Outcome::Success } else { fail() };
+            if d.record(Ticket::default(), o, t0, 0.0).is_some() {
+                opened_at = Some(i);
+                break;
+            }
+        }
+        assert_eq!(opened_at, Some(19));
+    }
+
+    #[test]
+    fn past_the_tolerance_nothing_is_held() {
+        let t0 = Instant::now();
+        let mut d = Detector::new(Settings {
+            tolerance: Some(S(60)),
+            ..settings()
+        });
+        d.record(
+            Ticket::default(),
+            Outcome::Overloaded(Some(S(120))),
+            t0,
+            0.0,
+        );
+        assert!(d.holds());
+        assert!(matches!(d.admit(1, t0 + S(30)).0, Admit::Wait(_)));
+        let (a, t) = d.admit(1, t0 + S(60));
+        assert_eq!(a, Admit::GiveUp);
+        assert_eq!(t.map(|t| t.to), Some(State::Spent));
+        assert!(!d.holds());
+        // New messages go; failures do not open it again until a success closes it.
+        assert!(matches!(d.admit(2, t0 + S(61)).0, Admit::Go(_)));
+        for _ in 0..50 {
+            assert_eq!(d.record(Ticket::default(), fail(), t0 + S(61), 0.0), None);
+        }
+        let t = d.record(Ticket::default(), Outcome::Success, t0 + S(62), 0.0);
+        assert_eq!(t.map(|t| t.to), Some(State::Closed));
+    }
+
+    #[test]
+    fn disabled_never_opens() {
+        let t0 = Instant::now();
+        let mut d = Detector::new(Settings {
+            enabled: false,
+            ..settings()
+        });
+        for _ in 0..100 {
+            assert_eq!(
+                d.record(Ticket::default(), Outcome::Overloaded(None), t0, 0.0),
+                None
+            );
+        }
+        assert_eq!(d.state(), State::Closed);
+    }
+
+    #[test]
+    fn probe_delays_double_to_the_cap_with_jitter_down_to_half() {
+        let d = Detector::new(settings());
+        assert_eq!(d.probe_delay(1, 0.0), S(1));
+        assert_eq!(d.probe_delay(2, 0.0), S(2));
+        assert_eq!(d.probe_delay(5, 0.0), S(16));
+        assert_eq!(d.probe_delay(6, 0.0), S(30));
+        assert_eq!(d.probe_delay(u32::MAX, 0.0), S(30));
+        assert_eq!(d.probe_delay(6, 1.0), S(15));
+    }
+}
