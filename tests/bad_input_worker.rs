@@ -601,7 +601,11 @@ async fn handler_answer_rows_end_safely_and_lose_nothing() {
             .unwrap();
         ids.insert(out.message_id.unwrap(), r);
     }
+    // Each answer's own retry: with the breaker (the default) the many failing rows, and the 503
+    // with Retry-After at once, would pause the worker and hold them (tests/worker_breaker.rs).
     let a = q.args(&[
+        "--breaker",
+        "false",
         "--timeout",
         "2s",
         "--retry-base",

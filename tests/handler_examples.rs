@@ -184,7 +184,11 @@ async fn python_http_handler_with_on_poison_delete() {
     };
     assert_eq!(processed("success").await, Some(4.0));
     assert_eq!(processed("poison").await, Some(2.0));
-    assert_eq!(processed("transient").await, Some(1.0), "the 503");
+    assert_eq!(
+        processed("transient").await,
+        Some(1.0),
+        "the flaky order's 429"
+    );
     w.stop_within(Duration::from_secs(30)).await;
 }
 

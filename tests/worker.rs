@@ -114,7 +114,16 @@ async fn always_failing_handler_dead_letters_after_max_receive_count() {
     let bodies = numbered(10);
     q.send_all(&bodies, |_| String::new()).await;
     let h = HttpHandler::start(|_| Reply::status(500)).await;
-    let a = q.args(&["--retry-base", "0s", "--http-url", &h.url]);
+    // Every call failing is an outage to the breaker, which would hold the messages
+    // (tests/worker_breaker.rs); this is the retry path without it.
+    let a = q.args(&[
+        "--breaker",
+        "false",
+        "--retry-base",
+        "0s",
+        "--http-url",
+        &h.url,
+    ]);
     let mut w = Worker::start(&a);
 
     eventually(SECS(90), "10 messages in the DLQ", || async {
@@ -543,7 +552,16 @@ async fn retry_after_sets_the_retry_delay() {
     .await;
     let mut a = base_args(&q);
     // The default backoff (5s base) would also retry; Retry-After: 1 must win well before the 30s lease.
-    a.extend(args(&["--retry-base", "60s", "--http-url", &h.url]));
+    // With the breaker (the default), 503 + Retry-After pauses the worker and the message is retried
+    // in-process instead (tests/worker_breaker.rs); this is the message's own retry delay.
+    a.extend(args(&[
+        "--breaker",
+        "false",
+        "--retry-base",
+        "60s",
+        "--http-url",
+        &h.url,
+    ]));
     let mut w = Worker::start(&a);
     w.wait_deleted(1, SECS(20)).await;
     assert_eq!(h.calls().len(), 2);

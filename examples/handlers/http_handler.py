@@ -5,12 +5,14 @@ qc-worker POSTs each SQS message in CloudEvents binary mode: the body is the mes
 byte, the metadata is in ce-* and x-sqs-* headers. The answer decides the message's fate:
   2xx            done: the worker deletes the message
   400 or 422     poison: it can never succeed (the worker applies --on-poison)
-  429 or 503     try again later, after Retry-After seconds if given
-  anything else  try again later, with the worker's backoff
+  429            try again later (this message), after Retry-After seconds if given
+  503 + Retry-After  my dependency is down: the worker pauses receiving for that long and keeps
+                 the message in hand, retrying it then (its receive count does not grow)
+  anything else  try again later, with the worker's backoff; 5xx that pile up pause it too
 
 This one handles order events such as {"orderId": "o-1", "amount": 12}. A body that is not JSON or
-has no orderId is poison. {"flaky": true} fails its first delivery with 503 and Retry-After: 1, as a
-handler whose database is briefly away would. Each decision is printed as one JSON line on stdout.
+has no orderId is poison. {"flaky": true} fails its first delivery with 429 and Retry-After: 1, as a
+handler briefly rate-limited by an API for that order would. Each decision is printed as one JSON line on stdout.
 
 Run: python3 http_handler.py --port 8080   (the QueueConsumer's handler.http.port)
 """
@@ -43,8 +45,9 @@ class MessageHandler(BaseHTTPRequestHandler):
             return self.answer(422)
         if order.get("flaky") and receive_count == 1:
             self.record(message_id, receive_count, "retry", order_id)
-            # The message becomes visible again after 1 s instead of the worker's backoff.
-            return self.answer(503, {"Retry-After": "1"})
+            # The message becomes visible again after 1 s instead of the worker's backoff. (A 503 with
+            # Retry-After would say the whole dependency is down: the worker would pause instead.)
+            return self.answer(429, {"Retry-After": "1"})
         # Real work goes here. It must be idempotent: SQS delivers at least once.
         self.record(message_id, receive_count, "done", order_id)
         return self.answer(204)
