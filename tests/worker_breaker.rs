@@ -56,7 +56,7 @@ struct OutageRun {
 /// (concurrency 10, batch 10, heartbeats, retry 5 s doubling), VT 30 s, maxReceiveCount 3.
 async fn outage_at_defaults(breaker: &str) -> OutageRun {
     const N: usize = 300;
-    const OUTAGE: Duration = Duration::from_secs(120);
+    const OUTAGE: Duration = Duration::from_mins(2);
     let q = TestQueue::new(&format!("outage-{breaker}"), 30, 3, false).await;
     let bodies = numbered(N);
     q.send_all(&bodies, |_| String::new()).await;
@@ -166,7 +166,7 @@ async fn a_tenth_of_messages_always_failing_never_opens_it() {
             .trim_end_matches('}')
             .parse()
             .unwrap();
-        if n % 10 == 0 {
+        if n.is_multiple_of(10) {
             Reply::status(500)
         } else {
             Reply::ok(Duration::from_millis(20))
