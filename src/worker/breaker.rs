@@ -1013,4 +1013,110 @@ mod tests {
         assert_eq!(d.probe_delay(u32::MAX, 0.0), S(30));
         assert_eq!(d.probe_delay(6, 1.0), S(15));
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn outcome() -> impl Strategy<Value = Outcome> {
+            prop_oneof![
+                Just(Outcome::Success),
+                Just(Outcome::Neutral),
+                Just(Outcome::Failure {
+                    first_received: None
+                }),
+                (0u64..120).prop_map(|s| Outcome::Failure {
+                    first_received: Some(S(s))
+                }),
+                proptest::option::of(0u64..3600).prop_map(|d| Outcome::Overloaded(d.map(S))),
+            ]
+        }
+
+        /// Drives a detector with outcomes at the given gaps (ms); probes and slow-start tickets are
+        /// taken from `admit` like the gate does, so every recorded ticket was really issued.
+        fn drive(d: &mut Detector, t0: Instant, steps: &[(Outcome, u64, f64)]) -> Instant {
+            let mut now = t0;
+            for (i, (o, gap, jitter)) in steps.iter().enumerate() {
+                now += Duration::from_millis(*gap);
+                let ticket = match d.admit(i as u64, now).0 {
+                    Admit::Go(t) => t,
+                    _ => {
+                        d.leave(i as u64);
+                        continue;
+                    }
+                };
+                d.record(ticket, *o, now, *jitter);
+            }
+            now
+        }
+
+        proptest! {
+            #[test]
+            fn never_opens_on_poison_or_success(
+                steps in proptest::collection::vec(
+                    (prop_oneof![Just(Outcome::Success), Just(Outcome::Neutral)], 0u64..5000, 0.0f64..1.0),
+                    0..300,
+                )
+            ) {
+                let mut d = Detector::new(Settings::default());
+                drive(&mut d, Instant::now(), &steps);
+                prop_assert_eq!(d.state(), State::Closed);
+                prop_assert_eq!(d.cap(), None);
+            }
+
+            #[test]
+            fn never_holds_past_the_outage_tolerance(
+                steps in proptest::collection::vec((outcome(), 0u64..5000, 0.0f64..1.0), 0..200),
+                tolerance in 1u64..600,
+            ) {
+                let tolerance = S(tolerance);
+                let mut d = Detector::new(Settings { tolerance: Some(tolerance), ..Settings::default() });
+                let t0 = Instant::now();
+                let mut now = t0;
+                let mut episode: Option<Instant> = None;
+                for (i, (o, gap, jitter)) in steps.iter().enumerate() {
+                    now += Duration::from_millis(*gap);
+                    let before = d.state();
+                    if let Admit::Go(t) = d.admit(i as u64, now).0 {
+                        d.record(t, *o, now, *jitter);
+                    } else {
+                        d.leave(i as u64);
+                    }
+                    match (before, d.state()) {
+                        (State::Closed | State::Spent, State::Open) => episode = Some(now),
+                        (_, State::Closed | State::Spent) => episode = None,
+                        _ => {}
+                    }
+                    if let Some(e) = episode {
+                        // Holding only within the tolerance of the episode's start.
+                        prop_assert!(!d.holds() || now < e + tolerance, "held {:?} past {:?}", now - e, tolerance);
+                        prop_assert!(d.next_wake().is_some_and(|w| w <= e + tolerance));
+                    }
+                }
+                // Whatever happened, once the tolerance has passed nothing is held.
+                d.tick(now + tolerance);
+                prop_assert!(!d.holds());
+            }
+
+            #[test]
+            fn an_open_breaker_always_probes_again(
+                steps in proptest::collection::vec((outcome(), 0u64..5000, 0.0f64..1.0), 1..200),
+            ) {
+                let mut d = Detector::new(Settings::default());
+                let mut now = drive(&mut d, Instant::now(), &steps);
+                d.record(Ticket::default(), Outcome::Overloaded(None), now, 0.0);
+                if d.state() == State::Open {
+                    // A held message is probed no later than the longest pause from now.
+                    let wake = d.next_wake().expect("an open breaker has a next probe");
+                    prop_assert!(wake <= now + MAX_EXPLICIT_PAUSE.max(Settings::default().probe_max));
+                    now = now.max(wake);
+                    let (a, _) = d.admit(999_999, now);
+                    prop_assert!(matches!(a, Admit::Go(Ticket { probe: true, .. })), "{:?}", a);
+                } else {
+                    // Recovering (an open breaker's probe had been taken) or closed.
+                    prop_assert!(d.state() != State::Spent);
+                }
+            }
+        }
+    }
 }
