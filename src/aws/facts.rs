@@ -266,6 +266,48 @@ pub fn queue_name_from_url(url: &str) -> &str {
     url.trim_end_matches('/').rsplit('/').next().unwrap_or(url)
 }
 
+/// A queue's identity: SQS names a queue by account, region and name. The URL's host does not
+/// (`sqs.REGION.amazonaws.com` and `REGION.queue.amazonaws.com` are one queue) and, behind an
+/// endpoint override, does not even name the region: one URL then names a queue per region, and the
+/// region the client signs for picks it. What the controller shares between QueueConsumers (the
+/// facts cache) is keyed by this, never by the URL alone.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct QueueId {
+    /// The region the queue's clients use ([`queue_region`]); None: the SDK's environment decides.
+    pub region: Option<String>,
+    /// The account: the URL path's segment before the name (`…/ACCOUNT/NAME`).
+    pub account: String,
+    pub name: String,
+}
+
+impl QueueId {
+    /// The queue a client in `region` reaches at `url`.
+    pub fn of(region: Option<&str>, url: &str) -> QueueId {
+        let path = url.split_once("://").map_or(url, |(_, r)| r);
+        let path = path.split(['?', '#']).next().unwrap_or(path);
+        let mut segments = path.trim_end_matches('/').rsplit('/');
+        let name = segments.next().unwrap_or_default().to_string();
+        // The host when the path has one segment only: no account to tell queues apart by.
+        let account = match (segments.next(), segments.next()) {
+            (Some(account), Some(_)) => account.to_string(),
+            _ => String::new(),
+        };
+        QueueId {
+            region: region.map(str::to_string),
+            account,
+            name,
+        }
+    }
+}
+
+/// A region given beside a queue URL that names another one: the client would sign for one region
+/// and the URL names a queue of the other, so which queue is meant is unknown. `(given, in the URL)`.
+pub fn region_contradiction(given: Option<&str>, url: &str) -> Option<(String, String)> {
+    let given = given?;
+    let in_url = region_from_url(url)?;
+    (given != in_url).then(|| (given.to_string(), in_url))
+}
+
 impl QueueFacts {
     /// The queue's name (the CloudWatch `QueueName` dimension): from its ARN, else its URL.
     pub fn name(&self) -> String {
@@ -412,6 +454,55 @@ mod tests {
                 "{url}"
             );
         }
+    }
+
+    #[test]
+    fn a_queue_is_its_account_region_and_name() {
+        let id = |region, url| QueueId::of(region, url);
+        let a = id(
+            Some("us-east-1"),
+            "https://sqs.us-east-1.amazonaws.com/111111111111/orders",
+        );
+        assert_eq!(
+            (a.account.as_str(), a.name.as_str()),
+            ("111111111111", "orders")
+        );
+        // One queue, two spellings of its URL.
+        assert_eq!(
+            a,
+            id(
+                Some("us-east-1"),
+                "https://us-east-1.queue.amazonaws.com/111111111111/orders/"
+            )
+        );
+        // Behind an endpoint override one URL names a queue per region.
+        let url = "http://127.0.0.1:5000/111111111111/orders";
+        assert_ne!(id(Some("us-east-1"), url), id(Some("eu-west-1"), url));
+        assert_ne!(
+            id(Some("us-east-1"), url),
+            id(
+                Some("us-east-1"),
+                "http://127.0.0.1:5000/222222222222/orders"
+            )
+        );
+        assert_eq!(id(None, "http://h/q").account, "");
+        assert_eq!(id(None, "http://h/q?x=1").name, "q");
+    }
+
+    #[test]
+    fn a_region_contradicting_the_url_is_named() {
+        let url = "https://sqs.us-east-1.amazonaws.com/1/q";
+        assert_eq!(
+            region_contradiction(Some("eu-west-1"), url),
+            Some(("eu-west-1".into(), "us-east-1".into()))
+        );
+        assert_eq!(region_contradiction(Some("us-east-1"), url), None);
+        assert_eq!(region_contradiction(None, url), None);
+        // A URL without a region (an emulator) contradicts nothing.
+        assert_eq!(
+            region_contradiction(Some("eu-west-1"), "http://localhost:4566/1/q"),
+            None
+        );
     }
 
     #[test]

@@ -22,7 +22,7 @@ use aws_smithy_runtime_api::client::http::{
 };
 use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 
-pub use facts::{DeadLetterFacts, Facts, FactsError, QueueArn, QueueFacts, RedrivePolicy};
+pub use facts::{DeadLetterFacts, Facts, FactsError, QueueArn, QueueFacts, QueueId, RedrivePolicy};
 pub use sqs::{ObserveError, QueueReader, SqsError, SqsReader, StaticReader, observe};
 
 /// Shared SDK configuration: region (explicit, else from the queue URL, else the environment) and an

@@ -177,6 +177,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
             ctx.facts
                 .get(
                     &qc.spec.queue.url,
+                    region.as_deref(),
                     endpoint.as_deref(),
                     qc.spec.scaling.poll_interval,
                     clients,

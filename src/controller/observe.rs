@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use crate::api::{Duration, QueueConsumerSpec};
 use crate::aws::cloudwatch::{self, Alarms, BatchOptions, CloudWatchAlarms};
 use crate::aws::limit::{self, LimitConfig, Limiter};
-use crate::aws::{DeadLetterFacts, Facts, ObserveError, QueueReader, SqsReader, observe};
+use crate::aws::{DeadLetterFacts, Facts, ObserveError, QueueId, QueueReader, SqsReader, observe};
 use crate::scaling::Timestamp;
 
 /// The AWS clients for one region and endpoint.
@@ -181,10 +181,12 @@ pub struct Observed {
 type Slot = Arc<tokio::sync::Mutex<Option<Observed>>>;
 
 /// Facts per queue, reused within the asking QueueConsumer's poll interval (`spread::same_interval`). Concurrent
-/// reconciles of one queue wait for the read in flight instead of issuing their own.
+/// reconciles of one queue wait for the read in flight instead of issuing their own. A queue is its
+/// endpoint, account, region and name ([`QueueId`]): two QueueConsumers whose URLs are equal but whose
+/// regions differ read two queues, and never each other's counts.
 #[derive(Default)]
 pub struct FactsCache {
-    slots: Mutex<HashMap<(Option<String>, String), Slot>>,
+    slots: Mutex<HashMap<(Option<String>, QueueId), Slot>>,
 }
 
 impl FactsCache {
@@ -192,24 +194,25 @@ impl FactsCache {
         Self::default()
     }
 
-    fn slot(&self, endpoint: Option<&str>, url: &str) -> Slot {
+    fn slot(&self, endpoint: Option<&str>, queue: QueueId) -> Slot {
         let mut slots = crate::sync::lock(&self.slots);
         slots
-            .entry((endpoint.map(str::to_string), url.to_string()))
+            .entry((endpoint.map(str::to_string), queue))
             .or_default()
             .clone()
     }
 
-    /// The facts of `url`, read now or at most `max_age` ago. Failures are not cached: the next
-    /// reconcile (after its backoff) reads again.
+    /// The facts of `url` as a client in `region` reads them, read now or at most `max_age` ago.
+    /// Failures are not cached: the next reconcile (after its backoff) reads again.
     pub async fn get(
         &self,
         url: &str,
+        region: Option<&str>,
         endpoint: Option<&str>,
         max_age: Duration,
         clients: &AwsClients,
     ) -> Result<Observed, ObserveError> {
-        let slot = self.slot(endpoint, url);
+        let slot = self.slot(endpoint, QueueId::of(region, url));
         let mut cached = slot.lock().await;
         // One read per queue in each poll interval, counted from the Unix epoch (the grid the
         // QueueConsumers' slots are placed on, `spread`): whichever QueueConsumer of the queue comes

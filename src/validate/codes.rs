@@ -17,6 +17,7 @@ pub const DEAD_LETTER_QUEUE_MISSING: &str = "DeadLetterQueueMissing";
 pub const IN_FLIGHT_CEILING_REACHABLE: &str = "InFlightCeilingReachable";
 pub const SHORT_POLLING: &str = "ShortPolling";
 pub const POISON_DELETED: &str = "PoisonDeleted";
+pub const QUEUE_REGION_CONTRADICTS_URL: &str = "QueueRegionContradictsUrl";
 
 /// Rules that need only the spec.
 pub const OFFLINE_RULES: &[&str] = &[
@@ -24,6 +25,7 @@ pub const OFFLINE_RULES: &[&str] = &[
     IN_FLIGHT_CEILING_REACHABLE,
     SHORT_POLLING,
     POISON_DELETED,
+    QUEUE_REGION_CONTRADICTS_URL,
 ];
 
 /// Rules that need the source queue's attributes.
@@ -64,4 +66,5 @@ pub const ALL: &[&str] = &[
     IN_FLIGHT_CEILING_REACHABLE,
     SHORT_POLLING,
     POISON_DELETED,
+    QUEUE_REGION_CONTRADICTS_URL,
 ];

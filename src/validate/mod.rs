@@ -150,6 +150,17 @@ pub fn evaluate(spec: &QueueConsumerSpec, facts: Option<&Facts>) -> Report {
 }
 
 fn offline_rules(spec: &QueueConsumerSpec, out: &mut Vec<Finding>) {
+    let q = &spec.queue;
+    if let Some((given, in_url)) =
+        crate::aws::facts::region_contradiction(q.region.as_deref(), &q.url)
+    {
+        out.push(finding(
+            codes::QUEUE_REGION_CONTRADICTS_URL,
+            Severity::Error,
+            format!("queue.region is {given} but queue.url names a queue in {in_url}: the clients would sign for {given} and the queue meant is unknown"),
+            format!("remove queue.region (the URL's region, {in_url}, is used) or set queue.url to the queue in {given}"),
+        ));
+    }
     let p = &spec.processing;
     let longest = p.p99.max(p.timeout);
     if longest > VISIBILITY_MAXIMUM {

@@ -445,6 +445,33 @@ fn poison_deleted() {
 }
 
 #[test]
+fn queue_region_contradicting_the_url() {
+    let c = codes::QUEUE_REGION_CONTRADICTS_URL;
+    let mut s = default_spec();
+    s.queue.region = Some("eu-west-1".into());
+    let f = find(&s, None, c).expect("fires offline");
+    assert_eq!(f.severity, Severity::Error);
+    assert!(
+        f.message.contains("eu-west-1") && f.message.contains("us-east-1"),
+        "{}",
+        f.message
+    );
+    assert!(
+        f.recommendation.contains("queue.region"),
+        "{}",
+        f.recommendation
+    );
+    s.queue.region = Some("us-east-1".into());
+    assert!(find(&s, None, c).is_none(), "the same region");
+    s.queue.region = None;
+    assert!(find(&s, None, c).is_none(), "the region from the URL");
+    // An emulator's URL names no region: any region picks the queue there.
+    s.queue.url = "http://localhost:4566/000000000000/q".into();
+    s.queue.region = Some("eu-west-1".into());
+    assert!(find(&s, None, c).is_none(), "no region in the URL");
+}
+
+#[test]
 fn offline_skips_exactly_the_rules_that_need_facts() {
     let r = evaluate(&default_spec(), None);
     let skipped: Vec<_> = r.skipped.iter().map(|s| s.code).collect();
