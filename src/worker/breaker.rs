@@ -1038,12 +1038,9 @@ mod tests {
             let mut now = t0;
             for (i, (o, gap, jitter)) in steps.iter().enumerate() {
                 now += Duration::from_millis(*gap);
-                let ticket = match d.admit(i as u64, now).0 {
-                    Admit::Go(t) => t,
-                    _ => {
-                        d.leave(i as u64);
-                        continue;
-                    }
+                let Admit::Go(ticket) = d.admit(i as u64, now).0 else {
+                    d.leave(i as u64);
+                    continue;
                 };
                 d.record(ticket, *o, now, *jitter);
             }
