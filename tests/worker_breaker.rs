@@ -38,6 +38,13 @@ fn successes(h: &HttpHandler) -> HashMap<String, usize> {
     m
 }
 
+/// How often the worker's breaker has opened (0 when the metric cannot be read).
+async fn times_opened(w: &Worker) -> f64 {
+    w.metric("qc_worker_breaker_transitions_total{to=\"open\"}")
+        .await
+        .unwrap_or(0.0)
+}
+
 fn each_succeeded_once(h: &HttpHandler, bodies: &[String]) {
     let s = successes(h);
     for b in bodies {
@@ -84,12 +91,7 @@ async fn outage_at_defaults(breaker: &str) -> OutageRun {
             Some(0.0),
             "closed again"
         );
-        assert!(
-            w.metric("qc_worker_breaker_transitions_total{to=\"open\"}")
-                .await
-                .unwrap_or(0.0)
-                >= 1.0
-        );
+        assert!(times_opened(&w).await >= 1.0);
         assert!(
             w.metric("qc_worker_breaker_probes_total{result=\"failure\"}")
                 .await
@@ -239,12 +241,7 @@ async fn retry_after_on_503_pauses_for_that_long_without_burning_receives() {
         })
         .collect();
     assert!(paused.is_empty(), "calls during the pause: {paused:?}");
-    assert!(
-        w.metric("qc_worker_breaker_transitions_total{to=\"open\"}")
-            .await
-            .unwrap_or(0.0)
-            >= 1.0
-    );
+    assert!(times_opened(&w).await >= 1.0);
     assert_eq!(q.dlq_visible().await, 0);
     w.stop().await;
 }
@@ -381,10 +378,7 @@ async fn fifo_order_is_kept_across_an_outage() {
         assert_eq!(order[&format!("g{g}")], sent, "group g{g} in order");
     }
     assert!(
-        w.metric("qc_worker_breaker_transitions_total{to=\"open\"}")
-            .await
-            .unwrap_or(0.0)
-            >= 1.0,
+        times_opened(&w).await >= 1.0,
         "opened on the heads' repeated failures"
     );
     assert_eq!(q.dlq_visible().await, 0);

@@ -798,13 +798,16 @@ struct Waiting<'a> {
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.breaker.with(|d| d.leave(self.id));
+        // One lock: leave the line and read what is left of it.
+        let held = self.breaker.with(|d| {
+            d.leave(self.id);
+            d.waiters.len()
+        });
         self.breaker.notify.notify_waiters();
-        self.breaker.metrics.breaker_held.set(
-            self.breaker
-                .with(|d| i64::try_from(d.waiters.len()).unwrap_or(i64::MAX))
-                .unwrap_or_default(),
-        );
+        self.breaker
+            .metrics
+            .breaker_held
+            .set(held.map_or(0, |n| i64::try_from(n).unwrap_or(i64::MAX)));
     }
 }
 
