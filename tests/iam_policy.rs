@@ -1,0 +1,325 @@
+//! The IAM policies the README and docs/security.md document are exactly what the code calls.
+//!
+//! The list of calls is derived from the source, not written down here: every SDK fluent call
+//! (`.get_queue_attributes()`, `.put_metric_alarm()`, ...) in the non-test code of `src/` is an
+//! AWS operation, attributed to the worker (`src/worker/`) or the controller (everything else).
+//! Each documented policy must allow every action its side calls, and allow nothing its side does
+//! not call. So adding an SDK call without adding its action to the policies fails this test, and
+//! so does a policy that asks for more than the code uses.
+//!
+//! The operation names below are the complete operation lists of aws-sdk-sqs, aws-sdk-cloudwatch and
+//! aws-sdk-sts (their `src/operation/` modules), so a call to any operation of these services is seen.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+const SQS_OPERATIONS: &[&str] = &[
+    "add_permission",
+    "cancel_message_move_task",
+    "change_message_visibility",
+    "change_message_visibility_batch",
+    "create_queue",
+    "delete_message",
+    "delete_message_batch",
+    "delete_queue",
+    "get_queue_attributes",
+    "get_queue_url",
+    "list_dead_letter_source_queues",
+    "list_message_move_tasks",
+    "list_queue_tags",
+    "list_queues",
+    "purge_queue",
+    "receive_message",
+    "remove_permission",
+    "send_message",
+    "send_message_batch",
+    "set_queue_attributes",
+    "start_message_move_task",
+    "tag_queue",
+    "untag_queue",
+];
+
+const CLOUDWATCH_OPERATIONS: &[&str] = &[
+    "delete_alarms",
+    "delete_anomaly_detector",
+    "delete_dashboards",
+    "delete_insight_rules",
+    "delete_metric_stream",
+    "describe_alarm_contributors",
+    "describe_alarm_history",
+    "describe_alarms",
+    "describe_alarms_for_metric",
+    "describe_anomaly_detectors",
+    "describe_insight_rules",
+    "disable_alarm_actions",
+    "disable_insight_rules",
+    "enable_alarm_actions",
+    "enable_insight_rules",
+    "get_dashboard",
+    "get_insight_rule_report",
+    "get_metric_data",
+    "get_metric_statistics",
+    "get_metric_stream",
+    "get_metric_widget_image",
+    "list_dashboards",
+    "list_managed_insight_rules",
+    "list_metric_streams",
+    "list_metrics",
+    "list_tags_for_resource",
+    "put_anomaly_detector",
+    "put_composite_alarm",
+    "put_dashboard",
+    "put_insight_rule",
+    "put_managed_insight_rules",
+    "put_metric_alarm",
+    "put_metric_data",
+    "put_metric_stream",
+    "set_alarm_state",
+    "start_metric_streams",
+    "stop_metric_streams",
+    "tag_resource",
+    "untag_resource",
+];
+
+const STS_OPERATIONS: &[&str] = &[
+    "assume_role",
+    "assume_role_with_saml",
+    "assume_role_with_web_identity",
+    "assume_root",
+    "decode_authorization_message",
+    "get_access_key_info",
+    "get_caller_identity",
+    "get_federation_token",
+    "get_session_token",
+];
+
+/// `get_queue_attributes` -> `GetQueueAttributes`.
+fn pascal(snake: &str) -> String {
+    snake
+        .split('_')
+        .map(|w| {
+            let mut c = w.chars();
+            c.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// The IAM actions one SDK operation needs. The batch operations are authorised by the single
+/// action; a PutMetricAlarm with tags (the controller always tags its alarm) also needs TagResource.
+fn actions_for(service: &str, op: &str, source: &str) -> Vec<String> {
+    let action = op.strip_suffix("_batch").unwrap_or(op);
+    let mut out = vec![format!("{service}:{}", pascal(action))];
+    if op == "put_metric_alarm" && source.contains(".tags(") {
+        out.push("cloudwatch:TagResource".to_owned());
+    }
+    out
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("read src dir") {
+        let path = entry.expect("dir entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The non-test part of a source file: everything before its `#[cfg(test)]` module.
+fn non_test(source: &str) -> &str {
+    source
+        .find("#[cfg(test)]\nmod ")
+        .map_or(source, |i| &source[..i])
+}
+
+/// The SDK calls in `source`: `.op()` for every known operation name (fluent builders take no
+/// arguments, so a trait method of the same name with arguments is not counted).
+fn calls(source: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    for (service, ops) in [
+        ("sqs", SQS_OPERATIONS),
+        ("cloudwatch", CLOUDWATCH_OPERATIONS),
+        ("sts", STS_OPERATIONS),
+    ] {
+        for op in ops {
+            if source.contains(&format!(".{op}()")) {
+                found.extend(actions_for(service, op, source));
+            }
+        }
+    }
+    found
+}
+
+/// (controller actions, worker actions) the code calls.
+fn called_actions() -> (BTreeSet<String>, BTreeSet<String>) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    let (mut controller, mut worker) = (BTreeSet::new(), BTreeSet::new());
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("read source");
+        let found = calls(non_test(&text));
+        if file.starts_with(root.join("src/worker")) || file.ends_with("src/bin/qc-worker.rs") {
+            worker.extend(found);
+        } else {
+            controller.extend(found);
+        }
+    }
+    (controller, worker)
+}
+
+/// The ```json blocks of a document that hold an `"Action"`.
+fn json_blocks(doc: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut rest = doc;
+    while let Some(start) = rest.find("```json\n") {
+        let body = &rest[start + "```json\n".len()..];
+        let end = body.find("```").expect("unterminated ```json block");
+        if body[..end].contains("\"Action\"") {
+            blocks.push(body[..end].to_owned());
+        }
+        rest = &body[end + 3..];
+    }
+    blocks
+}
+
+/// The actions a policy document (or a comma-separated list of statements) allows.
+fn allowed_actions(block: &str, what: &str) -> BTreeSet<String> {
+    let value: serde_json::Value = serde_json::from_str(block)
+        .or_else(|_| serde_json::from_str(&format!("[{block}]")))
+        .unwrap_or_else(|e| panic!("{what}: not JSON ({e}):\n{block}"));
+    let statements = match &value {
+        serde_json::Value::Object(o) if o.contains_key("Statement") => o["Statement"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{what}: Statement is not a list"))
+            .clone(),
+        serde_json::Value::Array(a) => a.clone(),
+        other => vec![other.clone()],
+    };
+    let mut actions = BTreeSet::new();
+    for s in statements {
+        assert_eq!(
+            s["Effect"], "Allow",
+            "{what}: only Allow statements expected"
+        );
+        match &s["Action"] {
+            serde_json::Value::String(a) => {
+                actions.insert(a.clone());
+            }
+            serde_json::Value::Array(list) => {
+                for a in list {
+                    actions.insert(a.as_str().expect("action is a string").to_owned());
+                }
+            }
+            other => panic!("{what}: Action is {other}"),
+        }
+    }
+    actions
+}
+
+/// (controller policy, worker policy) of a document: the full policy (with `"Version"`) is the
+/// controller's, the bare statements the worker's.
+fn documented(path: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join(path)).expect("read doc");
+    let blocks = json_blocks(&doc);
+    let (full, bare): (Vec<_>, Vec<_>) = blocks.iter().partition(|b| b.contains("\"Version\""));
+    assert_eq!(
+        (full.len(), bare.len()),
+        (1, 1),
+        "{path}: expected one controller policy (with \"Version\") and one worker policy"
+    );
+    (
+        allowed_actions(full[0], &format!("{path} controller policy")),
+        allowed_actions(bare[0], &format!("{path} worker policy")),
+    )
+}
+
+fn diff(
+    what: &str,
+    called: &BTreeSet<String>,
+    allowed: &BTreeSet<String>,
+    problems: &mut Vec<String>,
+) {
+    let missing: Vec<_> = called.difference(allowed).collect();
+    let unused: Vec<_> = allowed.difference(called).collect();
+    if !missing.is_empty() {
+        problems.push(format!(
+            "{what} lacks {missing:?}, which the code calls: add them to the policy"
+        ));
+    }
+    if !unused.is_empty() {
+        problems.push(format!(
+            "{what} allows {unused:?}, which no code calls: remove them (or the test's \
+             operation lists are out of date)"
+        ));
+    }
+}
+
+#[test]
+fn the_code_calls_the_operations_this_test_expects_to_find() {
+    // A guard on the scanner itself: if it found nothing, every policy would look "too wide".
+    let (controller, worker) = called_actions();
+    for a in [
+        "sqs:GetQueueAttributes",
+        "cloudwatch:PutMetricAlarm",
+        "cloudwatch:ListTagsForResource",
+    ] {
+        assert!(
+            controller.contains(a),
+            "controller calls {a}: {controller:?}"
+        );
+    }
+    for a in ["sqs:ReceiveMessage", "sqs:SendMessage"] {
+        assert!(worker.contains(a), "worker calls {a}: {worker:?}");
+    }
+}
+
+#[test]
+fn documented_iam_policies_allow_exactly_what_the_code_calls() {
+    let (controller, worker) = called_actions();
+    let mut problems = Vec::new();
+    for doc in ["README.md", "docs/security.md"] {
+        let (c, w) = documented(doc);
+        diff(
+            &format!("{doc}: the controller policy"),
+            &controller,
+            &c,
+            &mut problems,
+        );
+        diff(
+            &format!("{doc}: the worker policy"),
+            &worker,
+            &w,
+            &mut problems,
+        );
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_chart_names_every_controller_action_it_mentions_correctly() {
+    // The chart's NOTES and values name actions in prose; each one named must be a real call.
+    let (controller, _) = called_actions();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for file in [
+        "charts/queue-consumer-operator/templates/NOTES.txt",
+        "charts/queue-consumer-operator/values.yaml",
+    ] {
+        let text = std::fs::read_to_string(root.join(file)).expect("read chart file");
+        for word in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == ':')) {
+            if let Some((svc, _)) = word.split_once(':')
+                && ["sqs", "cloudwatch", "sts"].contains(&svc)
+                && word.len() > svc.len() + 1
+            {
+                assert!(
+                    controller.contains(word),
+                    "{file} names {word}, which the controller never calls"
+                );
+            }
+        }
+    }
+}
