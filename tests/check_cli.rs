@@ -49,7 +49,7 @@ fn samples_pass_offline_with_no_error() {
         "{out}"
     );
     assert!(
-        out.contains("skipped  12 rules that need queue facts"),
+        out.contains("skipped  14 rules that need queue facts"),
         "offline names the skipped rules: {out}"
     );
 }
@@ -71,6 +71,8 @@ fn attributes_file_runs_queue_rules_and_exits_1_on_errors() {
         "VisibilityTimeoutBelowBudget",
         "HeartbeatIntervalTooLong",
         "MaxReceiveCountTooLow",
+        // retention 1h below the breaker's 12h hold
+        "OutageHoldBeyondRetention",
     ] {
         assert!(out.contains(code), "{code} missing from:\n{out}");
     }
@@ -86,7 +88,7 @@ fn attributes_file_runs_queue_rules_and_exits_1_on_errors() {
     );
     // mean 400ms × 6 = 2.4s is below VT 5s: that rule stays quiet
     assert!(!out.contains("VisibilityTimeoutBelowSixTimesMean"), "{out}");
-    assert!(out.contains("1 error(s), 2 warning(s)"), "{out}");
+    assert!(out.contains("1 error(s), 3 warning(s)"), "{out}");
     assert!(
         out.contains("rules that need the dead-letter queue's attributes; add --dlq-attributes"),
         "{out}"
@@ -150,6 +152,48 @@ fn healthy_queue_with_dlq_passes() {
     ]);
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(out.trim(), "[]");
+}
+
+#[test]
+fn a_disabled_breaker_on_a_queue_with_a_dlq_is_a_warning() {
+    let (code, out, err) = qc_operator(&[
+        "check",
+        "tests/data/breaker_off.yaml",
+        "--attributes",
+        "tests/data/attributes_healthy.json",
+    ]);
+    assert_eq!(code, 0, "a Warning only: {out}{err}");
+    assert!(out.contains("BreakerDisabled"), "{out}");
+    assert!(
+        out.contains("set processing.breaker.enabled to true"),
+        "{out}"
+    );
+    // The same spec with the breaker on (the default) is clean on that queue.
+    let (code, out, _) = qc_operator(&[
+        "check",
+        "config/samples/sqs_v1alpha1_queueconsumer_http.yaml",
+        "--attributes",
+        "tests/data/attributes_healthy.json",
+    ]);
+    assert_eq!(code, 0);
+    assert!(!out.contains("BreakerDisabled"), "{out}");
+    // Offline the rule needs the queue: named among the skipped ones, not fired.
+    let (code, out, _) = qc_operator(&["check", "tests/data/breaker_off.yaml", "--output", "json"]);
+    assert_eq!(code, 0);
+    assert!(!out.contains("BreakerDisabled"), "{out}");
+}
+
+#[test]
+fn out_of_range_breaker_settings_name_the_field_and_exit_2() {
+    let (code, out, err) = qc_operator(&["check", "tests/data/breaker_invalid.yaml"]);
+    assert_eq!(code, 2, "{out}{err}");
+    for needle in [
+        "processing.breaker.failurePercent must be between 1 and 100",
+        "processing.breaker.window must be between 2 and 1000",
+        "processing.breaker.probeBackoff.base must not exceed probeBackoff.max",
+    ] {
+        assert!(out.contains(needle), "{needle} missing from {out}");
+    }
 }
 
 #[test]

@@ -531,3 +531,111 @@ async fn crash_looping_pods_make_ready_false_until_they_recover() {
     );
     rbac::assert_granted(&["config/rbac/role.yaml"], &e.fake.requests());
 }
+
+/// Two real workers whose handler's dependency fails: the controller reads their breakers from
+/// /metrics, says `HandlerHealthy=False/DownstreamFailing` with the share open, holds replicas against
+/// the growing backlog (`ScalingActive=False/DownstreamFailing`) and records a Warning Event; when the
+/// dependency is back the breakers close, HandlerHealthy turns True with a Normal
+/// `DownstreamRecovered` Event and scaling decides from the queue again.
+#[tokio::test]
+async fn open_breakers_turn_handler_healthy_false_and_hold_replicas_until_they_close() {
+    let e = Env::new(30).await;
+    let down = Arc::new(AtomicBool::new(true));
+    let d = down.clone();
+    let handler = HttpHandler::start(move |_| {
+        if d.load(Ordering::Relaxed) {
+            Reply::status(500)
+        } else {
+            Reply::ok(Duration::from_millis(5))
+        }
+    })
+    .await;
+    let mut args = worker_args(&e.queue, &handler, "120s");
+    args.extend(["--breaker-consecutive", "3", "--breaker-probe-max", "2s"].map(String::from));
+    let a = Worker::start(&args);
+    let b = Worker::start(&args);
+    a.wait_ready(Duration::from_secs(30)).await;
+    b.wait_ready(Duration::from_secs(30)).await;
+    e.fake.create(QUEUE_CONSUMERS, e.manifest("1s", 1, 5));
+    reconcile(Arc::new(e.qc()), e.ctx.clone()).await.unwrap();
+    e.add_pod("orders-a", &a);
+    e.add_pod("orders-b", &b);
+    let stop = Arc::new(AtomicBool::new(false));
+    let feeder = feed(&e.queue, stop.clone());
+    let replicas =
+        |e: &Env| e.fake.get(DEPLOYMENTS, NS, NAME).unwrap()["spec"]["replicas"].as_i64();
+    let before = replicas(&e);
+
+    let mut polls = 0;
+    loop {
+        e.poll().await;
+        polls += 1;
+        let c = e.condition("HandlerHealthy");
+        if c.status == "False" && c.message.contains("2 of 2 workers") {
+            assert_eq!(c.reason, "DownstreamFailing", "{}", c.message);
+            assert!(c.message.contains("scaling holds"), "{}", c.message);
+            break;
+        }
+        assert!(
+            polls < 30,
+            "HandlerHealthy never reported both breakers open: {c:?}"
+        );
+    }
+    assert_eq!(
+        e.qc().status.unwrap().observed.unwrap().breaker_open,
+        Some(2)
+    );
+    // The backlog grows (the feed goes on, nothing is deleted), yet replicas are held.
+    for _ in 0..4 {
+        e.poll().await;
+        let s = e.condition("ScalingActive");
+        assert_eq!(
+            (s.status.as_str(), s.reason.as_str()),
+            ("False", "DownstreamFailing"),
+            "{}",
+            s.message
+        );
+        assert_eq!(
+            replicas(&e),
+            before,
+            "replicas held while the breakers are open"
+        );
+    }
+    assert!(
+        e.queue.counts().await.0 > 0,
+        "a backlog the scaler would act on"
+    );
+    assert!(e.event_reasons().contains(&"DownstreamFailing".to_string()));
+    assert!(
+        !e.event_reasons()
+            .contains(&"DownstreamRecovered".to_string())
+    );
+    // HandlerHealthy never gates Ready: the Deployment is as asked.
+    assert_ne!(e.condition("Ready").reason, "DownstreamFailing");
+
+    down.store(false, Ordering::Relaxed);
+    let mut polls = 0;
+    loop {
+        e.poll().await;
+        polls += 1;
+        let c = e.condition("HandlerHealthy");
+        if c.status == "True" {
+            assert_eq!(c.reason, "HandlerResponding", "{}", c.message);
+            break;
+        }
+        assert!(polls < 30, "the breakers never closed: {c:?}");
+    }
+    e.poll().await;
+    assert_ne!(e.condition("ScalingActive").reason, "DownstreamFailing");
+    assert!(
+        e.event_reasons()
+            .contains(&"DownstreamRecovered".to_string())
+    );
+    stop.store(true, Ordering::Relaxed);
+    feeder.await.unwrap();
+    assert_eq!(
+        e.queue.dlq_visible().await,
+        0,
+        "the outage sent nothing to the DLQ"
+    );
+}

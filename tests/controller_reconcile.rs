@@ -242,6 +242,7 @@ async fn create_applies_the_rendered_deployment_with_owner_and_status() {
             "DeadLetterQueueHealthy",
             "ScalingActive",
             "ProcessingTimeWithinDeclared",
+            "HandlerHealthy",
             "AlarmSynced"
         ]
     );

@@ -158,6 +158,10 @@ fn valid_manifests() -> Vec<(String, String)> {
             "  processing: {p99: 1s, concurrency: 4}\n  handler: {exec: {command: [/h]}}\n  template: {spec: {containers: [{name: app, image: 'app:1'}]}}\n  deadLetter: {alarm: false}\n",
         ),
         (
+            "breaker settings (tests/data/breaker_off.yaml's fields, on)",
+            "  handler: {http: {}}\n  processing: {p99: 2s, outageTolerance: 1h, breaker: {failurePercent: 80, window: 40, consecutiveFailures: 5, probeBackoff: {base: 500ms, max: 1m}}}\n",
+        ),
+        (
             "every section set (tests/controller_reconcile.rs)",
             "  processing: {p99: 2s, timeout: 10s, waitTime: 1s}\n  handler: {http: {port: 8080, path: /messages}}\n  template: {spec: {containers: [{name: app, image: 'shop/orders:1'}]}}\n  scaling: {pollInterval: 1s, minReplicas: 1}\n  deadLetter: {alarm: true}\n",
         ),
@@ -239,6 +243,53 @@ async fn the_server_defaults_every_valid_manifest_as_the_rust_types_do() {
         "server defaults differ from the Rust defaults:\n{}",
         failures.join("\n")
     );
+}
+
+/// The CRD's own rules refuse what `check` refuses in processing.breaker, each naming its field, so
+/// `kubectl apply` of a breaker that could never open (or probes in a tight loop) fails at the door.
+#[tokio::test]
+async fn the_server_refuses_out_of_range_breaker_settings_naming_each_field() {
+    let test = "the_server_refuses_out_of_range_breaker_settings_naming_each_field";
+    let Some(real) = k8s::connect(test).await else {
+        return;
+    };
+    let gvk = GroupVersionKind::gvk("sqs.consumers.dev", "v1alpha1", "QueueConsumer");
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        real.client.clone(),
+        &real.namespace,
+        &ApiResource::from_gvk(&gvk),
+    );
+    let base = "apiVersion: sqs.consumers.dev/v1alpha1\nkind: QueueConsumer\nmetadata: {name: b}\nspec:\n  queue: {url: https://sqs.us-east-1.amazonaws.com/1/q}\n  handler: {http: {}}\n";
+    for (breaker, field) in [
+        ("{failurePercent: 0}", "failurePercent"),
+        ("{failurePercent: 101}", "failurePercent"),
+        ("{window: 1}", "window"),
+        ("{consecutiveFailures: 0}", "consecutiveFailures"),
+        (
+            "{probeBackoff: {base: 1m, max: 30s}}",
+            "probeBackoff.base must not exceed",
+        ),
+        (
+            "{probeBackoff: {base: 10ms}}",
+            "probeBackoff.base must be at least 100ms",
+        ),
+    ] {
+        let text = format!("{base}  processing: {{p99: 2s, breaker: {breaker}}}\n");
+        let mut sent: Value = serde_saphyr::from_str(&text).unwrap();
+        sent["metadata"]["namespace"] = json!(real.namespace);
+        let mut pp = PatchParams::apply("kubectl").validation_strict();
+        pp.dry_run = true;
+        let err = api
+            .patch("b", &pp, &Patch::Apply(&sent))
+            .await
+            .map(|_| ())
+            .expect_err(&format!("the server accepts processing.breaker: {breaker}"));
+        let msg = err.to_string();
+        assert!(
+            msg.contains("breaker") && msg.contains(field),
+            "processing.breaker: {breaker}: the refusal does not name {field}: {msg}"
+        );
+    }
 }
 
 #[tokio::test]

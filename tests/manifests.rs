@@ -775,7 +775,7 @@ fn chart_dashboard_and_alert_rules_use_only_metrics_the_binaries_export() {
     // The checks have something to check: every panel, every alert.
     assert_eq!(
         rule["spec"]["groups"][0]["rules"].as_array().unwrap().len(),
-        5
+        6
     );
     assert!(used.len() >= 12, "{used:?}");
     assert!(

@@ -935,3 +935,56 @@ fn a_waiting_batch_per_replica_is_backlog_not_load() {
         decide_held(&light, 5, 0).replicas
     );
 }
+
+/// While more than half of the scraped workers report their outage breaker open, the policy holds the
+/// replicas it has (inside [minReplicas, maxReplicas]) whatever the growing backlog asks for, and says
+/// so; half or fewer open, or none scraped, it decides from the queue as always.
+#[test]
+fn most_breakers_open_hold_replicas_against_the_growing_backlog() {
+    use qc::scaling::{Downstream, decide_for};
+    let manifest = "apiVersion: sqs.consumers.dev/v1alpha1\nkind: QueueConsumer\nmetadata: {name: x}\nspec:\n  queue: {url: https://sqs.us-east-1.amazonaws.com/1/q}\n  handler: {http: {}}\n  processing: {p99: 2s}\n  scaling: {minReplicas: 2, maxReplicas: 6, pollInterval: 15s}\n";
+    let qc::manifest::Document::Valid(qc) = qc::manifest::load_str(manifest).unwrap().remove(0)
+    else {
+        panic!("the manifest is valid")
+    };
+    let mut h = History::for_spec(&qc.spec.scaling, None);
+    // A backlog that grows fast enough to ask for maxReplicas.
+    let mut t = 0;
+    for v in [
+        0u64, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5_000, 10_000,
+    ] {
+        h.push(sample(t, v, 0)).unwrap();
+        t += 15;
+    }
+    let now = Timestamp::from_secs(t - 15);
+    let open = |open, scraped| Downstream { open, scraped };
+    let free = decide_for(&qc.spec, &h, 3, Downstream::default(), now);
+    assert_eq!((free.replicas, free.reason), (6, Reason::ScaleUp), "{free}");
+    for d in [open(0, 3), open(1, 3), open(1, 2), open(0, 0)] {
+        assert_eq!(decide_for(&qc.spec, &h, 3, d, now), free, "{d:?}");
+    }
+    for (d, current, held, limit) in [
+        (open(2, 3), 3, 3, None),
+        (open(3, 3), 3, 3, None),
+        (open(2, 3), 1, 2, Some(Limit::MinReplicas)),
+        (open(2, 3), 9, 6, Some(Limit::MaxReplicas)),
+    ] {
+        let dec = decide_for(&qc.spec, &h, current, d, now);
+        assert_eq!(
+            (dec.replicas, dec.reason, dec.limited_by),
+            (held, Reason::DownstreamFailing, limit),
+            "{d:?} at {current}: {dec}"
+        );
+        assert_eq!(
+            dec.recommended, free.recommended,
+            "what the queue alone asks for is kept"
+        );
+        assert_eq!(dec.condition_reason(), "DownstreamFailing");
+        let words = dec.to_string();
+        assert!(
+            words.contains(&format!("holding {held} replicas"))
+                && words.contains("outage breaker open"),
+            "{words}"
+        );
+    }
+}

@@ -7,6 +7,9 @@ pub const CONFIG_VALID: &str = "ConfigValid";
 pub const DEAD_LETTER_QUEUE_HEALTHY: &str = "DeadLetterQueueHealthy";
 pub const SCALING_ACTIVE: &str = "ScalingActive";
 pub const PROCESSING_TIME_WITHIN_DECLARED: &str = "ProcessingTimeWithinDeclared";
+/// The workers' outage breakers: False while one or more report theirs open (the handler's dependency is
+/// failing). Does not gate Ready.
+pub const HANDLER_HEALTHY: &str = "HandlerHealthy";
 /// The DLQ's CloudWatch alarm is as `deadLetter.alarm` asks (a step of its own: its failures never hold
 /// back scaling or status).
 pub const ALARM_SYNCED: &str = "AlarmSynced";
@@ -40,6 +43,12 @@ pub mod reason {
     pub const OBSERVED_P99_WITHIN_DECLARED: &str = "ObservedP99WithinDeclared";
     pub const OBSERVED_P99_ABOVE_DECLARED: &str = "ObservedP99AboveDeclared";
     pub const NO_OBSERVATIONS: &str = "NoObservations";
+    // HandlerHealthy (Unknown: NoObservations); DownstreamFailing is also ScalingActive's reason while
+    // most workers are open and replicas are held, and the Warning Event's
+    pub const HANDLER_RESPONDING: &str = "HandlerResponding";
+    pub const DOWNSTREAM_FAILING: &str = "DownstreamFailing";
+    /// The Normal Event when no worker reports its breaker open any more.
+    pub const DOWNSTREAM_RECOVERED: &str = "DownstreamRecovered";
     // AlarmSynced (False reasons are the CloudWatch failure's own: AccessDenied, EndpointUnreachable, ...)
     pub const ALARM_IN_SYNC: &str = "AlarmInSync";
     pub const ALARM_NOT_MANAGED: &str = "AlarmNotManaged";

@@ -235,10 +235,86 @@ pub struct ProcessingSpec {
     /// delete drops it. Default: deadLetter.
     #[serde(default)]
     pub on_poison: OnPoison,
-    /// How long a dependency may be down before messages go to the DLQ, a duration such as 1h; checked
-    /// against maxReceiveCount × visibility timeout. Default: none (not checked).
+    /// How long a dependency may be down before messages go to the DLQ, a duration such as 1h: after
+    /// the outage breaker has been open this long, the worker stops holding messages and they follow
+    /// the normal retries toward the DLQ; also checked against maxReceiveCount × visibility timeout.
+    /// Default: none (held up to SQS's 12h visibility limit; not checked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outage_tolerance: Option<Duration>,
+    /// The outage breaker: when the handler's transient failures (timeouts, no connection, HTTP 5xx
+    /// and 429, exec exits other than 0 and 65) show its own dependency is down, each worker pauses
+    /// receiving, keeps the messages it holds under their heartbeats and probes the handler with one
+    /// of them, instead of burning their receives toward the DLQ; a successful probe closes it
+    /// gradually. Poison answers never count. HandlerHealthy in status shows it. Default: enabled,
+    /// opens at 50% failures of the last 20 outcomes or 10 in a row, probes 1s doubling to 30s.
+    #[serde(default)]
+    pub breaker: BreakerSpec,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("self.failurePercent >= 1 && self.failurePercent <= 100").message("processing.breaker.failurePercent must be between 1 and 100 (a percentage of the window's outcomes)").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("self.window >= 2 && self.window <= 1000").message("processing.breaker.window must be between 2 and 1000 outcomes").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("self.consecutiveFailures >= 1 && self.consecutiveFailures <= 1000").message("processing.breaker.consecutiveFailures must be between 1 and 1000").reason(Reason::FieldValueInvalid))]
+pub struct BreakerSpec {
+    /// Pause intake while the handler's dependency fails (true), or let every message fail, retry
+    /// and reach the DLQ after maxReceiveCount receives (false). Default: true.
+    #[serde(default = "defaults::yes")]
+    pub enabled: bool,
+    /// Opens when at least this percentage of the last `window` outcomes were transient failures
+    /// (1 to 100). Default: 50.
+    #[serde(default = "defaults::breaker_failure_percent")]
+    #[schemars(range(min = 1, max = 100))]
+    pub failure_percent: u32,
+    /// Outcomes the percentage is taken over (2 to 1000); it applies once the window holds this many.
+    /// Default: 20.
+    #[serde(default = "defaults::breaker_window")]
+    #[schemars(range(min = 2, max = 1000))]
+    pub window: u32,
+    /// Opens after this many transient failures in a row, for low traffic where the window fills
+    /// slowly (1 to 1000). Default: 10.
+    #[serde(default = "defaults::breaker_consecutive")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub consecutive_failures: u32,
+    /// Delay between probes while open: base doubling per failed probe up to max, jittered.
+    /// Default: 1s base, 30s max.
+    #[serde(default)]
+    pub probe_backoff: ProbeBackoffSpec,
+}
+
+impl Default for BreakerSpec {
+    fn default() -> Self {
+        BreakerSpec {
+            enabled: true,
+            failure_percent: defaults::breaker_failure_percent(),
+            window: defaults::breaker_window(),
+            consecutive_failures: defaults::breaker_consecutive(),
+            probe_backoff: ProbeBackoffSpec::default(),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("duration(self.base) <= duration(self.max)").message("processing.breaker.probeBackoff.base must not exceed probeBackoff.max: lower base or raise max").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("duration(self.base) >= duration('100ms')").message("processing.breaker.probeBackoff.base must be at least 100ms: a faster probe hammers the failing dependency the breaker protects").reason(Reason::FieldValueInvalid))]
+pub struct ProbeBackoffSpec {
+    /// Delay before the first probe after the breaker opens, a duration (at least 100ms); doubled
+    /// after each failed probe. Default: 1s.
+    #[serde(default = "defaults::breaker_probe_base")]
+    pub base: Duration,
+    /// Longest delay between probes, a duration (at least base). Default: 30s.
+    #[serde(default = "defaults::breaker_probe_max")]
+    pub max: Duration,
+}
+
+impl Default for ProbeBackoffSpec {
+    fn default() -> Self {
+        ProbeBackoffSpec {
+            base: defaults::breaker_probe_base(),
+            max: defaults::breaker_probe_max(),
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -728,8 +804,8 @@ pub struct QueueConsumerStatus {
     /// The metadata.generation this status was computed for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive (Kubernetes
-    /// conditions: type, status, reason, message, lastTransitionTime).
+    /// Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive,
+    /// ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced (Kubernetes conditions).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
@@ -774,7 +850,7 @@ fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
     let item = generator.subschema_for::<Condition>();
     json_schema!({
         "type": "array",
-        "description": "Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive (Kubernetes conditions: type, status, reason, message, lastTransitionTime).",
+        "description": "Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive, ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced (Kubernetes conditions: type, status, reason, message, lastTransitionTime). HandlerHealthy is False (DownstreamFailing) while workers report their outage breaker open, with the share in the message; while more than half do, ScalingActive is False (DownstreamFailing) and replicas are held. Only QueueReachable, ConfigValid and the Deployment gate Ready.",
         "items": item,
         "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["type"]
@@ -936,6 +1012,10 @@ pub struct ObservedStatus {
     /// Ready pods whose /metrics did not answer at the last scrape.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pods_unreachable: Option<i32>,
+    /// Of the pods that answered, those whose outage breaker was open at the last scrape (intake
+    /// paused: the handler's dependency is failing; see HandlerHealthy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker_open: Option<i32>,
     /// The span of the deltas, a duration such as 50s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<Duration>,
@@ -968,6 +1048,21 @@ pub mod defaults {
     }
     pub fn retry_max() -> Duration {
         Duration::from_secs(15 * 60)
+    }
+    pub fn breaker_failure_percent() -> u32 {
+        50
+    }
+    pub fn breaker_window() -> u32 {
+        20
+    }
+    pub fn breaker_consecutive() -> u32 {
+        10
+    }
+    pub fn breaker_probe_base() -> Duration {
+        Duration::from_secs(1)
+    }
+    pub fn breaker_probe_max() -> Duration {
+        Duration::from_secs(30)
     }
     pub fn http_port() -> u16 {
         8080

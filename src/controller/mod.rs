@@ -223,6 +223,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
             deployment.as_ref(),
             applied == Some(Applied::Created),
             h,
+            workers.downstream(),
             now,
         )
     });

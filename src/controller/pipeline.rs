@@ -238,12 +238,16 @@ pub fn current_replicas(d: &Deployment) -> u32 {
 /// `spec.suspend` comes first: a Deployment this QueueConsumer controls goes to 0 even while rollout is
 /// held (an unreadable queue or an enforced finding must not keep consumers running that the user
 /// stopped, e.g. during an incident); someone else's Deployment is still never touched.
+///
+/// `downstream` is the workers' breakers at their last scrape: while most are open the policy holds
+/// replicas (`scaling::decide_for`).
 pub fn decide_replicas(
     qc: &QueueConsumer,
     rollout: &Rollout,
     deployment: Option<&Deployment>,
     created: bool,
     history: &History,
+    downstream: scaling::Downstream,
     now: Timestamp,
 ) -> ReplicaDecision {
     if qc.spec.suspend
@@ -257,13 +261,13 @@ pub fn decide_replicas(
     match (rollout, deployment) {
         (Rollout::Apply(_), Some(d)) => {
             let current = current_replicas(d);
-            let mut decision = scaling::decide_for(&qc.spec, history, current, now);
+            let mut decision = scaling::decide_for(&qc.spec, history, current, downstream, now);
             // The short-history hold keeps replicas that may be busy after a controller restart. A
             // Deployment this reconcile created has no pod yet: when the queue is idle and minReplicas
             // allows it, decide as from zero, rather than keep the API server's default replica for a
             // whole window.
             if created && decision.limited_by == Some(scaling::Limit::ShortHistory) {
-                let from_zero = scaling::decide_for(&qc.spec, history, 0, now);
+                let from_zero = scaling::decide_for(&qc.spec, history, 0, downstream, now);
                 if from_zero.replicas == 0
                     && from_zero.reason != scaling::Reason::MetricsUnavailable
                 {
@@ -296,6 +300,11 @@ mod tests {
         })
         .unwrap();
         h
+    }
+
+    /// Workers whose breakers are all closed (or none scraped).
+    fn healthy() -> scaling::Downstream {
+        scaling::Downstream::default()
     }
 
     fn apply() -> Rollout {
@@ -372,19 +381,27 @@ mod tests {
             Rollout::HeldByValidation,
             Rollout::HeldForeignDeployment,
         ] {
-            let r = decide_replicas(&q, &held, Some(&d), false, &h, now);
+            let r = decide_replicas(&q, &held, Some(&d), false, &h, healthy(), now);
             assert_eq!(r, ReplicaDecision::Keep, "{held:?}");
             assert_eq!(r.write(), None);
         }
         assert_eq!(
-            decide_replicas(&q, &apply(), None, false, &h, now),
+            decide_replicas(&q, &apply(), None, false, &h, healthy(), now),
             ReplicaDecision::Keep
         );
         // 900 visible at 300 per replica: 3, from 1.
-        let r = decide_replicas(&q, &apply(), Some(&d), false, &h, now);
+        let r = decide_replicas(&q, &apply(), Some(&d), false, &h, healthy(), now);
         assert_eq!(r.write(), Some(3));
         // Already at 3: nothing to write.
-        let r = decide_replicas(&q, &apply(), Some(&deployment(Some(3))), false, &h, now);
+        let r = decide_replicas(
+            &q,
+            &apply(),
+            Some(&deployment(Some(3))),
+            false,
+            &h,
+            healthy(),
+            now,
+        );
         assert!(matches!(r, ReplicaDecision::Scale { current: 3, .. }));
         assert_eq!(r.write(), None);
     }
@@ -401,11 +418,27 @@ mod tests {
             Rollout::HeldInvalidSpec(RenderError::NoHandler),
             Rollout::HeldByValidation,
         ] {
-            let r = decide_replicas(&q, &rollout, Some(&deployment(Some(3))), false, &h, now);
+            let r = decide_replicas(
+                &q,
+                &rollout,
+                Some(&deployment(Some(3))),
+                false,
+                &h,
+                healthy(),
+                now,
+            );
             assert_eq!(r, ReplicaDecision::Suspended { current: 3 }, "{rollout:?}");
             assert_eq!(r.write(), Some(0));
             // Already at zero: nothing to write.
-            let r = decide_replicas(&q, &rollout, Some(&deployment(Some(0))), false, &h, now);
+            let r = decide_replicas(
+                &q,
+                &rollout,
+                Some(&deployment(Some(0))),
+                false,
+                &h,
+                healthy(),
+                now,
+            );
             assert_eq!(r.write(), None);
         }
         // Someone else's Deployment is never touched, suspended or not; no Deployment, nothing to do.
@@ -416,11 +449,12 @@ mod tests {
             Some(&d),
             false,
             &h,
+            healthy(),
             now,
         );
         assert_eq!(r, ReplicaDecision::Keep);
         assert_eq!(
-            decide_replicas(&q, &apply(), None, false, &h, now),
+            decide_replicas(&q, &apply(), None, false, &h, healthy(), now),
             ReplicaDecision::Keep
         );
     }
@@ -433,10 +467,10 @@ mod tests {
         // The API server defaulted the new Deployment to 1 replica.
         let d = deployment(None);
         let idle = one_sample(0, 0);
-        let r = decide_replicas(&q, &apply(), Some(&d), true, &idle, now);
+        let r = decide_replicas(&q, &apply(), Some(&d), true, &idle, healthy(), now);
         assert_eq!(r.write(), Some(0), "{r:?}");
         // The same Deployment found (not created) after a restart: held for the window.
-        let r = decide_replicas(&q, &apply(), Some(&d), false, &idle, now);
+        let r = decide_replicas(&q, &apply(), Some(&d), false, &idle, healthy(), now);
         assert_eq!(r.write(), None, "{r:?}");
         assert!(matches!(
             &r,
@@ -445,12 +479,12 @@ mod tests {
         ));
         // Work in flight or waiting: the new replica stays.
         for h in [one_sample(0, 3), one_sample(2, 0)] {
-            let r = decide_replicas(&q, &apply(), Some(&d), true, &h, now);
+            let r = decide_replicas(&q, &apply(), Some(&d), true, &h, healthy(), now);
             assert_ne!(r.write(), Some(0), "{r:?}");
         }
         // minReplicas 2: up to 2 as before, created or not.
         q.spec.scaling.min_replicas = 2;
-        let r = decide_replicas(&q, &apply(), Some(&d), true, &idle, now);
+        let r = decide_replicas(&q, &apply(), Some(&d), true, &idle, healthy(), now);
         assert_eq!(r.write(), Some(2));
         // No usable sample: nothing written.
         let stale = decide_replicas(
@@ -459,9 +493,81 @@ mod tests {
             Some(&d),
             true,
             &idle,
+            healthy(),
             Timestamp::from_secs(100_000),
         );
         assert_eq!(stale.write(), None, "{stale:?}");
+    }
+
+    #[test]
+    fn most_workers_open_hold_replicas_in_both_directions() {
+        let q = qc();
+        let now = Timestamp::from_secs(11);
+        let open = |open, scraped| scaling::Downstream { open, scraped };
+        // 900 visible ask for 3; 0 visible ask for fewer than 2 (after the window).
+        let busy = one_sample(900, 0);
+        let d = deployment(Some(2));
+        let r = decide_replicas(&q, &apply(), Some(&d), false, &busy, healthy(), now);
+        assert_eq!(r.write(), Some(3), "healthy: scales out");
+        // 2 of 3 open: held at 2, the queue's 3 only reported.
+        for failing in [open(2, 3), open(1, 1), open(2, 2)] {
+            let r = decide_replicas(&q, &apply(), Some(&d), false, &busy, failing, now);
+            assert_eq!(r.write(), None, "{failing:?}: {r:?}");
+            let ReplicaDecision::Scale { decision, .. } = &r else {
+                panic!("{r:?}")
+            };
+            assert_eq!(decision.reason, scaling::Reason::DownstreamFailing);
+            assert_eq!(decision.recommended, 3);
+            assert_eq!(decision.condition_reason(), "DownstreamFailing");
+            assert!(
+                decision.to_string().contains("would ask for 3"),
+                "{decision}"
+            );
+        }
+        // Half, or fewer, open: the queue decides.
+        for not_most in [open(1, 2), open(1, 3), open(0, 0)] {
+            let r = decide_replicas(&q, &apply(), Some(&d), false, &busy, not_most, now);
+            assert_eq!(r.write(), Some(3), "{not_most:?}");
+        }
+        // No scale-in either: an idle queue (the paused workers hold their messages) keeps 2.
+        let mut idle = History::new(crate::api::Duration::from_secs(600));
+        for t in [10, 40, 70, 100] {
+            idle.push(Sample {
+                visible: 0,
+                in_flight: 0,
+                delayed: 0,
+                deleted: None,
+                oldest_age: None,
+                at: Timestamp::from_secs(t),
+            })
+            .unwrap();
+        }
+        let later = Timestamp::from_secs(101);
+        let r = decide_replicas(&q, &apply(), Some(&d), false, &idle, healthy(), later);
+        assert!(
+            r.write().is_some_and(|n| n < 2),
+            "healthy: scales in: {r:?}"
+        );
+        let r = decide_replicas(&q, &apply(), Some(&d), false, &idle, open(2, 2), later);
+        assert_eq!(r.write(), None, "{r:?}");
+        // Suspend still wins.
+        let mut suspended = q.clone();
+        suspended.spec.suspend = true;
+        let r = decide_replicas(
+            &suspended,
+            &apply(),
+            Some(&d),
+            false,
+            &busy,
+            open(2, 2),
+            now,
+        );
+        assert_eq!(r.write(), Some(0));
+        // maxReplicas lowered during the incident is honoured.
+        let mut lowered = q.clone();
+        lowered.spec.scaling.max_replicas = 1;
+        let r = decide_replicas(&lowered, &apply(), Some(&d), false, &busy, open(2, 2), now);
+        assert_eq!(r.write(), Some(1));
     }
 
     #[test]

@@ -60,6 +60,10 @@ pub const GAUGES: &[(&str, &str)] = &[
         "qc_processing_observed_messages_per_second",
         "Messages finished per second by all worker pods, over the window.",
     ),
+    (
+        "qc_workers_breaker_open_ratio",
+        "Share of the scraped worker pods whose outage breaker is open (intake paused: the handler's dependency is failing); above 0.5 the scaler holds replicas.",
+    ),
 ];
 
 /// One series per condition, with its status as a label: value 1.
@@ -100,6 +104,10 @@ impl Series {
                 o.and_then(|o| o.p99_seconds),
                 o.and_then(|o| o.mean_seconds),
                 o.and_then(|o| o.messages_per_second),
+                o.and_then(|o| {
+                    let pods = o.pods.filter(|p| *p > 0)?;
+                    Some(f64::from(o.breaker_open.unwrap_or(0)) / f64::from(pods))
+                }),
             ],
             conditions: s
                 .conditions
@@ -187,7 +195,7 @@ mod tests {
         .unwrap();
         let status: QueueConsumerStatus = serde_json::from_value(serde_json::json!({
             "queue": {"visible": 7, "oldestAgeSeconds": 40},
-            "observed": {"p99Seconds": 2.5},
+            "observed": {"p99Seconds": 2.5, "pods": 4, "breakerOpen": 1},
             "replicas": 2, "desiredReplicas": 3,
             "conditions": [{"type": "Ready", "status": "False", "reason": "X", "message": "",
                             "lastTransitionTime": "2026-01-01T00:00:00Z"}]
@@ -203,6 +211,7 @@ mod tests {
             "qc_queue_oldest_message_age_seconds{namespace=\"shop\",queueconsumer=\"orders\"} 40\n",
             "qc_processing_observed_p99_seconds{namespace=\"shop\",queueconsumer=\"orders\"} 2.5\n",
             "qc_processing_declared_p99_seconds{namespace=\"shop\",queueconsumer=\"orders\"} 2\n",
+            "qc_workers_breaker_open_ratio{namespace=\"shop\",queueconsumer=\"orders\"} 0.25\n",
             "qc_replicas_desired{namespace=\"shop\",queueconsumer=\"orders\"} 3\n",
             "qc_condition{namespace=\"shop\",queueconsumer=\"orders\",type=\"Ready\",status=\"False\"} 1\n",
         ] {

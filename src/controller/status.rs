@@ -85,6 +85,8 @@ pub struct Workers {
     pub unreachable: usize,
     /// Messages in flight on the pods that answered.
     pub in_flight: i64,
+    /// Of the pods that answered, those whose outage breaker is open.
+    pub breaker_open: usize,
     /// When the last scrape was made.
     pub sampled_at: Option<Time>,
     /// Pods whose containers crash-loop ("pod/container: restarted N times"), for `RolloutStalled`.
@@ -92,6 +94,16 @@ pub struct Workers {
     /// This process's scrapes span less than a poll interval (it just started, took over as leader,
     /// or the consumer is new): its window says less than a full one would.
     pub warming_up: bool,
+}
+
+impl Workers {
+    /// The scaling policy's view of the workers' breakers.
+    pub fn downstream(&self) -> crate::scaling::Downstream {
+        crate::scaling::Downstream {
+            open: u32::try_from(self.breaker_open).unwrap_or(u32::MAX),
+            scraped: u32::try_from(self.pods).unwrap_or(u32::MAX),
+        }
+    }
 }
 
 /// The status to write. Blocks that cannot be refreshed (queue unreachable) keep their last values,
@@ -107,6 +119,7 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
     let scaling = scaling_active(i);
     let ready = ready(i, &queue_reachable, &config_valid, &name);
     let processing = processing_time(i);
+    let handler = handler_healthy(i);
     let mut fresh = [
         ready,
         queue_reachable,
@@ -114,6 +127,7 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
         dead_letter,
         scaling,
         processing,
+        handler,
     ]
     .into_iter()
     .map(|c| Condition {
@@ -484,7 +498,9 @@ fn scaling_active(i: &StatusInputs<'_>) -> Cond {
         Rollout::Apply(_) => {
             if let ReplicaDecision::Scale { decision, .. } = i.replicas {
                 let reason = decision.condition_reason();
-                let status = if reason == reason::METRICS_UNAVAILABLE {
+                let status = if reason == reason::METRICS_UNAVAILABLE
+                    || reason == reason::DOWNSTREAM_FAILING
+                {
                     Status::False
                 } else {
                     Status::True
@@ -690,6 +706,53 @@ fn processing_time(i: &StatusInputs<'_>) -> Cond {
     }
 }
 
+/// The `HandlerHealthy` condition: the share of scraped workers whose outage breaker is open. It does not
+/// gate Ready (the consumer is running as asked; its handler's dependency is not).
+fn handler_healthy(i: &StatusInputs<'_>) -> Cond {
+    let t = conditions::HANDLER_HEALTHY;
+    let Some(w) = i.workers else {
+        return Cond::new(
+            t,
+            Status::Unknown,
+            reason::NO_OBSERVATIONS,
+            "the worker pods were not read (plan reads no pod)".to_string(),
+        );
+    };
+    if w.pods == 0 {
+        let why = if w.unreachable == 0 {
+            "no ready worker pod to read".to_string()
+        } else {
+            format!(
+                "none of the {} ready worker pod(s) answered on /metrics",
+                w.unreachable
+            )
+        };
+        return Cond::new(t, Status::Unknown, reason::NO_OBSERVATIONS, why);
+    }
+    if w.breaker_open == 0 {
+        return Cond::new(
+            t,
+            Status::True,
+            reason::HANDLER_RESPONDING,
+            format!("no outage breaker open on the {} worker(s) scraped", w.pods),
+        );
+    }
+    let hold = if w.downstream().failing() {
+        "; scaling holds the replicas until they close"
+    } else {
+        ""
+    };
+    Cond::new(
+        t,
+        Status::False,
+        reason::DOWNSTREAM_FAILING,
+        format!(
+            "{} of {} workers paused intake: the handler's dependency is failing (breaker open){hold}",
+            w.breaker_open, w.pods
+        ),
+    )
+}
+
 /// The observed P99 when the rule says it is above the declared one (enough messages, more than
 /// `TOLERANCE` times the declared p99); the rules then run again with it.
 pub fn observed_p99_above_declared(
@@ -751,6 +814,7 @@ pub fn observed_close(
     let n = |v: Option<i64>| v.map(|v| v as f64);
     old.pods == fresh.pods
         && old.pods_unreachable == fresh.pods_unreachable
+        && old.breaker_open == fresh.breaker_open
         && close(old.p99_seconds, fresh.p99_seconds, 0.001)
         && close(old.mean_seconds, fresh.mean_seconds, 0.001)
         && close(old.messages_per_second, fresh.messages_per_second, 0.01)
@@ -852,6 +916,7 @@ fn observed_block(w: &Workers) -> Option<crate::api::ObservedStatus> {
         in_flight: (w.pods > 0).then_some(w.in_flight),
         pods: Some(count(w.pods)),
         pods_unreachable: (w.unreachable > 0).then(|| count(w.unreachable)),
+        breaker_open: (w.breaker_open > 0).then(|| count(w.breaker_open)),
         window: w.stats.as_ref().map(|s| s.window),
         sampled_at: w.sampled_at.clone(),
     })
@@ -1117,18 +1182,41 @@ pub struct Transition {
 
 /// Conditions whose status changed. A condition seen for the first time counts only when it is not
 /// True and not merely waiting for its first observation: a healthy first reconcile is no news.
+///
+/// `HandlerHealthy` speaks of its dependency only: a Warning `DownstreamFailing` when it turns False, a
+/// Normal `DownstreamRecovered` when it goes from False to True. Its Unknown (no worker scraped: scaled to
+/// zero, pods starting) is no news either way.
 pub fn transitions(old: &[Condition], new: &[Condition]) -> Vec<Transition> {
+    let f = Status::False.as_str();
     new.iter()
-        .filter(|c| match old.iter().find(|o| o.type_ == c.type_) {
-            Some(o) => o.status != c.status,
-            None => c.status != Status::True.as_str() && c.reason != reason::NO_OBSERVATIONS,
-        })
-        .map(|c| Transition {
-            type_: c.type_.clone(),
-            status: c.status.clone(),
-            reason: c.reason.clone(),
-            message: c.message.clone(),
-            warning: c.status != Status::True.as_str(),
+        .filter_map(|c| {
+            let before = old.iter().find(|o| o.type_ == c.type_);
+            let changed = match before {
+                Some(o) => o.status != c.status,
+                None => c.status != Status::True.as_str() && c.reason != reason::NO_OBSERVATIONS,
+            };
+            if !changed {
+                return None;
+            }
+            let reason = if c.type_ == conditions::HANDLER_HEALTHY {
+                match (before.map(|o| o.status.as_str()), c.status.as_str()) {
+                    (_, s) if s == f => reason::DOWNSTREAM_FAILING,
+                    (Some(o), s) if o == f && s == Status::True.as_str() => {
+                        reason::DOWNSTREAM_RECOVERED
+                    }
+                    _ => return None,
+                }
+                .to_string()
+            } else {
+                c.reason.clone()
+            };
+            Some(Transition {
+                type_: c.type_.clone(),
+                status: c.status.clone(),
+                reason,
+                message: c.message.clone(),
+                warning: c.status != Status::True.as_str(),
+            })
         })
         .collect()
 }

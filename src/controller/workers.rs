@@ -20,6 +20,31 @@ pub const IN_FLIGHT_GAUGE: &str = "qc_worker_in_flight";
 /// The worker's counter of messages deleted from the queue (acknowledged, poison moved, duplicates).
 pub const DELETED_COUNTER: &str = "qc_worker_messages_deleted_total";
 
+/// The worker's outage-breaker gauge: 0 closed, 1 open (intake paused, only probes), 2 recovering.
+pub const BREAKER_GAUGE: &str = "qc_worker_breaker_state";
+
+/// A worker's outage breaker as its gauge says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Breaker {
+    Closed,
+    /// Intake paused: the handler's dependency is failing.
+    Open,
+    /// Slow start after a successful probe: intake resumed.
+    Recovering,
+}
+
+impl Breaker {
+    /// The gauge's value; None for one this controller does not know (a newer worker).
+    pub fn from_gauge(v: f64) -> Option<Breaker> {
+        match v {
+            0.0 => Some(Breaker::Closed),
+            1.0 => Some(Breaker::Open),
+            2.0 => Some(Breaker::Recovering),
+            _ => None,
+        }
+    }
+}
+
 /// Pods scraped at once per QueueConsumer.
 pub const SCRAPE_CONCURRENCY: usize = 16;
 /// Connecting to a pod, and the whole exchange with it: a pod that takes longer counts as unreachable.
@@ -158,6 +183,8 @@ pub struct PodMetrics {
     pub in_flight: i64,
     /// `qc_worker_messages_deleted_total`; None when the exposition lacks it.
     pub deleted: Option<u64>,
+    /// `qc_worker_breaker_state`; None when the exposition lacks it (a worker without the breaker).
+    pub breaker: Option<Breaker>,
 }
 
 /// Parse the parts of a worker's exposition that matter here. None when the histogram is absent.
@@ -167,6 +194,7 @@ pub fn parse(text: &str) -> Option<PodMetrics> {
     let count_name = format!("{HANDLER_HISTOGRAM}_count");
     let mut buckets: Vec<(f64, u64)> = Vec::new();
     let (mut count, mut sum, mut in_flight, mut deleted) = (None, None, 0i64, None);
+    let mut breaker = None;
     for line in text.lines() {
         if line.starts_with('#') || line.is_empty() {
             continue;
@@ -197,6 +225,8 @@ pub fn parse(text: &str) -> Option<PodMetrics> {
             count = value.parse::<f64>().ok().map(|v| v as u64);
         } else if name == IN_FLIGHT_GAUGE {
             in_flight = value.parse::<f64>().map_or(0, |v| v as i64);
+        } else if name == BREAKER_GAUGE {
+            breaker = value.parse::<f64>().ok().and_then(Breaker::from_gauge);
         } else if name == DELETED_COUNTER {
             deleted = value
                 .parse::<f64>()
@@ -213,6 +243,7 @@ pub fn parse(text: &str) -> Option<PodMetrics> {
         sum: sum?,
         in_flight,
         deleted,
+        breaker,
     })
 }
 
@@ -223,6 +254,16 @@ pub struct Round {
     pub pods: BTreeMap<String, PodMetrics>,
     /// Ready pods that did not answer.
     pub unreachable: Vec<String>,
+}
+
+impl Round {
+    /// Pods that answered with their outage breaker open.
+    pub fn breaker_open(&self) -> usize {
+        self.pods
+            .values()
+            .filter(|m| m.breaker == Some(Breaker::Open))
+            .count()
+    }
 }
 
 /// What the window says.
@@ -626,6 +667,36 @@ mod tests {
         assert_eq!(parse(&m.render()).unwrap().deleted, Some(7));
         // an exposition without it (another version of the worker) has no count, not zero
         assert_eq!(parse(&text(&[(1.0, 1)], 1, 0.3, 0)).unwrap().deleted, None);
+    }
+
+    #[test]
+    fn the_breaker_state_is_read_per_pod() {
+        let t = text(&[(1.0, 1)], 1, 0.3, 0);
+        let with =
+            |state: &str| format!("{t}# TYPE {BREAKER_GAUGE} gauge\n{BREAKER_GAUGE} {state}\n");
+        assert_eq!(parse(&with("0")).unwrap().breaker, Some(Breaker::Closed));
+        assert_eq!(parse(&with("1")).unwrap().breaker, Some(Breaker::Open));
+        assert_eq!(
+            parse(&with("2")).unwrap().breaker,
+            Some(Breaker::Recovering)
+        );
+        // a value this controller does not know, or a worker without the breaker: not open
+        assert_eq!(parse(&with("7")).unwrap().breaker, None);
+        assert_eq!(parse(&t).unwrap().breaker, None);
+        let r = round(
+            0,
+            &[
+                ("a", &with("1")),
+                ("b", &with("2")),
+                ("c", &with("1")),
+                ("d", &t),
+            ],
+        );
+        assert_eq!(
+            r.breaker_open(),
+            2,
+            "recovering and unknown pods are not open"
+        );
     }
 
     fn with_deleted(t: &str, deleted: u64) -> String {

@@ -247,6 +247,52 @@ fn command_line_carries_every_setting() {
 }
 
 #[test]
+fn the_breaker_and_outage_tolerance_reach_the_worker() {
+    // Defaults: on, spelled out; no tolerance flag (the worker holds up to SQS's 12 hours).
+    let d = render(http_spec());
+    let args = pod(&d).containers[1].args.clone().unwrap();
+    for (flag, value) in [
+        ("--breaker", "true"),
+        ("--breaker-failure-percent", "50"),
+        ("--breaker-window", "20"),
+        ("--breaker-consecutive", "10"),
+        ("--breaker-probe-base", "1s"),
+        ("--breaker-probe-max", "30s"),
+    ] {
+        assert_eq!(arg_after(&args, flag), Some(value), "{flag} in {args:?}");
+    }
+    assert_eq!(arg_after(&args, "--outage-tolerance"), None, "{args:?}");
+    // The spec's values, in both layouts.
+    for mut spec in [http_spec(), exec_spec()] {
+        spec["processing"]["outageTolerance"] = json!("2h");
+        spec["processing"]["breaker"] = json!({
+            "enabled": false, "failurePercent": 80, "window": 50, "consecutiveFailures": 3,
+            "probeBackoff": {"base": "500ms", "max": "2m"}
+        });
+        let exec = spec["handler"].get("exec").is_some();
+        let d = render(spec);
+        let p = pod(&d);
+        let c = if exec {
+            &p.containers[0]
+        } else {
+            &p.containers[1]
+        };
+        let args = c.args.clone().unwrap();
+        for (flag, value) in [
+            ("--breaker", "false"),
+            ("--breaker-failure-percent", "80"),
+            ("--breaker-window", "50"),
+            ("--breaker-consecutive", "3"),
+            ("--breaker-probe-base", "500ms"),
+            ("--breaker-probe-max", "2m"),
+            ("--outage-tolerance", "2h"),
+        ] {
+            assert_eq!(arg_after(&args, flag), Some(value), "{flag} in {args:?}");
+        }
+    }
+}
+
+#[test]
 fn poison_goes_to_the_dead_letter_queue_unless_the_spec_says_otherwise() {
     let d = render(http_spec());
     let args = pod(&d).containers[1].args.clone().unwrap();

@@ -35,7 +35,8 @@ pub fn worker_args(
     if let Some(endpoint) = &spec.queue.endpoint {
         args.extend(["--endpoint-url".into(), endpoint.clone()]);
     }
-    let pairs: [(&str, String); 13] = [
+    let b = &p.breaker;
+    let pairs: [(&str, String); 19] = [
         ("--concurrency", p.concurrency.to_string()),
         ("--batch-size", p.batch_size.to_string()),
         ("--wait-time", p.wait_time.to_string()),
@@ -45,6 +46,12 @@ pub fn worker_args(
         ("--retry-base", p.retry_backoff.base.to_string()),
         ("--retry-max", p.retry_backoff.max.to_string()),
         ("--on-poison", p.on_poison.as_str().to_string()),
+        ("--breaker", b.enabled.to_string()),
+        ("--breaker-failure-percent", b.failure_percent.to_string()),
+        ("--breaker-window", b.window.to_string()),
+        ("--breaker-consecutive", b.consecutive_failures.to_string()),
+        ("--breaker-probe-base", b.probe_backoff.base.to_string()),
+        ("--breaker-probe-max", b.probe_backoff.max.to_string()),
         ("--idempotency-store", i.store.as_str().to_string()),
         ("--idempotency-key", i.key.to_string()),
         ("--idempotency-ttl", i.ttl.to_string()),
@@ -52,6 +59,10 @@ pub fn worker_args(
     ];
     for (flag, value) in pairs {
         args.extend([flag.to_string(), value]);
+    }
+    // Unset means held up to SQS's 12 hours: the worker's own default, so no flag.
+    if let Some(tolerance) = p.outage_tolerance {
+        args.extend(["--outage-tolerance".into(), tolerance.to_string()]);
     }
     args.extend([
         "--shutdown-timeout".into(),

@@ -264,6 +264,25 @@ pub const SCALE_DOWN_UTILIZATION: u32 = 90;
 /// A sample older than this many poll intervals is stale: the policy holds rather than act on it.
 pub const STALE_AFTER_POLLS: u32 = 3;
 
+/// The workers' outage breakers at their last scrape: an input of the policy, so the hold it causes is
+/// as pure as the rest.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Downstream {
+    /// Workers reporting their breaker open (intake paused: the handler's dependency is failing).
+    pub open: u32,
+    /// Workers whose /metrics answered.
+    pub scraped: u32,
+}
+
+impl Downstream {
+    /// More than half of the scraped workers are open: the backlog grows because the dependency fails,
+    /// not for want of replicas, so replicas are held (no scale-out feeding the failing dependency, no
+    /// scale-in of the pods holding the paused messages).
+    pub fn failing(&self) -> bool {
+        u64::from(self.open) * 2 > u64::from(self.scraped)
+    }
+}
+
 /// What the scaler is doing, in words an Event or condition message can carry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum Reason {
@@ -277,6 +296,8 @@ pub enum Reason {
     ScaleDown,
     /// Unchanged.
     Hold,
+    /// Held: most workers report their outage breaker open ([`Downstream::failing`]).
+    DownstreamFailing,
 }
 
 impl Reason {
@@ -287,6 +308,7 @@ impl Reason {
             Reason::ScaleUp => "ScaleUp",
             Reason::ScaleDown => "ScaleDown",
             Reason::Hold => "Hold",
+            Reason::DownstreamFailing => "DownstreamFailing",
         }
     }
 }
@@ -372,6 +394,8 @@ impl Decision {
     pub fn condition_reason(&self) -> &'static str {
         if self.reason == Reason::MetricsUnavailable {
             condition_reason::METRICS_UNAVAILABLE
+        } else if self.reason == Reason::DownstreamFailing {
+            condition_reason::DOWNSTREAM_FAILING
         } else if self.replicas == 0 {
             condition_reason::SCALED_TO_ZERO
         } else if self.limited_by == Some(Limit::MaxReplicas) {
@@ -389,6 +413,13 @@ impl Decision {
 
 impl fmt::Display for Decision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.reason == Reason::DownstreamFailing {
+            return write!(
+                f,
+                "holding {} replicas: most workers report their outage breaker open (HandlerHealthy), the handler's dependency is failing; the queue alone would ask for {}; scaling resumes when they close",
+                self.replicas, self.recommended
+            );
+        }
         let Some(t) = &self.terms else {
             return write!(
                 f,
@@ -427,14 +458,17 @@ impl fmt::Display for Decision {
     }
 }
 
-/// The policy for a whole QueueConsumer spec.
+/// The policy for a whole QueueConsumer spec, with its workers' breakers: while most are open
+/// ([`Downstream::failing`]) replicas are held at `current` (within [minReplicas, maxReplicas], which
+/// the user may change during the incident), whatever the growing backlog asks for.
 pub fn decide_for(
     spec: &QueueConsumerSpec,
     history: &History,
     current: u32,
+    downstream: Downstream,
     now: Timestamp,
 ) -> Decision {
-    decide_with_waiting(
+    let queue = decide_with_waiting(
         &spec.scaling,
         spec.processing.p99,
         spec.processing.mean,
@@ -443,7 +477,23 @@ pub fn decide_for(
         history,
         current,
         now,
-    )
+    );
+    if !downstream.failing() {
+        return queue;
+    }
+    let min = spec.scaling.min_replicas.min(spec.scaling.max_replicas);
+    let replicas = current.clamp(min, spec.scaling.max_replicas);
+    Decision {
+        replicas,
+        recommended: queue.recommended,
+        reason: Reason::DownstreamFailing,
+        limited_by: match replicas.cmp(&current) {
+            std::cmp::Ordering::Greater => Some(Limit::MinReplicas),
+            std::cmp::Ordering::Less => Some(Limit::MaxReplicas),
+            std::cmp::Ordering::Equal => None,
+        },
+        terms: queue.terms,
+    }
 }
 
 /// Replicas for a queue consumer (docs/scaling.md, "The algorithm"):

@@ -18,6 +18,8 @@ pub const IN_FLIGHT_CEILING_REACHABLE: &str = "InFlightCeilingReachable";
 pub const SHORT_POLLING: &str = "ShortPolling";
 pub const POISON_DELETED: &str = "PoisonDeleted";
 pub const QUEUE_REGION_CONTRADICTS_URL: &str = "QueueRegionContradictsUrl";
+pub const BREAKER_DISABLED: &str = "BreakerDisabled";
+pub const OUTAGE_HOLD_BEYOND_RETENTION: &str = "OutageHoldBeyondRetention";
 
 /// Rules that need only the spec.
 pub const OFFLINE_RULES: &[&str] = &[
@@ -39,6 +41,8 @@ pub const QUEUE_RULES: &[&str] = &[
     MAX_RECEIVE_COUNT_TOO_LOW,
     RETRY_WINDOW_BEYOND_RETENTION,
     RETRY_WINDOW_BELOW_OUTAGE_TOLERANCE,
+    BREAKER_DISABLED,
+    OUTAGE_HOLD_BEYOND_RETENTION,
 ];
 
 /// Rules that need the dead-letter queue's attributes.
@@ -60,6 +64,8 @@ pub const ALL: &[&str] = &[
     MAX_RECEIVE_COUNT_TOO_LOW,
     RETRY_WINDOW_BEYOND_RETENTION,
     RETRY_WINDOW_BELOW_OUTAGE_TOLERANCE,
+    BREAKER_DISABLED,
+    OUTAGE_HOLD_BEYOND_RETENTION,
     DEAD_LETTER_RETENTION_TOO_SHORT,
     DEAD_LETTER_QUEUE_TYPE_MISMATCH,
     DEAD_LETTER_QUEUE_MISSING,

@@ -323,6 +323,34 @@ fn queue_rules(spec: &QueueConsumerSpec, q: &QueueFacts, out: &mut Vec<Finding>)
         ));
     }
 
+    // The breaker holds messages through an outage up to outageTolerance (else SQS's 12 h visibility
+    // limit), while their retention runs from when they were sent: a hold that outlives the retention
+    // lets SQS delete them unhandled.
+    let hold = p.outage_tolerance.unwrap_or(VISIBILITY_MAXIMUM);
+    if p.breaker.enabled && hold >= q.retention {
+        let what = if p.outage_tolerance.is_some() {
+            format!("processing.outageTolerance {}", secs(hold))
+        } else {
+            format!(
+                "up to SQS's visibility limit {} (no processing.outageTolerance)",
+                secs(hold)
+            )
+        };
+        out.push(finding(
+            codes::OUTAGE_HOLD_BEYOND_RETENTION,
+            Severity::Warning,
+            format!(
+                "the outage breaker holds messages through a dependency outage for {what}, not below MessageRetentionPeriod {}: a message held that long expires and SQS deletes it unhandled",
+                secs(q.retention)
+            ),
+            format!(
+                "set processing.outageTolerance below {} (less the time messages wait in the backlog), or raise MessageRetentionPeriod above {}",
+                secs(q.retention),
+                secs(hold)
+            ),
+        ));
+    }
+
     let Some(redrive) = &q.redrive else {
         out.push(finding(
             codes::NO_REDRIVE_POLICY,
@@ -342,6 +370,17 @@ fn queue_rules(spec: &QueueConsumerSpec, q: &QueueFacts, out: &mut Vec<Finding>)
         ));
     }
     let window = retry_window(spec, vt, r);
+    if !p.breaker.enabled {
+        out.push(finding(
+            codes::BREAKER_DISABLED,
+            Severity::Warning,
+            format!(
+                "processing.breaker.enabled is false on a queue that dead-letters after {r} receives: while the handler's dependency is down every message is received, fails and retries, so an outage longer than the retry window {} moves good messages to the DLQ (and more replicas on the growing backlog only burn receives faster)",
+                secs(window)
+            ),
+            "set processing.breaker.enabled to true (the default): each worker then pauses receiving while the handler's transient failures cross processing.breaker.failurePercent of the window, keeps the messages it holds and probes until the dependency answers".to_string(),
+        ));
+    }
     if window > q.retention {
         // the largest R whose window still fits the retention
         let fits = (1..r)
@@ -367,7 +406,10 @@ fn queue_rules(spec: &QueueConsumerSpec, q: &QueueFacts, out: &mut Vec<Finding>)
             format!("{fix_count}set MessageRetentionPeriod to at least {}", secs(retention_needed)),
         ));
     }
+    // With the breaker on, an outage holds messages instead of burning their receives: the retry window
+    // need not span it (OutageHoldBeyondRetention bounds the hold instead).
     if let Some(tolerance) = p.outage_tolerance
+        && !p.breaker.enabled
         && window < tolerance
     {
         let per_receive = vt.max(Duration::from_secs(1));

@@ -297,14 +297,20 @@ fn retry_window_below_outage_tolerance() {
         retry_window(&default_spec(), q.visibility_timeout, 5),
         Duration::from_secs(320)
     );
-    let at = spec("processing: {p99: 2s, outageTolerance: 5m20s}");
+    let at = spec("processing: {p99: 2s, outageTolerance: 5m20s, breaker: {enabled: false}}");
     assert!(
         find(&at, Some(&facts(q.clone())), c).is_none(),
         "boundary: window == tolerance"
     );
-    let just_over = spec("processing: {p99: 2s, outageTolerance: 5m21s}");
+    let just_over =
+        spec("processing: {p99: 2s, outageTolerance: 5m21s, breaker: {enabled: false}}");
     assert!(find(&just_over, Some(&facts(q)), c).is_some());
-    let over = spec("processing: {p99: 2s, outageTolerance: 1h}");
+    let held = spec("processing: {p99: 2s, outageTolerance: 1h}");
+    assert!(
+        find(&held, Some(&facts(with_receive_count(60, 5))), c).is_none(),
+        "with the breaker on, an outage holds messages instead of burning receives"
+    );
+    let over = spec("processing: {p99: 2s, outageTolerance: 1h, breaker: {enabled: false}}");
     let f = find(&over, Some(&facts(with_receive_count(60, 5))), c).expect("fires");
     assert_eq!(f.severity, Severity::Warning);
     assert!(
@@ -316,6 +322,32 @@ fn retry_window_below_outage_tolerance() {
         find(&default_spec(), Some(&facts(with_receive_count(60, 5))), c).is_none(),
         "not declared"
     );
+}
+
+#[test]
+fn breaker_disabled_on_a_queue_with_a_dlq() {
+    let c = codes::BREAKER_DISABLED;
+    let off = spec("processing: {p99: 2s, breaker: {enabled: false}}");
+    // VT 60s, R 5: the retry window 5m20s is what an outage may last before good messages go.
+    let f = find(&off, Some(&facts(with_receive_count(60, 5))), c).expect("fires");
+    assert_eq!(f.severity, Severity::Warning);
+    assert!(f.message.contains("after 5 receives"), "{}", f.message);
+    assert!(f.message.contains("5m20s"), "{}", f.message);
+    assert!(
+        f.recommendation
+            .contains("set processing.breaker.enabled to true"),
+        "{}",
+        f.recommendation
+    );
+    // On (the default), or no redrive policy (NoRedrivePolicy says what matters there): silent.
+    assert!(find(&default_spec(), Some(&facts(with_receive_count(60, 5))), c).is_none());
+    let mut no_dlq = queue(60);
+    no_dlq.redrive = None;
+    assert!(find(&off, Some(&facts(no_dlq)), c).is_none());
+    // Offline it needs the queue's facts: skipped, and named.
+    let report = evaluate(&off, None);
+    assert!(report.findings.iter().all(|f| f.code != c));
+    assert!(report.skipped.iter().any(|s| s.code == c));
 }
 
 #[test]
@@ -516,4 +548,41 @@ fn backoff_doubles_and_caps() {
     assert_eq!(backoff(&s, 500), Duration::from_secs(900));
     let huge = spec("processing: {p99: 2s, retryBackoff: {base: 1h, max: 100h}}");
     assert_eq!(backoff(&huge, 10), VISIBILITY_MAXIMUM);
+}
+
+#[test]
+fn outage_hold_beyond_retention() {
+    let c = codes::OUTAGE_HOLD_BEYOND_RETENTION;
+    let mut q = with_receive_count(60, 5);
+    // The default retention (4 days) outlives the 12 h hold.
+    assert!(find(&default_spec(), Some(&facts(q.clone())), c).is_none());
+    q.retention = Duration::from_secs(12 * 3600);
+    let f = find(&default_spec(), Some(&facts(q.clone())), c).expect("12 h hold, 12 h retention");
+    assert_eq!(f.severity, Severity::Warning);
+    assert!(
+        f.message.contains("no processing.outageTolerance"),
+        "{}",
+        f.message
+    );
+    assert!(
+        f.recommendation
+            .contains("set processing.outageTolerance below 12h"),
+        "{}",
+        f.recommendation
+    );
+    let short = spec("processing: {p99: 2s, outageTolerance: 11h}");
+    assert!(
+        find(&short, Some(&facts(q.clone())), c).is_none(),
+        "a tolerance below retention"
+    );
+    let long = spec("processing: {p99: 2s, outageTolerance: 12h}");
+    assert!(
+        find(&long, Some(&facts(q.clone())), c).is_some(),
+        "boundary: hold == retention"
+    );
+    let off = spec("processing: {p99: 2s, breaker: {enabled: false}}");
+    assert!(
+        find(&off, Some(&facts(q)), c).is_none(),
+        "nothing is held with the breaker off"
+    );
 }

@@ -357,7 +357,13 @@ fn scale_decision(
         .unwrap();
     }
     let now = Timestamp::from_secs(100 + samples.len() as u64);
-    let decision = decide_for(&qc.spec, &h, current, now);
+    let decision = decide_for(
+        &qc.spec,
+        &h,
+        current,
+        crate::scaling::Downstream::default(),
+        now,
+    );
     (
         ReplicaDecision::Scale {
             current,
@@ -507,6 +513,7 @@ fn busy(p99: f64, mean: f64, rate: f64, in_flight: i64, at_secs: i64) -> Workers
         pods: 2,
         unreachable: 0,
         in_flight,
+        breaker_open: 0,
         sampled_at: Some(at(at_secs)),
         crash_looping: vec![],
         warming_up: false,
@@ -913,4 +920,134 @@ fn a_held_write_keeps_transition_times_and_events() {
             c.type_
         );
     }
+}
+
+/// The status of a running consumer whose pods said `w` at the last scrape.
+fn with_workers(w: &Workers) -> Built {
+    let q = qc(false);
+    let f = facts(dlq(0, None));
+    let d = available_deployment(3);
+    let report = Report::default();
+    Built {
+        status: build(&StatusInputs {
+            qc: &q,
+            facts: Observation::Read(&f),
+            report: &report,
+            rollout: &apply(),
+            deployment: Some(&d),
+            alarm: AlarmStatus::default(),
+            replicas: &ReplicaDecision::Keep,
+            scaled_at: None,
+            sampled_at: Some(at(100)),
+            redrive: None,
+            workers: Some(w),
+            now: at(100),
+        }),
+    }
+}
+
+fn pods(answered: usize, unreachable: usize, open: usize) -> Workers {
+    Workers {
+        pods: answered,
+        unreachable,
+        breaker_open: open,
+        sampled_at: Some(at(100)),
+        ..Workers::default()
+    }
+}
+
+#[test]
+fn handler_healthy_is_the_share_of_workers_whose_breaker_is_open() {
+    let plan = build_read(&qc(false), &facts(dlq(0, None)), None, at(100));
+    let c = plan.cond(conditions::HANDLER_HEALTHY);
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("Unknown", reason::NO_OBSERVATIONS)
+    );
+    for (w, status, reason, words) in [
+        (
+            pods(0, 0, 0),
+            "Unknown",
+            reason::NO_OBSERVATIONS,
+            "no ready worker pod",
+        ),
+        (
+            pods(0, 2, 0),
+            "Unknown",
+            reason::NO_OBSERVATIONS,
+            "none of the 2 ready",
+        ),
+        (
+            pods(3, 0, 0),
+            "True",
+            reason::HANDLER_RESPONDING,
+            "no outage breaker open on the 3",
+        ),
+        (
+            pods(3, 0, 1),
+            "False",
+            reason::DOWNSTREAM_FAILING,
+            "1 of 3 workers paused intake",
+        ),
+        (
+            pods(3, 0, 2),
+            "False",
+            reason::DOWNSTREAM_FAILING,
+            "2 of 3 workers paused intake",
+        ),
+    ] {
+        let b = with_workers(&w);
+        let c = b.cond(conditions::HANDLER_HEALTHY);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            (status, reason),
+            "{w:?}: {}",
+            c.message
+        );
+        assert!(c.message.contains(words), "{w:?}: {}", c.message);
+        // Only more than half open holds the scaler, and the message says so only then.
+        assert_eq!(
+            c.message.contains("scaling holds"),
+            w.breaker_open * 2 > w.pods && w.pods > 0,
+            "{w:?}: {}",
+            c.message
+        );
+        // HandlerHealthy never gates Ready: the consumer runs as asked; its dependency does not.
+        assert_eq!(b.cond(conditions::READY).status, "True", "{w:?}");
+        assert_eq!(
+            b.status.observed.as_ref().and_then(|o| o.breaker_open),
+            (w.breaker_open > 0).then(|| i32::try_from(w.breaker_open).unwrap())
+        );
+    }
+}
+
+#[test]
+fn handler_healthy_events_speak_of_the_dependency_only() {
+    let healthy = with_workers(&pods(3, 0, 0)).status.conditions;
+    let failing = with_workers(&pods(3, 0, 2)).status.conditions;
+    let unknown = with_workers(&pods(0, 0, 0)).status.conditions;
+    let events = |old: &[Condition], new: &[Condition]| -> Vec<(String, bool)> {
+        transitions(old, new)
+            .into_iter()
+            .filter(|t| t.type_ == conditions::HANDLER_HEALTHY)
+            .map(|t| (t.reason, t.warning))
+            .collect()
+    };
+    let warn = vec![(reason::DOWNSTREAM_FAILING.to_string(), true)];
+    assert_eq!(events(&healthy, &failing), warn);
+    assert_eq!(events(&unknown, &failing), warn);
+    assert_eq!(
+        events(&[], &failing),
+        warn,
+        "a first reconcile that finds it open"
+    );
+    assert_eq!(
+        events(&failing, &healthy),
+        vec![(reason::DOWNSTREAM_RECOVERED.to_string(), false)]
+    );
+    // Pods starting, scaled to zero, or the first healthy reconcile: no news.
+    assert!(events(&healthy, &unknown).is_empty());
+    assert!(events(&unknown, &healthy).is_empty());
+    assert!(events(&[], &healthy).is_empty());
+    assert!(events(&failing, &failing).is_empty());
 }
