@@ -412,3 +412,71 @@ async fn past_the_outage_tolerance_messages_go_the_normal_way() {
     assert_eq!(w.metric("qc_worker_breaker_held_messages").await, Some(0.0));
     w.stop().await;
 }
+
+/// A held message whose heartbeat loses its lease while it waits for the probe (every visibility
+/// change refused as ReceiptHandleIsInvalid, as SQS answers once the message went to another
+/// consumer): SQS may have handed it out again, so the next probe must not call the handler with it.
+/// It is left to come back by itself, and is handled on that next receive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_message_whose_lease_is_lost_is_not_probed_with() {
+    let q = TestQueue::new("brk-lost", 3, 5, false).await;
+    q.send_one("held").await;
+    let h = HttpHandler::start(|c| {
+        if c.receive_count == 1 {
+            Reply::status(500)
+        } else {
+            Reply::ok(Duration::ZERO)
+        }
+    })
+    .await;
+    let proxy = FaultProxy::start().await;
+    proxy
+        .set(Fault::FailAction(
+            "ChangeMessageVisibility",
+            400,
+            "ReceiptHandleIsInvalid",
+        ))
+        .await;
+    let a = q.args_via(
+        &proxy.endpoint,
+        &[
+            "--timeout",
+            "20s",
+            "--http-url",
+            &h.url,
+            "--breaker-consecutive",
+            "1",
+            "--breaker-probe-base",
+            "5s",
+            "--breaker-probe-max",
+            "5s",
+        ],
+    );
+    let mut w = Worker::start(&a);
+    eventually(
+        SECS(60),
+        "the message handled on its next receive",
+        || async { q.is_empty().await && h.calls().iter().any(|c| c.status == 200) },
+    )
+    .await;
+    // Past another probe interval: a call the lost lease should not have made would show by now.
+    tokio::time::sleep(SECS(6)).await;
+    let first: Vec<_> = h
+        .calls()
+        .into_iter()
+        .filter(|c| c.receive_count == 1)
+        .collect();
+    assert_eq!(
+        first.len(),
+        1,
+        "the first receive's lease was lost while held: it must not be called again ({} calls with receive 1)",
+        first.len()
+    );
+    assert!(w.metric("qc_worker_heartbeat_leases_lost_total").await >= Some(1.0));
+    assert_eq!(
+        w.log_lines("the lease was lost before the handler call; leaving the message to SQS unhandled rather than risk two calls at once").len(),
+        1
+    );
+    assert_eq!(q.dlq_visible().await, 0);
+    w.stop().await;
+}

@@ -281,6 +281,19 @@ impl Beat {
         deadline: Instant,
         work: impl std::future::Future<Output = T>,
     ) -> Option<T> {
+        self.until_or_lost(p, msg, deadline, false, work).await
+    }
+
+    /// `until`; with `stop_when_lost`, also None as soon as a beat finds the lease lost (a message
+    /// waiting at the breaker's gate must not wait for a call it may no longer make).
+    async fn until_or_lost<T>(
+        &mut self,
+        p: &Processor,
+        msg: &Message,
+        deadline: Instant,
+        stop_when_lost: bool,
+        work: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
         let due = |next: Option<Instant>| next.map_or(deadline, |n| n.min(deadline));
         tokio::pin!(work);
         let timer = tokio::time::sleep_until(due(self.next));
@@ -294,6 +307,9 @@ impl Beat {
                         return None;
                     }
                     self.run(p, &msg.receipt_handle, &msg.id).await;
+                    if stop_when_lost && self.lost {
+                        return None;
+                    }
                     timer.as_mut().reset(due(self.next));
                 }
             }
@@ -673,14 +689,28 @@ impl Processor {
         lease: &mut Lease,
         failed_before: bool,
     ) -> Result<Pass<'a>, Ended> {
+        if lease.beat.lost {
+            return Err(Self::leave_lost(lease));
+        }
         if let Some(pass) = self.breaker.try_pass() {
             return Ok(pass);
         }
         let deadline = self.hold_deadline(lease);
         let admitted = lease
             .beat
-            .until(self, &lease.msg, deadline, Box::pin(self.breaker.admit()))
+            .until_or_lost(
+                self,
+                &lease.msg,
+                deadline,
+                true,
+                Box::pin(self.breaker.admit()),
+            )
             .await;
+        if lease.beat.lost {
+            // A pass taken meanwhile goes back unused (dropped: counted neutral, the next waiter
+            // probes).
+            return Err(Self::leave_lost(lease));
+        }
         match admitted {
             Some(Ok(pass)) => Ok(pass),
             Some(Err(Denied::ShuttingDown)) => {
@@ -706,6 +736,16 @@ impl Processor {
                 Err(Ended::Kept)
             }
         }
+    }
+
+    /// A message whose lease was lost before (another) handler call: SQS may already have handed it
+    /// to another consumer, so calling the handler now could run it twice at once. No call, no
+    /// visibility change (its receipt handle may be stale): it comes back by itself, with at most
+    /// this receive used.
+    fn leave_lost(lease: &mut Lease) -> Ended {
+        tracing::warn!(message_id = %lease.msg.id, receive_count = lease.msg.receive_count, "the lease was lost before the handler call; leaving the message to SQS unhandled rather than risk two calls at once");
+        lease.settled = true;
+        Ended::Kept
     }
 
     /// Runs one message to its end.
