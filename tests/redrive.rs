@@ -383,3 +383,123 @@ async fn a_queue_without_a_dlq_is_a_clear_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("NAMESPACE/NAME"));
 }
+
+/// Send `body` straight to the DLQ, marked with `qc-source-arn` = `source` (as qc-worker marks its
+/// dead-letter sends) or unmarked.
+async fn send_to_dlq(sqs: &aws_sdk_sqs::Client, dlq: &str, body: &str, source: Option<&str>) {
+    let mut req = sqs.send_message().queue_url(dlq).message_body(body);
+    if let Some(arn) = source {
+        req = req.message_attributes(
+            redrive::SOURCE_ATTRIBUTE,
+            MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(arn)
+                .build()
+                .unwrap(),
+        );
+    }
+    req.send().await.unwrap();
+}
+
+/// Send `bodies` to `src` and receive them with visibility 0 until its redrive policy has moved them
+/// (the DLQ then holds `dlq_total`).
+async fn dead_letter_bodies(
+    sqs: &aws_sdk_sqs::Client,
+    src: &str,
+    dlq: &str,
+    bodies: &[&str],
+    dlq_total: i64,
+) {
+    for b in bodies {
+        sqs.send_message()
+            .queue_url(src)
+            .message_body(*b)
+            .send()
+            .await
+            .unwrap();
+    }
+    for _ in 0..50 {
+        if count(sqs, dlq).await.0 == dlq_total {
+            return;
+        }
+        sqs.receive_message()
+            .queue_url(src)
+            .max_number_of_messages(10)
+            .visibility_timeout(0)
+            .send()
+            .await
+            .unwrap();
+    }
+    panic!("not dead-lettered: {:?}", count(sqs, dlq).await);
+}
+
+fn sorted_bodies(ms: &[aws_sdk_sqs::types::Message]) -> Vec<String> {
+    let mut b: Vec<String> = ms.iter().map(|m| m.body().unwrap().to_string()).collect();
+    b.sort();
+    b
+}
+
+/// Two queues, ours and another team's, share one DLQ. The DLQ holds worker dead-letter sends marked
+/// with each source, messages each redrive policy moved and one sent to it directly. A redrive of
+/// ours moves only what names our queue; the rest stays in the DLQ. (moto does not set
+/// DeadLetterQueueSourceArn on what a redrive policy moves, as SQS does, so here those messages name
+/// no source: in a shared DLQ they stay too.)
+#[tokio::test]
+async fn a_shared_dlq_holding_another_queues_messages_is_not_redriven_into_ours() {
+    let sqs = common::sqs_client().await;
+    let dlq = common::create_queue(&sqs, &common::unique_name("shdlq"), &[]).await;
+    let dlq_arn = common::queue_arn(&sqs, &dlq).await;
+    let policy = vec![(
+        QueueAttributeName::RedrivePolicy,
+        format!(r#"{{"deadLetterTargetArn":"{dlq_arn}","maxReceiveCount":"1"}}"#),
+    )];
+    let ours = common::create_queue(&sqs, &common::unique_name("ours"), &policy).await;
+    let theirs = common::create_queue(&sqs, &common::unique_name("theirs"), &policy).await;
+    let (ours_arn, theirs_arn) = (
+        common::queue_arn(&sqs, &ours).await,
+        common::queue_arn(&sqs, &theirs).await,
+    );
+    dead_letter_bodies(&sqs, &ours, &dlq, &["ours-policy"], 1).await;
+    dead_letter_bodies(&sqs, &theirs, &dlq, &["theirs-policy"], 2).await;
+    send_to_dlq(&sqs, &dlq, "ours-worker-1", Some(&ours_arn)).await;
+    send_to_dlq(&sqs, &dlq, "ours-worker-2", Some(&ours_arn)).await;
+    send_to_dlq(&sqs, &dlq, "theirs-worker", Some(&theirs_arn)).await;
+    send_to_dlq(&sqs, &dlq, "unmarked", None).await;
+
+    let done = redrive::redrive_queue(&sqs, &ours, None, 1000, "shared")
+        .await
+        .unwrap();
+    assert_eq!((done.moved, done.skipped), (2, 4), "{done:?}");
+    assert_eq!(
+        sorted_bodies(&drain(&sqs, &ours).await),
+        ["ours-worker-1", "ours-worker-2"]
+    );
+    // The four left are hidden for the move's receive visibility, not gone.
+    assert_eq!(
+        count(&sqs, &dlq).await,
+        (0, 4),
+        "the other queue's messages, and those naming no source, stay in the shared DLQ"
+    );
+    assert!(drain(&sqs, &theirs).await.is_empty());
+}
+
+/// A DLQ that serves only our queue: a message naming no source (a direct send, or a worker older
+/// than the mark) is ours too and goes back; one marked with another queue does not.
+#[tokio::test]
+async fn a_dlq_of_ours_alone_moves_unmarked_messages_but_not_marked_foreign_ones() {
+    let (sqs, src, dlq) = queues(false).await;
+    send_to_dlq(&sqs, &dlq, "unmarked", None).await;
+    send_to_dlq(
+        &sqs,
+        &dlq,
+        "foreign",
+        Some("arn:aws:sqs:us-east-1:999999999999:team-b-orders"),
+    )
+    .await;
+    let done = redrive::redrive_queue(&sqs, &src, None, 1000, "sole")
+        .await
+        .unwrap();
+    assert_eq!((done.moved, done.skipped), (1, 1), "{done:?}");
+    assert_eq!(sorted_bodies(&drain(&sqs, &src).await), ["unmarked"]);
+    assert_eq!(count(&sqs, &dlq).await, (0, 1), "the foreign one stays");
+}

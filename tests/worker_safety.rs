@@ -455,6 +455,7 @@ async fn poison_goes_to_the_dlq_with_body_attributes_and_reason_by_default() {
             .await
             .unwrap();
     }
+    let source_arn = common::queue_arn(&q.client, &q.url).await;
     let a = q.args(&["--http-url", &h.url]);
     let mut w = Worker::start(&a);
     eventually(SECS(60), "source queue empty", || q.is_empty()).await;
@@ -467,6 +468,10 @@ async fn poison_goes_to_the_dlq_with_body_attributes_and_reason_by_default() {
         assert_eq!(
             attrs["qc-poison-reason"], "handler answered HTTP 422",
             "{body}"
+        );
+        assert_eq!(
+            attrs["qc-source-arn"], source_arn,
+            "{body}: a redrive from a shared DLQ knows it is this queue's"
         );
     }
     assert_eq!(h.calls().len(), 4, "each message handled once");

@@ -10,6 +10,14 @@
 //!   carries a deduplication id derived from the redrive token and the message id, so a repeat of the
 //!   same redrive within SQS's 5-minute deduplication window is dropped by SQS.
 //!
+//! Only this queue's messages are moved (docs/security.md, "Redrive"): a DLQ message's source is its
+//! `DeadLetterQueueSourceArn` (set by SQS when a redrive policy moved it) or, for the worker's own
+//! dead-letter sends (a plain SendMessage, which SQS does not mark), the [`SOURCE_ATTRIBUTE`]
+//! message attribute; a message whose source is another queue is left in the DLQ. A message with
+//! neither (sent to the DLQ directly by someone, or by a worker older than the mark) is moved only
+//! when ListDeadLetterSourceQueues showed that this queue is the DLQ's only source
+//! ([`MoveOptions::move_unmarked`]); otherwise it is left too, and counted as skipped.
+//!
 //! See docs/operations.md ("Replay the DLQ").
 
 use std::collections::{HashMap, HashSet};
@@ -25,6 +33,9 @@ use sha2::{Digest, Sha256};
 
 use crate::aws::classify::{ErrorKind, classify_code};
 use crate::aws::facts::is_fifo;
+
+/// The message attribute with which qc-worker marks its own dead-letter sends: the source queue's ARN.
+pub const SOURCE_ATTRIBUTE: &str = "qc-source-arn";
 
 /// Messages moved per second when nobody says otherwise: well under SQS's per-queue limits and the
 /// move task's maximum of 500, so a redrive does not crowd out the consumers' own calls.
@@ -128,9 +139,35 @@ pub struct MoveOptions {
     pub rate: u32,
     /// The redrive request's token: part of every FIFO deduplication id of this move.
     pub token: String,
-    /// The source queue's ARN: a message whose DeadLetterQueueSourceArn names another queue (a DLQ
-    /// shared by several sources) is left where it is and counted as skipped.
+    /// The source queue's ARN: a message whose source ([`message_source`]) is another queue (a DLQ
+    /// shared by several sources) is left where it is and counted as skipped. None: every message is
+    /// moved (the caller names no source).
     pub source_arn: Option<String>,
+    /// Move the messages that name no source too: true only when the DLQ is known to serve this
+    /// source alone (ListDeadLetterSourceQueues answered just this queue).
+    pub move_unmarked: bool,
+}
+
+/// The source queue a DLQ message names: SQS's `DeadLetterQueueSourceArn`, else the worker's
+/// [`SOURCE_ATTRIBUTE`]; None when it names none.
+pub fn message_source(m: &Message) -> Option<&str> {
+    m.attributes()
+        .and_then(|a| a.get(&MessageSystemAttributeName::DeadLetterQueueSourceArn))
+        .map(String::as_str)
+        .or_else(|| {
+            m.message_attributes()
+                .and_then(|a| a.get(SOURCE_ATTRIBUTE))
+                .and_then(|v| v.string_value())
+        })
+}
+
+/// Whether a move for `opts` takes a message whose source is `source`.
+pub fn is_ours(opts: &MoveOptions, source: Option<&str>) -> bool {
+    match (opts.source_arn.as_deref(), source) {
+        (None, _) => true,
+        (Some(ours), Some(from)) => ours == from,
+        (Some(_), None) => opts.move_unmarked,
+    }
 }
 
 /// Live counters of a move, readable while it runs.
@@ -221,14 +258,10 @@ pub async fn move_messages(
                 to_delete.push((id.to_string(), receipt.to_string()));
                 continue;
             }
-            if let (Some(ours), Some(from)) = (
-                opts.source_arn.as_deref(),
-                m.attributes()
-                    .and_then(|a| a.get(&MessageSystemAttributeName::DeadLetterQueueSourceArn)),
-            ) && from != ours
-            {
-                // Another source's message in a shared DLQ: left alone (it is visible again after
-                // the receive's visibility timeout).
+            if !is_ours(opts, message_source(m)) {
+                // Another source's message in a shared DLQ, or one naming no source in a DLQ not
+                // known to be this queue's alone: left alone (it is visible again after the
+                // receive's visibility timeout).
                 if skipped.insert(id.to_string()) {
                     fresh = true;
                     progress.skipped.fetch_add(1, Ordering::Relaxed);
@@ -465,11 +498,20 @@ pub async fn redrive_queue(
     token: &str,
 ) -> Result<DirectMove, RedriveError> {
     let route = route(client, source_url).await?;
+    // Unknown sources (the call failed): treated as shared, so unmarked messages stay.
+    let move_unmarked = match dead_letter_sources(client, &route.dlq_url).await {
+        Ok(sources) => sole_source(&sources, source_url),
+        Err(e) => {
+            tracing::info!(error = %e, "redrive: dead-letter sources unknown; messages naming no source stay in the DLQ");
+            false
+        }
+    };
     let opts = MoveOptions {
         max: Some(max.unwrap_or_else(|| default_max(route.dlq_messages))),
         rate,
         token: token.to_string(),
         source_arn: Some(route.source_arn.clone()).filter(|a| !a.is_empty()),
+        move_unmarked,
     };
     let progress = MoveProgress::default();
     let moved = move_messages(client, &route.dlq_url, source_url, &opts, &progress).await?;
@@ -603,6 +645,25 @@ pub async fn task_progress(
         }))
 }
 
+/// Whether `sources` (ListDeadLetterSourceQueues' answer) is `source_url` alone. URLs are compared by
+/// path (account and name): an endpoint may answer another host for the same queue.
+pub fn sole_source(sources: &[String], source_url: &str) -> bool {
+    !sources.is_empty()
+        && sources
+            .iter()
+            .all(|s| queue_path(s) == queue_path(source_url))
+}
+
+/// A queue URL's path (account and name), without the host: an endpoint may answer another host
+/// for the same queue.
+pub fn queue_path(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    rest.split_once('/')
+        .map_or("", |(_, p)| p)
+        .trim_end_matches('/')
+        .to_string()
+}
+
 /// The source queues whose redrive policy names the DLQ at `dlq_url` (their URLs).
 pub async fn dead_letter_sources(
     client: &aws_sdk_sqs::Client,
@@ -632,6 +693,42 @@ mod tests {
         // SQS: at most 128 characters of alphanumerics and punctuation.
         assert!(a.len() <= 128);
         assert!(a.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+    }
+
+    fn opts(source_arn: Option<&str>, move_unmarked: bool) -> MoveOptions {
+        MoveOptions {
+            max: None,
+            rate: 1,
+            token: "t".into(),
+            source_arn: source_arn.map(str::to_string),
+            move_unmarked,
+        }
+    }
+
+    #[test]
+    fn only_messages_naming_this_source_move_and_unmarked_ones_only_from_a_sole_source_dlq() {
+        let ours = "arn:aws:sqs:us-east-1:1:orders";
+        let theirs = "arn:aws:sqs:us-east-1:2:orders";
+        for sole in [false, true] {
+            assert!(is_ours(&opts(Some(ours), sole), Some(ours)));
+            assert!(!is_ours(&opts(Some(ours), sole), Some(theirs)));
+            assert_eq!(is_ours(&opts(Some(ours), sole), None), sole);
+        }
+        assert!(is_ours(&opts(None, false), Some(theirs)));
+    }
+
+    #[test]
+    fn sole_source_compares_paths_and_needs_an_answer() {
+        let src = "http://127.0.0.1:5000/1/orders";
+        assert!(sole_source(
+            &["https://sqs.us-east-1.amazonaws.com/1/orders".into()],
+            src
+        ));
+        assert!(!sole_source(&[], src));
+        assert!(!sole_source(
+            &[src.into(), "http://127.0.0.1:5000/2/orders".into()],
+            src
+        ));
     }
 
     #[test]

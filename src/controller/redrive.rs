@@ -206,15 +206,6 @@ fn target(facts: Option<&Facts>) -> Result<Option<Target>, String> {
     }
 }
 
-/// The account/name part of a queue URL, to compare URLs that differ in host spelling.
-fn queue_path(url: &str) -> String {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    rest.split_once('/')
-        .map_or("", |(_, p)| p)
-        .trim_end_matches('/')
-        .to_string()
-}
-
 async fn start(token: &str, old: Option<RedriveStatus>, i: &StepInputs<'_>) -> Outcome {
     let now = &i.now;
     let Some(client) = i.client else {
@@ -238,20 +229,11 @@ async fn start(token: &str, old: Option<RedriveStatus>, i: &StepInputs<'_>) -> O
     };
     let tasks_known_missing = lock(&i.redrives.no_tasks).contains(&i.endpoint.map(str::to_string));
     let mut why_own = "the endpoint has no message move tasks".to_string();
+    // Whether the DLQ serves this source alone; unknown counts as shared (the controller's own move,
+    // which checks each message's source and leaves the ones naming none).
+    let sole = sole_source(client, &t).await;
     if !tasks_known_missing {
-        let shared = match redrive::dead_letter_sources(client, &t.dlq_url).await {
-            Ok(sources) => sources
-                .iter()
-                .any(|s| queue_path(s) != queue_path(&t.source_url)),
-            // Not knowable: the controller's own move, which checks each message's source.
-            Err(e) => {
-                tracing::info!(error = %e, "redrive: dead-letter sources unknown; moving with receive/send/delete");
-                true
-            }
-        };
-        if shared {
-            why_own = "the dead-letter queue serves other source queues too (or they could not be listed): only this source's messages are moved".into();
-        } else {
+        if sole {
             match redrive::start_task(client, &t.dlq_arn, &t.source_arn, redrive::DEFAULT_RATE)
                 .await
             {
@@ -270,9 +252,11 @@ async fn start(token: &str, old: Option<RedriveStatus>, i: &StepInputs<'_>) -> O
                 }
                 Err(e) => return failed(token, Some(METHOD_TASK), e.to_string(), now),
             }
+        } else {
+            why_own = "the dead-letter queue serves other source queues too (or they could not be listed): only this source's messages are moved".into();
         }
     }
-    spawn(token, &t, 0, client, i);
+    spawn(token, &t, 0, sole, client, i);
     let how = RedriveStatus {
         method: Some(METHOD_OWN.into()),
         failed: Some(0),
@@ -315,7 +299,27 @@ fn started(
     }
 }
 
-fn spawn(token: &str, t: &Target, base_moved: u64, client: &aws_sdk_sqs::Client, i: &StepInputs) {
+/// Whether ListDeadLetterSourceQueues shows the DLQ serving this source alone (false when unknown).
+async fn sole_source(client: &aws_sdk_sqs::Client, t: &Target) -> bool {
+    match redrive::dead_letter_sources(client, &t.dlq_url).await {
+        Ok(sources) => redrive::sole_source(&sources, &t.source_url),
+        Err(e) => {
+            tracing::info!(error = %e, "redrive: dead-letter sources unknown; moving with receive/send/delete, messages naming no source stay");
+            false
+        }
+    }
+}
+
+/// The controller's own move; `sole`: the DLQ serves this source alone, so messages naming no
+/// source are this queue's too and move with the rest.
+fn spawn(
+    token: &str,
+    t: &Target,
+    base_moved: u64,
+    sole: bool,
+    client: &aws_sdk_sqs::Client,
+    i: &StepInputs,
+) {
     let progress = Arc::new(MoveProgress::default());
     let result: MoveResult = Arc::new(Mutex::new(None));
     let opts = MoveOptions {
@@ -323,6 +327,7 @@ fn spawn(token: &str, t: &Target, base_moved: u64, client: &aws_sdk_sqs::Client,
         rate: redrive::DEFAULT_RATE,
         token: token.to_string(),
         source_arn: Some(t.source_arn.clone()),
+        move_unmarked: sole,
     };
     let handle = {
         let (client, dlq, src) = (client.clone(), t.dlq_url.clone(), t.source_url.clone());
@@ -481,7 +486,8 @@ async fn follow(mut s: RedriveStatus, i: &StepInputs<'_>) -> Outcome {
             match (i.client, target(i.facts)) {
                 (Some(client), Ok(Some(t))) => {
                     let base = s.moved.and_then(|m| u64::try_from(m).ok()).unwrap_or(0);
-                    spawn(&token, &t, base, client, i);
+                    let sole = sole_source(client, &t).await;
+                    spawn(&token, &t, base, sole, client, i);
                     s.message = Some(
                         "the move was interrupted (controller restart) and started again".into(),
                     );
@@ -531,12 +537,12 @@ mod tests {
     #[test]
     fn queue_paths_ignore_the_host() {
         assert_eq!(
-            queue_path("http://127.0.0.1:5000/123456789012/orders"),
-            queue_path("https://sqs.us-east-1.amazonaws.com/123456789012/orders/")
+            redrive::queue_path("http://127.0.0.1:5000/123456789012/orders"),
+            redrive::queue_path("https://sqs.us-east-1.amazonaws.com/123456789012/orders/")
         );
         assert_ne!(
-            queue_path("https://sqs.us-east-1.amazonaws.com/1/orders"),
-            queue_path("https://sqs.us-east-1.amazonaws.com/1/payments")
+            redrive::queue_path("https://sqs.us-east-1.amazonaws.com/1/orders"),
+            redrive::queue_path("https://sqs.us-east-1.amazonaws.com/1/payments")
         );
     }
 }

@@ -1,5 +1,8 @@
 //! `--on-poison dead-letter`: a poison message is sent to the redrive policy's DLQ at once (body,
-//! attributes, FIFO group, a dedup id and a `qc-poison-reason` attribute), then deleted from the source.
+//! attributes, FIFO group, a dedup id, a `qc-source-arn` attribute naming the source queue and a
+//! `qc-poison-reason` attribute), then deleted from the source. The source attribute is what lets a
+//! redrive (src/aws/redrive.rs) tell this queue's dead letters from another queue's in a shared DLQ:
+//! a plain SendMessage carries no `DeadLetterQueueSourceArn`.
 
 use aws_sdk_sqs::primitives::Blob;
 use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName};
@@ -7,6 +10,7 @@ use tokio::sync::OnceCell;
 
 use super::sqs::Message;
 use crate::aws::facts::{QueueArn, parse_redrive_policy};
+pub use crate::aws::redrive::SOURCE_ATTRIBUTE;
 
 /// The attribute that carries why the handler called the message poison.
 pub const REASON_ATTRIBUTE: &str = "qc-poison-reason";
@@ -38,6 +42,8 @@ pub struct DeadLetter {
     source_url: String,
     /// None inside: the source has no redrive policy.
     target: OnceCell<Option<String>>,
+    /// The source queue's ARN (read with the redrive policy): the `qc-source-arn` of every send.
+    source_arn: OnceCell<String>,
 }
 
 impl DeadLetter {
@@ -46,6 +52,7 @@ impl DeadLetter {
             client,
             source_url: source_url.to_string(),
             target: OnceCell::new(),
+            source_arn: OnceCell::new(),
         }
     }
 
@@ -65,9 +72,16 @@ impl DeadLetter {
             .get_queue_attributes()
             .queue_url(&self.source_url)
             .attribute_names(QueueAttributeName::RedrivePolicy)
+            .attribute_names(QueueAttributeName::QueueArn)
             .send()
             .await
             .map_err(|e| DeadLetterError::ReadRedrivePolicy(crate::aws::error_chain(&e)))?;
+        if let Some(arn) = out
+            .attributes()
+            .and_then(|a| a.get(&QueueAttributeName::QueueArn))
+        {
+            let _ = self.source_arn.set(arn.clone());
+        }
         let Some(policy) = out
             .attributes()
             .and_then(|a| a.get(&QueueAttributeName::RedrivePolicy))
@@ -94,7 +108,9 @@ impl DeadLetter {
         Ok(out.queue_url)
     }
 
-    /// Sends a copy of `msg` to the DLQ at `url`, with the reason attached.
+    /// Sends a copy of `msg` to the DLQ at `url`, with the source queue's ARN and the reason attached
+    /// (the source first: without it a redrive from a shared DLQ leaves the message where it is). The
+    /// message's `qc-` attributes from an earlier trip are replaced.
     pub async fn send(
         &self,
         url: &str,
@@ -106,8 +122,13 @@ impl DeadLetter {
             .send_message()
             .queue_url(url)
             .message_body(String::from_utf8_lossy(&msg.body));
+        let source = self.source_arn.get().map(String::as_str);
+        let own = msg
+            .attributes
+            .iter()
+            .filter(|(name, _)| name != REASON_ATTRIBUTE && name != SOURCE_ATTRIBUTE);
         let mut count = 0;
-        for (name, value) in &msg.attributes {
+        for (name, value) in own {
             let mut v = MessageAttributeValue::builder().data_type(&value.data_type);
             if let Some(s) = &value.string {
                 v = v.string_value(s);
@@ -120,8 +141,19 @@ impl DeadLetter {
                 count += 1;
             }
         }
-        // SQS takes ten attributes at most; a message that already has ten keeps its own, and the
-        // reason stays in the worker's log line.
+        // SQS takes ten attributes at most: a message that already has ten keeps its own (none is
+        // dropped), goes without the source mark (a redrive then moves it only from a DLQ that serves
+        // this queue alone) and the reason stays in the worker's log line.
+        if count < MAX_ATTRIBUTES
+            && let Some(arn) = source
+            && let Ok(v) = MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(arn)
+                .build()
+        {
+            req = req.message_attributes(SOURCE_ATTRIBUTE, v);
+            count += 1;
+        }
         if count < MAX_ATTRIBUTES
             && let Ok(v) = MessageAttributeValue::builder()
                 .data_type("String")
