@@ -1,10 +1,20 @@
 # syntax=docker/dockerfile:1
 # One small image with both binaries: qc-operator (the controller) and qc-worker (every worker pod).
 # Static musl binaries on an empty base: no shell, no package manager, nothing in it but our code and CA roots.
+#
+# Build arguments (docs/image.md; scripts/image passes them):
+#   BUILD_IMAGE  the Rust toolchain image of the build stage (default: the official rust image below)
+#   BINARIES     the stage the final image takes its files from: `build` (compile here, the default) or
+#                `prebuilt` (static binaries, passwd, group and CA roots already made, in prebuilt/ of the context)
+#   BASE_IMAGE   the final stage's base (default: scratch, which needs no registry)
+#   VERSION, REVISION, SOURCE   OCI labels
 
 ARG RUST_VERSION=1.95
+ARG BUILD_IMAGE=rust:${RUST_VERSION}-slim-bookworm
+ARG BASE_IMAGE=scratch
+ARG BINARIES=build
 
-FROM rust:${RUST_VERSION}-slim-bookworm AS build
+FROM ${BUILD_IMAGE} AS build
 # musl-tools: the C parts of the TLS stack (aws-lc-sys, ring) compile with musl-gcc.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends musl-tools ca-certificates \
@@ -24,15 +34,32 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
  && cargo build --release --locked --target "$target" --bin qc-operator --bin qc-worker \
  && mkdir -p /out \
  && cp "target/$target/release/qc-operator" "target/$target/release/qc-worker" /out/ \
+ && cp /etc/ssl/certs/ca-certificates.crt /out/ca-certificates.crt \
  && echo 'nonroot:x:65532:65532:nonroot:/nonexistent:/sbin/nologin' > /out/passwd \
  && echo 'nonroot:x:65532:' > /out/group
 
-FROM scratch
-COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
-COPY --from=build /out/passwd /etc/passwd
-COPY --from=build /out/group /etc/group
-COPY --from=build /out/qc-operator /usr/local/bin/qc-operator
-COPY --from=build /out/qc-worker /usr/local/bin/qc-worker
+# The same five files, made outside (scripts/image: a host build with the musl target). Only used with
+# --build-arg BINARIES=prebuilt; builders skip the stage otherwise.
+FROM scratch AS prebuilt
+COPY prebuilt/ /out/
+
+FROM ${BINARIES} AS binaries
+
+FROM ${BASE_IMAGE}
+ARG VERSION=dev
+ARG REVISION=unknown
+ARG SOURCE=unknown
+LABEL org.opencontainers.image.title="queue-consumer-operator" \
+      org.opencontainers.image.description="Kubernetes operator that runs Amazon SQS consumers: qc-operator and qc-worker" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=binaries /out/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
+COPY --from=binaries /out/passwd /etc/passwd
+COPY --from=binaries /out/group /etc/group
+COPY --from=binaries /out/qc-operator /usr/local/bin/qc-operator
+COPY --from=binaries /out/qc-worker /usr/local/bin/qc-worker
 # The TLS stack reads the system roots from here (there is no other trust store in the image).
 ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 # uid/gid 65532 ("nonroot"), numeric so runAsNonRoot can verify it without reading /etc/passwd.

@@ -251,3 +251,43 @@ start_crdserver() {
   export QC_TEST_KUBECONFIG=$run/kubeconfig-v3
   log "CRD server (apiextensions-apiserver + etcd) on https://127.0.0.1:$port, kubeconfig $QC_TEST_KUBECONFIG"
 }
+
+# Podman for the image layer (scripts/image, tests/image.rs). Installed from the distribution (apt) when
+# missing; configured through a containers.conf of our own: the runc runtime (crun refuses a hybrid cgroup
+# layout) and default ulimits no higher than a machine without CAP_SYS_RESOURCE allows. Returns 1, without
+# failing the caller, when podman cannot be installed or cannot run a container.
+QC_CONTAINERS_CONF="$QC_CACHE/containers.conf"
+ensure_podman() {
+  if ! command -v podman >/dev/null 2>&1 || ! command -v runc >/dev/null 2>&1; then
+    local sudo=
+    [ "$(id -u)" -eq 0 ] || { sudo -n true 2>/dev/null && sudo="sudo -n"; } || return 1
+    command -v apt-get >/dev/null 2>&1 || return 1
+    log "installing podman and runc (apt)"
+    { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq podman runc; } \
+      >"$QC_CACHE/apt-podman.log" 2>&1 || { tail -5 "$QC_CACHE/apt-podman.log" >&2; return 1; }
+  fi
+  if [ ! -f "$QC_CONTAINERS_CONF" ]; then
+    cat >"$QC_CONTAINERS_CONF" <<'CONF'
+# Written by scripts/lib.sh ensure_podman (docs/image.md).
+[containers]
+default_ulimits = ["nofile=1024:1024", "nproc=1000:1000"]
+[engine]
+runtime = "runc"
+CONF
+  fi
+  export CONTAINERS_CONF="$QC_CONTAINERS_CONF"
+  podman info >/dev/null 2>&1 || { log "podman is installed but does not work here (podman info fails)"; return 1; }
+}
+
+# The static (musl) Rust target and musl-gcc, for binaries that run in an image without a C library.
+ensure_musl() {
+  if ! command -v musl-gcc >/dev/null 2>&1; then
+    local sudo=
+    [ "$(id -u)" -eq 0 ] || { sudo -n true 2>/dev/null && sudo="sudo -n"; } || return 1
+    log "installing musl-tools (apt)"
+    { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq musl-tools; } \
+      >"$QC_CACHE/apt-musl.log" 2>&1 || { tail -5 "$QC_CACHE/apt-musl.log" >&2; return 1; }
+  fi
+  rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-musl \
+    || rustup target add x86_64-unknown-linux-musl >/dev/null
+}
