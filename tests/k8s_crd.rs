@@ -8,8 +8,7 @@ mod common;
 use std::path::Path;
 
 use common::k8s;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use kube::core::{ApiResource, GroupVersionKind};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use qc::api::QueueConsumer;
 use qc::manifest::{Document, load_str};
 use serde_json::{Value, json};
@@ -199,12 +198,7 @@ async fn the_server_defaults_every_valid_manifest_as_the_rust_types_do() {
     let Some(real) = k8s::connect(test).await else {
         return;
     };
-    let gvk = GroupVersionKind::gvk("sqs.consumers.dev", "v1alpha1", "QueueConsumer");
-    let api: Api<DynamicObject> = Api::namespaced_with(
-        real.client.clone(),
-        &real.namespace,
-        &ApiResource::from_gvk(&gvk),
-    );
+    let api = real.queue_consumers();
     let mut failures = Vec::new();
     for (name, text) in valid_manifests() {
         let docs = load_str(&text).unwrap();
@@ -214,11 +208,7 @@ async fn the_server_defaults_every_valid_manifest_as_the_rust_types_do() {
         let mut sent: Value = serde_saphyr::from_str(&text).unwrap();
         sent["metadata"]["namespace"] = json!(real.namespace);
         let obj_name = sent["metadata"]["name"].as_str().unwrap().to_string();
-        // As `kubectl apply --server-side` sends it: strict field validation, and a dry run.
-        let mut pp = PatchParams::apply("kubectl").validation_strict();
-        pp.dry_run = true;
-        let served = api
-            .patch(&obj_name, &pp, &Patch::Apply(&sent))
+        let served = k8s::kubectl_dry_apply(&api, &obj_name, &sent)
             .await
             .unwrap_or_else(|e| panic!("{name}: the API server rejects it: {e}"));
         let served = serde_json::to_value(&served).unwrap();
@@ -253,12 +243,7 @@ async fn the_server_refuses_out_of_range_breaker_settings_naming_each_field() {
     let Some(real) = k8s::connect(test).await else {
         return;
     };
-    let gvk = GroupVersionKind::gvk("sqs.consumers.dev", "v1alpha1", "QueueConsumer");
-    let api: Api<DynamicObject> = Api::namespaced_with(
-        real.client.clone(),
-        &real.namespace,
-        &ApiResource::from_gvk(&gvk),
-    );
+    let api = real.queue_consumers();
     let base = "apiVersion: sqs.consumers.dev/v1alpha1\nkind: QueueConsumer\nmetadata: {name: b}\nspec:\n  queue: {url: https://sqs.us-east-1.amazonaws.com/1/q}\n  handler: {http: {}}\n";
     for (breaker, field) in [
         ("{failurePercent: 0}", "failurePercent"),
@@ -277,10 +262,7 @@ async fn the_server_refuses_out_of_range_breaker_settings_naming_each_field() {
         let text = format!("{base}  processing: {{p99: 2s, breaker: {breaker}}}\n");
         let mut sent: Value = serde_saphyr::from_str(&text).unwrap();
         sent["metadata"]["namespace"] = json!(real.namespace);
-        let mut pp = PatchParams::apply("kubectl").validation_strict();
-        pp.dry_run = true;
-        let err = api
-            .patch("b", &pp, &Patch::Apply(&sent))
+        let err = k8s::kubectl_dry_apply(&api, "b", &sent)
             .await
             .map(|_| ())
             .expect_err(&format!("the server accepts processing.breaker: {breaker}"));

@@ -4,8 +4,6 @@
 mod common;
 
 use common::k8s;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::core::{ApiResource, GroupVersionKind};
 use qc::manifest::{Document, load_str};
 use serde_json::{Value, json};
 
@@ -231,12 +229,7 @@ async fn the_real_api_server_rejects_the_same_field() {
     let Some(real) = k8s::connect(test).await else {
         return;
     };
-    let gvk = GroupVersionKind::gvk("sqs.consumers.dev", "v1alpha1", "QueueConsumer");
-    let api: Api<DynamicObject> = Api::namespaced_with(
-        real.client.clone(),
-        &real.namespace,
-        &ApiResource::from_gvk(&gvk),
-    );
+    let api = real.queue_consumers();
     let mut cases: Vec<(String, String)> = BAD_FIELDS
         .iter()
         .map(|(extra, _)| ((*extra).to_string(), format!("{BASE}{extra}")))
@@ -259,10 +252,7 @@ async fn the_real_api_server_rejects_the_same_field() {
             .unwrap();
         doc["metadata"]["namespace"] = json!(real.namespace);
         let name = doc["metadata"]["name"].as_str().unwrap().to_string();
-        // As `kubectl apply --server-side` sends it: strict field validation; a dry run.
-        let mut pp = PatchParams::apply("kubectl").validation_strict();
-        pp.dry_run = true;
-        match api.patch(&name, &pp, &Patch::Apply(&doc)).await {
+        match k8s::kubectl_dry_apply(&api, &name, &doc).await {
             Ok(_) => failures.push(format!(
                 "{label:?}: the server accepts it; `check` names {check:?}"
             )),

@@ -134,8 +134,19 @@ async fn send(sqs: &aws_sdk_sqs::Client, url: &str, n: usize, groups: usize) {
 /// has moved all of them to the DLQ.
 async fn dead_letter(sqs: &aws_sdk_sqs::Client, src: &str, dlq: &str, n: usize) {
     send(sqs, src, n, 0).await;
+    receive_until_dead_lettered(sqs, src, dlq, i64::try_from(n).unwrap()).await;
+}
+
+/// Receives from `src` with visibility 0 (each receive counts towards its redrive policy) until the
+/// DLQ holds `dlq_total` (bounded).
+async fn receive_until_dead_lettered(
+    sqs: &aws_sdk_sqs::Client,
+    src: &str,
+    dlq: &str,
+    dlq_total: i64,
+) {
     for _ in 0..50 {
-        if count(sqs, dlq).await.0 == i64::try_from(n).unwrap() {
+        if count(sqs, dlq).await.0 == dlq_total {
             return;
         }
         sqs.receive_message()
@@ -418,19 +429,7 @@ async fn dead_letter_bodies(
             .await
             .unwrap();
     }
-    for _ in 0..50 {
-        if count(sqs, dlq).await.0 == dlq_total {
-            return;
-        }
-        sqs.receive_message()
-            .queue_url(src)
-            .max_number_of_messages(10)
-            .visibility_timeout(0)
-            .send()
-            .await
-            .unwrap();
-    }
-    panic!("not dead-lettered: {:?}", count(sqs, dlq).await);
+    receive_until_dead_lettered(sqs, src, dlq, dlq_total).await;
 }
 
 fn sorted_bodies(ms: &[aws_sdk_sqs::types::Message]) -> Vec<String> {

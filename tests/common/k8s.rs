@@ -9,8 +9,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::{ApiResource, GroupVersionKind};
 
 /// The committed CRD, as a user installs it.
 pub const CRD_YAML: &str = include_str!("../../crds/queueconsumers.sqs.consumers.dev.yaml");
@@ -21,6 +22,31 @@ pub struct RealKube {
     pub client: kube::Client,
     pub namespace: String,
     pub kubeconfig: String,
+}
+
+impl RealKube {
+    /// QueueConsumers in this test's namespace as untyped objects: what `kubectl apply` sends, unknown
+    /// fields and all, so the server's own schema, defaults and CEL rules judge them.
+    pub fn queue_consumers(&self) -> Api<DynamicObject> {
+        let gvk = GroupVersionKind::gvk("sqs.consumers.dev", "v1alpha1", "QueueConsumer");
+        Api::namespaced_with(
+            self.client.clone(),
+            &self.namespace,
+            &ApiResource::from_gvk(&gvk),
+        )
+    }
+}
+
+/// As `kubectl apply --server-side --dry-run=server` sends `obj`: strict field validation, nothing
+/// stored.
+pub async fn kubectl_dry_apply(
+    api: &Api<DynamicObject>,
+    name: &str,
+    obj: &serde_json::Value,
+) -> Result<DynamicObject, kube::Error> {
+    let mut pp = PatchParams::apply("kubectl").validation_strict();
+    pp.dry_run = true;
+    api.patch(name, &pp, &Patch::Apply(obj)).await
 }
 
 /// The kubeconfig of the real server, or None after a loud skip message (a failure when the server is

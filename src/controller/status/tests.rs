@@ -520,15 +520,13 @@ fn busy(p99: f64, mean: f64, rate: f64, in_flight: i64, at_secs: i64) -> Workers
     }
 }
 
-/// One reconcile's status step as `reconcile` runs it: the dead-band on what the pods said, then
-/// build; the status goes back onto the object when it differs (ignoring time), as the write does.
-/// Returns whether it would have been written.
-fn reconcile_status(q: &mut QueueConsumer, w: Workers, now_secs: i64) -> bool {
-    let w = dead_band(q, w);
+/// The status built for an available Deployment over an idle queue whose pods said `w` at
+/// `now_secs`.
+fn running(q: &QueueConsumer, w: &Workers, now_secs: i64) -> QueueConsumerStatus {
     let f = facts(dlq(0, None));
     let d = available_deployment(2);
     let report = Report::default();
-    let new = build(&StatusInputs {
+    build(&StatusInputs {
         qc: q,
         facts: Observation::Read(&f),
         report: &report,
@@ -539,9 +537,17 @@ fn reconcile_status(q: &mut QueueConsumer, w: Workers, now_secs: i64) -> bool {
         scaled_at: None,
         sampled_at: Some(at(now_secs)),
         redrive: None,
-        workers: Some(&w),
+        workers: Some(w),
         now: at(now_secs),
-    });
+    })
+}
+
+/// One reconcile's status step as `reconcile` runs it: the dead-band on what the pods said, then
+/// build; the status goes back onto the object when it differs (ignoring time), as the write does.
+/// Returns whether it would have been written.
+fn reconcile_status(q: &mut QueueConsumer, w: Workers, now_secs: i64) -> bool {
+    let w = dead_band(q, w);
+    let new = running(q, &w, now_secs);
     let old = q.status.clone().unwrap_or_default();
     let write = !same_ignoring_time(&old, &new);
     if write {
@@ -924,25 +930,8 @@ fn a_held_write_keeps_transition_times_and_events() {
 
 /// The status of a running consumer whose pods said `w` at the last scrape.
 fn with_workers(w: &Workers) -> Built {
-    let q = qc(false);
-    let f = facts(dlq(0, None));
-    let d = available_deployment(3);
-    let report = Report::default();
     Built {
-        status: build(&StatusInputs {
-            qc: &q,
-            facts: Observation::Read(&f),
-            report: &report,
-            rollout: &apply(),
-            deployment: Some(&d),
-            alarm: AlarmStatus::default(),
-            replicas: &ReplicaDecision::Keep,
-            scaled_at: None,
-            sampled_at: Some(at(100)),
-            redrive: None,
-            workers: Some(w),
-            now: at(100),
-        }),
+        status: running(&qc(false), w, 100),
     }
 }
 
