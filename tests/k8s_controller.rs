@@ -196,6 +196,7 @@ async fn status_is_applied_by_qc_operator_merging_conditions_by_type() {
             "DeadLetterQueueHealthy",
             "ScalingActive",
             "ProcessingTimeWithinDeclared",
+            "HandlerHealthy",
             "AlarmSynced"
         ]
     );
