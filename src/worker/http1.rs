@@ -49,24 +49,25 @@ pub enum WireError {
     Protocol(String),
 }
 
-/// A failed exchange; `answered` says whether any byte of an answer arrived.
+/// A failed exchange; `delivered`: the whole request was written, so the handler may have read it
+/// and be running it whatever became of the connection.
 struct Failure {
     error: WireError,
-    answered: bool,
+    delivered: bool,
 }
 
 impl Failure {
-    fn io(e: io::Error, answered: bool) -> Failure {
+    fn io(e: io::Error) -> Failure {
         Failure {
             error: WireError::Io(e),
-            answered,
+            delivered: true,
         }
     }
 
     fn protocol(reason: impl Into<String>) -> Failure {
         Failure {
             error: WireError::Protocol(reason.into()),
-            answered: true,
+            delivered: true,
         }
     }
 }
@@ -120,8 +121,11 @@ impl Pool {
 
     /// Sends one request (`head` ends with the blank line) and reads its answer to the end.
     ///
-    /// A kept-alive connection the handler closed while it sat idle fails before any byte of an
-    /// answer arrives; the request is then sent once more on a new connection, as HTTP clients do.
+    /// A kept-alive connection the handler closed while it sat idle refuses the request's bytes; the
+    /// request is then sent once more on a new connection. Once the whole request was written it is
+    /// never sent again, answered or not: a POST is not idempotent (Go's transport draws the same
+    /// line), and a handler that read it may still be running it, so a second send could handle the
+    /// message twice at once. The caller sees an error, which the retry policy treats as transient.
     /// `collect`: keep the answer's body (else it is read and dropped).
     pub async fn send(&self, head: &[u8], body: &[u8], collect: bool) -> Result<Answer, WireError> {
         if let Some(conn) = self.checkout() {
@@ -130,7 +134,7 @@ impl Pool {
                     self.checkin(keep);
                     return Ok(answer);
                 }
-                Err(f) if !f.answered && matches!(f.error, WireError::Io(_)) => {}
+                Err(f) if !f.delivered && matches!(f.error, WireError::Io(_)) => {}
                 Err(f) => return Err(f.error),
             }
         }
@@ -230,10 +234,12 @@ async fn exchange(
     conn.buf.clear();
     write_all(&mut conn.stream, head, body)
         .await
-        .map_err(|e| Failure::io(e, false))?;
-    let mut interim = false;
+        .map_err(|e| Failure {
+            error: WireError::Io(e),
+            delivered: false,
+        })?;
     loop {
-        let h = read_head(&mut conn, interim).await?;
+        let h = read_head(&mut conn).await?;
         if (100..200).contains(&h.status) {
             if h.status == 101 {
                 return Err(Failure::protocol(
@@ -242,7 +248,6 @@ async fn exchange(
             }
             // An interim answer (100 Continue, 103 Early Hints): the final one follows.
             conn.buf.drain(..h.len);
-            interim = true;
             continue;
         }
         let pos = h.len;
@@ -295,24 +300,20 @@ async fn write_all(stream: &mut TcpStream, head: &[u8], body: &[u8]) -> io::Resu
     Ok(())
 }
 
-/// Reads more bytes into the buffer; EOF is an error (`answered` if any answer byte came before).
-async fn fill(conn: &mut Conn, answered: bool) -> Result<(), Failure> {
+/// Reads more bytes into the buffer; EOF is an error.
+async fn fill(conn: &mut Conn) -> Result<(), Failure> {
     conn.buf.reserve(READ_CHUNK);
     match conn.stream.read_buf(&mut conn.buf).await {
-        Ok(0) => Err(Failure::io(
-            io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "connection closed before the answer was complete",
-            ),
-            answered,
-        )),
+        Ok(0) => Err(Failure::io(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "connection closed before the answer was complete",
+        ))),
         Ok(_) => Ok(()),
-        Err(e) => Err(Failure::io(e, answered)),
+        Err(e) => Err(Failure::io(e)),
     }
 }
 
-/// `interim`: an interim answer came before, so the server has answered whatever happens now.
-async fn read_head(conn: &mut Conn, interim: bool) -> Result<Head, Failure> {
+async fn read_head(conn: &mut Conn) -> Result<Head, Failure> {
     loop {
         if let Some(h) = parse_head(&conn.buf)? {
             return Ok(h);
@@ -322,8 +323,7 @@ async fn read_head(conn: &mut Conn, interim: bool) -> Result<Head, Failure> {
                 "answer head longer than {MAX_HEAD} bytes"
             )));
         }
-        let answered = interim || !conn.buf.is_empty();
-        fill(conn, answered).await?;
+        fill(conn).await?;
     }
 }
 
@@ -423,7 +423,7 @@ async fn skip_bytes(
         n -= avail;
         conn.buf.clear();
         pos = 0;
-        fill(conn, true).await?;
+        fill(conn).await?;
     }
 }
 
@@ -438,7 +438,7 @@ async fn line_end(conn: &mut Conn, pos: usize) -> Result<usize, Failure> {
             return Err(Failure::protocol("chunk line too long"));
         }
         from = conn.buf.len().saturating_sub(1).max(pos);
-        fill(conn, true).await?;
+        fill(conn).await?;
     }
 }
 
@@ -498,7 +498,7 @@ async fn skip_to_close(
         match conn.stream.read_buf(&mut conn.buf).await {
             Ok(0) => return Ok(0),
             Ok(_) => {}
-            Err(e) => return Err(Failure::io(e, true)),
+            Err(e) => return Err(Failure::io(e)),
         }
     }
 }
@@ -662,7 +662,9 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_kept_connection_that_closes_unanswered_is_retried_once_on_a_new_one() {
+    async fn a_request_the_handler_read_is_never_sent_again() {
+        // The kept connection reads the second request and closes without answering: the handler
+        // may be running it, so it is an error for the retry policy, not a second send.
         let (addr, mut reqs) = server(vec![
             "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
             HANG_UP,
@@ -670,12 +672,18 @@ mod tests {
         .await;
         let p = pool(&addr);
         assert_eq!(p.send(REQ, b"end", false).await.unwrap().status, 200);
-        // The kept connection reads the second request and closes: it is sent again, once.
-        assert_eq!(p.send(REQ, b"end", false).await.unwrap().status, 200);
-        for _ in 0..3 {
+        let e = p.send(REQ, b"end", false).await.unwrap_err();
+        assert!(matches!(e, WireError::Io(_)), "{e}");
+        for _ in 0..2 {
             reqs.recv().await.unwrap();
         }
-        // A close after an interim answer is not a stale connection: an error, not a resend.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            reqs.try_recv().is_err(),
+            "the unanswered request was sent again"
+        );
+
+        // The same after an interim answer.
         let (addr2, mut reqs2) = server(vec![
             "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
             "HTTP/1.1 100 Continue\r\n\r\n",
@@ -691,7 +699,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(reqs2.try_recv().is_err(), "not sent a third time");
 
-        // On a new connection a hang-up is an error, not a loop.
+        // On a new connection a hang-up is an error too.
         let (addr, _reqs) = server(vec![HANG_UP]).await;
         let e = pool(&addr).send(REQ, b"end", false).await.unwrap_err();
         assert!(matches!(e, WireError::Io(_)), "{e}");

@@ -19,8 +19,10 @@ pub const OMITTED_HEADER: &str = "x-qc-omitted-attributes";
 /// The request head's default cap: nginx's and most frameworks' limit for one header buffer.
 pub const DEFAULT_MAX_HEAD: usize = 8 * 1024;
 
-/// Idle connections to the handler are closed after this.
-const POOL_IDLE: Duration = Duration::from_mins(1);
+/// Idle connections to the handler are closed after this: under the 5 s keep-alive timeout of Node's
+/// http server and uvicorn, so the worker drops a connection before the handler does and never
+/// writes a request into one the handler is closing (such a request is not sent again).
+const POOL_IDLE: Duration = Duration::from_secs(4);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct HttpHandler {
