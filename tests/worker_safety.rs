@@ -767,3 +767,93 @@ async fn claims_outlive_the_longer_gaps_between_grown_extensions() {
     assert_eq!(q.dlq_visible().await, 0);
     ws.stop().await;
 }
+
+/// Busy loops beside the test, one per core, so the worker's tasks, the handler and moto compete for
+/// the CPU as on a loaded node. Stopped when dropped.
+struct CpuHogs(Vec<std::process::Child>);
+
+impl CpuHogs {
+    fn start() -> CpuHogs {
+        let cores = std::thread::available_parallelism().map_or(2, usize::from);
+        CpuHogs(
+            (0..cores)
+                .map(|_| {
+                    Command::new("sh")
+                        .args(["-c", "while :; do :; done"])
+                        .stdout(Stdio::null())
+                        .spawn()
+                        .unwrap()
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for CpuHogs {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// #27 item 7: SIGTERM mid-batch on a loaded machine, repeated. 60 messages, 1 s handler, concurrency
+/// 10, batch 10, VT 30 s; SIGTERM once the third wave is running (a batch running, one received ahead),
+/// then a second worker takes the rest. In every round each message reaches the handler exactly once
+/// (no second start, so no two calls of one message overlap), and every call that started finished
+/// (none cut by the shutdown).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_batch_under_cpu_load_never_starts_a_message_twice_or_cuts_one() {
+    let _hogs = CpuHogs::start();
+    for round in 0..3 {
+        let q = TestQueue::new(&format!("stress{round}"), 30, 5, false).await;
+        let bodies = numbered(60);
+        q.send_all(&bodies, |_| String::new()).await;
+        let h = HttpHandler::start(|_| Reply::ok(SECS(1))).await;
+        let a = q.args(&[
+            "--concurrency",
+            "10",
+            "--batch-size",
+            "10",
+            "--http-url",
+            &h.url,
+        ]);
+        let dir = Arc::new(tempfile::tempdir().unwrap());
+        let mut first = Worker::start_in(dir.clone(), &a);
+        eventually(SECS(60), "the third wave running", || async {
+            h.calls().len() > 20
+        })
+        .await;
+        first.signal("TERM");
+        let status = first.wait_exit(SECS(40)).await;
+        assert!(status.success(), "round {round}: exit status {status:?}");
+        let cut: Vec<_> = h
+            .calls()
+            .into_iter()
+            .filter(|c| c.finished.is_none())
+            .collect();
+        assert!(
+            cut.is_empty(),
+            "round {round}: calls cut by the shutdown: {cut:?}"
+        );
+
+        let mut second = Worker::start_in(dir, &a);
+        eventually(SECS(90), "the rest handled", || q.is_empty()).await;
+        second.stop().await;
+        let counts = h.counts_by_body();
+        let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(
+            twice.is_empty(),
+            "round {round}: started more than once: {twice:?}\nfirst worker:\n{}\nsecond worker:\n{}",
+            first.log_text(),
+            second.log_text()
+        );
+        h.assert_each_handled_once(&bodies);
+        assert!(
+            h.calls().iter().all(|c| c.finished.is_some()),
+            "round {round}: a call was cut"
+        );
+        assert_eq!(q.dlq_visible().await, 0, "round {round}");
+    }
+}
