@@ -3,7 +3,7 @@
 
 pub mod codes;
 
-use crate::api::{Duration, Finding, QueueConsumerSpec, Severity};
+use crate::api::{Duration, Finding, HeartbeatInterval, QueueConsumerSpec, Severity};
 use crate::aws::{DeadLetterFacts, Facts, QueueFacts};
 
 /// SQS's hard maximum for a visibility timeout (and so for one lease of a message).
@@ -43,7 +43,8 @@ pub fn has_errors(findings: &[Finding]) -> bool {
 /// Messages one replica holds at once: its `concurrency` slots, plus, with the heartbeat on and a
 /// standard queue, the one batch (`batchSize`) that may wait locally for a slot and the few
 /// (at most half a batch) that may still wait when the next batch is received (the worker's
-/// prefetch; a FIFO message already waits behind its group, so FIFO workers have none).
+/// prefetch; a FIFO message already waits behind its group, so FIFO workers have none), unless the
+/// declared mean says the worker will not prefetch.
 pub fn in_flight_per_replica(spec: &QueueConsumerSpec) -> u32 {
     let p = &spec.processing;
     p.concurrency.max(1).saturating_add(prefetch(spec))
@@ -51,10 +52,27 @@ pub fn in_flight_per_replica(spec: &QueueConsumerSpec) -> u32 {
 
 /// What a worker may hold waiting for a slot: `batchSize` + ceil(`batchSize` / 2) with the heartbeat
 /// on (their leases are extended while they wait) on a standard queue, else none (the worker
-/// receives only into free slots).
-/// The worker's own rule (`worker::prefetch`), so the prediction cannot drift from what it does.
+/// receives only into free slots). With a declared mean the worker's own test
+/// (`worker::prefetch_pays`) at the longest round trip it sizes by: a mean of 2s or more means
+/// none, as the worker measures it. Without a declared mean, the most it may hold.
+/// The worker's own rules (`worker::prefetch`), so the prediction cannot drift from what it does.
 pub fn prefetch(spec: &QueueConsumerSpec) -> u32 {
     let p = &spec.processing;
+    let fixed_interval = match p.heartbeat.interval {
+        HeartbeatInterval::Fixed(d) => Some(d.as_std()),
+        // VT / 3 is known only with the queue's facts; any interval is at least as long as the
+        // handlers that prefetch pays for.
+        HeartbeatInterval::Auto => Some(std::time::Duration::MAX),
+    };
+    if let Some(mean) = p.mean
+        && !crate::worker::prefetch_pays(
+            mean.as_std(),
+            crate::worker::PREFETCH_ROUND_TRIP_CEILING,
+            fixed_interval,
+        )
+    {
+        return 0;
+    }
     crate::worker::prefetch(
         p.batch_size,
         p.heartbeat.enabled,

@@ -104,6 +104,26 @@ fn budget_arithmetic() {
 }
 
 #[test]
+fn a_declared_mean_of_seconds_means_no_waiting_batch() {
+    // #31: C = 1, batch 1, mean 2s, P99 12s: the worker prefetches nothing for handlers this long
+    // beside a receive round trip, so one replica holds its one slot and the budget is one P99.
+    let slow = spec("processing: {p99: 12s, mean: 2s, concurrency: 1, batchSize: 1, timeout: 30s}");
+    assert_eq!(prefetch(&slow), 0);
+    assert_eq!(in_flight_per_replica(&slow), 1);
+    assert_eq!(budget(&slow), Duration::from_secs(12 + 5));
+    // Just under 2s a round trip of 40 ms is more than 2 % of a call: the batch may wait.
+    let fast =
+        spec("processing: {p99: 5s, mean: 1999ms, concurrency: 1, batchSize: 1, timeout: 30s}");
+    assert_eq!(prefetch(&fast), 2);
+    // A fixed heartbeat interval shorter than the mean: nothing waits either.
+    let beats =
+        spec("processing: {p99: 2s, mean: 500ms, heartbeat: {interval: 400ms}, timeout: 30s}");
+    assert_eq!(prefetch(&beats), 0);
+    // No declared mean: the most the worker may hold.
+    assert_eq!(prefetch(&spec("processing: {p99: 12s, timeout: 30s}")), 15);
+}
+
+#[test]
 fn visibility_timeout_below_budget() {
     let c = codes::VISIBILITY_TIMEOUT_BELOW_BUDGET;
     let no_hb = spec("processing: {p99: 2s, heartbeat: {enabled: false}}");

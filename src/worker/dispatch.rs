@@ -36,10 +36,9 @@ pub struct Settings {
     /// With `prefetch`: the most messages that may still wait when the next whole batch is asked
     /// for (`worker::early_receive_max`); the held total stays within concurrency + prefetch + this.
     pub early_max: usize,
-    /// The waiting batch is kept only while the mean handler time is below this (the heartbeat
-    /// interval): a message that would wait longer than that for a slot costs heartbeats and is
-    /// better left on the queue for another consumer. None: always.
-    pub prefetch_while_under: Option<Duration>,
+    /// The heartbeat interval (None: heartbeats off): the waiting batch is kept only while
+    /// `worker::prefetch_pays` says so for the measured handler time and round trip.
+    pub heartbeat: Option<Duration>,
     /// From the shutdown signal until handlers still running are abandoned (released).
     pub drain_budget: Duration,
 }
@@ -76,7 +75,7 @@ impl Dispatcher {
         let p = self.processor.clone();
         let metrics = p.metrics.clone();
         let s = &self.settings;
-        let mut prefetching = true;
+        let mut prefetching = false;
 
         let groups: Groups = Arc::new(Mutex::new(HashMap::new()));
         let mut tasks: JoinSet<()> = JoinSet::new();
@@ -101,20 +100,32 @@ impl Dispatcher {
         let mut breaker_state = p.breaker.subscribe();
 
         loop {
-            // Long handlers (mean above the heartbeat interval): no batch waits for a slot.
-            let prefetch = match (s.prefetch_while_under, latency_ewma) {
-                (Some(limit), Some(mean)) if mean >= limit.as_secs_f64() => 0,
-                _ => s.prefetch,
+            // Messages wait locally for a slot only once handler time and round trip are measured
+            // and a round trip is a noticeable share of a handler call (`worker::prefetch_pays`):
+            // for slow handlers a batch held ahead buys nothing and spends visibility.
+            let prefetch = match (latency_ewma, receive_ewma) {
+                (Some(mean), Some(rtt))
+                    if s.prefetch > 0
+                        && crate::worker::prefetch_pays(
+                            Duration::from_secs_f64(mean),
+                            Duration::from_secs_f64(rtt),
+                            s.heartbeat,
+                        ) =>
+                {
+                    s.prefetch
+                }
+                _ => 0,
             };
             if s.prefetch > 0 && prefetching != (prefetch > 0) {
                 prefetching = prefetch > 0;
                 tracing::info!(
                     mean_handler_ms = latency_ewma.map(|l| (l * 1000.0) as u64),
+                    receive_round_trip_ms = receive_ewma.map(|r| (r * 1000.0) as u64),
                     "{}",
                     if prefetching {
-                        "handlers are shorter than the heartbeat interval again: one batch may wait locally for a slot"
+                        "a receive round trip is a noticeable share of a handler call: one batch may wait locally for a slot"
                     } else {
-                        "handlers take longer than the heartbeat interval: receiving only into free slots, no batch waits locally"
+                        "handlers are long beside a receive round trip or the heartbeat interval: receiving only into free slots, no batch waits locally"
                     }
                 );
             }

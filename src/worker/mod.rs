@@ -259,14 +259,38 @@ pub struct Summary {
 /// Messages one worker may hold beyond its `concurrency` slots, waiting for a slot: one batch, plus
 /// at most `early_receive_max` still waiting when the next whole batch is asked for, while heartbeats
 /// keep their leases, on a standard queue (a FIFO message already waits behind its group); none
-/// without heartbeats, whose leases would run out while they wait. `validate::prefetch` predicts
-/// with this function.
+/// without heartbeats, whose leases would run out while they wait. The worker holds them only while
+/// prefetch pays (`prefetch_pays`); `validate::prefetch` predicts with this function and that one.
 pub fn prefetch(batch_size: u32, heartbeat: bool, fifo: bool) -> u32 {
     if heartbeat && !fifo {
         batch_size.saturating_add(early_receive_max(batch_size))
     } else {
         0
     }
+}
+
+/// Prefetch pays while one receive round trip is more than this share of a handler call: below it a
+/// slot that waits a round trip for its next message loses less than 2 % of its time, and holding
+/// messages ahead would only spend their visibility.
+pub const PREFETCH_ROUND_TRIP_SHARE: f64 = 0.02;
+/// The longest receive round trip prefetch is sized by: an in-region SQS receive takes 10-30 ms, and
+/// a slower one (a congested path) does not make prefetch pay for handlers of seconds. With it,
+/// validation predicts exactly when the worker may prefetch: only for a mean handler time under
+/// `PREFETCH_ROUND_TRIP_CEILING` / `PREFETCH_ROUND_TRIP_SHARE` (2 s).
+pub const PREFETCH_ROUND_TRIP_CEILING: StdDuration = StdDuration::from_millis(40);
+
+/// Whether messages may wait locally for a slot, from the mean handler time and the receive round
+/// trip: only while the round trip (at most `PREFETCH_ROUND_TRIP_CEILING`) is more than
+/// `PREFETCH_ROUND_TRIP_SHARE` of a handler call, and the mean is below the heartbeat interval (a
+/// message that would wait longer than that for a slot costs heartbeats and is better left on the
+/// queue for another consumer).
+pub fn prefetch_pays(
+    mean: StdDuration,
+    round_trip: StdDuration,
+    heartbeat: Option<StdDuration>,
+) -> bool {
+    let rtt = round_trip.min(PREFETCH_ROUND_TRIP_CEILING).as_secs_f64();
+    heartbeat.is_some_and(|hb| mean < hb) && rtt > mean.as_secs_f64() * PREFETCH_ROUND_TRIP_SHARE
 }
 
 /// The most messages that may still wait locally when the next whole-batch receive goes out: half a
@@ -352,7 +376,8 @@ pub async fn run(
     log_start(&config, &info, heartbeat);
 
     handler.set_queue_arn(&info.arn);
-    let store = match open_store(&config, &metrics, signalled()).await? {
+    let prefix = store_prefix(&info.arn, region.as_deref(), &config.queue_url);
+    let store = match open_store(&config, prefix, &metrics, signalled()).await? {
         Opened::Store(s) => s,
         Opened::Interrupted => {
             let _ = probes_stop.send(());
@@ -433,7 +458,7 @@ pub async fn run(
             as usize,
         early_max: prefetch(config.batch_size, heartbeat.is_some(), info.fifo)
             .saturating_sub(config.batch_size) as usize,
-        prefetch_while_under: heartbeat,
+        heartbeat,
         drain_budget: total.saturating_sub(flush_reserve),
     };
     metrics.set_readiness(Readiness::Ready);
@@ -526,8 +551,27 @@ enum Opened {
     Interrupted,
 }
 
+/// The prefix of this queue's idempotency keys in a shared store: the queue's ARN (partition, region,
+/// account and name), so two queues of one name in two regions or accounts sharing a redis never
+/// take each other's keys for their own (each would delete the other's messages as duplicates).
+/// Without an ARN (an endpoint that gives none), region, account and name from the URL.
+fn store_prefix(arn: &str, region: Option<&str>, url: &str) -> String {
+    if arn.is_empty() {
+        let id = crate::aws::QueueId::of(region, url);
+        format!(
+            "qc:idem:{}:{}:{}:",
+            id.region.as_deref().unwrap_or("-"),
+            id.account,
+            id.name
+        )
+    } else {
+        format!("qc:idem:{arn}:")
+    }
+}
+
 async fn open_store(
     config: &Config,
+    prefix: String,
     metrics: &Metrics,
     signalled: impl std::future::Future<Output = ()>,
 ) -> Result<Opened, WorkerError> {
@@ -539,7 +583,6 @@ async fn open_store(
         ))))),
         IdempotencyStore::Redis => {
             let url = config.redis_url.clone().unwrap_or_default();
-            let prefix = format!("qc:idem:{}:", queue_name(&config.queue_url));
             if let Err(e) = redis::Client::open(url.as_str()) {
                 // A malformed URL never heals: stop with the reason instead of retrying forever.
                 return Err(WorkerError::ValidateFlags {
@@ -727,11 +770,61 @@ mod tests {
     }
 
     #[test]
+    fn prefetch_pays_while_a_round_trip_is_a_noticeable_share_of_a_call() {
+        let ms = StdDuration::from_millis;
+        let hb = Some(StdDuration::from_secs(10));
+        // 20 ms round trip: 2 % of a 1 s call is exactly 20 ms, so it pays only below 1 s.
+        assert!(prefetch_pays(ms(50), ms(20), hb));
+        assert!(prefetch_pays(ms(999), ms(20), hb));
+        assert!(!prefetch_pays(ms(1000), ms(20), hb));
+        assert!(!prefetch_pays(ms(2000), ms(20), hb));
+        // A round trip past the ceiling counts as the ceiling: never for a mean of 2 s or more.
+        assert!(prefetch_pays(ms(1999), StdDuration::from_secs(5), hb));
+        assert!(!prefetch_pays(ms(2000), StdDuration::from_secs(5), hb));
+        // Not without heartbeats, nor for a mean at or above the heartbeat interval.
+        assert!(!prefetch_pays(ms(50), ms(20), None));
+        assert!(!prefetch_pays(ms(50), ms(20), Some(ms(50))));
+        // An instant handler: any round trip is a large share.
+        assert!(prefetch_pays(StdDuration::ZERO, ms(1), hb));
+    }
+
+    #[test]
     fn shutdown_timeout_defaults_to_timeout_plus_margin() {
         assert_eq!(config().shutdown_timeout(), StdDuration::from_secs(35));
         let mut c = config();
         c.shutdown_timeout = Some(Duration::from_secs(7));
         assert_eq!(c.shutdown_timeout(), StdDuration::from_secs(7));
+    }
+
+    #[test]
+    fn store_keys_name_the_queue_by_arn_or_region_account_and_name() {
+        let east = store_prefix(
+            "arn:aws:sqs:us-east-1:111111111111:orders",
+            Some("us-east-1"),
+            "https://sqs.us-east-1.amazonaws.com/111111111111/orders",
+        );
+        let west = store_prefix(
+            "arn:aws:sqs:us-west-2:111111111111:orders",
+            Some("us-west-2"),
+            "https://sqs.us-west-2.amazonaws.com/111111111111/orders",
+        );
+        let other_account = store_prefix(
+            "arn:aws:sqs:us-east-1:222222222222:orders",
+            Some("us-east-1"),
+            "https://sqs.us-east-1.amazonaws.com/222222222222/orders",
+        );
+        assert_eq!(east, "qc:idem:arn:aws:sqs:us-east-1:111111111111:orders:");
+        assert_ne!(east, west);
+        assert_ne!(east, other_account);
+        // No ARN from the endpoint: the URL's account and name, and the region.
+        assert_eq!(
+            store_prefix(
+                "",
+                Some("eu-west-1"),
+                "http://localhost:4566/000000000000/orders"
+            ),
+            "qc:idem:eu-west-1:000000000000:orders:"
+        );
     }
 
     #[test]
