@@ -1045,3 +1045,24 @@ async fn odd_sqs_answer_rows_end_safely_and_lose_nothing() {
         failures.join("\n")
     );
 }
+
+/// #29 item 6: `--help` shows where each flag's environment variable is set, never the value of
+/// one that holds a secret: a redis URL carries its password.
+#[test]
+fn help_never_prints_the_redis_password_from_the_environment() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_qc-worker"))
+        .arg("--help")
+        .env("QC_REDIS_URL", "redis://:s3cret-pass@redis.internal:6379/0")
+        .env("QC_CONCURRENCY", "7")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("QC_REDIS_URL"), "{help}");
+    assert!(
+        !help.contains("s3cret-pass"),
+        "the password is printed:\n{help}"
+    );
+    // Other flags still show their environment value (the display is off for secrets only).
+    assert!(help.contains("QC_CONCURRENCY=7"), "{help}");
+}

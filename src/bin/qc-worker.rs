@@ -80,7 +80,7 @@ struct Cli {
     #[arg(long, env = "QC_IDEMPOTENCY_TTL", default_value = "24h")]
     idempotency_ttl: Duration,
     /// Redis URL for --idempotency-store redis.
-    #[arg(long, env = "QC_REDIS_URL")]
+    #[arg(long, env = "QC_REDIS_URL", hide_env_values = true)]
     redis_url: Option<String>,
 
     /// Cap of the HTTP handler's request head (bytes, or with KiB/MiB); attributes that do not fit are
