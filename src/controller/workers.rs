@@ -10,7 +10,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::api::Duration;
-use crate::render::METRICS_PORT_NAME;
+use crate::render::{METRICS_PORT_NAME, WORKER_CONTAINER};
 use crate::scaling::Timestamp;
 use crate::worker::http1::Pool;
 
@@ -50,8 +50,6 @@ pub const SCRAPE_CONCURRENCY: usize = 16;
 /// Connecting to a pod, and the whole exchange with it: a pod that takes longer counts as unreachable.
 pub const CONNECT_TIMEOUT: StdDuration = StdDuration::from_secs(1);
 pub const SCRAPE_TIMEOUT: StdDuration = StdDuration::from_secs(2);
-/// Largest /metrics body read from a pod (a worker's is a few KiB).
-const MAX_BODY: usize = 1024 * 1024;
 
 /// The rule of `ProcessingTimeWithinDeclared`: the window is the last `WINDOW_SCRAPES` scrapes (so
 /// `WINDOW_SCRAPES - 1` poll intervals), widened back up to `MAX_SCRAPES` until it holds
@@ -140,19 +138,24 @@ impl Target {
     }
 }
 
-/// Ready, not terminating, with an IP and the worker's named metrics port.
+/// Ready, not terminating, with an IP and the worker's named metrics port, on the container the
+/// worker runs in: `qc-worker` (http layout), else the first one (exec layout). A port of that name
+/// on another container (a user's sidecar) is never scraped.
 pub fn target(pod: &Pod) -> Option<Target> {
     if pod.metadata.deletion_timestamp.is_some() || !is_ready(pod) {
         return None;
     }
     let status = pod.status.as_ref()?;
     let ip = status.pod_ip.clone().filter(|ip| !ip.is_empty())?;
-    let port = pod
-        .spec
-        .as_ref()?
-        .containers
+    let containers = &pod.spec.as_ref()?.containers;
+    let worker = containers
         .iter()
-        .flat_map(|c| c.ports.iter().flatten())
+        .find(|c| c.name == WORKER_CONTAINER)
+        .or_else(|| containers.first())?;
+    let port = worker
+        .ports
+        .iter()
+        .flatten()
         .find(|p| p.name.as_deref() == Some(METRICS_PORT_NAME))?
         .container_port;
     Some(Target {
@@ -608,14 +611,47 @@ async fn fetch(t: &Target) -> Result<PodMetrics, ScrapeError> {
             status: answer.status,
         });
     }
-    let body = &answer.body[..answer.body.len().min(MAX_BODY)];
-    parse(&String::from_utf8_lossy(body))
+    parse(&String::from_utf8_lossy(&answer.body))
         .ok_or_else(|| ScrapeError::NoHistogram { pod: t.pod.clone() })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// #29 item 1: the scrape goes to the worker's own container, never to a port of the same name
+    /// that a user's container declares (ahead of the worker's, or in the exec layout beside it).
+    #[test]
+    fn the_target_is_the_worker_containers_port_never_a_sidecars() {
+        let pod = |containers: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p"},
+                "spec": {"containers": containers},
+                "status": {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}
+            }))
+            .unwrap()
+        };
+        let port = |name: &str, n: u16| serde_json::json!({"name": name, "containerPort": n});
+        // http layout: a sidecar declaring qc-metrics first is passed over for qc-worker's.
+        let http = pod(serde_json::json!([
+            {"name": "app", "ports": [port("http", 8080)]},
+            {"name": "evil", "ports": [port("qc-metrics", 6666)]},
+            {"name": "qc-worker", "ports": [port("qc-metrics", 9090)]},
+        ]));
+        assert_eq!(target(&http).map(|t| t.port), Some(9090));
+        // exec layout: the worker runs in the first container; a later one's port is not it.
+        let exec = pod(serde_json::json!([
+            {"name": "handler", "ports": [port("qc-metrics", 9091)]},
+            {"name": "evil", "ports": [port("qc-metrics", 6666)]},
+        ]));
+        assert_eq!(target(&exec).map(|t| t.port), Some(9091));
+        // No metrics port on the worker's container: no target, whatever the others declare.
+        let none = pod(serde_json::json!([
+            {"name": "handler"},
+            {"name": "evil", "ports": [port("qc-metrics", 6666)]},
+        ]));
+        assert_eq!(target(&none), None);
+    }
 
     fn text(buckets: &[(f64, u64)], count: u64, sum: f64, in_flight: i64) -> String {
         let mut s = String::from(

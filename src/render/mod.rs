@@ -95,6 +95,14 @@ pub enum RenderError {
     )]
     ReservedVolumeName { index: usize },
     #[error(
+        "spec.template.spec.{field}[{index}].ports[{port}].name {METRICS_PORT_NAME:?} is reserved for the worker's metrics port: rename that port"
+    )]
+    ReservedPortName {
+        field: &'static str,
+        index: usize,
+        port: usize,
+    },
+    #[error(
         "spec.worker.resources.{field} {value:?} is not a Kubernetes quantity: write e.g. 50m or 0.5 (cpu), 128Mi (memory)"
     )]
     InvalidQuantity { field: String, value: String },
@@ -107,9 +115,9 @@ impl RenderError {
             RenderError::MissingName => "MissingName",
             RenderError::NoHandler => "NoHandler",
             RenderError::NoUserContainer { .. } => "NoHandlerContainer",
-            RenderError::ReservedContainerName { .. } | RenderError::ReservedVolumeName { .. } => {
-                "ReservedName"
-            }
+            RenderError::ReservedContainerName { .. }
+            | RenderError::ReservedVolumeName { .. }
+            | RenderError::ReservedPortName { .. } => "ReservedName",
             RenderError::InvalidQuantity { .. } => "InvalidResources",
         }
     }
@@ -304,6 +312,18 @@ fn check_reserved_names(pod: &PodSpec) -> Result<(), RenderError> {
                 index,
                 name: c.name.clone(),
             });
+        }
+        // The controller scrapes the port of this name: a user's port of the name would be taken
+        // for the worker's (or clash with it, as port names are unique in a pod).
+        for (index, c) in list.iter().enumerate() {
+            if let Some(port) = c
+                .ports
+                .iter()
+                .flatten()
+                .position(|p| p.name.as_deref() == Some(METRICS_PORT_NAME))
+            {
+                return Err(RenderError::ReservedPortName { field, index, port });
+            }
         }
     }
     if let Some(index) = pod

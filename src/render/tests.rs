@@ -553,7 +553,7 @@ fn plan_without_uid_has_no_owner() {
 
 #[test]
 fn bad_templates_name_the_field() {
-    let cases: [(&str, Value, &str); 5] = [
+    let cases: [(&str, Value, &str); 6] = [
         (
             "no containers",
             json!({"spec": {"containers": []}}),
@@ -578,6 +578,11 @@ fn bad_templates_name_the_field() {
             "reserved volume",
             json!({"spec": {"containers": [{"name": "a"}], "volumes": [{"name": "qc-worker-bin", "emptyDir": {}}]}}),
             "spec.template.spec.volumes[0].name",
+        ),
+        (
+            "reserved port name on a sidecar",
+            json!({"spec": {"containers": [{"name": "a"}, {"name": "side", "ports": [{"containerPort": 80}, {"name": "qc-metrics", "containerPort": 9100}]}]}}),
+            "spec.template.spec.containers[1].ports[1].name \"qc-metrics\" is reserved",
         ),
     ];
     for (name, template, needle) in cases {

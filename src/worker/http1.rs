@@ -24,8 +24,11 @@ const MAX_LINE: usize = 4096;
 const READ_CHUNK: usize = 4096;
 /// Read buffers above this are not kept with an idle connection.
 const KEEP_BUFFER: usize = 16 * 1024;
-/// Largest body collected (ten 1 MiB SQS messages, JSON-escaped, fit well inside).
-const MAX_BODY: u64 = 64 * 1024 * 1024;
+/// Largest body collected: a worker's /metrics is a few KiB, a handler's answer naming failed items
+/// less. The peer picks the bytes (a tenant's pod, for the controller's scrape), so nothing larger
+/// is ever allocated: a longer Content-Length is refused before any body byte is read, and a
+/// chunked or close-delimited body stops at the cap.
+const MAX_BODY: u64 = 1024 * 1024;
 
 /// What the worker needs from an answer: its status, `Retry-After` and, if asked for, its body.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -703,6 +706,52 @@ mod tests {
         let (addr, _reqs) = server(vec![HANG_UP]).await;
         let e = pool(&addr).send(REQ, b"end", false).await.unwrap_err();
         assert!(matches!(e, WireError::Io(_)), "{e}");
+    }
+
+    /// #29 item 1: a peer that announces a huge body, or streams one, makes the collector allocate
+    /// no more than the cap: the announced length is refused before any body byte is read (this
+    /// server never sends one), and a chunked body stops at the cap.
+    #[tokio::test]
+    async fn a_collected_body_over_the_cap_is_refused_without_reading_or_reserving_it() {
+        let (addr, _reqs) =
+            server(vec!["HTTP/1.1 200 OK\r\nContent-Length: 67108864\r\n\r\n"]).await;
+        let e = tokio::time::timeout(Duration::from_secs(5), pool(&addr).send(REQ, b"end", true))
+            .await
+            .expect("refused at once, not waiting for 64 MiB")
+            .unwrap_err();
+        assert!(
+            matches!(&e, WireError::Protocol(m) if m.contains("67108864")),
+            "{e}"
+        );
+        // A chunked body of 2 MiB is cut off at the cap.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut b = [0u8; 4096];
+            let _ = s.read(&mut b).await.unwrap();
+            s.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                .await
+                .unwrap();
+            // 2 MiB in 64 KiB chunks: past the cap after 17 of them.
+            let chunk = vec![b'x'; 64 * 1024];
+            for _ in 0..32 {
+                if s.write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
+                    .await
+                    .is_err()
+                    || s.write_all(&chunk).await.is_err()
+                    || s.write_all(b"\r\n").await.is_err()
+                {
+                    return;
+                }
+            }
+            let _ = s.write_all(b"0\r\n\r\n").await;
+        });
+        let e = pool(&addr).send(REQ, b"end", true).await.unwrap_err();
+        assert!(
+            matches!(&e, WireError::Protocol(m) if m.contains("body longer than 1048576")),
+            "{e}"
+        );
     }
 
     #[tokio::test]
