@@ -95,6 +95,14 @@ pub enum RenderError {
     )]
     ReservedVolumeName { index: usize },
     #[error(
+        "spec.template.spec.{field}[{index}].volumeMounts[{mount}] mounts {WORKER_VOLUME:?}, the worker binary's volume: only the worker may mount it; remove that mount"
+    )]
+    WorkerVolumeMounted {
+        field: &'static str,
+        index: usize,
+        mount: usize,
+    },
+    #[error(
         "spec.template.spec.{field}[{index}].ports[{port}].name {METRICS_PORT_NAME:?} is reserved for the worker's metrics port: rename that port"
     )]
     ReservedPortName {
@@ -117,7 +125,8 @@ impl RenderError {
             RenderError::NoUserContainer { .. } => "NoHandlerContainer",
             RenderError::ReservedContainerName { .. }
             | RenderError::ReservedVolumeName { .. }
-            | RenderError::ReservedPortName { .. } => "ReservedName",
+            | RenderError::ReservedPortName { .. }
+            | RenderError::WorkerVolumeMounted { .. } => "ReservedName",
             RenderError::InvalidQuantity { .. } => "InvalidResources",
         }
     }
@@ -230,7 +239,7 @@ pub fn deployment(qc: &QueueConsumer, opts: &RenderOptions) -> Result<Deployment
                     "--copy-self-to".into(),
                     COPIED_WORKER_BINARY.into(),
                 ]),
-                volume_mounts: Some(vec![worker_mount()]),
+                volume_mounts: Some(vec![worker_mount(false)]),
                 resources: Some(resources),
                 security_context: Some(restricted_security_context()),
                 ..Container::default()
@@ -248,7 +257,11 @@ pub fn deployment(qc: &QueueConsumer, opts: &RenderOptions) -> Result<Deployment
             c.command = Some(vec![COPIED_WORKER_BINARY.into()]);
             c.args = Some(worker_args(spec, metrics_port, &launch));
             merge_env(c.env.get_or_insert_default(), env);
-            c.volume_mounts.get_or_insert_default().push(worker_mount());
+            // Read-only: a handler compromised through a message cannot replace the worker that
+            // runs it (only the install step writes the volume).
+            c.volume_mounts
+                .get_or_insert_default()
+                .push(worker_mount(true));
             add_health(c, metrics_port);
         }
     }
@@ -314,8 +327,22 @@ fn check_reserved_names(pod: &PodSpec) -> Result<(), RenderError> {
             });
         }
         // The controller scrapes the port of this name: a user's port of the name would be taken
-        // for the worker's (or clash with it, as port names are unique in a pod).
+        // for the worker's (or clash with it, as port names are unique in a pod). The worker's
+        // volume is mounted by the worker's containers alone: another container could replace
+        // the binary the worker runs from.
         for (index, c) in list.iter().enumerate() {
+            if let Some(mount) = c
+                .volume_mounts
+                .iter()
+                .flatten()
+                .position(|m| m.name == WORKER_VOLUME)
+            {
+                return Err(RenderError::WorkerVolumeMounted {
+                    field,
+                    index,
+                    mount,
+                });
+            }
             if let Some(port) = c
                 .ports
                 .iter()
@@ -414,10 +441,11 @@ fn merge_env(env: &mut Vec<EnvVar>, ours: Vec<EnvVar>) {
     env.extend(ours);
 }
 
-fn worker_mount() -> VolumeMount {
+fn worker_mount(read_only: bool) -> VolumeMount {
     VolumeMount {
         name: WORKER_VOLUME.into(),
         mount_path: WORKER_VOLUME_MOUNT.into(),
+        read_only: read_only.then_some(true),
         ..VolumeMount::default()
     }
 }

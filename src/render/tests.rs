@@ -374,6 +374,8 @@ fn exec_layout_details() {
         (mount.name.as_str(), mount.mount_path.as_str()),
         (WORKER_VOLUME, WORKER_VOLUME_MOUNT)
     );
+    // #29 item 4: the handler's container cannot replace the worker it runs under.
+    assert_eq!(mount.read_only, Some(true));
     assert!(
         app.lifecycle.is_none(),
         "no preStop: the worker is the process"
@@ -390,6 +392,7 @@ fn exec_layout_details() {
         install.volume_mounts.as_ref().unwrap()[0].name,
         WORKER_VOLUME
     );
+    assert_eq!(install.volume_mounts.as_ref().unwrap()[0].read_only, None);
     let vol = p
         .volumes
         .iter()
@@ -553,7 +556,7 @@ fn plan_without_uid_has_no_owner() {
 
 #[test]
 fn bad_templates_name_the_field() {
-    let cases: [(&str, Value, &str); 6] = [
+    let cases: [(&str, Value, &str); 7] = [
         (
             "no containers",
             json!({"spec": {"containers": []}}),
@@ -583,6 +586,11 @@ fn bad_templates_name_the_field() {
             "reserved port name on a sidecar",
             json!({"spec": {"containers": [{"name": "a"}, {"name": "side", "ports": [{"containerPort": 80}, {"name": "qc-metrics", "containerPort": 9100}]}]}}),
             "spec.template.spec.containers[1].ports[1].name \"qc-metrics\" is reserved",
+        ),
+        (
+            "the worker's volume mounted by a sidecar",
+            json!({"spec": {"containers": [{"name": "a"}, {"name": "side", "volumeMounts": [{"name": "qc-worker-bin", "mountPath": "/x"}]}]}}),
+            "spec.template.spec.containers[1].volumeMounts[0] mounts \"qc-worker-bin\"",
         ),
     ];
     for (name, template, needle) in cases {
