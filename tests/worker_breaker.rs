@@ -247,20 +247,30 @@ async fn retry_after_on_503_pauses_for_that_long_without_burning_receives() {
 }
 
 /// Starts a worker on `q` against a handler that always fails and waits until its breaker is open
-/// with at least `held` messages at the gate.
-async fn open_with_held(q: &TestQueue, h: &HttpHandler, extra: &[&str], held: f64) -> Worker {
+/// with at least `held` messages at the gate; returns it with the number held then. (A worker
+/// holds no batch ahead before it has measured a handler call, #31, so an outage from the start
+/// finds only the messages of its slots in hand.)
+async fn open_with_held(
+    q: &TestQueue,
+    h: &HttpHandler,
+    extra: &[&str],
+    held: f64,
+) -> (Worker, f64) {
     let mut a = vec!["--http-url", &h.url];
     a.extend_from_slice(extra);
     let w = Worker::start(&q.args(&a));
+    let seen = std::sync::Mutex::new(0.0);
     eventually(SECS(30), "breaker open with messages held", || async {
-        w.metric("qc_worker_breaker_state").await == Some(1.0)
-            && w.metric("qc_worker_breaker_held_messages")
-                .await
-                .unwrap_or(0.0)
-                >= held
+        let n = w
+            .metric("qc_worker_breaker_held_messages")
+            .await
+            .unwrap_or(0.0);
+        *seen.lock().unwrap() = n;
+        w.metric("qc_worker_breaker_state").await == Some(1.0) && n >= held
     })
     .await;
-    w
+    let held = *seen.lock().unwrap();
+    (w, held)
 }
 
 /// (d) SIGTERM while open: held messages are released at once (the worker exits well before its
@@ -271,14 +281,17 @@ async fn sigterm_while_open_releases_held_messages_and_loses_none() {
     let bodies = numbered(30);
     q.send_all(&bodies, |_| String::new()).await;
     let down = HttpHandler::start(|_| Reply::status(500)).await;
-    let mut w = open_with_held(&q, &down, &[], 5.0).await;
+    let (mut w, held) = open_with_held(&q, &down, &[], 1.0).await;
     let signalled = Instant::now();
     w.stop_within(SECS(10)).await;
     let took = signalled.elapsed();
     let stopped = w.log_lines("stopped");
     assert_eq!(stopped.len(), 1, "{}", w.log_text());
     assert_eq!(stopped[0]["deleted"], 0, "deleted unhandled: {stopped:?}");
-    assert!(stopped[0]["released"].as_u64().unwrap() >= 5, "{stopped:?}");
+    assert!(
+        stopped[0]["released"].as_u64().unwrap() as f64 >= held,
+        "{held} held: {stopped:?}"
+    );
     // The drain budget is 35 s: held messages do not wait for it.
     assert!(took < SECS(10), "exit took {took:?}");
 
@@ -291,14 +304,14 @@ async fn sigterm_while_open_releases_held_messages_and_loses_none() {
 }
 
 /// (e) kill -9 while open: each held message comes back once its lease ends, having used one
-/// receive (the test's own receive is its second).
+/// receive (the test's own receive is its second); none used more, none is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_while_open_returns_each_held_message_with_one_receive_used() {
     let q = TestQueue::new("kill-open", 6, 5, false).await;
     let bodies = numbered(20);
     q.send_all(&bodies, |_| String::new()).await;
     let down = HttpHandler::start(|_| Reply::status(500)).await;
-    let mut w = open_with_held(&q, &down, &["--timeout", "5s"], 5.0).await;
+    let (mut w, held) = open_with_held(&q, &down, &["--timeout", "5s"], 1.0).await;
     w.kill9();
     let killed = Instant::now();
     let mut seen: HashMap<String, u32> = HashMap::new();
@@ -338,9 +351,15 @@ async fn kill_while_open_returns_each_held_message_with_one_receive_used() {
                 .unwrap();
         }
     }
+    // Received by the worker (held, or backed off before the breaker opened): one receive used,
+    // the test's is the second; never received by it: the test's is the first.
     assert!(
-        seen.values().all(|c| *c == 2),
-        "each held message used one receive: {seen:?}"
+        seen.values().all(|c| *c <= 2),
+        "no message used more than one receive: {seen:?}"
+    );
+    assert!(
+        seen.values().filter(|c| **c == 2).count() as f64 >= held,
+        "{held} were held: {seen:?}"
     );
     assert_eq!(q.dlq_visible().await, 0);
 }
@@ -393,7 +412,7 @@ async fn past_the_outage_tolerance_messages_go_the_normal_way() {
     let bodies = numbered(10);
     q.send_all(&bodies, |_| String::new()).await;
     let down = HttpHandler::start(|_| Reply::status(500)).await;
-    let mut w = open_with_held(
+    let (mut w, _) = open_with_held(
         &q,
         &down,
         &["--outage-tolerance", "4s", "--retry-base", "1s"],
