@@ -10,7 +10,6 @@ mod common;
 #[path = "worker/support.rs"]
 mod support;
 
-use std::collections::HashMap;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -386,50 +385,6 @@ esac"#,
         strays.len()
     );
     w.stop().await;
-}
-
-/// Every message of the DLQ: (body, attributes as text, group id).
-async fn drain_dlq(q: &TestQueue) -> Vec<(String, HashMap<String, String>, Option<String>)> {
-    use aws_sdk_sqs::types::MessageSystemAttributeName;
-    let mut out = Vec::new();
-    for _ in 0..20 {
-        let got = q
-            .client
-            .receive_message()
-            .queue_url(&q.dlq_url)
-            .max_number_of_messages(10)
-            .message_attribute_names("All")
-            .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
-            .wait_time_seconds(1)
-            .send()
-            .await
-            .unwrap();
-        let msgs = got.messages.unwrap_or_default();
-        if msgs.is_empty() && !out.is_empty() {
-            break;
-        }
-        for m in msgs {
-            let attrs = m
-                .message_attributes()
-                .map(|a| {
-                    a.iter()
-                        .map(|(k, v)| {
-                            (
-                                k.clone(),
-                                v.string_value().unwrap_or("<binary>").to_string(),
-                            )
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            let group = m
-                .attributes()
-                .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId))
-                .cloned();
-            out.push((m.body.clone().unwrap_or_default(), attrs, group));
-        }
-    }
-    out
 }
 
 /// A handler's 422 must not destroy the message: by default (`onPoison: dead-letter`) it goes to the

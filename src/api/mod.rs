@@ -453,6 +453,54 @@ pub struct HandlerSpec {
     /// exit 0 success, 65 poison, anything else retry. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exec: Option<ExecHandler>,
+    /// SNS envelopes (a queue subscribed to a topic without raw message delivery): "on" gives the
+    /// handler the notification's Message as the body and its MessageAttributes as attributes, and
+    /// a message that is not a notification is poison; "auto" unwraps only messages that are
+    /// notifications ("Type": "Notification" with a TopicArn); "off" hands every message over as
+    /// received. A malformed notification is poison with the reason; the DLQ gets the envelope.
+    /// Quote the value in YAML ("on", "off"). Default: "off".
+    #[serde(default, skip_serializing_if = "UnwrapSns::is_off")]
+    pub unwrap_sns: UnwrapSns,
+}
+
+/// `handler.unwrapSns`: whether the worker unwraps SNS notification envelopes.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum UnwrapSns {
+    #[default]
+    Off,
+    On,
+    Auto,
+}
+
+impl UnwrapSns {
+    /// The worker's `--unwrap-sns` spelling.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            UnwrapSns::Off => "off",
+            UnwrapSns::On => "on",
+            UnwrapSns::Auto => "auto",
+        }
+    }
+
+    // serde's skip_serializing_if passes a reference.
+    #[allow(clippy::trivially_copy_pass_by_ref)]
+    fn is_off(&self) -> bool {
+        *self == UnwrapSns::Off
+    }
+}
+
+impl FromStr for UnwrapSns {
+    type Err = String;
+    /// The `--unwrap-sns` flag: `off`, `on` or `auto`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "off" => Ok(UnwrapSns::Off),
+            "on" => Ok(UnwrapSns::On),
+            "auto" => Ok(UnwrapSns::Auto),
+            _ => Err(format!("{s:?}: use off, on or auto")),
+        }
+    }
 }
 
 /// The handler, once exactly one was chosen.

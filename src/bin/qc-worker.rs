@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{ArgAction, Parser};
-use qc::api::{Duration, HeartbeatInterval, IdempotencyKey, IdempotencyStore, OnPoison};
+use qc::api::{Duration, HeartbeatInterval, IdempotencyKey, IdempotencyStore, OnPoison, UnwrapSns};
 use qc::worker::{Config, HandlerConfig};
 
 /// mimalloc instead of the C library's malloc: allocation was an eighth of the worker's CPU per
@@ -69,6 +69,10 @@ struct Cli {
     /// source; leave without a DLQ), leave (for the redrive policy), or delete (gone).
     #[arg(long, env = "QC_ON_POISON", default_value = "dead-letter", value_parser = parse_on_poison)]
     on_poison: OnPoison,
+    /// SNS envelopes: on (every message is a notification: the handler gets its Message and
+    /// MessageAttributes), auto (only messages that are notifications), off (as received).
+    #[arg(long, env = "QC_UNWRAP_SNS", default_value = "off", value_parser = parse_unwrap_sns, value_name = "off|on|auto")]
+    unwrap_sns: UnwrapSns,
 
     /// none | memory | redis
     #[arg(long, env = "QC_IDEMPOTENCY_STORE", default_value = "none", value_parser = parse_store)]
@@ -129,6 +133,10 @@ struct Cli {
     /// The exec handler's command and arguments (after `--`).
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<String>,
+}
+
+fn parse_unwrap_sns(s: &str) -> Result<UnwrapSns, String> {
+    s.parse()
 }
 
 fn parse_on_poison(s: &str) -> Result<OnPoison, String> {
@@ -194,6 +202,7 @@ fn config(cli: Cli) -> anyhow::Result<Config> {
         retry_base: cli.retry_base,
         retry_max: cli.retry_max,
         on_poison: cli.on_poison,
+        unwrap_sns: cli.unwrap_sns,
         idempotency_store: cli.idempotency_store,
         idempotency_key: cli.idempotency_key,
         idempotency_ttl: cli.idempotency_ttl,
@@ -416,6 +425,7 @@ mod tests {
         assert_eq!(got.retry_base, p.retry_backoff.base, "{name}");
         assert_eq!(got.retry_max, p.retry_backoff.max, "{name}");
         assert_eq!(got.on_poison, p.on_poison, "{name}");
+        assert_eq!(got.unwrap_sns, s.handler.unwrap_sns, "{name}");
         assert_eq!(got.idempotency_store, i.store, "{name}");
         assert_eq!(got.idempotency_key, i.key, "{name}");
         assert_eq!(got.idempotency_ttl, i.ttl, "{name}");

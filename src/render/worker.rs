@@ -36,7 +36,7 @@ pub fn worker_args(
         args.extend(["--endpoint-url".into(), endpoint.clone()]);
     }
     let b = &p.breaker;
-    let pairs: [(&str, String); 19] = [
+    let pairs: [(&str, String); 20] = [
         ("--concurrency", p.concurrency.to_string()),
         ("--batch-size", p.batch_size.to_string()),
         ("--wait-time", p.wait_time.to_string()),
@@ -46,6 +46,7 @@ pub fn worker_args(
         ("--retry-base", p.retry_backoff.base.to_string()),
         ("--retry-max", p.retry_backoff.max.to_string()),
         ("--on-poison", p.on_poison.as_str().to_string()),
+        ("--unwrap-sns", spec.handler.unwrap_sns.as_str().to_string()),
         ("--breaker", b.enabled.to_string()),
         ("--breaker-failure-percent", b.failure_percent.to_string()),
         ("--breaker-window", b.window.to_string()),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::api::{IdempotencyKey, OnPoison};
+use crate::api::{IdempotencyKey, OnPoison, UnwrapSns};
 
 use super::backoff::{retry_delay, visibility_secs, within_twelve_hours};
 use super::batcher::Batcher;
@@ -47,6 +47,8 @@ pub struct Processor {
     pub retry_base: Duration,
     pub retry_max: Duration,
     pub on_poison: OnPoison,
+    /// `--unwrap-sns`: the handler gets an SNS notification's Message and attributes (`worker::sns`).
+    pub unwrap_sns: UnwrapSns,
     /// The DLQ client of `--on-poison dead-letter`.
     pub dead_letter: Option<DeadLetter>,
     pub deleter: Batcher,
@@ -477,6 +479,7 @@ impl Processor {
             retry_base,
             retry_max,
             on_poison,
+            unwrap_sns: UnwrapSns::Off,
             dead_letter,
             deleter,
             releaser,
@@ -764,6 +767,15 @@ impl Processor {
             lease.back_off(delay).await;
             return Ended::Kept;
         }
+        // What the handler gets: an SNS notification unwrapped (`--unwrap-sns`); the queue's own
+        // message is what a retry, the DLQ and the idempotency claim's lease work on.
+        let view = match super::sns::unwrap(self.unwrap_sns, &lease.msg) {
+            Ok(view) => view,
+            Err(reason) => {
+                m.outcome(OutcomeLabel::Poison);
+                return self.poison(&mut lease, reason).await;
+            }
+        };
         // Failed in this receive and kept for another call (the breaker is open).
         let mut failed_before = false;
         loop {
@@ -771,7 +783,7 @@ impl Processor {
                 Ok(pass) => pass,
                 Err(ended) => return ended,
             };
-            match self.attempt(&mut lease, pass).await {
+            match self.attempt(&mut lease, pass, view.as_ref()).await {
                 Attempt::Ended(ended) => return ended,
                 Attempt::Failed {
                     reason,
@@ -798,12 +810,12 @@ impl Processor {
     }
 
     /// One handler call (with its idempotency claim); a transient failure is returned for
-    /// `process` to hold or back off.
-    async fn attempt(&self, lease: &mut Lease, pass: Pass<'_>) -> Attempt {
+    /// `process` to hold or back off. `view`: what the handler gets, when not the message itself.
+    async fn attempt(&self, lease: &mut Lease, pass: Pass<'_>, view: Option<&Message>) -> Attempt {
         let m = &self.metrics;
         let mut claimed: Option<(String, String)> = None;
         if let Some(store) = &self.store {
-            match key_of(&self.key, &lease.msg) {
+            match key_of(&self.key, view.unwrap_or(&lease.msg)) {
                 Err(e) => {
                     m.idempotency_key_missing.inc();
                     tracing::warn!(message_id = %lease.msg.id, key_source = %self.key, error = %e, "no idempotency key; handling the message without de-duplication");
@@ -848,7 +860,7 @@ impl Processor {
         let deadline = started + self.timeout;
         // The handler stops itself at the deadline (connection closed, process group killed and
         // reaped) and the claim is held until it has; the heartbeat's own bound is a backstop.
-        let msg = &lease.msg;
+        let msg = view.unwrap_or(&lease.msg);
         let call = async {
             let call = self.handler.handle(msg, deadline);
             match &claimed {

@@ -12,6 +12,7 @@ pub mod http1;
 pub mod idempotency;
 pub mod message;
 pub mod metrics;
+pub mod sns;
 pub mod sqs;
 pub mod trace;
 
@@ -21,7 +22,9 @@ use std::time::Duration as StdDuration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use crate::api::{Duration, HeartbeatInterval, IdempotencyKey, IdempotencyStore, OnPoison};
+use crate::api::{
+    Duration, HeartbeatInterval, IdempotencyKey, IdempotencyStore, OnPoison, UnwrapSns,
+};
 use crate::telemetry::{self, TelemetryError};
 
 use handler::{ExecHandler, Handler, HandlerError, HttpHandler, QueueContext};
@@ -78,6 +81,8 @@ pub struct Config {
     pub retry_base: Duration,
     pub retry_max: Duration,
     pub on_poison: OnPoison,
+    /// `--unwrap-sns`: hand the handler an SNS notification's Message and attributes.
+    pub unwrap_sns: UnwrapSns,
     pub idempotency_store: IdempotencyStore,
     pub idempotency_key: IdempotencyKey,
     pub idempotency_ttl: Duration,
@@ -444,6 +449,7 @@ pub async fn run(
         breaker,
     );
     processor.confirm_deletes = info.fifo;
+    processor.unwrap_sns = config.unwrap_sns;
     let processor = Arc::new(processor);
 
     let total = config.shutdown_timeout();
@@ -626,6 +632,7 @@ fn log_start(config: &Config, info: &QueueInfo, heartbeat: Option<StdDuration>) 
         timeout = %config.timeout,
         heartbeat_interval_ms = heartbeat.map(|h| h.as_millis() as u64),
         on_poison = config.on_poison.as_str(),
+        unwrap_sns = config.unwrap_sns.as_str(),
         idempotency_store = config.idempotency_store.as_str(),
         breaker = config.breaker.enabled,
         outage_tolerance_s = config.breaker.tolerance.map(|t| t.as_secs()),
@@ -672,6 +679,7 @@ mod tests {
             retry_base: Duration::from_secs(5),
             retry_max: Duration::from_secs(900),
             on_poison: OnPoison::DeadLetter,
+            unwrap_sns: UnwrapSns::Off,
             idempotency_store: IdempotencyStore::None,
             idempotency_key: IdempotencyKey::MessageId,
             idempotency_ttl: Duration::from_secs(86_400),

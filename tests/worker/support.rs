@@ -1341,3 +1341,47 @@ async fn proxy_one(mut client: tokio::net::TcpStream, log: Arc<Mutex<Vec<Proxied
     }
     Some(())
 }
+
+/// Every message of the DLQ: (body, attributes as text, group id).
+pub async fn drain_dlq(q: &TestQueue) -> Vec<(String, HashMap<String, String>, Option<String>)> {
+    use aws_sdk_sqs::types::MessageSystemAttributeName;
+    let mut out = Vec::new();
+    for _ in 0..20 {
+        let got = q
+            .client
+            .receive_message()
+            .queue_url(&q.dlq_url)
+            .max_number_of_messages(10)
+            .message_attribute_names("All")
+            .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .unwrap();
+        let msgs = got.messages.unwrap_or_default();
+        if msgs.is_empty() && !out.is_empty() {
+            break;
+        }
+        for m in msgs {
+            let attrs = m
+                .message_attributes()
+                .map(|a| {
+                    a.iter()
+                        .map(|(k, v)| {
+                            (
+                                k.clone(),
+                                v.string_value().unwrap_or("<binary>").to_string(),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let group = m
+                .attributes()
+                .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId))
+                .cloned();
+            out.push((m.body.clone().unwrap_or_default(), attrs, group));
+        }
+    }
+    out
+}
