@@ -101,9 +101,16 @@ fn tool(name: &str) -> Option<PathBuf> {
 
 /// `helm template` of the chart in namespace qc-system; Err carries helm's message.
 fn render(args: &[&str]) -> Option<Result<Vec<Value>, String>> {
+    render_chart(&repo(CHART), args)
+}
+
+/// `helm template` of the chart at `chart` (release qc, namespace qc-system).
+fn render_chart(chart: &Path, args: &[&str]) -> Option<Result<Vec<Value>, String>> {
     let helm = tool("helm")?;
     let out = Command::new(helm)
-        .args(["template", "qc", CHART, "--namespace", NS])
+        .args(["template", "qc"])
+        .arg(chart)
+        .args(["--namespace", NS])
         .args(args)
         .current_dir(repo(""))
         .output()
@@ -357,6 +364,202 @@ fn chart_wires_one_image_into_controller_and_workers() {
     assert_eq!(container(d)["image"], "queue-consumer-operator:0.1.0");
 }
 
+/// As a subchart of an umbrella chart: Helm hands every subchart the parent's `global` values, which the
+/// schema must accept (keys this chart does not know included); global.imageRegistry and
+/// global.imagePullSecrets reach the pod, and the parent's values for the chart reach it too.
+#[test]
+fn chart_renders_as_a_subchart_of_an_umbrella_chart() {
+    let dir = tempfile::tempdir().unwrap();
+    let umbrella = dir.path().join("platform");
+    copy_dir(
+        &repo(CHART),
+        &umbrella.join("charts/queue-consumer-operator"),
+    );
+    std::fs::write(
+        umbrella.join("Chart.yaml"),
+        "apiVersion: v2\nname: platform\nversion: 1.0.0\n\
+         dependencies: [{name: queue-consumer-operator, version: 0.1.0}]\n",
+    )
+    .unwrap();
+    std::fs::write(
+        umbrella.join("values.yaml"),
+        "global:\n  imageRegistry: registry.example:5000\n  imagePullSecrets: [platform-pull]\n  \
+         storageClass: fast\nqueue-consumer-operator:\n  image: {repository: infra/qc, tag: \"1.2.3\"}\n  \
+         imagePullSecrets: [{name: qc-pull}]\n",
+    )
+    .unwrap();
+    let Some(docs) = render_chart(&umbrella, &[]) else {
+        return;
+    };
+    let docs = docs.unwrap_or_else(|e| panic!("helm template of the umbrella chart: {e}"));
+    let d = find(&docs, "Deployment", "qc-queue-consumer-operator");
+    let reference = "registry.example:5000/infra/qc:1.2.3";
+    assert_eq!(container(d)["image"], reference);
+    assert!(args(d).contains(&format!("--worker-image={reference}")));
+    assert_eq!(
+        d["spec"]["template"]["spec"]["imagePullSecrets"],
+        json!([{"name": "platform-pull"}, {"name": "qc-pull"}])
+    );
+    assert!(kinds(&docs, "CustomResourceDefinition").len() == 1);
+}
+
+/// The values users of popular charts expect, each changing exactly its part of the output.
+#[test]
+fn chart_values_for_names_image_security_and_logs() {
+    let Some(defaults) = render(&[]) else { return };
+    let defaults = defaults.unwrap();
+    let d = find(&defaults, "Deployment", "qc-queue-consumer-operator");
+    // No RUST_LOG unless asked: the binaries default to info.
+    let env = container(d)["env"].as_array().unwrap();
+    assert!(!env.iter().any(|e| e["name"] == "RUST_LOG"), "{env:?}");
+    assert!(d["spec"]["template"]["spec"]["imagePullSecrets"].is_null());
+
+    let docs = render(&[
+        "--set",
+        "nameOverride=qc",
+        "--set",
+        r"logLevel=info\,qc::controller=debug",
+        "--set",
+        "logFormat=text",
+        "--set",
+        "image.registry=registry.example",
+        "--set",
+        "image.tag=2.0.0",
+    ])
+    .unwrap()
+    .unwrap();
+    // nameOverride names the labels; the release name "qc" contains it, so it is the full name too.
+    let d = find(&docs, "Deployment", "qc");
+    assert_eq!(
+        d["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"],
+        "qc"
+    );
+    assert_eq!(
+        container(d)["image"],
+        "registry.example/queue-consumer-operator:2.0.0"
+    );
+    let env = container(d)["env"].as_array().unwrap();
+    let rust_log = env.iter().find(|e| e["name"] == "RUST_LOG").unwrap();
+    assert_eq!(rust_log["value"], "info,qc::controller=debug");
+    assert!(args(d).contains(&"--log-format=text".to_string()));
+    find(&docs, "ClusterRole", "qc");
+    find(&docs, "ServiceAccount", "qc");
+
+    let docs = render(&["--set", "fullnameOverride=queues"])
+        .unwrap()
+        .unwrap();
+    let d = find(&docs, "Deployment", "queues");
+    assert!(args(d).contains(&"--lease-name=queues".to_string()));
+
+    // OpenShift: the SCC assigns the uid and gid, so the chart must be able to leave them out.
+    let docs = render(&[
+        "--set",
+        "podSecurityContext.runAsUser=null",
+        "--set",
+        "podSecurityContext.runAsGroup=null",
+        "--set",
+        "securityContext.readOnlyRootFilesystem=true",
+    ])
+    .unwrap()
+    .unwrap();
+    let d = find(&docs, "Deployment", "qc-queue-consumer-operator");
+    let pod_sc = d["spec"]["template"]["spec"]["securityContext"]
+        .as_object()
+        .unwrap();
+    assert!(!pod_sc.contains_key("runAsUser") && !pod_sc.contains_key("runAsGroup"));
+    assert_eq!(pod_sc["runAsNonRoot"], true);
+    assert_eq!(pod_sc["seccompProfile"]["type"], "RuntimeDefault");
+    assert_eq!(
+        container(d)["securityContext"]["capabilities"]["drop"],
+        json!(["ALL"])
+    );
+}
+
+/// The workers' PodMonitor selects what render gives every worker pod: its labels and its metrics port.
+#[test]
+fn chart_pod_monitor_selects_the_worker_pods_render_makes() {
+    let Some(docs) = render(&[
+        "--set",
+        "metrics.podMonitor.enabled=true",
+        "--set",
+        "metrics.podMonitor.labels.release=prometheus",
+    ]) else {
+        return;
+    };
+    let docs = docs.unwrap();
+    let pm = find(&docs, "PodMonitor", "qc-queue-consumer-operator-workers");
+    assert_eq!(pm["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(pm["metadata"]["labels"]["release"], "prometheus");
+    assert_eq!(pm["spec"]["namespaceSelector"], json!({"any": true}));
+    let qc = qc::api::QueueConsumer::new(
+        "orders",
+        serde_json::from_value(json!({
+            "queue": {"url": "https://sqs.us-east-1.amazonaws.com/123456789012/orders"},
+            "processing": {"p99": "1s"},
+            "handler": {"http": {}},
+            "template": {"spec": {"containers": [{"name": "app", "image": "app:1"}]}}
+        }))
+        .unwrap(),
+    );
+    let worker = serde_json::to_value(
+        qc::render::deployment(&qc, &qc::render::RenderOptions::default()).unwrap(),
+    )
+    .unwrap();
+    let pod = &worker["spec"]["template"];
+    let selector = pm["spec"]["selector"]["matchLabels"].as_object().unwrap();
+    assert!(!selector.is_empty());
+    for (k, v) in selector {
+        assert_eq!(&pod["metadata"]["labels"][k], v, "{k}");
+    }
+    let ports: Vec<&Value> = pod["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+        .map(|p| &p["name"])
+        .collect();
+    let endpoints = pm["spec"]["podMetricsEndpoints"].as_array().unwrap();
+    assert_eq!(endpoints.len(), 1);
+    assert_eq!(endpoints[0]["port"], qc::render::METRICS_PORT_NAME);
+    assert!(
+        ports.contains(&&json!(qc::render::METRICS_PORT_NAME)),
+        "{ports:?}"
+    );
+    assert_eq!(endpoints[0]["path"], "/metrics");
+    assert_eq!(
+        endpoints[0]["relabelings"][0]["targetLabel"],
+        "queueconsumer"
+    );
+    // Only fields of the monitoring.coreos.com/v1 PodMetricsEndpoint type.
+    let known: BTreeSet<&str> = [
+        "port",
+        "path",
+        "interval",
+        "scrapeTimeout",
+        "relabelings",
+        "metricRelabelings",
+    ]
+    .into();
+    let ep = endpoints[0].as_object().unwrap();
+    assert!(ep.keys().all(|k| known.contains(k.as_str())), "{ep:?}");
+
+    let docs = render(&[
+        "--set",
+        "metrics.podMonitor.enabled=true",
+        "--set-json",
+        r#"watchNamespaces=["team-a","team-b"]"#,
+    ])
+    .unwrap()
+    .unwrap();
+    let pm = find(&docs, "PodMonitor", "qc-queue-consumer-operator-workers");
+    assert_eq!(
+        pm["spec"]["namespaceSelector"],
+        json!({"matchNames": ["team-a", "team-b"]})
+    );
+    let off = render(&[]).unwrap().unwrap();
+    assert!(kinds(&off, "PodMonitor").is_empty());
+}
+
 #[test]
 fn chart_crd_is_toggled_and_kept_on_uninstall() {
     let Some(docs) = render(&[]) else { return };
@@ -393,6 +596,20 @@ fn chart_rejects_bad_values_naming_the_field() {
             "watchNamespaces",
         ),
         (&["--set", "metrics.port=80"], "port"),
+        (&["--set", "logLevel=debug info"], "logLevel"),
+        (
+            &["--set", "image.registry=https://registry.example"],
+            "registry",
+        ),
+        (&["--set", "nameOverride=Queue_Consumer"], "nameOverride"),
+        (
+            &["--set-json", r#"global={"imagePullSecrets":[""]}"#],
+            "imagePullSecrets",
+        ),
+        (
+            &["--set", "podSecurityContext.runAsUser=nobody"],
+            "runAsUser",
+        ),
         (
             &[
                 "--set",

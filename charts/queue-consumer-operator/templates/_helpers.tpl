@@ -1,17 +1,19 @@
 {{/* Names, labels and the controller's RBAC rules, shared by every template. */}}
 
+{{/* The chart's name: nameOverride, else the chart's own. */}}
 {{- define "qc.name" -}}
-{{- .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{/* The release's full name: fullnameOverride, else the release name alone when it already contains the chart name. */}}
+{{/* The release's full name: fullnameOverride, else the release name alone when it already contains the name. */}}
 {{- define "qc.fullname" -}}
+{{- $name := default .Chart.Name .Values.nameOverride }}
 {{- if .Values.fullnameOverride }}
 {{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
-{{- else if contains .Chart.Name .Release.Name }}
+{{- else if contains $name .Release.Name }}
 {{- .Release.Name | trunc 63 | trimSuffix "-" }}
 {{- else }}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
 {{- end }}
 {{- end }}
 
@@ -40,12 +42,36 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- default (include "qc.fullname" .) .Values.leaderElection.leaseName }}
 {{- end }}
 
-{{/* The controller image; a digest wins over a tag. */}}
+{{/* The controller image: [registry/]repository, then a digest, which wins over a tag. global.imageRegistry
+(a parent chart's) wins over image.registry. */}}
 {{- define "qc.image" -}}
+{{- $registry := default .Values.image.registry (dig "imageRegistry" "" (.Values.global | default dict)) }}
+{{- $repository := .Values.image.repository }}
+{{- if $registry }}
+{{- $repository = printf "%s/%s" (trimSuffix "/" $registry) $repository }}
+{{- end }}
 {{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- printf "%s@%s" $repository .Values.image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* imagePullSecrets: global.imagePullSecrets (names or {name: ...}) first, then the chart's own, each once. */}}
+{{- define "qc.imagePullSecrets" -}}
+{{- $secrets := list }}
+{{- range (dig "imagePullSecrets" list (.Values.global | default dict)) }}
+{{- if kindIs "string" . }}
+{{- $secrets = append $secrets (dict "name" .) }}
+{{- else }}
+{{- $secrets = append $secrets (dict "name" .name) }}
+{{- end }}
+{{- end }}
+{{- range .Values.imagePullSecrets }}
+{{- $secrets = append $secrets (dict "name" .name) }}
+{{- end }}
+{{- with ($secrets | uniq) }}
+{{- toYaml . }}
 {{- end }}
 {{- end }}
 
