@@ -307,3 +307,28 @@ ensure_musl() {
   rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-musl \
     || rustup target add x86_64-unknown-linux-musl >/dev/null
 }
+
+# The images tests/image.rs runs (after ensure_podman): the product image from scripts/image (a debug static
+# musl build, in a target directory of its own under $QC_CACHE) and a handler image holding one static
+# binary, tests/image/handler.rs built with rustc for musl. Exports QC_TEST_IMAGE and QC_TEST_HANDLER_IMAGE.
+prepare_image_tests() {
+  ensure_musl || { log "no musl target or musl-gcc: cannot build static binaries"; return 1; }
+  local tag dir
+  tag=test-$(git rev-parse --short HEAD 2>/dev/null || echo dev)
+  QC_TEST_IMAGE=$(QC_IMAGE_PROFILE=debug CARGO_TARGET_DIR="$QC_CACHE/target-musl" bash scripts/image \
+    "localhost/queue-consumer-operator:$tag") || return 1
+  dir=$(mktemp -d)
+  rustc --edition 2024 -O --target x86_64-unknown-linux-musl -C strip=symbols -o "$dir/handler" \
+    tests/image/handler.rs || { rm -rf "$dir"; return 1; }
+  # A user's image without a C library: the handler as the exec sample's /app/make-thumbnail, uid 65532, and
+  # CA roots (qc-worker, copied in by the exec layout, needs the image's: docs/image.md).
+  cp "${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}" "$dir/ca-certificates.crt"
+  printf '%s\n' 'FROM scratch' 'COPY handler /app/make-thumbnail' \
+    'COPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt' 'USER 65532:65532' \
+    'ENTRYPOINT ["/app/make-thumbnail"]' >"$dir/Containerfile"
+  QC_TEST_HANDLER_IMAGE=localhost/qc-test-handler:$tag
+  podman build --quiet -t "$QC_TEST_HANDLER_IMAGE" "$dir" >/dev/null || { rm -rf "$dir"; return 1; }
+  rm -rf "$dir"
+  export QC_TEST_IMAGE QC_TEST_HANDLER_IMAGE
+  log "image tests: $QC_TEST_IMAGE, $QC_TEST_HANDLER_IMAGE"
+}
