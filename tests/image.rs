@@ -186,6 +186,8 @@ struct PodRun {
     metrics_port: u16,
     /// The container that runs qc-worker (the sidecar, or the user's container in the exec layout).
     worker_container: String,
+    /// Its rendered securityContext.
+    worker_security: Value,
     /// The rendered terminationGracePeriodSeconds.
     grace_seconds: i64,
     _dir: tempfile::TempDir,
@@ -246,7 +248,7 @@ fn pod_for_sample(
     let grace_seconds = pod["terminationGracePeriodSeconds"]
         .as_i64()
         .expect("render sets terminationGracePeriodSeconds");
-    let worker_container = pod["containers"]
+    let worker = pod["containers"]
         .as_array()
         .unwrap()
         .iter()
@@ -255,9 +257,9 @@ fn pod_for_sample(
                 .as_str()
                 .is_some_and(|p| p.ends_with("/qc-worker"))
         })
-        .and_then(|c| c["name"].as_str())
-        .expect("a container runs qc-worker")
-        .to_string();
+        .expect("a container runs qc-worker");
+    let worker_container = worker["name"].as_str().unwrap().to_string();
+    let worker_security = worker["securityContext"].clone();
     overlay(&mut deployment, namespace, metrics_port, &seen_dir);
     let file = dir.path().join("deployment.yaml");
     // JSON is YAML: podman reads it as it is.
@@ -268,6 +270,7 @@ fn pod_for_sample(
             seen: seen_dir.join("ids"),
             metrics_port,
             worker_container,
+            worker_security,
             grace_seconds,
             _dir: dir,
         },
@@ -493,6 +496,40 @@ fn logs(name: &str) -> String {
     )
 }
 
+/// The worker's process runs as the rendered securityContext says: its uid, no capability in effect, no
+/// new privileges, and a read-only root filesystem where it asks for one (read from the kernel's view of
+/// the process, /proc/PID/status, and from podman's container config).
+fn assert_security_applied(run: &PodRun, pod_name: &str) {
+    let sc = &run.worker_security;
+    let name = format!("{pod_name}-{}", run.worker_container);
+    let inspect: Value = serde_json::from_str(&podman_ok(&["inspect", &name])).unwrap();
+    let container = &inspect[0];
+    let pid = container["State"]["Pid"]
+        .as_i64()
+        .expect("a running process");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(|v| v.split_whitespace().collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    // Without runAsUser the image's user applies: 65532 in both images here.
+    let uid = sc["runAsUser"].as_i64().unwrap_or(65532).to_string();
+    assert_eq!(field("Uid:"), vec![uid.as_str(); 4], "{name}: {status}");
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(field("CapEff:"), ["0000000000000000"], "{name}");
+    assert_eq!(field("CapPrm:"), ["0000000000000000"], "{name}");
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(field("NoNewPrivs:"), ["1"], "{name}");
+    assert_eq!(
+        container["HostConfig"]["ReadonlyRootfs"],
+        sc["readOnlyRootFilesystem"].as_bool().unwrap_or(false),
+        "{name}"
+    );
+}
+
 /// Removes the pod when the test ends, however it ends.
 struct Down<'a>(&'a Path, bool);
 
@@ -555,6 +592,8 @@ async fn run_and_drain(
         started.elapsed().as_secs_f64()
     );
     assert_eq!(counts(&sqs, dlq).await, (0, 0), "the DLQ stays empty");
+
+    assert_security_applied(run, pod_name);
 
     // (d) The worker's probe and metrics endpoints answer inside the pod (its network is the host's).
     for path in ["/healthz", "/readyz"] {
