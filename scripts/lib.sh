@@ -321,7 +321,7 @@ prepare_image_tests() {
   rustc --edition 2024 -O --target x86_64-unknown-linux-musl -C strip=symbols -o "$dir/handler" \
     tests/image/handler.rs || { rm -rf "$dir"; return 1; }
   # A user's image without a C library: the handler as the exec sample's /app/make-thumbnail, uid 65532, and
-  # CA roots (qc-worker, copied in by the exec layout, needs the image's: docs/image.md).
+  # CA roots (qc-worker, copied in by the exec layout, uses the image's: docs/image.md).
   cp "${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}" "$dir/ca-certificates.crt"
   printf '%s\n' 'FROM scratch' 'COPY handler /app/make-thumbnail' \
     'COPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt' 'USER 65532:65532' \

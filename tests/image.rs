@@ -775,7 +775,7 @@ async fn exec_sample_pod_runs_static_worker_in_image_without_libc() {
         json!(["/qc/bin/qc-worker"])
     );
     // The user image holds the handler and CA roots: no shell, no C library, no dynamic loader. (Without
-    // CA roots qc-worker panics at start, even for an http endpoint: docs/image.md.)
+    // CA roots this debug qc-worker panics at start, a release one cannot verify SQS: docs/image.md.)
     let container = podman_ok(&["create", &images.handler]).trim().to_string();
     let dir = tempfile::tempdir().unwrap();
     let tar = dir.path().join("root.tar");
