@@ -313,10 +313,11 @@ ensure_musl() {
 # binary, tests/image/handler.rs built with rustc for musl. Exports QC_TEST_IMAGE and QC_TEST_HANDLER_IMAGE.
 prepare_image_tests() {
   ensure_musl || { log "no musl target or musl-gcc: cannot build static binaries"; return 1; }
-  local tag dir
-  tag=test-$(git rev-parse --short HEAD 2>/dev/null || echo dev)
+  local dir
+  # One name for every run on this machine, so each build replaces the last (scripts/image removes it)
+  # instead of leaving an image per commit; tests/image.rs checks the revision label against its checkout.
   QC_TEST_IMAGE=$(QC_IMAGE_PROFILE=debug CARGO_TARGET_DIR="$QC_CACHE/target-musl" bash scripts/image \
-    "localhost/queue-consumer-operator:$tag") || return 1
+    localhost/queue-consumer-operator:test) || return 1
   dir=$(mktemp -d)
   rustc --edition 2024 -O --target x86_64-unknown-linux-musl -C strip=symbols -o "$dir/handler" \
     tests/image/handler.rs || { rm -rf "$dir"; return 1; }
@@ -326,7 +327,7 @@ prepare_image_tests() {
   printf '%s\n' 'FROM scratch' 'COPY handler /app/make-thumbnail' \
     'COPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt' 'USER 65532:65532' \
     'ENTRYPOINT ["/app/make-thumbnail"]' >"$dir/Containerfile"
-  QC_TEST_HANDLER_IMAGE=localhost/qc-test-handler:$tag
+  QC_TEST_HANDLER_IMAGE=localhost/qc-test-handler:test
   podman build --quiet -t "$QC_TEST_HANDLER_IMAGE" "$dir" >/dev/null || { rm -rf "$dir"; return 1; }
   rm -rf "$dir"
   export QC_TEST_IMAGE QC_TEST_HANDLER_IMAGE
