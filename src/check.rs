@@ -20,8 +20,25 @@ pub enum FactsSource {
         source: PathBuf,
         dead_letter: Option<PathBuf>,
     },
-    /// `--live`: read the queue and its DLQ.
-    Live,
+    /// `--live`: read the queue and its DLQ, sending signed requests only to AWS's own endpoints and
+    /// to the `spec.queue.endpoint`s these allow (`--allowed-endpoint`, as `run` takes them).
+    Live(crate::aws::endpoints::AllowedEndpoints),
+}
+
+impl FactsSource {
+    /// With `--live`, whether `qc`'s own endpoint may receive this machine's signed requests (key id
+    /// and session token): a manifest from elsewhere must not be able to collect them.
+    pub fn refuse_endpoint(&self, qc: &QueueConsumer) -> Result<(), String> {
+        match (self, &qc.spec.queue.endpoint) {
+            (FactsSource::Live(allowed), Some(endpoint)) => allowed.check(endpoint).map_err(|e| {
+                format!(
+                    "{e}; --live sends signed requests only to AWS and to endpoints allowed with \
+                     --allowed-endpoint (e.g. --allowed-endpoint {endpoint})"
+                )
+            }),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// One checked QueueConsumer.
@@ -145,8 +162,11 @@ async fn facts_for(
         } => manifest::facts_from_files(source, dead_letter.as_deref(), &qc.spec.queue.url)
             .map(Some)
             .map_err(|e| e.to_string()),
-        FactsSource::Live => match live {
-            Some(reader) => reader.facts(qc).await.map(Some),
+        FactsSource::Live(_) => match live {
+            Some(reader) => {
+                source.refuse_endpoint(qc)?;
+                reader.facts(qc).await.map(Some)
+            }
             None => Err("internal: --live without a queue reader".to_string()),
         },
     }
@@ -252,7 +272,7 @@ pub fn render_text(run: &CheckRun, source: &FactsSource) -> String {
                             "the dead-letter queue's attributes",
                             "; add --dlq-attributes FILE to run them",
                         ),
-                        FactsSource::Live => (
+                        FactsSource::Live(_) => (
                             "the dead-letter queue's attributes",
                             " (it could not be read)",
                         ),

@@ -60,7 +60,16 @@ async fn live_check_reads_queue_and_dlq() {
     .await;
     let dir = tempfile::tempdir().unwrap();
     let file = manifest(dir.path(), &url, Some(&common::sqs_endpoint()));
-    let (code, out, err) = check(&["--live", file.to_str().unwrap()], None);
+    let allow = common::sqs_endpoint();
+    let (code, out, err) = check(
+        &[
+            "--live",
+            "--allowed-endpoint",
+            &allow,
+            file.to_str().unwrap(),
+        ],
+        None,
+    );
     assert_eq!(code, 1, "stdout:\n{out}\nstderr:\n{err}");
     // VT 5s < budget 7s, heartbeat off: Error; R = 2; DLQ keeps 1 day
     for expected in [
@@ -117,17 +126,74 @@ async fn live_check_reports_missing_dlq_and_missing_queue() {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let file = manifest(dir.path(), &url, Some(&common::sqs_endpoint()));
-    let (code, out, err) = check(&["--live", file.to_str().unwrap()], None);
+    let allow = common::sqs_endpoint();
+    let live = [
+        "--live",
+        "--allowed-endpoint",
+        &allow,
+        file.to_str().unwrap(),
+    ];
+    let (code, out, err) = check(&live, None);
     assert_eq!(code, 1, "{out}{err}");
     assert!(out.contains("Error    DeadLetterQueueMissing"), "{out}");
     assert!(out.contains(&dlq_arn), "{out}");
 
     // the source queue itself is gone: unreadable input, exit 2, with the reason
     client.delete_queue().queue_url(&url).send().await.unwrap();
-    let (code, out, err) = check(&["--live", file.to_str().unwrap()], None);
+    let (code, out, err) = check(&live, None);
     assert_eq!(code, 2, "{out}{err}");
     assert!(
         out.contains("cannot read queue facts") && out.contains("does not exist"),
         "{out}"
     );
+}
+
+/// #29 item 5: `--live` obeys the same endpoint allow-list as the controller. A manifest naming an
+/// endpoint nobody allowed gets no request at all (this machine's signed requests carry its key id
+/// and session token), exit 2 naming the field and the flag; `plan --live` the same.
+#[test]
+fn live_sends_nothing_to_an_endpoint_nobody_allowed() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let file = manifest(
+        dir.path(),
+        "https://sqs.us-east-1.amazonaws.com/123456789012/orders",
+        Some(&endpoint),
+    );
+    let (code, out, err) = check(&["--live", file.to_str().unwrap()], None);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        out.contains("spec.queue.endpoint") && out.contains("--allowed-endpoint"),
+        "{out}"
+    );
+    let plan = Command::new(env!("CARGO_BIN_EXE_qc-operator"))
+        .args(["plan", "--live", file.to_str().unwrap()])
+        .env_remove("AWS_ENDPOINT_URL")
+        .output()
+        .unwrap();
+    assert_eq!(plan.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&plan.stderr);
+    assert!(stderr.contains("--allowed-endpoint"), "{stderr}");
+    assert!(
+        listener.accept().is_err(),
+        "a request reached the endpoint nobody allowed"
+    );
+    // Allowed, it is asked (and, serving nothing, fails as an unreadable queue).
+    let allowed = std::thread::spawn(move || {
+        listener.set_nonblocking(false).unwrap();
+        listener.accept().is_ok()
+    });
+    let (code, out, err) = check(
+        &[
+            "--live",
+            "--allowed-endpoint",
+            &endpoint,
+            file.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(allowed.join().unwrap(), "the allowed endpoint was asked");
 }

@@ -124,7 +124,13 @@ async fn live_reads_the_queue_and_its_dead_letter_queue() {
         ),
     )
     .unwrap();
-    let (code, docs, stderr) = plan(&[file.to_str().unwrap(), "--live"]);
+    let allow = common::sqs_endpoint();
+    let (code, docs, stderr) = plan(&[
+        file.to_str().unwrap(),
+        "--live",
+        "--allowed-endpoint",
+        &allow,
+    ]);
     assert!(code == 0 || code == 1, "{stderr}");
     let s = &docs[1];
     assert_eq!(condition(s, "QueueReachable")["status"], "True", "{stderr}");

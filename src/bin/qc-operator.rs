@@ -193,6 +193,16 @@ struct FactsArgs {
     /// the DLQ's oldest-message age, as the controller does.
     #[arg(long, conflicts_with = "attributes")]
     live: bool,
+    /// With --live: an endpoint a manifest's spec.queue.endpoint may name, as `run
+    /// --allowed-endpoint` takes it (SCHEME://HOST[:PORT]); repeatable or comma-separated. AWS's own
+    /// endpoints are always allowed; a manifest naming another endpoint gets no request (exit 2).
+    #[arg(
+        long = "allowed-endpoint",
+        env = "QC_ALLOWED_ENDPOINTS",
+        value_delimiter = ',',
+        value_name = "PATTERN"
+    )]
+    allowed_endpoints: Vec<String>,
     /// JSON printed by `aws sqs get-queue-attributes --attribute-names All` for the source queue.
     #[arg(long, value_name = "FILE")]
     attributes: Option<PathBuf>,
@@ -202,16 +212,19 @@ struct FactsArgs {
 }
 
 impl FactsArgs {
-    fn source(&self) -> qc::check::FactsSource {
+    fn source(&self) -> anyhow::Result<qc::check::FactsSource> {
         use qc::check::FactsSource;
-        match (&self.attributes, self.live) {
+        Ok(match (&self.attributes, self.live) {
             (Some(a), _) => FactsSource::Files {
                 source: a.clone(),
                 dead_letter: self.dlq_attributes.clone(),
             },
-            (None, true) => FactsSource::Live,
+            (None, true) => FactsSource::Live(
+                qc::aws::endpoints::AllowedEndpoints::parse(&self.allowed_endpoints)
+                    .map_err(|e| anyhow::anyhow!("--allowed-endpoint: {e}"))?,
+            ),
             (None, false) => FactsSource::Offline,
-        }
+        })
     }
 }
 
@@ -406,7 +419,13 @@ async fn shutdown_signal() {
 }
 
 fn plan(args: PlanArgs) -> ExitCode {
-    let source = args.facts.source();
+    let source = match args.facts.source() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let opts = qc::render::RenderOptions {
         worker_image: args
             .worker_image
@@ -540,7 +559,13 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 
 fn check(args: CheckArgs) -> ExitCode {
     use qc::check;
-    let source = args.facts.source();
+    let source = match args.facts.source() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let rt = match runtime() {
         Ok(rt) => rt,
         Err(code) => return code,

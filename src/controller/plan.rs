@@ -189,7 +189,10 @@ pub async fn run_file(
                 manifest::facts_from_files(source, dead_letter.as_deref(), &qc.spec.queue.url)
                     .map_err(|e| e.to_string()),
             ),
-            FactsSource::Live => Some(live_facts(&qc).await),
+            FactsSource::Live(_) => Some(match source.refuse_endpoint(&qc) {
+                Ok(()) => live_facts(&qc).await,
+                Err(e) => Err(e),
+            }),
         };
         let observation = match &read {
             None => Observation::Offline,
