@@ -118,6 +118,40 @@ pub async fn controller_sdk_config(
         .build()
 }
 
+/// Text as tenants may read it (status conditions, Events): the ARNs of IAM principals (`arn:…:iam:…`
+/// and `arn:…:sts:…`: users, roles, assumed-role sessions) become a placeholder. In an AccessDenied
+/// answer the principal is the operator's own identity ("User: arn:aws:sts::…:assumed-role/… is not
+/// authorized"), which one tenant has no business learning; resource ARNs (queues, alarms, topics)
+/// are the tenant's own and stay.
+pub fn without_principals(text: &str) -> std::borrow::Cow<'_, str> {
+    const PLACEHOLDER: &str = "<the operator's AWS identity>";
+    if !text.contains("arn:") {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("arn:") {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| {
+                c.is_whitespace() || matches!(c, '"' | '\'' | ',' | ';' | ')' | '(' | '<' | '>')
+            })
+            .unwrap_or(tail.len());
+        let arn = &tail[..end];
+        // arn:PARTITION:SERVICE:REGION:ACCOUNT:RESOURCE
+        let service = arn.split(':').nth(2).unwrap_or_default();
+        if service == "iam" || service == "sts" {
+            out.push_str(PLACEHOLDER);
+        } else {
+            out.push_str(arn);
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    std::borrow::Cow::Owned(out)
+}
+
 /// An error and its sources, joined with `: ` (the SDK's and our HTTP client's errors keep the
 /// useful part, such as "invalid peer certificate", in a source).
 pub fn error_chain(e: &dyn std::error::Error) -> String {
@@ -129,4 +163,42 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_principals;
+
+    #[test]
+    fn principal_arns_are_hidden_and_resource_arns_kept() {
+        let denied = "AccessDenied: User: arn:aws:sts::111122223333:assumed-role/qc-operator/botocore-session-1 is not authorized to perform: sqs:getqueueattributes on resource: arn:aws:sqs:us-east-1:444455556666:orders because no resource-based policy allows the sqs:getqueueattributes action";
+        let out = without_principals(denied);
+        assert!(!out.contains("111122223333"), "{out}");
+        assert!(!out.contains("qc-operator"), "{out}");
+        assert!(
+            out.contains("User: <the operator's AWS identity> is not authorized"),
+            "{out}"
+        );
+        assert!(
+            out.contains("arn:aws:sqs:us-east-1:444455556666:orders"),
+            "{out}"
+        );
+        // Users and roles in other partitions, quoted or at the end of the text.
+        let out = without_principals(
+            "\"arn:aws-us-gov:iam::123456789012:user/ci\" and arn:aws-cn:iam::123456789012:role/x",
+        );
+        assert_eq!(
+            out,
+            "\"<the operator's AWS identity>\" and <the operator's AWS identity>"
+        );
+        // A resource ARN alone is kept (in a copy); text without "arn:" comes back as it is.
+        assert!(matches!(
+            without_principals("queue arn:aws:sqs:eu-west-1:1:q is gone"),
+            std::borrow::Cow::Owned(_)
+        ));
+        assert!(matches!(
+            without_principals("no ARN here"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+    }
 }

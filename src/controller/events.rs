@@ -98,7 +98,12 @@ impl Context {
 
 static EVENT_SEQ: AtomicU64 = AtomicU64::new(0);
 
-fn truncate(mut s: String, max: usize) -> String {
+/// What a tenant reads in an Event: no principal ARN (`aws::without_principals`), within the limit.
+fn truncate(s: String, max: usize) -> String {
+    let mut s = match crate::aws::without_principals(&s) {
+        std::borrow::Cow::Borrowed(_) => s,
+        std::borrow::Cow::Owned(o) => o,
+    };
     if s.len() > max {
         let mut cut = max;
         while !s.is_char_boundary(cut) {

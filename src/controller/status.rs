@@ -225,7 +225,13 @@ struct Cond {
 }
 
 impl Cond {
+    /// The message as tenants may read it: AWS error text without the operator's identity
+    /// (`aws::without_principals`).
     fn new(type_: &'static str, status: Status, reason: &'static str, message: String) -> Cond {
+        let message = match crate::aws::without_principals(&message) {
+            std::borrow::Cow::Borrowed(_) => message,
+            std::borrow::Cow::Owned(o) => o,
+        };
         Cond {
             type_,
             status,

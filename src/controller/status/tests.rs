@@ -1040,3 +1040,17 @@ fn handler_healthy_events_speak_of_the_dependency_only() {
     assert!(events(&[], &healthy).is_empty());
     assert!(events(&failing, &failing).is_empty());
 }
+
+/// #29 item 6: a condition's message never carries the operator's own AWS identity, which an
+/// AccessDenied answer names; the queue's ARN stays.
+#[test]
+fn condition_messages_hide_the_operators_identity() {
+    let c = Cond::new(
+        conditions::QUEUE_REACHABLE,
+        Status::False,
+        "AccessDenied",
+        "User: arn:aws:sts::111122223333:assumed-role/qc-operator/s is not authorized to perform: sqs:GetQueueAttributes on resource: arn:aws:sqs:us-east-1:444455556666:orders".into(),
+    );
+    assert!(!c.message.contains("111122223333"), "{}", c.message);
+    assert!(c.message.contains("arn:aws:sqs:us-east-1:444455556666:orders"));
+}
