@@ -49,6 +49,7 @@ fn crd_names_match_design() {
         cols,
         [
             "Ready",
+            "Reason",
             "Replicas",
             "Visible",
             "InFlight",

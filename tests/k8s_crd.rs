@@ -327,6 +327,7 @@ async fn kubectl_get_shows_the_columns_and_explain_the_fields() {
             [
                 "NAME",
                 "READY",
+                "REASON",
                 "REPLICAS",
                 "VISIBLE",
                 "INFLIGHT",
@@ -338,8 +339,8 @@ async fn kubectl_get_shows_the_columns_and_explain_the_fields() {
         );
         // spec.suspend as the server defaulted it.
         assert_eq!(
-            lines[1][..7],
-            ["orders", "True", "3", "42", "7", "2", "false"],
+            lines[1][..8],
+            ["orders", "True", "Available", "3", "42", "7", "2", "false"],
             "{resource}: {out}"
         );
     }

@@ -78,6 +78,7 @@ pub const REDRIVE_REQUEST_ANNOTATION: &str = "sqs.consumers.dev/redrive-request"
     namespaced,
     status = "QueueConsumerStatus",
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","description":"Why the QueueConsumer is (not) Ready: the Ready condition's reason","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
     printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".status.replicas"}"#,
     printcolumn = r#"{"name":"Visible","type":"integer","jsonPath":".status.queue.visible"}"#,
     printcolumn = r#"{"name":"InFlight","type":"integer","jsonPath":".status.queue.inFlight"}"#,

@@ -1052,5 +1052,8 @@ fn condition_messages_hide_the_operators_identity() {
         "User: arn:aws:sts::111122223333:assumed-role/qc-operator/s is not authorized to perform: sqs:GetQueueAttributes on resource: arn:aws:sqs:us-east-1:444455556666:orders".into(),
     );
     assert!(!c.message.contains("111122223333"), "{}", c.message);
-    assert!(c.message.contains("arn:aws:sqs:us-east-1:444455556666:orders"));
+    assert!(
+        c.message
+            .contains("arn:aws:sqs:us-east-1:444455556666:orders")
+    );
 }
