@@ -153,10 +153,18 @@ struct RunArgs {
     /// by hand are undone, and the alarm's state shows in status, within this.
     #[arg(long, default_value = "5m", value_name = "DURATION")]
     alarm_resync: qc::api::Duration,
+    #[command(flatten)]
+    endpoints: EndpointArgs,
+}
+
+/// The endpoints a manifest's spec.queue.endpoint may name: `run` and `check`/`plan --live` sign
+/// requests with this process's credentials, so they take the same list.
+#[derive(Args)]
+struct EndpointArgs {
     /// Endpoint a QueueConsumer may name in spec.queue.endpoint, as SCHEME://HOST[:PORT] (`*.` as the
     /// first host label, `*` as the port); repeatable or comma-separated. AWS's own SQS and CloudWatch
-    /// endpoints are always allowed; any other endpoint gets no request (ConfigValid=False,
-    /// EndpointNotAllowed).
+    /// endpoints are always allowed; any other endpoint gets no request (run: ConfigValid=False,
+    /// EndpointNotAllowed; check and plan --live: exit 2).
     #[arg(
         long = "allowed-endpoint",
         env = "QC_ALLOWED_ENDPOINTS",
@@ -193,16 +201,9 @@ struct FactsArgs {
     /// the DLQ's oldest-message age, as the controller does.
     #[arg(long, conflicts_with = "attributes")]
     live: bool,
-    /// With --live: an endpoint a manifest's spec.queue.endpoint may name, as `run
-    /// --allowed-endpoint` takes it (SCHEME://HOST[:PORT]); repeatable or comma-separated. AWS's own
-    /// endpoints are always allowed; a manifest naming another endpoint gets no request (exit 2).
-    #[arg(
-        long = "allowed-endpoint",
-        env = "QC_ALLOWED_ENDPOINTS",
-        value_delimiter = ',',
-        value_name = "PATTERN"
-    )]
-    allowed_endpoints: Vec<String>,
+    // With --live: the same list as `run --allowed-endpoint`.
+    #[command(flatten)]
+    endpoints: EndpointArgs,
     /// JSON printed by `aws sqs get-queue-attributes --attribute-names All` for the source queue.
     #[arg(long, value_name = "FILE")]
     attributes: Option<PathBuf>,
@@ -220,7 +221,7 @@ impl FactsArgs {
                 dead_letter: self.dlq_attributes.clone(),
             },
             (None, true) => FactsSource::Live(
-                qc::aws::endpoints::AllowedEndpoints::parse(&self.allowed_endpoints)
+                qc::aws::endpoints::AllowedEndpoints::parse(&self.endpoints.allowed_endpoints)
                     .map_err(|e| anyhow::anyhow!("--allowed-endpoint: {e}"))?,
             ),
             (None, false) => FactsSource::Offline,
@@ -372,8 +373,9 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         },
     };
     // A bad pattern stops the controller at start-up, naming it, rather than refusing every endpoint later.
-    let allowed_endpoints = qc::aws::endpoints::AllowedEndpoints::parse(&args.allowed_endpoints)
-        .context("--allowed-endpoint (chart value aws.allowedEndpoints)")?;
+    let allowed_endpoints =
+        qc::aws::endpoints::AllowedEndpoints::parse(&args.endpoints.allowed_endpoints)
+            .context("--allowed-endpoint (chart value aws.allowedEndpoints)")?;
     let render = qc::render::RenderOptions {
         worker_image: args
             .worker_image
