@@ -7,6 +7,7 @@ pub mod check;
 pub mod controller;
 pub mod manifest;
 pub mod render;
+pub mod roots;
 pub mod scaling;
 pub mod sync;
 pub mod telemetry;

@@ -1,7 +1,7 @@
 //! The image layer: the product image that `scripts/image` builds, run with podman, and the worker
 //! Deployments that `qc-operator plan` renders for the samples, run as pods with `podman kube play` against
-//! moto, with a handler image that holds one static binary (tests/image/handler.rs), CA roots and nothing
-//! else.
+//! moto, with a handler image that holds one static binary (tests/image/handler.rs) and nothing else (no CA
+//! roots).
 //!
 //! `scripts/test` builds the images (scripts/lib.sh `prepare_image_tests`: a debug static musl build) and
 //! exports QC_TEST_IMAGE and QC_TEST_HANDLER_IMAGE. Without them a test skips and says so loudly, unless
@@ -544,7 +544,7 @@ impl Drop for Down<'_> {
 /// Plays the pod, checks that it handles `many` messages (each seen by the handler, all deleted, DLQ
 /// empty), that its probe and metrics endpoints answer, then sends slow messages and stops the pod with
 /// `podman kube down` while they are in flight: it drains (nothing left hidden, each either handled or
-/// back in the queue, DLQ empty).
+/// back in the queue, DLQ empty). Returns the worker container's log.
 async fn run_and_drain(
     run: &PodRun,
     pod_name: &str,
@@ -552,7 +552,7 @@ async fn run_and_drain(
     dlq: &str,
     many: usize,
     slow: usize,
-) {
+) -> String {
     let sqs = common::sqs_client().await;
     let bodies: Vec<String> = (0..many)
         .map(|i| json!({"orderId": format!("o-{i}")}).to_string())
@@ -703,6 +703,7 @@ async fn run_and_drain(
         "the in-flight slow messages were finished before the worker stopped"
     );
     assert_eq!(counts(&sqs, dlq).await, (0, 0), "the DLQ stays empty");
+    worker_log
 }
 
 /// (b) + (d) The http-handler sample's Deployment as a pod: the worker sidecar POSTs each message to a
@@ -743,8 +744,9 @@ async fn http_sample_pod_handles_messages_and_drains_on_kube_down() {
 }
 
 /// (c) + (d) The exec-layout sample's Deployment as a pod: the init container copies the static qc-worker
-/// from the product image into the shared volume, and it runs inside a user image with no C library
-/// (the handler binary and CA roots only), running the handler per message.
+/// from the product image into the shared volume, with the product image's CA roots beside it, and it runs
+/// inside a user image with no C library and no CA roots (the handler binary only), running the handler per
+/// message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_sample_pod_runs_static_worker_in_image_without_libc() {
     let Some(images) = images("exec_sample_pod_runs_static_worker_in_image_without_libc") else {
@@ -774,8 +776,9 @@ async fn exec_sample_pod_runs_static_worker_in_image_without_libc() {
         pod["containers"][0]["command"],
         json!(["/qc/bin/qc-worker"])
     );
-    // The user image holds the handler and CA roots: no shell, no C library, no dynamic loader. (Without
-    // CA roots this debug qc-worker panics at start, a release one cannot verify SQS: docs/image.md.)
+    // The user image holds the handler alone: no shell, no C library, no dynamic loader, no CA roots.
+    // (Before the worker trusted the roots copied beside it, this debug qc-worker panicked at start here,
+    // and a release one could not verify SQS: docs/image.md.)
     let container = podman_ok(&["create", &images.handler]).trim().to_string();
     let dir = tempfile::tempdir().unwrap();
     let tar = dir.path().join("root.tar");
@@ -791,8 +794,13 @@ async fn exec_sample_pod_runs_static_worker_in_image_without_libc() {
     assert!(
         !listing
             .lines()
-            .any(|l| l.contains("lib/") || l.contains("bin/sh")),
-        "the user image has a library or a shell:\n{listing}"
+            .any(|l| l.contains("lib/") || l.contains("bin/sh") || l.contains("ssl/")),
+        "the user image has a library, a shell or CA roots:\n{listing}"
     );
-    run_and_drain(&run, &format!("{name}-pod-0"), &url, &dlq, 300, 12).await;
+    let worker_log = run_and_drain(&run, &format!("{name}-pod-0"), &url, &dlq, 300, 12).await;
+    // Without roots of its own, the worker trusts the product image's, copied beside it.
+    assert!(
+        worker_log.contains("trusts the bundle beside qc-worker"),
+        "{worker_log}"
+    );
 }

@@ -1239,6 +1239,12 @@ fn copy_self_to_installs_a_runnable_copy() {
     assert_eq!(code, Some(0), "{stderr}");
     let mode = std::fs::metadata(&target).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o755);
+    // With this system's CA roots beside it.
+    let bundle = std::fs::read_to_string(dir.path().join("ca-certificates.crt")).unwrap();
+    assert!(
+        bundle.starts_with("-----BEGIN CERTIFICATE-----\n"),
+        "{bundle}"
+    );
     let out = std::process::Command::new(&target)
         .arg("--version")
         .output()
@@ -1247,7 +1253,10 @@ fn copy_self_to_installs_a_runnable_copy() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("qc-worker"));
     let (code, stderr) = run_cli(&["--copy-self-to", "/nonexistent/dir/qc-worker"], &[]);
     assert_eq!(code, Some(1));
-    assert!(stderr.contains("cannot copy"), "{stderr}");
+    assert!(
+        stderr.contains("cannot write the CA bundle /nonexistent/dir/ca-certificates.crt"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1348,6 +1357,135 @@ async fn sqs_over_https_trusts_the_given_roots_and_refuses_an_unknown_issuer() {
         deletes >= 3.0,
         "deletes went out in batches over TLS: {deletes}"
     );
+    w.stop().await;
+}
+
+/// The exec layout's worker in a user image without CA roots (#30's finding, docs/image.md): the install
+/// step (`--copy-self-to`, in the operator image) writes that image's roots beside the copy, and a copy
+/// that finds no system roots trusts them, for SQS over https and for rediss:// alike. A system that has
+/// roots keeps them: the bundle never overrides a user image's own (a corporate CA's) roots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copied_worker_without_system_roots_trusts_the_roots_copied_beside_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let moto = TlsMoto::start();
+    let redis = TlsRedis::start();
+    let q = TestQueue::on(moto.client().await, "roots", 10, 10, false).await;
+    let bodies: Vec<String> = (0..20)
+        .map(|i| format!(r#"{{"orderId":"o-{i}"}}"#))
+        .collect();
+    let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(5))).await;
+    let a = q.args_via(
+        &moto.endpoint,
+        &[
+            "--idempotency-store",
+            "redis",
+            "--redis-url",
+            &redis.url(),
+            "--idempotency-key",
+            "jsonPointer:/orderId",
+            "--http-url",
+            &h.url,
+        ],
+    );
+
+    // The "operator image": its roots are the two test CAs (SSL_CERT_FILE), which it copies.
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let operator_roots = dir.path().join("operator-roots.pem");
+    let test_cas = [
+        std::fs::read(&moto.certs.ca_file).unwrap(),
+        std::fs::read(&redis.certs.ca_file).unwrap(),
+    ]
+    .concat();
+    std::fs::write(&operator_roots, &test_cas).unwrap();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let copy = bin.join("qc-worker");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_qc-worker"))
+        .args(["--copy-self-to", copy.to_str().unwrap()])
+        .env("SSL_CERT_FILE", &operator_roots)
+        .env_remove("SSL_CERT_DIR")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let bundle = bin.join("ca-certificates.crt");
+    let mode = std::fs::metadata(&bundle).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o644);
+    // The certificates of a PEM text, sorted (the loader sorts them).
+    let certs = |text: &[u8]| {
+        use rustls::pki_types::{CertificateDer, pem::PemObject};
+        let mut all: Vec<Vec<u8>> = CertificateDer::pem_slice_iter(text)
+            .map(|c| c.unwrap().to_vec())
+            .collect();
+        all.sort();
+        all
+    };
+    let copied = certs(&std::fs::read(&bundle).unwrap());
+    assert_eq!(copied.len(), 2);
+    assert!(
+        copied == certs(&test_cas),
+        "the bundle holds exactly the operator image's roots (the two test CAs)"
+    );
+    // A user image with no CA roots: no SSL_CERT_FILE, and the only place to look (SSL_CERT_DIR,
+    // replacing the standard paths) is empty.
+    let no_roots = dir.path().join("no-roots");
+    std::fs::create_dir(&no_roots).unwrap();
+    let no_roots = no_roots.to_str().unwrap();
+    q.send_all(&bodies, |_| String::new()).await;
+
+    // A user image whose own roots do not hold the test CAs: they are kept, not overridden by the
+    // bundle, so the endpoint is refused.
+    let other = moto.certs.other_ca_file.to_str().unwrap();
+    let copy_str = copy.to_str().unwrap();
+    let mut own_roots =
+        Worker::start_program(dir.clone(), &[copy_str], &a, &[("SSL_CERT_FILE", other)]);
+    own_roots
+        .wait_error_logged(
+            SECS(40),
+            "cannot read the queue; retrying",
+            &["https://localhost", "invalid peer certificate"],
+        )
+        .await;
+    own_roots.stop().await;
+
+    // No system roots and no bundle (the binary where it was built): nothing is trusted, and the
+    // worker says so at start.
+    let env_unset = [
+        "env",
+        "-u",
+        "SSL_CERT_FILE",
+        env!("CARGO_BIN_EXE_qc-worker"),
+    ];
+    let mut nothing =
+        Worker::start_program(dir.clone(), &env_unset, &a, &[("SSL_CERT_DIR", no_roots)]);
+    nothing
+        .wait_error_logged(
+            SECS(40),
+            "cannot read the queue; retrying",
+            &["https://localhost", "invalid peer certificate"],
+        )
+        .await;
+    assert_eq!(nothing.log_lines("no CA roots: none on this system (SSL_CERT_FILE, SSL_CERT_DIR, the standard bundle) and no ca-certificates.crt beside qc-worker; every https or rediss:// certificate will be refused. Install CA certificates in the image or set SSL_CERT_FILE").len(), 1, "{}", nothing.log_text());
+    nothing.stop().await;
+    assert_eq!(h.calls().len(), 0);
+    assert_eq!(q.counts().await.0, bodies.len() as u64, "nothing received");
+
+    // No system roots, the bundle beside the copy: SQS over https and rediss:// both trust it.
+    let env_unset = ["env", "-u", "SSL_CERT_FILE", copy_str];
+    let mut w = Worker::start_program(dir.clone(), &env_unset, &a, &[("SSL_CERT_DIR", no_roots)]);
+    eventually(SECS(60), "queue drained with the copied roots", || {
+        q.is_empty()
+    })
+    .await;
+    let lines = w.log_lines(
+        "no CA roots on this system; TLS (SQS over https, rediss://) trusts the bundle beside qc-worker",
+    );
+    assert_eq!(lines.len(), 1, "{}", w.log_text());
+    assert_eq!(lines[0]["certificates"], 2);
+    let effects = effects_by_order(&h);
+    assert_eq!(effects.len(), bodies.len(), "{effects:?}");
+    assert!(effects.values().all(|&n| n == 1), "each once: {effects:?}");
+    let arn = common::queue_arn(&q.client, &q.url).await;
+    assert_eq!(redis.cli(&["GET", &format!("qc:idem:{arn}:o-0")]), "done");
     w.stop().await;
 }
 

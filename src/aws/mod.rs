@@ -30,8 +30,18 @@ pub use sqs::{ObserveError, QueueReader, SqsError, SqsReader, StaticReader, obse
 /// (`AWS_RETRY_MODE`, `AWS_MAX_ATTEMPTS`) from the environment or profile; HTTP goes through
 /// [`http_client`], so proxies from the environment apply to every AWS call, credentials included.
 pub async fn sdk_config(region: Option<&str>, endpoint: Option<&str>) -> aws_config::SdkConfig {
-    let mut loader =
-        aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(http_client());
+    sdk_config_trusting(region, endpoint, &crate::roots::Roots::System).await
+}
+
+/// [`sdk_config`] whose HTTP client trusts `roots` (the worker's: the system's, else the bundle
+/// beside qc-worker; see [`crate::roots`]).
+pub async fn sdk_config_trusting(
+    region: Option<&str>,
+    endpoint: Option<&str>,
+    roots: &crate::roots::Roots,
+) -> aws_config::SdkConfig {
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .http_client(http_client_trusting(roots));
     if let Some(region) = region {
         loader = loader.region(aws_config::Region::new(region.to_string()));
     }
@@ -46,14 +56,24 @@ pub async fn sdk_config(region: Option<&str>, endpoint: Option<&str>) -> aws_con
 /// `NO_PROXY` (either case): https endpoints are tunnelled with CONNECT, http ones sent to the proxy.
 /// The SDK's default client ignores those variables.
 pub fn http_client() -> SharedHttpClient {
-    SharedHttpClient::new(ProxyAwareClient::default())
+    http_client_trusting(&crate::roots::Roots::System)
+}
+
+/// [`http_client`] trusting `roots` instead of the system's roots alone.
+pub fn http_client_trusting(roots: &crate::roots::Roots) -> SharedHttpClient {
+    SharedHttpClient::new(ProxyAwareClient {
+        connectors: RwLock::default(),
+        tls: roots.tls_context(),
+    })
 }
 
 /// Builds one connector (with its connection pool) per pair of connect and read timeouts, like the
 /// SDK's default client, and reuses it for every request with those settings.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct ProxyAwareClient {
     connectors: RwLock<HashMap<Timeouts, SharedHttpConnector>>,
+    /// The trusted roots (the SDK's own trust-store settings).
+    tls: tls::TlsContext,
 }
 
 /// Connect and read timeouts: what tells one connector from another.
@@ -83,6 +103,7 @@ impl HttpClient for ProxyAwareClient {
         let connector = SharedHttpConnector::new(
             builder
                 .tls_provider(tls::Provider::Rustls(CryptoMode::AwsLc))
+                .tls_context(self.tls.clone())
                 .build(),
         );
         match self.connectors.write() {

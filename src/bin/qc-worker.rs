@@ -23,7 +23,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
     after_help = "Handlers: --http-url http://127.0.0.1:8080/messages, or --exec -- COMMAND [ARGS...]"
 )]
 struct Cli {
-    /// Copy this executable to PATH (mode 0755) and exit; for an init container.
+    /// Copy this executable to PATH (mode 0755), and this system's CA roots beside it as
+    /// ca-certificates.crt, then exit; for an init container. The copy trusts that bundle only where its
+    /// system has no CA roots.
     #[arg(long, env = "QC_COPY_SELF_TO", value_name = "PATH")]
     copy_self_to: Option<PathBuf>,
 
@@ -221,12 +223,23 @@ fn config(cli: Cli) -> anyhow::Result<Config> {
             concurrency: cli.concurrency as usize,
         },
         handler,
+        // Chosen in main, once the environment is checked.
+        roots: qc::roots::Roots::System,
     })
 }
 
 fn copy_self(to: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let me = std::env::current_exe().context("cannot find this executable")?;
+    // The roots first: a copied binary always finds the bundle it was copied with. Without roots here
+    // there is nothing to copy, and the copy relies on its own system's.
+    let bundle = to.with_file_name(qc::roots::BUNDLE_FILE);
+    if qc::roots::write_system_bundle(&bundle)? == 0 {
+        eprintln!(
+            "warning: no CA roots on this system to copy to {}; the copied qc-worker will use its own system's",
+            bundle.display()
+        );
+    }
     // Write next to the target and rename, so a half-copied binary is never executed.
     let tmp = to.with_extension("partial");
     std::fs::copy(&me, &tmp)
@@ -323,6 +336,15 @@ fn main() -> ExitCode {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }
+    let mut config = config;
+    config.roots = match qc::roots::Roots::for_this_process() {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "invalid CA bundle");
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     // One thread: the worker waits on I/O almost all the time, and on one thread its tasks never
     // wake each other across threads (a third fewer CPU per message than 2 worker threads, measured in
     // docs/benchmarks.md; one core still handles far more messages than one consumer gets).

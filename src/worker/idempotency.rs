@@ -281,8 +281,12 @@ const DONE: &str = "done";
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl RedisStore {
-    /// Connects to `url`; keys are `{prefix}{key}`.
-    pub async fn connect(url: &str, prefix: String) -> Result<Self, IdempotencyError> {
+    /// Connects to `url`, trusting `roots` for rediss://; keys are `{prefix}{key}`.
+    pub async fn connect(
+        url: &str,
+        prefix: String,
+        roots: &crate::roots::Roots,
+    ) -> Result<Self, IdempotencyError> {
         let connect_err = |reason: String| IdempotencyError::ConnectRedis {
             url: redact(url),
             reason,
@@ -292,7 +296,18 @@ impl RedisStore {
             // pick one itself; an already installed one is fine.
             let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
         }
-        let client = redis::Client::open(url).map_err(|e| connect_err(e.to_string()))?;
+        let client = match roots.redis_root_cert() {
+            // No system roots: the bundle beside qc-worker (redis's own trust-store setting).
+            Some(root_cert) if url.starts_with("rediss://") => redis::Client::build_with_tls(
+                url,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root_cert),
+                },
+            ),
+            _ => redis::Client::open(url),
+        }
+        .map_err(|e| connect_err(e.to_string()))?;
         // Few, quick reconnect attempts: the caller retries with its own backoff, and the manager's
         // default (6 attempts, up to 3.2 s apart) would outlast the connect timeout below and hide the
         // real reason ("invalid peer certificate", "connection refused") behind "timed out".

@@ -95,6 +95,9 @@ pub struct Config {
     /// The outage breaker (`--breaker*`, `--outage-tolerance`); its `concurrency` is `concurrency`.
     pub breaker: breaker::Settings,
     pub handler: HandlerConfig,
+    /// CA roots of the SQS and redis clients: the system's, else the bundle beside qc-worker
+    /// ([`crate::roots`]).
+    pub roots: crate::roots::Roots,
 }
 
 impl Config {
@@ -305,6 +308,23 @@ pub fn early_receive_max(batch_size: u32) -> u32 {
     batch_size.div_ceil(2)
 }
 
+/// Says where the TLS clients' roots come from when they are not the system's.
+fn log_roots(roots: &crate::roots::Roots) {
+    match roots {
+        crate::roots::Roots::System => {}
+        crate::roots::Roots::Bundle { path, count, .. } => tracing::info!(
+            bundle = %path.display(),
+            certificates = count,
+            "no CA roots on this system; TLS (SQS over https, rediss://) trusts the bundle beside qc-worker"
+        ),
+        crate::roots::Roots::Missing => tracing::warn!(
+            "no CA roots: none on this system (SSL_CERT_FILE, SSL_CERT_DIR, the standard bundle) and no \
+             ca-certificates.crt beside qc-worker; every https or rediss:// certificate will be refused. \
+             Install CA certificates in the image or set SSL_CERT_FILE"
+        ),
+    }
+}
+
 /// Runs the worker until `shutdown` completes and the drain is over.
 pub async fn run(
     config: Config,
@@ -334,7 +354,13 @@ pub async fn run(
     };
 
     let region = crate::aws::facts::queue_region(config.region.as_deref(), &config.queue_url);
-    let sdk = crate::aws::sdk_config(region.as_deref(), config.endpoint_url.as_deref()).await;
+    log_roots(&config.roots);
+    let sdk = crate::aws::sdk_config_trusting(
+        region.as_deref(),
+        config.endpoint_url.as_deref(),
+        &config.roots,
+    )
+    .await;
     // The SDK retries a failed request (standard mode, AWS_MAX_ATTEMPTS); a call that still fails is
     // backed off with jitter by the worker, without blocking a slot.
     let sqs = Sqs::new(&sdk, &config.queue_url, metrics.clone())
@@ -598,7 +624,7 @@ async fn open_store(
             }
             let mut attempt = 0u32;
             loop {
-                match RedisStore::connect(&url, prefix.clone()).await {
+                match RedisStore::connect(&url, prefix.clone(), &config.roots).await {
                     Ok(s) => return Ok(Opened::Store(Some(Store::Redis(s)))),
                     Err(e) => {
                         attempt += 1;
@@ -691,6 +717,7 @@ mod tests {
             handler: HandlerConfig::Http {
                 url: "http://127.0.0.1:8080/messages".into(),
             },
+            roots: crate::roots::Roots::System,
         }
     }
 
