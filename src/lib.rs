@@ -11,5 +11,6 @@ pub mod roots;
 pub mod scaling;
 pub mod sync;
 pub mod telemetry;
+pub mod tenancy;
 pub mod validate;
 pub mod worker;

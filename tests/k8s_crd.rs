@@ -161,6 +161,10 @@ fn valid_manifests() -> Vec<(String, String)> {
             "  handler: {http: {}}\n  processing: {p99: 2s, outageTolerance: 1h, breaker: {failurePercent: 80, window: 40, consecutiveFailures: 5, probeBackoff: {base: 500ms, max: 1m}}}\n",
         ),
         (
+            "an AWS role (tests/tenancy.rs)",
+            "  handler: {http: {}}\n  processing: {p99: 1s}\n  aws: {roleArn: 'arn:aws:iam::123456789012:role/qc-team-a-orders'}\n",
+        ),
+        (
             "every section set (tests/controller_reconcile.rs)",
             "  processing: {p99: 2s, timeout: 10s, waitTime: 1s}\n  handler: {http: {port: 8080, path: /messages}}\n  template: {spec: {containers: [{name: app, image: 'shop/orders:1'}]}}\n  scaling: {pollInterval: 1s, minReplicas: 1}\n  deadLetter: {alarm: true}\n",
         ),
@@ -415,4 +419,40 @@ async fn kubectl_get_shows_the_columns_and_explain_the_fields() {
             "kubectl explain {path} shows a field without a description:\n{out}"
         );
     }
+}
+
+/// The CRD's own rules refuse a roleArn that is no IAM role, naming the field and an example.
+#[tokio::test]
+async fn the_server_refuses_a_role_arn_that_is_no_role() {
+    let test = "the_server_refuses_a_role_arn_that_is_no_role";
+    let Some(real) = k8s::connect(test).await else {
+        return;
+    };
+    let api = real.queue_consumers();
+    let base = "apiVersion: sqs.consumers.dev/v1alpha1\nkind: QueueConsumer\nmetadata: {name: r}\nspec:\n  queue: {url: https://sqs.us-east-1.amazonaws.com/1/q}\n  handler: {http: {}}\n  processing: {p99: 2s}\n";
+    for role in [
+        "arn:aws:iam::123456789012:user/alice",
+        "arn:aws:iam::12345:role/short-account",
+        "orders-consumer",
+        "arn:aws:iam::123456789012:role/a b",
+    ] {
+        let text = format!("{base}  aws: {{roleArn: '{role}'}}\n");
+        let mut sent: Value = serde_saphyr::from_str(&text).unwrap();
+        sent["metadata"]["namespace"] = json!(real.namespace);
+        let err = k8s::kubectl_dry_apply(&api, "r", &sent)
+            .await
+            .map(|_| ())
+            .expect_err(&format!("the server accepts aws.roleArn: {role}"));
+        let msg = err.to_string();
+        assert!(
+            msg.contains("aws.roleArn must be an IAM role ARN"),
+            "aws.roleArn: {role}: {msg}"
+        );
+    }
+    let mut sent: Value = serde_saphyr::from_str(&format!(
+        "{base}  aws: {{roleArn: 'arn:aws-us-gov:iam::123456789012:role/path/qc-orders'}}\n"
+    ))
+    .unwrap();
+    sent["metadata"]["namespace"] = json!(real.namespace);
+    k8s::kubectl_dry_apply(&api, "r", &sent).await.unwrap();
 }

@@ -8,12 +8,14 @@ use std::sync::Arc;
 
 use common::fixture::consumer;
 use fake_kube::aws::TEST_WORKER_IMAGE;
-use fake_kube::{FakeKube, QUEUE_CONSUMERS};
+use fake_kube::{DEPLOYMENTS, EVENTS, FakeKube, QUEUE_CONSUMERS};
+use kube::runtime::controller::Action;
 use qc::api::QueueConsumer;
 use qc::aws::endpoints::AllowedEndpoints;
 use qc::controller::observe::SdkProvider;
 use qc::controller::{Context, reconcile};
 use qc::render::RenderOptions;
+use qc::tenancy::TenancyPolicy;
 use serde_json::{Value, json};
 
 const NS: &str = "team-a";
@@ -85,4 +87,175 @@ async fn one_url_in_two_regions_is_two_queues_and_never_shares_counts() {
         Some(3),
         "eu-west-1's queue holds three, whatever us-east-1's read said"
     );
+}
+
+/// The multi-tenant preset of the chart's values: every namespace names its own queues, through a role
+/// of its own; `ops` may name any queue of the account without a role; nobody else is in the policy.
+const POLICY: &str = r#"
+rules:
+  - namespaces: [ops]
+    accounts: ["123456789012"]
+  - namespaces: ["team-*"]
+    requireRoleArn: true
+    roleArns: ["arn:aws:iam::123456789012:role/qc-{namespace}-*"]
+    queues: ["arn:aws:sqs:*:123456789012:{namespace}-*"]
+"#;
+
+fn policy_context(fake: &FakeKube, allowed: &[&str]) -> Arc<Context> {
+    let mut ctx = Context::new(
+        fake.client(),
+        Arc::new(SdkProvider::default()),
+        RenderOptions {
+            worker_image: TEST_WORKER_IMAGE.into(),
+        },
+        None,
+    );
+    ctx.endpoints = AllowedEndpoints::parse(allowed).unwrap();
+    ctx.tenancy = TenancyPolicy::parse(POLICY).unwrap();
+    Arc::new(ctx)
+}
+
+fn qc_in(fake: &FakeKube, ns: &str, name: &str) -> QueueConsumer {
+    serde_json::from_value(fake.get(QUEUE_CONSUMERS, ns, name).unwrap()).unwrap()
+}
+
+/// (namespace, name, queue, roleArn, the refusal's reason or None)
+type Row<'a> = (&'a str, &'a str, &'a str, Option<String>, Option<&'a str>);
+
+/// A QueueConsumer the tenancy policy refuses gets Ready=False with the refusal's reason, ConfigValid
+/// naming the rule and the fix, a Warning Event, no Deployment, no finalizer and no AWS call: its
+/// endpoint (a counting forwarder to moto) sees no connection, while an allowed one beside it, through
+/// a forwarder of its own, reaches moto.
+#[tokio::test]
+async fn a_consumer_outside_its_namespace_policy_never_reaches_aws() {
+    let sqs = sqs_in("us-east-1").await;
+    let own = common::create_queue(&sqs, &common::unique_name("team-a-orders"), &[]).await;
+    let other = common::create_queue(&sqs, &common::unique_name("team-b-orders"), &[]).await;
+    let fake = FakeKube::new();
+    let role = |ns: &str| format!("arn:aws:iam::123456789012:role/qc-{ns}-orders");
+    let rows: [Row<'_>; 6] = [
+        ("team-a", "allowed", &own, Some(role("team-a")), None),
+        (
+            "team-a",
+            "other-queue",
+            &other,
+            Some(role("team-a")),
+            Some("QueueNotAllowed"),
+        ),
+        ("team-a", "no-role", &own, None, Some("RoleArnRequired")),
+        (
+            "team-a",
+            "other-role",
+            &own,
+            Some(role("team-b")),
+            Some("RoleArnNotAllowed"),
+        ),
+        (
+            "team-c",
+            "another-teams-queue",
+            &other,
+            Some(role("team-c")),
+            Some("QueueNotAllowed"),
+        ),
+        ("qa", "no-rule", &own, None, Some("NamespaceNotInPolicy")),
+    ];
+    let mut proxies = Vec::new();
+    for _ in &rows {
+        proxies.push(common::counting_proxy(&common::sqs_endpoint()).await);
+    }
+    let allowed: Vec<&str> = proxies.iter().map(|p| p.endpoint.as_str()).collect();
+    let ctx = policy_context(&fake, &allowed);
+    for ((ns, name, url, role, _), proxy) in rows.iter().zip(&proxies) {
+        let mut m = consumer(name)
+            .namespace(ns)
+            .queue_url(url)
+            .endpoint(&proxy.endpoint)
+            .set("/spec/queue/region", "us-east-1")
+            .timeout("10s")
+            .wait_time("1s")
+            .image("team/orders:1")
+            .alarm(true);
+        if let Some(r) = role {
+            m = m.set("/spec/aws/roleArn", r.as_str());
+        }
+        fake.create(QUEUE_CONSUMERS, m.json());
+    }
+    for ((ns, name, _, _, refused), proxy) in rows.iter().zip(&proxies) {
+        let action = reconcile(Arc::new(qc_in(&fake, ns, name)), ctx.clone()).await;
+        let q = qc_in(&fake, ns, name);
+        let ready = fake_kube::condition_of(q.clone(), "Ready");
+        let Some(reason) = refused else {
+            assert_ne!(action.unwrap(), Action::await_change(), "{name}");
+            assert_eq!(
+                fake_kube::condition_of(q, "QueueReachable").status,
+                "True",
+                "{name}"
+            );
+            assert!(
+                proxy.count() > 0,
+                "{name}: the allowed consumer reached moto"
+            );
+            assert!(
+                fake.get(DEPLOYMENTS, ns, name).is_some(),
+                "{name}: rolled out"
+            );
+            continue;
+        };
+        assert_eq!(
+            action.unwrap(),
+            Action::await_change(),
+            "{name}: only a change of the spec or the policy helps"
+        );
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", *reason),
+            "{name}: {}",
+            ready.message
+        );
+        let valid = fake_kube::condition_of(q.clone(), "ConfigValid");
+        assert_eq!(
+            (valid.status.as_str(), valid.reason.as_str()),
+            ("False", *reason),
+            "{name}"
+        );
+        assert!(
+            valid.message.contains("tenancy") && valid.message.contains("no AWS call is made"),
+            "{name}: names the policy and what it does: {}",
+            valid.message
+        );
+        assert_eq!(
+            fake_kube::condition_of(q.clone(), "QueueReachable").status,
+            "Unknown",
+            "{name}"
+        );
+        assert!(
+            q.metadata.finalizers.is_none(),
+            "{name}: no alarm, no finalizer"
+        );
+        assert!(
+            fake.get(DEPLOYMENTS, ns, name).is_none(),
+            "{name}: nothing rolled out"
+        );
+        let events: Vec<_> = fake
+            .requests()
+            .into_iter()
+            .filter(|r| r.method == "POST" && r.targets(EVENTS))
+            .filter_map(|r| r.body)
+            .filter(|b| b["regarding"]["name"] == *name || b["involvedObject"]["name"] == *name)
+            .collect();
+        assert!(
+            events
+                .iter()
+                .any(|e| e["reason"] == *reason && e["type"] == "Warning"),
+            "{name}: a Warning Event {reason}: {events:?}"
+        );
+        assert_eq!(proxy.count(), 0, "{name}: no connection to its endpoint");
+    }
+    // Nor later: nothing in the background (the CloudWatch refresher) reads for them.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    for ((_, name, _, _, refused), proxy) in rows.iter().zip(&proxies) {
+        if refused.is_some() {
+            assert_eq!(proxy.count(), 0, "{name}: still nothing, later");
+        }
+    }
 }

@@ -54,4 +54,11 @@ pub mod reason {
     pub const ALARM_NOT_MANAGED: &str = "AlarmNotManaged";
     // ConfigValid / QueueReachable
     pub const ENDPOINT_NOT_ALLOWED: &str = "EndpointNotAllowed";
+    // Ready / ConfigValid / QueueReachable (Unknown): the operator's tenancy policy refuses the
+    // QueueConsumer, and no AWS call is made for it
+    pub const NAMESPACE_NOT_IN_POLICY: &str = "NamespaceNotInPolicy";
+    pub const QUEUE_NOT_ALLOWED: &str = "QueueNotAllowed";
+    pub const ACCOUNT_NOT_ALLOWED: &str = "AccountNotAllowed";
+    pub const ROLE_ARN_REQUIRED: &str = "RoleArnRequired";
+    pub const ROLE_ARN_NOT_ALLOWED: &str = "RoleArnNotAllowed";
 }

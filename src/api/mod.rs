@@ -91,6 +91,10 @@ pub const REDRIVE_REQUEST_ANNOTATION: &str = "sqs.consumers.dev/redrive-request"
 pub struct QueueConsumerSpec {
     /// The SQS queue to consume. Required.
     pub queue: QueueSpec,
+    /// The AWS identity this QueueConsumer acts with. Default: the controller's and the worker pods'
+    /// own (their service accounts' roles).
+    #[serde(default, skip_serializing_if = "AwsSpec::is_empty")]
+    pub aws: AwsSpec,
     /// How each message is processed: declared latency, timeout, concurrency, batching, heartbeats,
     /// retries and what happens to poison messages. Required (at least `p99`).
     pub processing: ProcessingSpec,
@@ -187,6 +191,26 @@ pub struct QueueSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
     pub endpoint: Option<String>,
+}
+
+/// The AWS identity of one QueueConsumer's calls.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("!has(self.roleArn) || self.roleArn.matches('^arn:aws(-[a-z]+)*:iam::[0-9]{12}:role/[A-Za-z0-9+=,.@_/-]+$')").message("aws.roleArn must be an IAM role ARN such as arn:aws:iam::123456789012:role/orders-consumer").reason(Reason::FieldValueInvalid))]
+pub struct AwsSpec {
+    /// IAM role the controller assumes (STS AssumeRole, session `qc-NAMESPACE-NAME`, ExternalId
+    /// `qc:NAMESPACE`) for every AWS call it makes for this QueueConsumer, and the worker assumes from
+    /// its pod identity. The operator's tenancy policy may require it and limits which roles a namespace
+    /// may name. Default: none (the controller's and the pods' own identities).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 2048))]
+    pub role_arn: Option<String>,
+}
+
+impl AwsSpec {
+    pub fn is_empty(&self) -> bool {
+        self.role_arn.is_none()
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]

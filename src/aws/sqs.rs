@@ -315,6 +315,9 @@ pub enum ObserveError {
     /// Nothing was sent: the operator does not allow the spec's endpoint.
     #[error("{0}")]
     EndpointNotAllowed(#[source] super::endpoints::EndpointError),
+    /// Nothing was sent: the operator's tenancy policy refuses this QueueConsumer.
+    #[error("{0}")]
+    NotAllowedByPolicy(#[source] crate::tenancy::TenancyError),
 }
 
 impl ObserveError {
@@ -324,7 +327,17 @@ impl ObserveError {
             ObserveError::ReadQueueAttributes { source, .. } => source.reason(),
             ObserveError::ParseAttributes { .. } => "InvalidQueueAttributes",
             ObserveError::EndpointNotAllowed(e) => e.reason(),
+            ObserveError::NotAllowedByPolicy(e) => e.reason(),
         }
+    }
+
+    /// The operator refused the QueueConsumer (its endpoint or its tenancy policy): nothing was sent,
+    /// and only a change of the spec or of the operator's configuration helps.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            ObserveError::EndpointNotAllowed(_) | ObserveError::NotAllowedByPolicy(_)
+        )
     }
 }
 

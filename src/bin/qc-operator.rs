@@ -155,6 +155,11 @@ struct RunArgs {
     alarm_resync: qc::api::Duration,
     #[command(flatten)]
     endpoints: EndpointArgs,
+    /// The tenancy policy, as YAML or JSON: `{rules: [{namespaces: [...], queues: [...], accounts:
+    /// [...], roleArns: [...], requireRoleArn: BOOL}]}`. The first rule whose namespaces match decides;
+    /// a namespace no rule names gets no AWS call. Default: no rules (everything allowed).
+    #[arg(long, env = "QC_TENANCY_POLICY", value_name = "POLICY")]
+    tenancy_policy: Option<String>,
 }
 
 /// The endpoints a manifest's spec.queue.endpoint may name: `run` and `check`/`plan --live` sign
@@ -376,6 +381,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let allowed_endpoints =
         qc::aws::endpoints::AllowedEndpoints::parse(&args.endpoints.allowed_endpoints)
             .context("--allowed-endpoint (chart value aws.allowedEndpoints)")?;
+    let tenancy = qc::tenancy::TenancyPolicy::parse(args.tenancy_policy.as_deref().unwrap_or(""))
+        .context("--tenancy-policy (chart value tenancy)")?;
     let render = qc::render::RenderOptions {
         worker_image: args
             .worker_image
@@ -396,6 +403,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             Some(identity),
         );
         ctx.endpoints = allowed_endpoints;
+        ctx.tenancy = tenancy;
         let ctx = std::sync::Arc::new(ctx);
         qc::controller::run::run(ctx, opts, shutdown_signal())
             .await

@@ -4,6 +4,7 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 
 use crate::api::QueueConsumer;
+use crate::aws::ObserveError;
 use crate::aws::cloudwatch::AlarmDeletion;
 
 use super::pipeline::alarm_name;
@@ -16,22 +17,35 @@ pub(super) async fn cleanup(
     qc: &QueueConsumer,
     ctx: &Context,
     qcs: &Api<QueueConsumer>,
-    clients: Option<&observe::AwsClients>,
+    clients: Result<&observe::AwsClients, &ObserveError>,
 ) -> Result<Action, Error> {
     if !alarm::has_finalizer(qc) {
         return Ok(Action::await_change());
     }
     let name = alarm_name(qc);
-    let Some(clients) = clients else {
-        ctx.event(
-            qc,
-            true,
-            crate::api::conditions::reason::ENDPOINT_NOT_ALLOWED,
-            format!("CloudWatch alarm {name} was not deleted: spec.queue.endpoint is not allowed by this operator, so no request is sent to it"),
-        )
-        .await;
-        alarm::remove_finalizer(qc, qcs).await?;
-        return Ok(Action::await_change());
+    let clients = match clients {
+        Ok(c) => c,
+        Err(refused) => {
+            let why = match refused {
+                ObserveError::EndpointNotAllowed(_) => {
+                    "spec.queue.endpoint is not allowed by this operator, so no request is sent to it"
+                }
+                _ => {
+                    "this operator's tenancy policy refuses the QueueConsumer, so no AWS call is made for it"
+                }
+            };
+            ctx.event(
+                qc,
+                true,
+                refused.reason(),
+                format!(
+                    "CloudWatch alarm {name} was not deleted: {why}; delete it by hand if it exists"
+                ),
+            )
+            .await;
+            alarm::remove_finalizer(qc, qcs).await?;
+            return Ok(Action::await_change());
+        }
     };
     match clients.alarms.delete(&name, &alarm::owner(qc)).await {
         Ok(AlarmDeletion::Deleted | AlarmDeletion::Absent) => {}

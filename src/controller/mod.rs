@@ -39,8 +39,9 @@ use serde_json::json;
 
 use crate::api::{API_VERSION, KIND, QueueConsumer, QueueConsumerStatus};
 use crate::aws::ObserveError;
-use crate::aws::endpoints::{AllowedEndpoints, EndpointError};
+use crate::aws::endpoints::AllowedEndpoints;
 use crate::render::RenderOptions;
+use crate::tenancy::{TenancyPolicy, Tenant};
 
 use self::alarm::AlarmChange;
 use self::apply::{Applied, FIELD_MANAGER, SCALER_FIELD_MANAGER};
@@ -69,6 +70,9 @@ pub struct Context {
     /// Endpoints a QueueConsumer may name in `spec.queue.endpoint` (AWS's own only, unless the
     /// operator allows more).
     pub endpoints: AllowedEndpoints,
+    /// Which namespaces may name which queues, accounts and roles (everything, unless the operator
+    /// sets rules).
+    pub tenancy: TenancyPolicy,
     pub recorder: Recorder,
     reporter: Reporter,
     pub metrics: Metrics,
@@ -103,6 +107,7 @@ impl Context {
             workers: workers::Windows::new(),
             render,
             endpoints: AllowedEndpoints::aws_only(),
+            tenancy: TenancyPolicy::allow_all(),
             recorder,
             reporter,
             metrics: Metrics::default(),
@@ -160,7 +165,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     let name = qc.name_any();
     let qcs: Api<QueueConsumer> = Api::namespaced(ctx.client.clone(), &ns);
     let (region, endpoint) = observe::aws_target(&qc.spec);
-    let clients = aws_clients(ctx, region.as_deref(), endpoint.as_deref()).await;
+    let clients = aws_clients(ctx, qc, &ns, region.as_deref(), endpoint.as_deref()).await;
 
     if qc.metadata.deletion_timestamp.is_some() {
         ctx.scaling.forget(&ConsumerKey::of(qc));
@@ -168,7 +173,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         ctx.workers.forget(&ConsumerKey::of(qc));
         crate::sync::lock(&ctx.status_written).remove(&ConsumerKey::of(qc));
         ctx.metrics.consumers.remove(&ns, &qc.name_any());
-        return cleanup::cleanup(qc, ctx, &qcs, clients.as_ref().ok()).await;
+        return cleanup::cleanup(qc, ctx, &qcs, clients.as_ref()).await;
     }
 
     // observe
@@ -184,7 +189,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
                 )
                 .await
         }
-        Err(refused) => Err(ObserveError::EndpointNotAllowed(refused.clone())),
+        Err(refused) => Err(refused.clone()),
     };
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
     let live = deployments
@@ -362,8 +367,9 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     alarm_events(qc, ctx, &alarm_change, &alarm_status).await;
 
     match observed {
-        // Only a change of the spec (or of the operator's allow-list, which restarts it) can help.
-        Err(ObserveError::EndpointNotAllowed(_)) => return Ok(Action::await_change()),
+        // Only a change of the spec (or of the operator's allow-list or tenancy policy, which
+        // restarts it) can help.
+        Err(e) if e.is_refusal() => return Ok(Action::await_change()),
         Err(e) => return Err(Error::ObserveQueue(e)),
         Ok(_) => {}
     }
@@ -385,17 +391,25 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     })))
 }
 
-/// The SDK clients for this QueueConsumer's region and endpoint. A tenant's endpoint the operator does
-/// not allow gets no request, signed or not: no client for it is even built.
+/// The SDK clients for this QueueConsumer's region and endpoint. A QueueConsumer the tenancy policy
+/// refuses, or a tenant's endpoint the operator does not allow, gets no request, signed or not: no
+/// client for it is even built.
 async fn aws_clients(
     ctx: &Context,
+    qc: &QueueConsumer,
+    ns: &str,
     region: Option<&str>,
     endpoint: Option<&str>,
-) -> Result<AwsClients, EndpointError> {
-    match endpoint.map(|e| ctx.endpoints.check(e)) {
-        Some(Err(refused)) => Err(refused),
-        _ => Ok(ctx.aws.clients(region, endpoint).await),
+) -> Result<AwsClients, ObserveError> {
+    ctx.tenancy
+        .check(&Tenant::of(ns, &qc.spec, region))
+        .map_err(ObserveError::NotAllowedByPolicy)?;
+    if let Some(e) = endpoint {
+        ctx.endpoints
+            .check(e)
+            .map_err(ObserveError::EndpointNotAllowed)?;
     }
+    Ok(ctx.aws.clients(region, endpoint).await)
 }
 
 /// Server-side apply of the rendered Deployment when it differs from `deployment` (the one this

@@ -291,11 +291,17 @@ fn queue_reachable(i: &StatusInputs<'_>) -> Cond {
             QUEUE_NOT_READ,
             OFFLINE.to_string(),
         ),
-        Observation::Failed(e @ ObserveError::EndpointNotAllowed(_)) => Cond::new(
+        Observation::Failed(e) if e.is_refusal() => Cond::new(
             conditions::QUEUE_REACHABLE,
             Status::Unknown,
             e.reason(),
-            "not read: spec.queue.endpoint is not allowed (see ConfigValid)".to_string(),
+            match e {
+                ObserveError::EndpointNotAllowed(_) => {
+                    "not read: spec.queue.endpoint is not allowed (see ConfigValid)"
+                }
+                _ => "not read: this operator's tenancy policy refuses the QueueConsumer (see ConfigValid)",
+            }
+            .to_string(),
         ),
         Observation::Failed(e) => Cond::new(
             conditions::QUEUE_REACHABLE,
@@ -311,7 +317,9 @@ fn config_valid(i: &StatusInputs<'_>) -> Cond {
     if let Some(e) = i.rollout.render_error() {
         return Cond::new(t, Status::False, e.reason(), e.to_string());
     }
-    if let Observation::Failed(e @ ObserveError::EndpointNotAllowed(_)) = i.facts {
+    if let Observation::Failed(e) = i.facts
+        && e.is_refusal()
+    {
         return Cond::new(
             t,
             Status::False,
@@ -551,12 +559,12 @@ fn ready(i: &StatusInputs<'_>, queue: &Cond, config: &Cond, name: &str) -> Cond 
         );
     }
     if config.status == Status::False {
-        return Cond::new(
-            t,
-            Status::False,
-            reason::CONFIG_INVALID,
-            config.message.clone(),
-        );
+        // A tenancy refusal is its own reason: what to fix is not in the spec's settings alone.
+        let why = match i.facts {
+            Observation::Failed(e @ ObserveError::NotAllowedByPolicy(_)) => e.reason(),
+            _ => reason::CONFIG_INVALID,
+        };
+        return Cond::new(t, Status::False, why, config.message.clone());
     }
     if matches!(i.rollout, Rollout::HeldForeignDeployment) {
         return Cond::new(

@@ -266,6 +266,10 @@ pub fn deployment(qc: &QueueConsumer, opts: &RenderOptions) -> Result<Deployment
         }
     }
 
+    // qc-worker never calls the Kubernetes API, so the pods get no API token unless the user's template
+    // asks for one. IRSA and EKS Pod Identity project tokens of their own and are unaffected.
+    pod.automount_service_account_token.get_or_insert(false);
+
     let grace = termination_grace_seconds(spec);
     pod.termination_grace_period_seconds = Some(
         pod.termination_grace_period_seconds

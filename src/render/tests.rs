@@ -739,3 +739,24 @@ fn exec_container_gets_the_restricted_fields_it_leaves_unset() {
     assert_eq!(sc.run_as_non_root, None);
     assert_eq!(sc.privileged, Some(true));
 }
+
+/// qc-worker never calls the Kubernetes API: the pod gets no API token unless the user's template asks
+/// for one, in either layout. The service account stays the template's (one of the pod's namespace).
+#[test]
+fn the_pod_mounts_no_api_token_unless_the_template_asks() {
+    for layout in [http_spec(), exec_spec()] {
+        let d = render(layout.clone());
+        let p = pod(&d);
+        assert_eq!(p.automount_service_account_token, Some(false));
+        assert_eq!(p.service_account_name, None);
+        for asked in [true, false] {
+            let mut spec = layout.clone();
+            spec["template"]["spec"]["automountServiceAccountToken"] = json!(asked);
+            spec["template"]["spec"]["serviceAccountName"] = json!("orders");
+            let d = render(spec);
+            let p = pod(&d);
+            assert_eq!(p.automount_service_account_token, Some(asked));
+            assert_eq!(p.service_account_name.as_deref(), Some("orders"));
+        }
+    }
+}

@@ -184,6 +184,30 @@ fn manifest_rows() -> Vec<Row> {
             ],
         ),
         row(
+            "role_arn_a_user",
+            vec![(
+                "/spec/aws/roleArn",
+                json!("arn:aws:iam::123456789012:user/alice"),
+            )],
+            &[
+                "aws.roleArn must be an IAM role ARN",
+                "role/orders-consumer",
+            ],
+        ),
+        row(
+            "role_arn_with_crlf",
+            vec![(
+                "/spec/aws/roleArn",
+                json!("arn:aws:iam::123456789012:role/a\r\nX: y"),
+            )],
+            &["aws.roleArn must be an IAM role ARN"],
+        ),
+        row(
+            "aws_unknown_field",
+            vec![("/spec/aws/role", json!("arn:aws:iam::123456789012:role/a"))],
+            &["spec.aws", "unknown field `role`"],
+        ),
+        row(
             "containers_empty",
             vec![("/spec/template", json!({"spec": {"containers": []}}))],
             &[
@@ -720,5 +744,128 @@ fn chart_values_for_allowed_endpoints() {
     assert!(
         !default.contains("--allowed-endpoint"),
         "default: AWS's own endpoints only"
+    );
+}
+
+/// `qc-operator run` refuses a bad tenancy policy before it touches the cluster, naming the rule.
+#[test]
+fn run_rejects_a_bad_tenancy_policy_at_start() {
+    let rows: [(&str, &[&str], Option<&str>, &str); 2] = [
+        (
+            "run_flag_queue_not_an_arn",
+            &[
+                "--tenancy-policy",
+                r#"{"rules":[{"namespaces":["a"],"queues":["team-a-*"]}]}"#,
+            ],
+            None,
+            "rules[0].queues",
+        ),
+        (
+            "run_env_unknown_field",
+            &[],
+            Some("rules: [{namespaces: [a], roles: [x]}]"),
+            "roles",
+        ),
+    ];
+    for (name, args, env, expect) in rows {
+        let mut cmd = operator();
+        cmd.arg("run").args(args).env_remove("QC_TENANCY_POLICY");
+        cmd.env("KUBECONFIG", "/nonexistent")
+            .env_remove("KUBERNETES_SERVICE_HOST");
+        if let Some(v) = env {
+            cmd.env("QC_TENANCY_POLICY", v);
+        }
+        let out = cmd.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name}");
+        assert!(
+            text.contains("--tenancy-policy") && text.contains("tenancy") && text.contains(expect),
+            "{name}: {text}"
+        );
+    }
+}
+
+/// Chart values of the tenancy policy: the schema names the value; rules become the controller's
+/// QC_TENANCY_POLICY, which the controller reads as the same policy; the default sets nothing.
+#[test]
+fn chart_values_for_the_tenancy_policy() {
+    let rows: [(&str, &str); 4] = [
+        (
+            "chart_tenancy_rule_without_namespaces",
+            r#"tenancy.rules=[{"queues":["*"]}]"#,
+        ),
+        (
+            "chart_tenancy_unknown_field",
+            r#"tenancy.rules=[{"namespaces":["a"],"role":"x"}]"#,
+        ),
+        (
+            "chart_tenancy_queue_not_an_arn",
+            r#"tenancy.rules=[{"namespaces":["a"],"queues":["team-a-*"]}]"#,
+        ),
+        (
+            "chart_tenancy_namespace_uppercase",
+            r#"tenancy.rules=[{"namespaces":["Team-A"]}]"#,
+        ),
+    ];
+    for (name, value) in rows {
+        let Some(result) = helm_template(&["--set-json", value]) else {
+            return;
+        };
+        match result {
+            Ok(_) => panic!("{name}: rendered; it must fail"),
+            Err(msg) => assert!(msg.contains("tenancy"), "{name}: {msg}"),
+        }
+    }
+    let preset = r#"tenancy.rules=[{"namespaces":["*"],"requireRoleArn":true,"roleArns":["arn:aws:iam::*:role/qc-{namespace}-*"],"queues":["arn:aws:sqs:*:*:{namespace}-*"]}]"#;
+    let Some(ok) = helm_template(&["--set-json", preset]) else {
+        return;
+    };
+    let ok = ok.unwrap();
+    let docs: Vec<Value> = ok
+        .split("\n---")
+        .filter_map(|d| serde_saphyr::from_str::<Value>(d).ok())
+        .collect();
+    let env = docs
+        .iter()
+        .filter(|d| d["kind"] == "Deployment")
+        .filter_map(|d| {
+            d["spec"]["template"]["spec"]["containers"][0]["env"]
+                .as_array()
+                .cloned()
+        })
+        .flatten()
+        .find(|e| e["name"] == "QC_TENANCY_POLICY")
+        .unwrap_or_else(|| panic!("no QC_TENANCY_POLICY in {ok}"));
+    let policy = qc::tenancy::TenancyPolicy::parse(env["value"].as_str().unwrap()).unwrap();
+    let url = "https://sqs.us-east-1.amazonaws.com/111111111111/team-a-orders";
+    let tenant = |ns, role| qc::tenancy::Tenant {
+        namespace: ns,
+        queue_url: url,
+        region: Some("us-east-1"),
+        role_arn: role,
+    };
+    assert!(
+        policy.check(&tenant("team-a", None)).is_err(),
+        "the preset requires a role"
+    );
+    policy
+        .check(&tenant(
+            "team-a",
+            Some("arn:aws:iam::111111111111:role/qc-team-a-orders"),
+        ))
+        .unwrap();
+    assert!(
+        policy
+            .check(&tenant(
+                "team-b",
+                Some("arn:aws:iam::111111111111:role/qc-team-b-orders")
+            ))
+            .is_err(),
+        "another namespace's queue"
+    );
+    let default = helm_template(&[]).unwrap().unwrap();
+    assert!(
+        !default.contains("QC_TENANCY_POLICY"),
+        "default: no rules, one tenant"
     );
 }

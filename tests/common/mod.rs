@@ -119,3 +119,43 @@ pub async fn put_oldest_age(cw: &aws_sdk_cloudwatch::Client, queue_name: &str, s
         .await
         .unwrap();
 }
+
+/// A TCP forwarder to the test server that counts the connections made to it: the endpoint of a
+/// QueueConsumer whose AWS traffic a test counts (zero: nothing of it reached AWS).
+pub struct CountingProxy {
+    pub endpoint: String,
+    pub connections: std::sync::Arc<AtomicU32>,
+}
+
+impl CountingProxy {
+    pub fn count(&self) -> u32 {
+        self.connections.load(Ordering::SeqCst)
+    }
+}
+
+/// A [`CountingProxy`] in front of `to` (`http://HOST:PORT`, such as [`sqs_endpoint`]).
+pub async fn counting_proxy(to: &str) -> CountingProxy {
+    let target = to
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", l.local_addr().unwrap());
+    let connections = std::sync::Arc::new(AtomicU32::new(0));
+    let count = connections.clone();
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = l.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let target = target.clone();
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    CountingProxy {
+        endpoint,
+        connections,
+    }
+}

@@ -1,0 +1,620 @@
+//! The operator's tenancy policy: which namespaces may name which queues, accounts and IAM roles, and
+//! whether a role is required (chart value `tenancy`, `qc-operator run --tenancy-policy`).
+//! Pure: the policy and one QueueConsumer's identity in, a verdict out. The controller makes no AWS call
+//! for a QueueConsumer the policy refuses.
+
+use serde::Deserialize;
+
+use crate::aws::QueueId;
+
+/// The chart value an operator sets the policy with, named in every refusal.
+pub const POLICY_SETTING: &str = "tenancy.rules";
+
+/// Stands for the QueueConsumer's namespace in any pattern of a rule.
+pub const NAMESPACE_PLACEHOLDER: &str = "{namespace}";
+
+/// Why a policy could not be read, or why it refuses a QueueConsumer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TenancyError {
+    #[error("tenancy policy: {at}: {problem}")]
+    BadPolicy { at: String, problem: String },
+    #[error(
+        "namespace {namespace:?} is in no rule of this operator's tenancy policy, so its QueueConsumers get no AWS call: ask the operator's administrator to add a rule naming it to the chart value {POLICY_SETTING}"
+    )]
+    NamespaceNotInPolicy { namespace: String },
+    #[error(
+        "spec.queue.url names queue {arn}, which the tenancy policy does not allow in namespace {namespace:?} (rule {rule} allows {allowed}): name a queue it allows, or ask the operator's administrator to add it to {POLICY_SETTING}[{rule}].queues"
+    )]
+    QueueNotAllowed {
+        namespace: String,
+        arn: String,
+        rule: usize,
+        allowed: String,
+    },
+    #[error(
+        "spec.queue.url names a queue of AWS account {account}, which the tenancy policy does not allow in namespace {namespace:?} (rule {rule} allows {allowed}): name a queue of an allowed account, or ask the operator's administrator to add it to {POLICY_SETTING}[{rule}].accounts"
+    )]
+    AccountNotAllowed {
+        namespace: String,
+        account: String,
+        rule: usize,
+        allowed: String,
+    },
+    #[error(
+        "spec.aws.roleArn is required in namespace {namespace:?} (the tenancy policy's rule {rule} sets requireRoleArn): set spec.aws.roleArn to an IAM role whose policy allows this queue (rule {rule} allows {allowed})"
+    )]
+    RoleArnRequired {
+        namespace: String,
+        rule: usize,
+        allowed: String,
+    },
+    #[error(
+        "spec.aws.roleArn {role} is not allowed in namespace {namespace:?} by the tenancy policy (rule {rule} allows {allowed}): name a role it allows, or ask the operator's administrator to add it to {POLICY_SETTING}[{rule}].roleArns"
+    )]
+    RoleArnNotAllowed {
+        namespace: String,
+        role: String,
+        rule: usize,
+        allowed: String,
+    },
+}
+
+impl TenancyError {
+    /// CamelCase reason for conditions and Events.
+    pub fn reason(&self) -> &'static str {
+        use crate::api::conditions::reason;
+        match self {
+            TenancyError::BadPolicy { .. } => "InvalidTenancyPolicy",
+            TenancyError::NamespaceNotInPolicy { .. } => reason::NAMESPACE_NOT_IN_POLICY,
+            TenancyError::QueueNotAllowed { .. } => reason::QUEUE_NOT_ALLOWED,
+            TenancyError::AccountNotAllowed { .. } => reason::ACCOUNT_NOT_ALLOWED,
+            TenancyError::RoleArnRequired { .. } => reason::ROLE_ARN_REQUIRED,
+            TenancyError::RoleArnNotAllowed { .. } => reason::ROLE_ARN_NOT_ALLOWED,
+        }
+    }
+}
+
+/// The policy as the operator writes it (YAML or JSON): `{rules: [...]}`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct PolicyText {
+    #[serde(default)]
+    rules: Vec<RuleText>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RuleText {
+    namespaces: Vec<String>,
+    #[serde(default)]
+    require_role_arn: bool,
+    #[serde(default)]
+    queues: Option<Vec<String>>,
+    #[serde(default)]
+    accounts: Option<Vec<String>>,
+    #[serde(default)]
+    role_arns: Option<Vec<String>>,
+}
+
+/// One rule: the namespaces it is for and what they may name. A list left out allows anything; an
+/// empty list allows nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Rule {
+    namespaces: Vec<Glob>,
+    require_role_arn: bool,
+    queues: Option<Vec<Glob>>,
+    accounts: Option<Vec<Glob>>,
+    role_arns: Option<Vec<Glob>>,
+}
+
+/// The rules; the first whose `namespaces` matches a QueueConsumer's namespace decides for it. No rules
+/// at all (the default) allows everything: one tenant, the controller's own identity.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TenancyPolicy {
+    rules: Vec<Rule>,
+}
+
+/// What the policy looks at in one QueueConsumer.
+#[derive(Clone, Copy, Debug)]
+pub struct Tenant<'a> {
+    pub namespace: &'a str,
+    pub queue_url: &'a str,
+    /// The region its clients use (`render::region`).
+    pub region: Option<&'a str>,
+    pub role_arn: Option<&'a str>,
+}
+
+impl<'a> Tenant<'a> {
+    pub fn of(
+        namespace: &'a str,
+        spec: &'a crate::api::QueueConsumerSpec,
+        region: Option<&'a str>,
+    ) -> Self {
+        Tenant {
+            namespace,
+            queue_url: &spec.queue.url,
+            region,
+            role_arn: spec.aws.role_arn.as_deref(),
+        }
+    }
+}
+
+impl TenancyPolicy {
+    /// Everything allowed (no rules).
+    pub fn allow_all() -> Self {
+        Self::default()
+    }
+
+    /// Whether any rule is set.
+    pub fn is_open(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    /// Parse the policy text (YAML or JSON). Blank text is the default (no rules).
+    pub fn parse(text: &str) -> Result<Self, TenancyError> {
+        if text.trim().is_empty() {
+            return Ok(Self::default());
+        }
+        let parsed: PolicyText =
+            serde_saphyr::from_str(text).map_err(|e| TenancyError::BadPolicy {
+                at: "the text".into(),
+                problem: format!(
+                    "{e}; write {{rules: [{{namespaces: [team-a], queues: [\"arn:aws:sqs:*:123456789012:team-a-*\"], requireRoleArn: true}}]}}"
+                ),
+            })?;
+        let rules = parsed
+            .rules
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| rule(i, r))
+            .collect::<Result<_, _>>()?;
+        Ok(TenancyPolicy { rules })
+    }
+
+    /// Whether the QueueConsumer may have AWS calls made for it.
+    pub fn check(&self, t: &Tenant<'_>) -> Result<(), TenancyError> {
+        if self.rules.is_empty() {
+            return Ok(());
+        }
+        let ns = t.namespace;
+        let Some((i, rule)) = self
+            .rules
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.namespaces.iter().any(|g| g.matches(ns, ns)))
+        else {
+            return Err(TenancyError::NamespaceNotInPolicy {
+                namespace: ns.to_string(),
+            });
+        };
+        let id = QueueId::of(t.region, t.queue_url);
+        if let Some(allowed) = &rule.accounts
+            && !allowed.iter().any(|g| g.matches(&id.account, ns))
+        {
+            return Err(TenancyError::AccountNotAllowed {
+                namespace: ns.to_string(),
+                account: id.account,
+                rule: i,
+                allowed: listed(allowed, ns),
+            });
+        }
+        if let Some(allowed) = &rule.queues {
+            let arn = queue_arn(&id);
+            if !allowed.iter().any(|g| g.matches(&arn, ns)) {
+                return Err(TenancyError::QueueNotAllowed {
+                    namespace: ns.to_string(),
+                    arn,
+                    rule: i,
+                    allowed: listed(allowed, ns),
+                });
+            }
+        }
+        match t.role_arn {
+            None if rule.require_role_arn => Err(TenancyError::RoleArnRequired {
+                namespace: ns.to_string(),
+                rule: i,
+                allowed: rule
+                    .role_arns
+                    .as_ref()
+                    .map_or_else(|| "any role".to_string(), |a| listed(a, ns)),
+            }),
+            Some(role) => match &rule.role_arns {
+                Some(allowed) if !allowed.iter().any(|g| g.matches(role, ns)) => {
+                    Err(TenancyError::RoleArnNotAllowed {
+                        namespace: ns.to_string(),
+                        role: role.to_string(),
+                        rule: i,
+                        allowed: listed(allowed, ns),
+                    })
+                }
+                _ => Ok(()),
+            },
+            None => Ok(()),
+        }
+    }
+}
+
+/// The ARN of the queue a client in its region reaches: `arn:PARTITION:sqs:REGION:ACCOUNT:NAME`. An
+/// unknown region (an emulator's URL without `spec.queue.region`) leaves the region part empty, which
+/// only a `*` matches.
+pub fn queue_arn(id: &QueueId) -> String {
+    let region = id.region.as_deref().unwrap_or("");
+    format!(
+        "arn:{}:sqs:{region}:{}:{}",
+        partition(region),
+        id.account,
+        id.name
+    )
+}
+
+/// The AWS partition of a region.
+pub fn partition(region: &str) -> &'static str {
+    if region.starts_with("cn-") {
+        "aws-cn"
+    } else if region.starts_with("us-gov-") {
+        "aws-us-gov"
+    } else {
+        "aws"
+    }
+}
+
+/// The patterns as a rule lists them for this namespace, for a refusal's message.
+fn listed(globs: &[Glob], namespace: &str) -> String {
+    if globs.is_empty() {
+        return "none".to_string();
+    }
+    globs
+        .iter()
+        .map(|g| g.text.replace(NAMESPACE_PLACEHOLDER, namespace))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// An IAM-style pattern: `*` any run of characters (none included), `?` one character,
+/// `{namespace}` the QueueConsumer's namespace; everything else literal and case-sensitive.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Glob {
+    text: String,
+}
+
+impl Glob {
+    fn matches(&self, value: &str, namespace: &str) -> bool {
+        let pattern = self.text.replace(NAMESPACE_PLACEHOLDER, namespace);
+        glob_match(pattern.as_bytes(), value.as_bytes())
+    }
+}
+
+/// `*` and `?` matching by the greedy algorithm with one backtrack point (linear in practice).
+fn glob_match(p: &[u8], v: &[u8]) -> bool {
+    let (mut pi, mut vi) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while vi < v.len() {
+        match p.get(pi) {
+            Some(b'*') => {
+                star = Some((pi, vi));
+                pi += 1;
+            }
+            Some(&c) if c == b'?' || c == v[vi] => {
+                pi += 1;
+                vi += 1;
+            }
+            _ => match star {
+                Some((sp, sv)) => {
+                    pi = sp + 1;
+                    vi = sv + 1;
+                    star = Some((sp, sv + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    p[pi..].iter().all(|&c| c == b'*')
+}
+
+fn rule(i: usize, r: RuleText) -> Result<Rule, TenancyError> {
+    let bad = |field: &str, problem: String| TenancyError::BadPolicy {
+        at: format!("rules[{i}].{field}"),
+        problem,
+    };
+    if r.namespaces.is_empty() {
+        return Err(bad(
+            "namespaces",
+            "empty: list the namespaces the rule is for, e.g. [team-a] or [\"team-*\"] or [\"*\"]"
+                .into(),
+        ));
+    }
+    let namespaces = r
+        .namespaces
+        .into_iter()
+        .map(|p| {
+            let ok = !p.is_empty()
+                && !p.contains(NAMESPACE_PLACEHOLDER)
+                && p
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-*?".contains(&b));
+            if ok {
+                Ok(Glob { text: p })
+            } else {
+                Err(bad(
+                    "namespaces",
+                    format!("{p:?} is not a namespace pattern: lowercase letters, digits, '-', and '*' or '?' as wildcards"),
+                ))
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    let queues = globs(r.queues, |p| {
+        let parts: Vec<&str> = p.split(':').collect();
+        (p == "*" || (parts.len() == 6 && parts[0] == "arn" && glob_match(parts[2].as_bytes(), b"sqs")))
+            .then_some(())
+            .ok_or_else(|| bad("queues", format!("{p:?} is not a queue ARN pattern: write arn:aws:sqs:REGION:ACCOUNT:NAME with '*' or '?' as wildcards, e.g. arn:aws:sqs:*:123456789012:{NAMESPACE_PLACEHOLDER}-*")))
+    })?;
+    let accounts = globs(r.accounts, |p| {
+        let plain = p.replace(NAMESPACE_PLACEHOLDER, "");
+        (!p.is_empty() && plain.bytes().all(|b| b.is_ascii_digit() || b"*?".contains(&b)))
+            .then_some(())
+            .ok_or_else(|| bad("accounts", format!("{p:?} is not an AWS account pattern: twelve digits, e.g. \"123456789012\" (quoted in YAML), or '*'")))
+    })?;
+    let role_arns = globs(r.role_arns, |p| {
+        let parts: Vec<&str> = p.splitn(6, ':').collect();
+        (p == "*" || (parts.len() == 6 && parts[0] == "arn" && glob_match(parts[2].as_bytes(), b"iam")))
+            .then_some(())
+            .ok_or_else(|| bad("roleArns", format!("{p:?} is not an IAM role ARN pattern: write arn:aws:iam::ACCOUNT:role/NAME with '*' or '?' as wildcards, e.g. arn:aws:iam::123456789012:role/qc-{NAMESPACE_PLACEHOLDER}-*")))
+    })?;
+    Ok(Rule {
+        namespaces,
+        require_role_arn: r.require_role_arn,
+        queues,
+        accounts,
+        role_arns,
+    })
+}
+
+fn globs(
+    list: Option<Vec<String>>,
+    check: impl Fn(&str) -> Result<(), TenancyError>,
+) -> Result<Option<Vec<Glob>>, TenancyError> {
+    list.map(|l| {
+        l.into_iter()
+            .map(|p| {
+                let p = p.trim().to_string();
+                if p.chars().any(|c| c.is_control() || c.is_whitespace()) {
+                    return Err(TenancyError::BadPolicy {
+                        at: format!("pattern {p:?}"),
+                        problem: "holds whitespace or control characters".into(),
+                    });
+                }
+                check(&p)?;
+                Ok(Glob { text: p })
+            })
+            .collect()
+    })
+    .transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const URL: &str = "https://sqs.us-east-1.amazonaws.com/111111111111/team-a-orders";
+    const OTHER: &str = "https://sqs.us-east-1.amazonaws.com/999999999999/team-b-orders";
+    const ROLE: &str = "arn:aws:iam::111111111111:role/qc-team-a-orders";
+
+    fn tenant<'a>(ns: &'a str, url: &'a str, role: Option<&'a str>) -> Tenant<'a> {
+        Tenant {
+            namespace: ns,
+            queue_url: url,
+            region: Some("us-east-1"),
+            role_arn: role,
+        }
+    }
+
+    /// The chart's multi-tenant preset: every namespace's queues are its own prefix in one account,
+    /// through a role of its own.
+    const MULTI: &str = r#"
+rules:
+  - namespaces: ["*"]
+    requireRoleArn: true
+    queues: ["arn:aws:sqs:*:111111111111:{namespace}-*"]
+    roleArns: ["arn:aws:iam::111111111111:role/qc-{namespace}-*"]
+"#;
+
+    #[test]
+    fn no_rules_allow_everything() {
+        let p = TenancyPolicy::parse("").unwrap();
+        assert!(p.is_open());
+        assert_eq!(p, TenancyPolicy::parse("rules: []").unwrap());
+        for t in [
+            tenant("team-a", URL, None),
+            tenant("team-a", OTHER, Some(ROLE)),
+        ] {
+            assert_eq!(p.check(&t), Ok(()));
+        }
+    }
+
+    #[test]
+    fn verdicts_by_table() {
+        let one_ns = r#"{"rules": [{"namespaces": ["team-a"], "accounts": ["111111111111"]},
+                                    {"namespaces": ["ops-*"]}]}"#;
+        let none = r#"{"rules": [{"namespaces": ["team-a"], "queues": [], "roleArns": []}]}"#;
+        let cases: &[(&str, &str, Tenant<'_>, Option<&str>)] = &[
+            (
+                "preset: own queue, own role",
+                MULTI,
+                tenant("team-a", URL, Some(ROLE)),
+                None,
+            ),
+            (
+                "preset: no role",
+                MULTI,
+                tenant("team-a", URL, None),
+                Some("RoleArnRequired"),
+            ),
+            (
+                "preset: another team's queue",
+                MULTI,
+                tenant(
+                    "team-b",
+                    URL,
+                    Some("arn:aws:iam::111111111111:role/qc-team-b-x"),
+                ),
+                Some("QueueNotAllowed"),
+            ),
+            (
+                "preset: another account's queue",
+                MULTI,
+                tenant("team-a", OTHER, Some(ROLE)),
+                Some("QueueNotAllowed"),
+            ),
+            (
+                "preset: another team's role",
+                MULTI,
+                tenant(
+                    "team-a",
+                    URL,
+                    Some("arn:aws:iam::111111111111:role/qc-team-b-orders"),
+                ),
+                Some("RoleArnNotAllowed"),
+            ),
+            (
+                "account rule: own account",
+                one_ns,
+                tenant("team-a", URL, None),
+                None,
+            ),
+            (
+                "account rule: another account",
+                one_ns,
+                tenant("team-a", OTHER, None),
+                Some("AccountNotAllowed"),
+            ),
+            (
+                "second rule by pattern",
+                one_ns,
+                tenant("ops-1", OTHER, Some(ROLE)),
+                None,
+            ),
+            (
+                "a namespace no rule names",
+                one_ns,
+                tenant("team-b", URL, None),
+                Some("NamespaceNotInPolicy"),
+            ),
+            (
+                "empty lists allow nothing",
+                none,
+                tenant("team-a", URL, None),
+                Some("QueueNotAllowed"),
+            ),
+        ];
+        for (name, policy, t, want) in cases {
+            let p = TenancyPolicy::parse(policy).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let got = p.check(t);
+            assert_eq!(
+                got.as_ref().err().map(TenancyError::reason),
+                *want,
+                "{name}: {got:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn refusals_name_the_field_the_rule_and_the_fix() {
+        let p = TenancyPolicy::parse(MULTI).unwrap();
+        let e = p
+            .check(&tenant("team-a", OTHER, Some(ROLE)))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("arn:aws:sqs:us-east-1:999999999999:team-b-orders"),
+            "{e}"
+        );
+        assert!(
+            e.contains("arn:aws:sqs:*:111111111111:team-a-*"),
+            "the namespace is filled in: {e}"
+        );
+        assert!(e.contains("tenancy.rules[0].queues"), "{e}");
+        let e = p
+            .check(&tenant("team-a", URL, None))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("spec.aws.roleArn is required"), "{e}");
+        assert!(
+            e.contains("arn:aws:iam::111111111111:role/qc-team-a-*"),
+            "{e}"
+        );
+        let e = TenancyPolicy::parse("rules: [{namespaces: [a], accounts: []}]")
+            .unwrap()
+            .check(&tenant("b", URL, None))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"b\" is in no rule") && e.contains("tenancy.rules"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_queue_arn_is_the_region_the_client_uses() {
+        let id = QueueId::of(Some("cn-north-1"), "http://localhost:4566/000000000000/q");
+        assert_eq!(queue_arn(&id), "arn:aws-cn:sqs:cn-north-1:000000000000:q");
+        let id = QueueId::of(None, "http://localhost:4566/000000000000/q");
+        assert_eq!(queue_arn(&id), "arn:aws:sqs::000000000000:q");
+        assert_eq!(partition("us-gov-west-1"), "aws-us-gov");
+    }
+
+    #[test]
+    fn globs_match_like_iam() {
+        let g = |p: &str, v: &str| glob_match(p.as_bytes(), v.as_bytes());
+        assert!(g("*", ""));
+        assert!(g("a*c", "abbbc"));
+        assert!(g("a*c", "ac"));
+        assert!(!g("a*c", "abd"));
+        assert!(g("a?c", "abc"));
+        assert!(!g("a?c", "ac"));
+        assert!(g(
+            "arn:aws:sqs:*:1:team-a-*",
+            "arn:aws:sqs:us-east-1:1:team-a-orders"
+        ));
+        assert!(!g(
+            "arn:aws:sqs:*:1:team-a-*",
+            "arn:aws:sqs:us-east-1:1:team-ab"
+        ));
+        assert!(g("*a*b*", "xxaxxbxx"));
+        assert!(!g("Team", "team"), "case-sensitive");
+    }
+
+    #[test]
+    fn bad_policies_name_where_and_how() {
+        for (text, at) in [
+            ("rules: [{namespaces: []}]", "rules[0].namespaces"),
+            ("rules: [{namespaces: [Team_A]}]", "rules[0].namespaces"),
+            (
+                "rules: [{namespaces: [\"{namespace}\"]}]",
+                "rules[0].namespaces",
+            ),
+            (
+                "rules: [{namespaces: [a]}, {namespaces: [b], queues: [team-b-*]}]",
+                "rules[1].queues",
+            ),
+            (
+                "rules: [{namespaces: [a], queues: [\"arn:aws:iam::1:role/x\"]}]",
+                "rules[0].queues",
+            ),
+            (
+                "rules: [{namespaces: [a], accounts: [abc]}]",
+                "rules[0].accounts",
+            ),
+            (
+                "rules: [{namespaces: [a], roleArns: [\"arn:aws:sqs:x:1:q\"]}]",
+                "rules[0].roleArns",
+            ),
+            ("rules: [{namespaces: [a], queue: [\"*\"]}]", "the text"),
+            ("rules: {namespaces: [a]}", "the text"),
+        ] {
+            let e = TenancyPolicy::parse(text).expect_err(text);
+            assert_eq!(e.reason(), "InvalidTenancyPolicy", "{text}");
+            let msg = e.to_string();
+            assert!(msg.contains(at), "{text}: {msg}");
+        }
+    }
+}
