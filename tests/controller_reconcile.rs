@@ -1027,3 +1027,63 @@ async fn a_busy_queues_counts_are_written_once_per_refresh_and_fresh_in_the_metr
         Some(0.0)
     );
 }
+
+#[tokio::test]
+async fn alarm_actions_notify_the_topics_the_spec_names() {
+    let e = env().await;
+    let topic = |n: &str| format!("arn:aws:sns:us-east-1:123456789012:{n}");
+    let mut m = qc_manifest("orders", &e.url, true);
+    m["spec"]["deadLetter"]["alarmActions"] = json!([topic("oncall")]);
+    e.fake.create(QUEUE_CONSUMERS, m);
+    e.reconcile("orders").await.unwrap();
+    let name = e
+        .qc("orders")
+        .status
+        .unwrap()
+        .dead_letter
+        .unwrap()
+        .alarm_name
+        .unwrap();
+    let actions = || async {
+        let out = e
+            .cloudwatch_client
+            .describe_alarms()
+            .alarm_names(&name)
+            .send()
+            .await
+            .unwrap();
+        let a = out
+            .metric_alarms
+            .unwrap_or_default()
+            .pop()
+            .expect("the alarm exists");
+        assert_ne!(a.actions_enabled, Some(false), "actions enabled");
+        let mut got = a.alarm_actions.unwrap_or_default();
+        got.sort();
+        got
+    };
+    assert_eq!(actions().await, vec![topic("oncall")]);
+    let puts = e.alarms.puts.load(Ordering::SeqCst);
+    e.next_poll().await;
+    e.reconcile("orders").await.unwrap();
+    assert_eq!(
+        e.alarms.puts.load(Ordering::SeqCst),
+        puts,
+        "in sync: not written again"
+    );
+
+    // Another topic added (listed out of order): the alarm notifies both.
+    e.fake.update(QUEUE_CONSUMERS, NS, "orders", |q| {
+        q["spec"]["deadLetter"]["alarmActions"] = json!([topic("team"), topic("oncall")]);
+    });
+    e.reconcile("orders").await.unwrap();
+    assert_eq!(actions().await, vec![topic("oncall"), topic("team")]);
+
+    // Removed: the alarm notifies nobody again, and is kept.
+    e.fake.update(QUEUE_CONSUMERS, NS, "orders", |q| {
+        q["spec"]["deadLetter"]["alarmActions"] = json!([]);
+    });
+    e.reconcile("orders").await.unwrap();
+    assert_eq!(actions().await, Vec::<String>::new());
+    assert_eq!(e.condition("orders", "AlarmSynced").status, "True");
+}

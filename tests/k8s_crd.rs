@@ -165,6 +165,10 @@ fn valid_manifests() -> Vec<(String, String)> {
             "  handler: {http: {}}\n  processing: {p99: 1s}\n  aws: {roleArn: 'arn:aws:iam::123456789012:role/qc-team-a-orders'}\n",
         ),
         (
+            "alarm actions (tests/controller_reconcile.rs)",
+            "  handler: {http: {}}\n  processing: {p99: 1s}\n  deadLetter: {alarmActions: ['arn:aws:sns:us-east-1:123456789012:oncall']}\n",
+        ),
+        (
             "every section set (tests/controller_reconcile.rs)",
             "  processing: {p99: 2s, timeout: 10s, waitTime: 1s}\n  handler: {http: {port: 8080, path: /messages}}\n  template: {spec: {containers: [{name: app, image: 'shop/orders:1'}]}}\n  scaling: {pollInterval: 1s, minReplicas: 1}\n  deadLetter: {alarm: true}\n",
         ),
@@ -455,4 +459,46 @@ async fn the_server_refuses_a_role_arn_that_is_no_role() {
     .unwrap();
     sent["metadata"]["namespace"] = json!(real.namespace);
     k8s::kubectl_dry_apply(&api, "r", &sent).await.unwrap();
+}
+
+/// The CRD refuses alarm actions that are no SNS topics, more than CloudWatch takes, or actions of an
+/// alarm that is off, naming the field.
+#[tokio::test]
+async fn the_server_refuses_alarm_actions_cloudwatch_would_not_take() {
+    let test = "the_server_refuses_alarm_actions_cloudwatch_would_not_take";
+    let Some(real) = k8s::connect(test).await else {
+        return;
+    };
+    let api = real.queue_consumers();
+    let base = "apiVersion: sqs.consumers.dev/v1alpha1\nkind: QueueConsumer\nmetadata: {name: a}\nspec:\n  queue: {url: https://sqs.us-east-1.amazonaws.com/1/q}\n  handler: {http: {}}\n  processing: {p99: 2s}\n";
+    let topic = |n: usize| format!("'arn:aws:sns:us-east-1:123456789012:t{n}'");
+    let six: Vec<String> = (0..6).map(topic).collect();
+    for (dead_letter, says) in [
+        (
+            "{alarmActions: ['arn:aws:sqs:us-east-1:123456789012:q']}".to_string(),
+            "alarmActions",
+        ),
+        (
+            "{alarmActions: ['arn:aws:sns:us-east-1:123456789012:t.fifo']}".to_string(),
+            "alarmActions",
+        ),
+        (
+            format!("{{alarmActions: [{}]}}", six.join(", ")),
+            "alarmActions",
+        ),
+        (
+            format!("{{alarm: false, alarmActions: [{}]}}", topic(0)),
+            "deadLetter.alarmActions needs deadLetter.alarm: true",
+        ),
+    ] {
+        let text = format!("{base}  deadLetter: {dead_letter}\n");
+        let mut sent: Value = serde_saphyr::from_str(&text).unwrap();
+        sent["metadata"]["namespace"] = json!(real.namespace);
+        let err = k8s::kubectl_dry_apply(&api, "a", &sent)
+            .await
+            .map(|_| ())
+            .expect_err(&format!("the server accepts deadLetter: {dead_letter}"));
+        let msg = err.to_string();
+        assert!(msg.contains(says), "deadLetter: {dead_letter}: {msg}");
+    }
 }

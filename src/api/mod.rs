@@ -747,18 +747,42 @@ impl Default for ScalingSpec {
     }
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("!has(self.alarmActions) || self.alarmActions.all(a, a.matches('^arn:aws(-[a-z]+)*:sns:[a-z]{2}(-[a-z]+)+-[0-9]+:[0-9]{12}:[A-Za-z0-9_-]{1,256}$'))").message("deadLetter.alarmActions must list SNS topic ARNs such as arn:aws:sns:us-east-1:123456789012:orders-alerts (standard topics: CloudWatch cannot notify FIFO topics)").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("!has(self.alarmActions) || size(self.alarmActions) <= 5").message("deadLetter.alarmActions takes at most 5 topics (CloudWatch's limit of actions per alarm state)").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("!has(self.alarmActions) || size(self.alarmActions) == 0 || self.alarm").message("deadLetter.alarmActions needs deadLetter.alarm: true (they are the alarm's actions): set alarm to true or remove alarmActions").reason(Reason::FieldValueInvalid))]
 pub struct DeadLetterSpec {
     /// Manage a CloudWatch alarm on the DLQ (visible messages > 0), deleted with the QueueConsumer.
     /// Default: true.
     #[serde(default = "defaults::yes")]
     pub alarm: bool,
+    /// SNS topics the alarm notifies when the DLQ receives messages (the
+    /// alarm's actions; at most 5, standard topics in the queue's region), e.g.
+    /// arn:aws:sns:us-east-1:123456789012:orders-alerts. Default: none (the alarm only shows its state).
+    #[serde(default)]
+    #[schemars(schema_with = "alarm_actions_schema")]
+    pub alarm_actions: Vec<String>,
+}
+
+/// SNS topic ARNs. The bounds keep the CEL rules above cheap for the API server; the rules say what is
+/// wrong (they are what `check` evaluates too).
+fn alarm_actions_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "maxItems": 5,
+        "default": [],
+        "items": {"type": "string", "maxLength": 1024},
+        "description": "SNS topics the alarm notifies when the DLQ receives messages (the alarm's actions; at most 5, standard topics in the queue's region), e.g. arn:aws:sns:us-east-1:123456789012:orders-alerts. Default: none (the alarm only shows its state)."
+    })
 }
 
 impl Default for DeadLetterSpec {
     fn default() -> Self {
-        DeadLetterSpec { alarm: true }
+        DeadLetterSpec {
+            alarm: true,
+            alarm_actions: Vec::new(),
+        }
     }
 }
 

@@ -44,6 +44,8 @@ pub struct AlarmSpec {
     pub period_seconds: i32,
     pub evaluation_periods: i32,
     pub treat_missing_data: String,
+    /// ARNs notified when the alarm fires (`deadLetter.alarmActions`), sorted and without repeats.
+    pub alarm_actions: Vec<String>,
 }
 
 /// The desired alarm for a DLQ named `queue_name`, on behalf of QueueConsumer `namespace/name`.
@@ -68,7 +70,23 @@ pub fn dead_letter_alarm(
         evaluation_periods: 1,
         // No data means an idle, empty DLQ (SQS stops sending metrics for inactive queues).
         treat_missing_data: "notBreaching".to_string(),
+        alarm_actions: Vec::new(),
     }
+}
+
+impl AlarmSpec {
+    /// The alarm notifying `actions` (SNS topic ARNs) when it fires.
+    pub fn with_actions(mut self, actions: &[String]) -> Self {
+        self.alarm_actions = normalized(actions.to_vec());
+        self
+    }
+}
+
+/// Sorted, without repeats: how an alarm's actions are compared.
+fn normalized(mut actions: Vec<String>) -> Vec<String> {
+    actions.sort();
+    actions.dedup();
+    actions
 }
 
 /// An alarm as CloudWatch reports it.
@@ -575,6 +593,12 @@ fn observed(name: &str, a: MetricAlarm) -> ObservedAlarm {
             period_seconds: a.period.unwrap_or(0),
             evaluation_periods: a.evaluation_periods.unwrap_or(0),
             treat_missing_data: a.treat_missing_data.unwrap_or_default(),
+            // Actions disabled by hand count as none: the alarm would notify nobody.
+            alarm_actions: if a.actions_enabled == Some(false) {
+                Vec::new()
+            } else {
+                normalized(a.alarm_actions.unwrap_or_default())
+            },
         },
         state: a.state_value.map_or_else(
             || "INSUFFICIENT_DATA".to_string(),
@@ -733,6 +757,10 @@ impl Alarms for CloudWatchAlarms {
                     .period(alarm.period_seconds)
                     .evaluation_periods(alarm.evaluation_periods)
                     .treat_missing_data(&alarm.treat_missing_data)
+                    .actions_enabled(true)
+                    .set_alarm_actions(
+                        (!alarm.alarm_actions.is_empty()).then(|| alarm.alarm_actions.clone()),
+                    )
                     .tags(tag(TAG_MANAGED_BY, MANAGED_BY))
                     .tags(tag(TAG_OWNER_UID, &owner.uid))
                     .tags(tag(

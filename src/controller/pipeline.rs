@@ -169,12 +169,15 @@ pub fn decide(
         Observation::Failed(_) | Observation::Offline => AlarmPlan::Unchanged,
         Observation::Read(_) if !qc.spec.dead_letter.alarm => AlarmPlan::Remove,
         Observation::Read(f) => match &f.dead_letter {
-            DeadLetterFacts::Found { queue, .. } => AlarmPlan::Keep(Box::new(dead_letter_alarm(
-                &alarm_name(qc),
-                &queue.name(),
-                qc.metadata.namespace.as_deref().unwrap_or("default"),
-                qc.metadata.name.as_deref().unwrap_or(""),
-            ))),
+            DeadLetterFacts::Found { queue, .. } => AlarmPlan::Keep(Box::new(
+                dead_letter_alarm(
+                    &alarm_name(qc),
+                    &queue.name(),
+                    qc.metadata.namespace.as_deref().unwrap_or("default"),
+                    qc.metadata.name.as_deref().unwrap_or(""),
+                )
+                .with_actions(&qc.spec.dead_letter.alarm_actions),
+            )),
             DeadLetterFacts::None | DeadLetterFacts::Missing { .. } => AlarmPlan::Remove,
             DeadLetterFacts::Unreachable { .. } | DeadLetterFacts::NotRead { .. } => {
                 AlarmPlan::Unchanged

@@ -18,6 +18,7 @@ pub const IN_FLIGHT_CEILING_REACHABLE: &str = "InFlightCeilingReachable";
 pub const SHORT_POLLING: &str = "ShortPolling";
 pub const POISON_DELETED: &str = "PoisonDeleted";
 pub const QUEUE_REGION_CONTRADICTS_URL: &str = "QueueRegionContradictsUrl";
+pub const ALARM_ACTION_IN_ANOTHER_REGION: &str = "AlarmActionInAnotherRegion";
 pub const BREAKER_DISABLED: &str = "BreakerDisabled";
 pub const OUTAGE_HOLD_BEYOND_RETENTION: &str = "OutageHoldBeyondRetention";
 
@@ -28,6 +29,7 @@ pub const OFFLINE_RULES: &[&str] = &[
     SHORT_POLLING,
     POISON_DELETED,
     QUEUE_REGION_CONTRADICTS_URL,
+    ALARM_ACTION_IN_ANOTHER_REGION,
 ];
 
 /// Rules that need the source queue's attributes.
@@ -73,4 +75,5 @@ pub const ALL: &[&str] = &[
     SHORT_POLLING,
     POISON_DELETED,
     QUEUE_REGION_CONTRADICTS_URL,
+    ALARM_ACTION_IN_ANOTHER_REGION,
 ];

@@ -216,6 +216,25 @@ fn offline_rules(spec: &QueueConsumerSpec, out: &mut Vec<Finding>) {
             "set processing.waitTime to 20s (long polling)".to_string(),
         ));
     }
+    // The alarm lives in the queue's region (the controller's client for the queue makes it), and
+    // CloudWatch notifies SNS topics of its own region only.
+    if let Some(region) = crate::render::region(spec) {
+        let elsewhere: Vec<&str> = spec
+            .dead_letter
+            .alarm_actions
+            .iter()
+            .filter(|a| a.split(':').nth(3).is_some_and(|r| r != region))
+            .map(String::as_str)
+            .collect();
+        if !elsewhere.is_empty() {
+            out.push(finding(
+                codes::ALARM_ACTION_IN_ANOTHER_REGION,
+                Severity::Error,
+                format!("deadLetter.alarmActions names {} outside the queue's region {region}: CloudWatch alarms notify SNS topics of their own region only, so the alarm cannot be written", elsewhere.join(", ")),
+                format!("name SNS topics in {region} (create one there, subscribed as the other was)"),
+            ));
+        }
+    }
     if p.on_poison == crate::api::OnPoison::Delete {
         out.push(finding(
             codes::POISON_DELETED,

@@ -606,3 +606,31 @@ fn outage_hold_beyond_retention() {
         "nothing is held with the breaker off"
     );
 }
+
+#[test]
+fn alarm_action_in_another_region() {
+    let c = codes::ALARM_ACTION_IN_ANOTHER_REGION;
+    let mut s = default_spec();
+    let here = "arn:aws:sns:us-east-1:123456789012:oncall".to_string();
+    let there = "arn:aws:sns:eu-west-1:123456789012:oncall".to_string();
+    s.dead_letter.alarm_actions = vec![here.clone()];
+    assert!(find(&s, None, c).is_none(), "the queue's region");
+    s.dead_letter.alarm_actions = vec![here, there.clone()];
+    let f = find(&s, None, c).expect("fires offline");
+    assert_eq!(f.severity, Severity::Error);
+    assert!(
+        f.message.contains(&there) && f.message.contains("us-east-1"),
+        "{}",
+        f.message
+    );
+    assert!(
+        f.recommendation.contains("us-east-1"),
+        "{}",
+        f.recommendation
+    );
+    // The region given beside an emulator's URL is the alarm's.
+    s.queue.url = "http://localhost:4566/000000000000/q".into();
+    s.queue.region = Some("eu-west-1".into());
+    s.dead_letter.alarm_actions = vec![there];
+    assert!(find(&s, None, c).is_none());
+}

@@ -208,6 +208,40 @@ fn manifest_rows() -> Vec<Row> {
             &["spec.aws", "unknown field `role`"],
         ),
         row(
+            "alarm_actions_not_sns",
+            vec![(
+                "/spec/deadLetter/alarmActions",
+                json!(["arn:aws:sqs:us-east-1:123456789012:alerts"]),
+            )],
+            &[
+                "deadLetter.alarmActions must list SNS topic ARNs",
+                "arn:aws:sns:",
+            ],
+        ),
+        row(
+            "alarm_actions_six",
+            vec![(
+                "/spec/deadLetter/alarmActions",
+                json!(
+                    (0..6)
+                        .map(|i| format!("arn:aws:sns:us-east-1:123456789012:t{i}"))
+                        .collect::<Vec<_>>()
+                ),
+            )],
+            &["deadLetter.alarmActions takes at most 5 topics"],
+        ),
+        row(
+            "alarm_actions_without_alarm",
+            vec![
+                ("/spec/deadLetter/alarm", json!(false)),
+                (
+                    "/spec/deadLetter/alarmActions",
+                    json!(["arn:aws:sns:us-east-1:123456789012:alerts"]),
+                ),
+            ],
+            &["deadLetter.alarmActions needs deadLetter.alarm: true"],
+        ),
+        row(
             "containers_empty",
             vec![("/spec/template", json!({"spec": {"containers": []}}))],
             &[
