@@ -235,7 +235,7 @@ use std::sync::Mutex;
 use aws_sdk_sqs::types::QueueAttributeName;
 use fake_kube::aws::TEST_WORKER_IMAGE;
 use qc::aws::QueueReader;
-use qc::controller::observe::{AwsClients, AwsProvider};
+use qc::controller::observe::{AwsClients, AwsProvider, AwsTarget};
 use qc::render::RenderOptions;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -247,17 +247,13 @@ struct Provider {
 
 #[async_trait::async_trait]
 impl AwsProvider for Provider {
-    async fn clients(&self, _: Option<&str>, _: Option<&str>) -> AwsClients {
+    async fn clients(&self, _: &AwsTarget) -> AwsClients {
         AwsClients {
             sqs: self.reader.clone(),
             alarms: Arc::new(UnreachableCloudWatch),
         }
     }
-    async fn redrive_client(
-        &self,
-        _: Option<&str>,
-        _: Option<&str>,
-    ) -> Option<aws_sdk_sqs::Client> {
+    async fn redrive_client(&self, _: &AwsTarget) -> Option<aws_sdk_sqs::Client> {
         Some(self.redrive.clone())
     }
 }

@@ -19,7 +19,7 @@ use qc::api::QueueConsumer;
 use qc::aws::SqsReader;
 use qc::aws::cloudwatch::{Alarms, CloudWatchAlarms, dead_letter_alarm};
 use qc::aws::endpoints::AllowedEndpoints;
-use qc::controller::observe::{AwsClients, AwsProvider, SdkProvider};
+use qc::controller::observe::{AwsClients, AwsProvider, AwsTarget, SdkProvider};
 use qc::controller::{Context, reconcile};
 use qc::render::RenderOptions;
 use serde_json::{Value, json};
@@ -255,12 +255,9 @@ struct Recording {
 
 #[async_trait::async_trait]
 impl AwsProvider for Recording {
-    async fn clients(&self, region: Option<&str>, endpoint: Option<&str>) -> AwsClients {
-        self.asked
-            .lock()
-            .unwrap()
-            .push(endpoint.map(str::to_string));
-        self.sdk.clients(region, endpoint).await
+    async fn clients(&self, target: &AwsTarget) -> AwsClients {
+        self.asked.lock().unwrap().push(target.endpoint.clone());
+        self.sdk.clients(target).await
     }
 }
 

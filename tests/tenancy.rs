@@ -259,3 +259,100 @@ async fn a_consumer_outside_its_namespace_policy_never_reaches_aws() {
         }
     }
 }
+
+/// `spec.aws.roleArn`: the controller assumes the role (the SDK's AssumeRoleProvider, session
+/// `qc-NAMESPACE-NAME`, ExternalId `qc:NAMESPACE`) and signs every other call for that QueueConsumer —
+/// queue, DLQ, CloudWatch — with the role's credentials; only AssumeRole itself goes out as the
+/// controller. A QueueConsumer of the same queue without a role reads it as the controller, on its own:
+/// the role is part of the facts cache's key, so neither is handed the other's read.
+#[tokio::test]
+async fn a_consumer_with_a_role_makes_every_call_as_that_role() {
+    use aws_sdk_sqs::types::QueueAttributeName;
+    let sqs = sqs_in("us-east-1").await;
+    let dlq = common::create_queue(&sqs, &common::unique_name("team-a-dlq"), &[]).await;
+    let dlq_arn = common::queue_arn(&sqs, &dlq).await;
+    let url = common::create_queue(
+        &sqs,
+        &common::unique_name("team-a-orders"),
+        &[(
+            QueueAttributeName::RedrivePolicy,
+            json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 5}).to_string(),
+        )],
+    )
+    .await;
+    let (with_role, own) = (
+        common::counting_proxy(&common::sqs_endpoint()).await,
+        common::counting_proxy(&common::sqs_endpoint()).await,
+    );
+    let fake = FakeKube::new();
+    let mut ctx = Context::new(
+        fake.client(),
+        Arc::new(SdkProvider::default()),
+        RenderOptions {
+            worker_image: TEST_WORKER_IMAGE.into(),
+        },
+        None,
+    );
+    ctx.endpoints =
+        AllowedEndpoints::parse([with_role.endpoint.as_str(), own.endpoint.as_str()]).unwrap();
+    let ctx = Arc::new(ctx);
+    let role = "arn:aws:iam::123456789012:role/qc-team-a-orders";
+    for (name, proxy, arn) in [("orders", &with_role, Some(role)), ("plain", &own, None)] {
+        let mut m = consumer(name)
+            .namespace(NS)
+            .queue_url(&url)
+            .endpoint(&proxy.endpoint)
+            .set("/spec/queue/region", "us-east-1")
+            .timeout("10s")
+            .wait_time("1s")
+            .image("team-a/orders:1")
+            .alarm(true)
+            .scaling(json!({"pollInterval": "5m"}));
+        if let Some(arn) = arn {
+            m = m.set("/spec/aws/roleArn", arn);
+        }
+        fake.create(QUEUE_CONSUMERS, m.json());
+        reconcile(Arc::new(qc(&fake, name)), ctx.clone())
+            .await
+            .unwrap();
+        let q = qc(&fake, name);
+        assert_eq!(
+            fake_kube::condition_of(q.clone(), "QueueReachable").status,
+            "True",
+            "{name}"
+        );
+    }
+    // The alarm's CloudWatch calls run in the background.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let sent = with_role.sent();
+    let assume = sent.matches("Action=AssumeRole").count();
+    let as_controller = sent.matches("Credential=testing/").count();
+    let signed = sent.matches("Credential=").count();
+    assert!(assume >= 1, "the role was assumed:\n{sent}");
+    assert!(sent.contains("RoleArn=arn%3Aaws%3Aiam%3A%3A123456789012%3Arole%2Fqc-team-a-orders"));
+    assert!(sent.contains("RoleSessionName=qc-team-a-orders"), "{sent}");
+    assert!(sent.contains("ExternalId=qc%3Ateam-a"), "{sent}");
+    assert!(
+        sent.contains("AmazonSQS.GetQueueAttributes") && sent.contains("Action=DescribeAlarms"),
+        "queue, DLQ and alarm calls went through: {sent}"
+    );
+    assert_eq!(
+        as_controller,
+        assume,
+        "only AssumeRole is signed as the controller; the other {} calls as the role",
+        signed - as_controller
+    );
+    assert!(signed > assume);
+
+    let plain = own.sent();
+    assert!(!plain.contains("AssumeRole"), "no role, no AssumeRole");
+    assert!(
+        plain.contains("AmazonSQS.GetQueueAttributes"),
+        "read on its own, not handed the role's read"
+    );
+    assert_eq!(
+        plain.matches("Credential=testing/").count(),
+        plain.matches("Credential=").count(),
+        "everything as the controller"
+    );
+}

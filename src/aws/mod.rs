@@ -6,6 +6,7 @@ pub mod classify;
 pub mod cloudwatch;
 pub mod endpoints;
 pub mod facts;
+pub mod identity;
 pub mod limit;
 pub mod redrive;
 pub mod sqs;

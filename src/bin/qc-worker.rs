@@ -38,6 +38,21 @@ struct Cli {
     /// SQS endpoint override, for local emulators.
     #[arg(long, env = "QC_ENDPOINT_URL")]
     endpoint_url: Option<String>,
+    /// IAM role to assume (STS AssumeRole) with the pod's own credentials (IRSA, EKS Pod Identity)
+    /// for every SQS call: the QueueConsumer's spec.aws.roleArn.
+    #[arg(long, env = "QC_ROLE_ARN", value_name = "ARN")]
+    role_arn: Option<String>,
+    /// Session name of the assumed role (the controller renders qc-NAMESPACE-NAME).
+    #[arg(
+        long,
+        env = "QC_ROLE_SESSION_NAME",
+        default_value = "qc-worker",
+        requires = "role_arn"
+    )]
+    role_session_name: String,
+    /// ExternalId presented when assuming the role (the controller renders qc:NAMESPACE).
+    #[arg(long, env = "QC_ROLE_EXTERNAL_ID", requires = "role_arn")]
+    role_external_id: Option<String>,
 
     /// Messages handled at once.
     #[arg(long, env = "QC_CONCURRENCY", default_value_t = 10)]
@@ -195,6 +210,11 @@ fn config(cli: Cli) -> anyhow::Result<Config> {
         queue_url: cli.queue_url.unwrap_or_default(),
         region: cli.region,
         endpoint_url: cli.endpoint_url,
+        role: cli.role_arn.map(|arn| qc::aws::identity::Role {
+            arn,
+            session_name: cli.role_session_name,
+            external_id: cli.role_external_id.unwrap_or_default(),
+        }),
         concurrency: cli.concurrency,
         batch_size: cli.batch_size,
         wait_time: cli.wait_time,
@@ -438,6 +458,11 @@ mod tests {
         assert_eq!(got.queue_url, s.queue.url, "{name}");
         assert_eq!(got.region, render::region(s), "{name}");
         assert_eq!(got.endpoint_url, s.queue.endpoint, "{name}");
+        assert_eq!(
+            got.role,
+            qc::controller::observe::aws_target(qc).role,
+            "{name}: the worker assumes the role the controller does, as the same session"
+        );
         assert_eq!(got.concurrency, p.concurrency, "{name}");
         assert_eq!(got.batch_size, p.batch_size, "{name}");
         assert_eq!(got.wait_time, p.wait_time, "{name}");
@@ -531,6 +556,7 @@ apiVersion: sqs.consumers.dev/v1alpha1
 kind: QueueConsumer
 metadata: {name: everything, namespace: shop}
 spec:
+  aws: {roleArn: 'arn:aws:iam::000000000000:role/qc-shop-orders'}
   queue:
     url: http://sqs.eu-central-1.localhost.localstack.cloud:4566/000000000000/orders.fifo
     region: eu-west-3

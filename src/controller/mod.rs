@@ -164,8 +164,9 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     let ns = qc.namespace().ok_or(Error::MissingNamespace)?;
     let name = qc.name_any();
     let qcs: Api<QueueConsumer> = Api::namespaced(ctx.client.clone(), &ns);
-    let (region, endpoint) = observe::aws_target(&qc.spec);
-    let clients = aws_clients(ctx, qc, &ns, region.as_deref(), endpoint.as_deref()).await;
+    let target = observe::aws_target(qc);
+    let endpoint = target.endpoint.clone();
+    let clients = aws_clients(ctx, qc, &ns, &target).await;
 
     if qc.metadata.deletion_timestamp.is_some() {
         ctx.scaling.forget(&ConsumerKey::of(qc));
@@ -182,8 +183,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
             ctx.facts
                 .get(
                     &qc.spec.queue.url,
-                    region.as_deref(),
-                    endpoint.as_deref(),
+                    &target,
                     qc.spec.scaling.poll_interval,
                     clients,
                 )
@@ -256,11 +256,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     // redrive: never fails the reconcile (its errors are in its status and Events); a refused
     // endpoint gets no client here either
     let redrive_client = match &clients {
-        Ok(_) => {
-            ctx.aws
-                .redrive_client(region.as_deref(), endpoint.as_deref())
-                .await
-        }
+        Ok(_) => ctx.aws.redrive_client(&target).await,
         Err(_) => None,
     };
     let redrive = redrive::step(
@@ -391,25 +387,24 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     })))
 }
 
-/// The SDK clients for this QueueConsumer's region and endpoint. A QueueConsumer the tenancy policy
+/// The SDK clients for this QueueConsumer's region, endpoint and role. A QueueConsumer the tenancy policy
 /// refuses, or a tenant's endpoint the operator does not allow, gets no request, signed or not: no
 /// client for it is even built.
 async fn aws_clients(
     ctx: &Context,
     qc: &QueueConsumer,
     ns: &str,
-    region: Option<&str>,
-    endpoint: Option<&str>,
+    target: &observe::AwsTarget,
 ) -> Result<AwsClients, ObserveError> {
     ctx.tenancy
-        .check(&Tenant::of(ns, &qc.spec, region))
+        .check(&Tenant::of(ns, &qc.spec, target.region.as_deref()))
         .map_err(ObserveError::NotAllowedByPolicy)?;
-    if let Some(e) = endpoint {
+    if let Some(e) = &target.endpoint {
         ctx.endpoints
             .check(e)
             .map_err(ObserveError::EndpointNotAllowed)?;
     }
-    Ok(ctx.aws.clients(region, endpoint).await)
+    Ok(ctx.aws.clients(target).await)
 }
 
 /// Server-side apply of the rendered Deployment when it differs from `deployment` (the one this

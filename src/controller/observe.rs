@@ -6,8 +6,9 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::api::{Duration, QueueConsumerSpec};
+use crate::api::{Duration, QueueConsumer};
 use crate::aws::cloudwatch::{self, Alarms, BatchOptions, CloudWatchAlarms};
+use crate::aws::identity::Role;
 use crate::aws::limit::{self, LimitConfig, Limiter};
 use crate::aws::{DeadLetterFacts, Facts, ObserveError, QueueId, QueueReader, SqsReader, observe};
 use crate::scaling::Timestamp;
@@ -19,10 +20,30 @@ pub struct AwsClients {
     pub alarms: Arc<dyn Alarms>,
 }
 
-/// Hands out AWS clients per (region, endpoint): each QueueConsumer may name its own.
+/// Where and as whom one QueueConsumer's AWS calls go: its region, endpoint and role.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AwsTarget {
+    pub region: Option<String>,
+    pub endpoint: Option<String>,
+    /// `spec.aws.roleArn`, assumed for every call; None: the controller's own identity.
+    pub role: Option<Role>,
+}
+
+impl AwsTarget {
+    /// The controller's own identity in `region` at `endpoint`.
+    pub fn own(region: Option<&str>, endpoint: Option<&str>) -> Self {
+        AwsTarget {
+            region: region.map(str::to_string),
+            endpoint: endpoint.map(str::to_string),
+            role: None,
+        }
+    }
+}
+
+/// Hands out AWS clients per region, endpoint and role: each QueueConsumer may name its own.
 #[async_trait::async_trait]
 pub trait AwsProvider: Send + Sync {
-    async fn clients(&self, region: Option<&str>, endpoint: Option<&str>) -> AwsClients;
+    async fn clients(&self, target: &AwsTarget) -> AwsClients;
     /// Prometheus text about the AWS calls made (none by default).
     fn metrics(&self) -> String {
         String::new()
@@ -30,16 +51,10 @@ pub trait AwsProvider: Send + Sync {
 
     /// The SDK client DLQ redrives use (they move messages, so they need the SDK itself rather than
     /// a reader). None: redrive is unavailable (a provider of test doubles).
-    async fn redrive_client(
-        &self,
-        _region: Option<&str>,
-        _endpoint: Option<&str>,
-    ) -> Option<aws_sdk_sqs::Client> {
+    async fn redrive_client(&self, _target: &AwsTarget) -> Option<aws_sdk_sqs::Client> {
         None
     }
 }
-
-type ClientKey = (Option<String>, Option<String>);
 
 /// How the controller's AWS calls are limited and its CloudWatch reads batched.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -75,12 +90,13 @@ impl Default for AwsOptions {
     }
 }
 
-/// Real SDK clients, built once per (region, endpoint) and reused. Every client's calls share one
-/// gate per service: the quotas they protect are the account's.
+/// Real SDK clients, built once per (region, endpoint, role) and reused: a role's credentials are
+/// cached (and refreshed before they expire) by the SDK in its clients' config. Every client's calls
+/// share one gate per service: the quotas they protect are the account's.
 pub struct SdkProvider {
-    clients: tokio::sync::Mutex<HashMap<ClientKey, AwsClients>>,
-    /// SDK SQS clients of the redrives, by (region, endpoint).
-    redrive_clients: tokio::sync::Mutex<HashMap<ClientKey, aws_sdk_sqs::Client>>,
+    clients: tokio::sync::Mutex<HashMap<AwsTarget, AwsClients>>,
+    /// SDK SQS clients of the redrives, by the same key.
+    redrive_clients: tokio::sync::Mutex<HashMap<AwsTarget, aws_sdk_sqs::Client>>,
     sqs: Arc<Limiter>,
     cloudwatch: Arc<Limiter>,
     batch: BatchOptions,
@@ -111,18 +127,22 @@ impl SdkProvider {
 
 #[async_trait::async_trait]
 impl AwsProvider for SdkProvider {
-    async fn clients(&self, region: Option<&str>, endpoint: Option<&str>) -> AwsClients {
-        let key = (region.map(str::to_string), endpoint.map(str::to_string));
+    async fn clients(&self, target: &AwsTarget) -> AwsClients {
         let mut clients = self.clients.lock().await;
-        if let Some(c) = clients.get(&key) {
+        if let Some(c) = clients.get(target) {
             return c.clone();
         }
-        let conf = crate::aws::controller_sdk_config(region, endpoint).await;
+        let mut conf =
+            crate::aws::controller_sdk_config(target.region.as_deref(), target.endpoint.as_deref())
+                .await;
+        if let Some(role) = &target.role {
+            conf = crate::aws::identity::assume(conf, role).await;
+        }
         let sqs = aws_sdk_sqs::Client::new(&conf);
         self.redrive_clients
             .lock()
             .await
-            .insert(key.clone(), sqs.clone());
+            .insert(target.clone(), sqs.clone());
         let c = AwsClients {
             sqs: Arc::new(SqsReader::with_limiter(sqs, self.sqs.clone())),
             alarms: Arc::new(CloudWatchAlarms::with_options(
@@ -131,7 +151,7 @@ impl AwsProvider for SdkProvider {
                 self.batch,
             )),
         };
-        clients.insert(key, c.clone());
+        clients.insert(target.clone(), c.clone());
         c
     }
 
@@ -139,18 +159,13 @@ impl AwsProvider for SdkProvider {
         limit::render_metrics(&[&self.sqs, &self.cloudwatch])
     }
 
-    async fn redrive_client(
-        &self,
-        region: Option<&str>,
-        endpoint: Option<&str>,
-    ) -> Option<aws_sdk_sqs::Client> {
-        let key = (region.map(str::to_string), endpoint.map(str::to_string));
-        if let Some(c) = self.redrive_clients.lock().await.get(&key) {
+    async fn redrive_client(&self, target: &AwsTarget) -> Option<aws_sdk_sqs::Client> {
+        if let Some(c) = self.redrive_clients.lock().await.get(target) {
             return Some(c.clone());
         }
         // Only reached before the first `clients` call for this key.
-        self.clients(region, endpoint).await;
-        self.redrive_clients.lock().await.get(&key).cloned()
+        self.clients(target).await;
+        self.redrive_clients.lock().await.get(target).cloned()
     }
 }
 
@@ -159,14 +174,19 @@ pub struct FixedProvider(pub AwsClients);
 
 #[async_trait::async_trait]
 impl AwsProvider for FixedProvider {
-    async fn clients(&self, _region: Option<&str>, _endpoint: Option<&str>) -> AwsClients {
+    async fn clients(&self, _target: &AwsTarget) -> AwsClients {
         self.0.clone()
     }
 }
 
-/// Region and endpoint a QueueConsumer's AWS calls go to.
-pub fn aws_target(spec: &QueueConsumerSpec) -> (Option<String>, Option<String>) {
-    (crate::render::region(spec), spec.queue.endpoint.clone())
+/// Region, endpoint and role of a QueueConsumer's AWS calls.
+pub fn aws_target(qc: &QueueConsumer) -> AwsTarget {
+    let spec = &qc.spec;
+    AwsTarget {
+        region: crate::render::region(spec),
+        endpoint: spec.queue.endpoint.clone(),
+        role: crate::aws::identity::of_consumer(qc),
+    }
 }
 
 /// Facts as read at one moment.
@@ -186,33 +206,37 @@ type Slot = Arc<tokio::sync::Mutex<Option<Observed>>>;
 /// regions differ read two queues, and never each other's counts.
 #[derive(Default)]
 pub struct FactsCache {
-    slots: Mutex<HashMap<(Option<String>, QueueId), Slot>>,
+    slots: Mutex<HashMap<FactsKey, Slot>>,
 }
+
+/// A queue as read by one grant: the endpoint, the role and ExternalId (None: the controller's own
+/// identity), and the queue. A read made as one namespace's role is never handed to another.
+type FactsKey = (Option<String>, Option<(String, String)>, QueueId);
 
 impl FactsCache {
     pub fn new() -> Self {
         Self::default()
     }
 
-    fn slot(&self, endpoint: Option<&str>, queue: QueueId) -> Slot {
+    fn slot(&self, key: FactsKey) -> Slot {
         let mut slots = crate::sync::lock(&self.slots);
-        slots
-            .entry((endpoint.map(str::to_string), queue))
-            .or_default()
-            .clone()
+        slots.entry(key).or_default().clone()
     }
 
-    /// The facts of `url` as a client in `region` reads them, read now or at most `max_age` ago.
+    /// The facts of `url` as a client of `target` reads them, read now or at most `max_age` ago.
     /// Failures are not cached: the next reconcile (after its backoff) reads again.
     pub async fn get(
         &self,
         url: &str,
-        region: Option<&str>,
-        endpoint: Option<&str>,
+        target: &AwsTarget,
         max_age: Duration,
         clients: &AwsClients,
     ) -> Result<Observed, ObserveError> {
-        let slot = self.slot(endpoint, QueueId::of(region, url));
+        let slot = self.slot((
+            target.endpoint.clone(),
+            target.role.as_ref().map(Role::grant),
+            QueueId::of(target.region.as_deref(), url),
+        ));
         let mut cached = slot.lock().await;
         // One read per queue in each poll interval, counted from the Unix epoch (the grid the
         // QueueConsumers' slots are placed on, `spread`): whichever QueueConsumer of the queue comes

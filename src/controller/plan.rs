@@ -232,9 +232,8 @@ pub async fn run_file(
 /// `--live`: the queue, its DLQ and the DLQ's oldest-message age, as the controller reads them.
 async fn live_facts(qc: &QueueConsumer) -> Result<crate::aws::Facts, String> {
     use super::observe::{AwsProvider, SdkProvider, with_oldest_age};
-    let (region, endpoint) = super::observe::aws_target(&qc.spec);
     let clients = SdkProvider::default()
-        .clients(region.as_deref(), endpoint.as_deref())
+        .clients(&super::observe::aws_target(qc))
         .await;
     let facts = crate::aws::observe(clients.sqs.as_ref(), &qc.spec.queue.url)
         .await

@@ -58,6 +58,18 @@ fn arg_after<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
+/// The worker's arguments: the `qc-worker` container's (http layout) or the user's first container's
+/// (exec layout, where it runs the copied worker).
+fn worker_command_line(d: &Deployment) -> Vec<String> {
+    let p = pod(d);
+    let c = p
+        .containers
+        .iter()
+        .find(|c| c.name == "qc-worker")
+        .unwrap_or(&p.containers[0]);
+    c.args.clone().unwrap_or_default()
+}
+
 fn env_value<'a>(c: &'a Container, name: &str) -> Option<&'a str> {
     c.env
         .iter()
@@ -528,6 +540,7 @@ fn region_from_the_queue_url_as_the_worker_resolves_it() {
         spec["queue"] = json!({ "url": url });
         let w = worker_args(
             &qc(spec).spec,
+            None,
             9090,
             &WorkerLaunch::Http {
                 url: "http://127.0.0.1:8080/".into(),
@@ -758,5 +771,34 @@ fn the_pod_mounts_no_api_token_unless_the_template_asks() {
             assert_eq!(p.automount_service_account_token, Some(asked));
             assert_eq!(p.service_account_name.as_deref(), Some("orders"));
         }
+    }
+}
+
+/// The worker assumes the QueueConsumer's role as the controller does (same session and ExternalId),
+/// in both layouts; without a role it gets no role flag.
+#[test]
+fn the_worker_assumes_the_consumers_role_in_both_layouts() {
+    for layout in [http_spec(), exec_spec()] {
+        let d = render(layout.clone());
+        let args = worker_command_line(&d);
+        assert!(!args.iter().any(|a| a.starts_with("--role")), "{args:?}");
+        let mut spec = layout.clone();
+        spec["aws"] = json!({"roleArn": "arn:aws:iam::123456789012:role/qc-shop-orders"});
+        let d = render(spec);
+        let args = worker_command_line(&d);
+        assert_eq!(
+            arg_after(&args, "--role-arn"),
+            Some("arn:aws:iam::123456789012:role/qc-shop-orders"),
+            "{args:?}"
+        );
+        assert_eq!(
+            arg_after(&args, "--role-session-name"),
+            Some("qc-shop-orders")
+        );
+        assert_eq!(arg_after(&args, "--role-external-id"), Some("qc:shop"));
+        // Flags before the exec layout's `--`, where they are still qc-worker's.
+        let dashdash = args.iter().position(|a| a == "--").unwrap_or(args.len());
+        let at = args.iter().position(|a| a == "--role-arn").unwrap();
+        assert!(at < dashdash, "{args:?}");
     }
 }

@@ -3,6 +3,7 @@
 
 use crate::api::QueueConsumerSpec;
 use crate::aws::facts::queue_region;
+use crate::aws::identity::Role;
 
 use super::shutdown_timeout;
 
@@ -23,6 +24,7 @@ pub fn region(spec: &QueueConsumerSpec) -> Option<String> {
 /// Arguments after the `qc-worker` executable.
 pub fn worker_args(
     spec: &QueueConsumerSpec,
+    role: Option<&Role>,
     metrics_port: u16,
     launch: &WorkerLaunch,
 ) -> Vec<String> {
@@ -34,6 +36,18 @@ pub fn worker_args(
     }
     if let Some(endpoint) = &spec.queue.endpoint {
         args.extend(["--endpoint-url".into(), endpoint.clone()]);
+    }
+    // The same role, session and ExternalId as the controller's calls for this QueueConsumer; the pod
+    // assumes it with its own service account's identity.
+    if let Some(r) = role {
+        args.extend([
+            "--role-arn".into(),
+            r.arn.clone(),
+            "--role-session-name".into(),
+            r.session_name.clone(),
+            "--role-external-id".into(),
+            r.external_id.clone(),
+        ]);
     }
     let b = &p.breaker;
     let pairs: [(&str, String); 20] = [

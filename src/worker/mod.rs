@@ -72,6 +72,8 @@ pub struct Config {
     pub queue_url: String,
     pub region: Option<String>,
     pub endpoint_url: Option<String>,
+    /// The role every SQS call is made as (`--role-arn`), assumed with the pod's own credentials.
+    pub role: Option<crate::aws::identity::Role>,
     pub concurrency: u32,
     pub batch_size: u32,
     pub wait_time: Duration,
@@ -355,12 +357,15 @@ pub async fn run(
 
     let region = crate::aws::facts::queue_region(config.region.as_deref(), &config.queue_url);
     log_roots(&config.roots);
-    let sdk = crate::aws::sdk_config_trusting(
+    let mut sdk = crate::aws::sdk_config_trusting(
         region.as_deref(),
         config.endpoint_url.as_deref(),
         &config.roots,
     )
     .await;
+    if let Some(role) = &config.role {
+        sdk = crate::aws::identity::assume(sdk, role).await;
+    }
     // The SDK retries a failed request (standard mode, AWS_MAX_ATTEMPTS); a call that still fails is
     // backed off with jitter by the worker, without blocking a slot.
     let sqs = Sqs::new(&sdk, &config.queue_url, metrics.clone())
@@ -696,6 +701,7 @@ mod tests {
             queue_url: "http://localhost/1/q".into(),
             region: None,
             endpoint_url: None,
+            role: None,
             concurrency: 10,
             batch_size: 10,
             wait_time: Duration::from_secs(20),

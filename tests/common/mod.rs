@@ -120,16 +120,23 @@ pub async fn put_oldest_age(cw: &aws_sdk_cloudwatch::Client, queue_name: &str, s
         .unwrap();
 }
 
-/// A TCP forwarder to the test server that counts the connections made to it: the endpoint of a
-/// QueueConsumer whose AWS traffic a test counts (zero: nothing of it reached AWS).
+/// A TCP forwarder to the test server that counts the connections made to it and keeps what clients
+/// sent: the endpoint of a QueueConsumer whose AWS traffic a test counts (zero: nothing of it reached
+/// AWS) or reads (which credentials signed its requests).
 pub struct CountingProxy {
     pub endpoint: String,
     pub connections: std::sync::Arc<AtomicU32>,
+    sent: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
 }
 
 impl CountingProxy {
     pub fn count(&self) -> u32 {
         self.connections.load(Ordering::SeqCst)
+    }
+
+    /// Everything clients sent through it so far (request heads and bodies), as text.
+    pub fn sent(&self) -> String {
+        String::from_utf8_lossy(&self.sent.lock().unwrap()).into_owned()
     }
 }
 
@@ -142,20 +149,36 @@ pub async fn counting_proxy(to: &str) -> CountingProxy {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", l.local_addr().unwrap());
     let connections = std::sync::Arc::new(AtomicU32::new(0));
-    let count = connections.clone();
+    let sent = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (count, kept) = (connections.clone(), sent.clone());
     tokio::spawn(async move {
-        while let Ok((mut inbound, _)) = l.accept().await {
+        while let Ok((inbound, _)) = l.accept().await {
             count.fetch_add(1, Ordering::SeqCst);
-            let target = target.clone();
+            let (target, kept) = (target.clone(), kept.clone());
             tokio::spawn(async move {
-                if let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await {
-                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let Ok(outbound) = tokio::net::TcpStream::connect(&target).await else {
+                    return;
+                };
+                let (mut in_read, mut in_write) = inbound.into_split();
+                let (mut out_read, mut out_write) = outbound.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut out_read, &mut in_write).await;
+                });
+                let mut buf = vec![0u8; 16 * 1024];
+                while let Ok(n) = in_read.read(&mut buf).await {
+                    if n == 0 || out_write.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    kept.lock().unwrap().extend_from_slice(&buf[..n]);
                 }
+                let _ = out_write.shutdown().await;
             });
         }
     });
     CountingProxy {
         endpoint,
         connections,
+        sent,
     }
 }
