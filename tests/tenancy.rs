@@ -356,3 +356,64 @@ async fn a_consumer_with_a_role_makes_every_call_as_that_role() {
         "everything as the controller"
     );
 }
+
+/// A clock the test moves: the SDK's time source, which its credentials cache decides expiry by.
+#[derive(Debug, Clone)]
+struct Clock(Arc<std::sync::Mutex<std::time::SystemTime>>);
+
+impl aws_types::sdk_config::TimeSource for Clock {
+    fn now(&self) -> std::time::SystemTime {
+        *self.0.lock().unwrap()
+    }
+}
+
+/// The role's credentials (`qc::aws::identity::assume`, the SDK's AssumeRoleProvider behind its
+/// credentials cache) are fetched once and reused, and fetched again once they expire: moto's sessions
+/// last an hour, the SDK's clock is moved two.
+#[tokio::test]
+async fn role_credentials_are_cached_and_assumed_again_past_their_expiry() {
+    let sqs = sqs_in("us-east-1").await;
+    let url = common::create_queue(&sqs, &common::unique_name("team-a-orders"), &[]).await;
+    let proxy = common::counting_proxy(&common::sqs_endpoint()).await;
+    let clock = Clock(Arc::new(
+        std::sync::Mutex::new(std::time::SystemTime::now()),
+    ));
+    let conf = qc::aws::controller_sdk_config(Some("us-east-1"), Some(&proxy.endpoint))
+        .await
+        .into_builder()
+        .time_source(clock.clone())
+        .build();
+    let role = qc::aws::identity::Role::for_consumer(
+        "arn:aws:iam::123456789012:role/qc-team-a-orders",
+        NS,
+        "orders",
+    );
+    let client = aws_sdk_sqs::Client::new(&qc::aws::identity::assume(conf, &role).await);
+    let read = || async {
+        client
+            .get_queue_attributes()
+            .queue_url(&url)
+            .send()
+            .await
+            .unwrap();
+    };
+    let assumed = || proxy.sent().matches("Action=AssumeRole").count();
+    for _ in 0..3 {
+        read().await;
+    }
+    assert_eq!(assumed(), 1, "assumed once, then cached");
+    // Two hours on, the session has expired: the next call assumes the role again.
+    let now = *clock.0.lock().unwrap();
+    *clock.0.lock().unwrap() = now + std::time::Duration::from_hours(2);
+    read().await;
+    assert_eq!(assumed(), 2, "assumed again once the session expired");
+    // moto dates sessions by the wall clock: back at it, the new session is fresh and reused.
+    *clock.0.lock().unwrap() = std::time::SystemTime::now();
+    read().await;
+    assert_eq!(assumed(), 2, "the new session is reused");
+    assert_eq!(
+        proxy.sent().matches("AmazonSQS.GetQueueAttributes").count(),
+        5,
+        "every read went out"
+    );
+}
