@@ -307,8 +307,24 @@ fn queue_reachable(i: &StatusInputs<'_>) -> Cond {
             conditions::QUEUE_REACHABLE,
             Status::False,
             e.reason(),
-            format!("{e}; the Deployment and its replicas are left as they are"),
+            format!(
+                "{e}{}; the Deployment and its replicas are left as they are",
+                as_role(i.qc, e)
+            ),
         ),
+    }
+}
+
+/// With `spec.aws.roleArn`, a denial or a credentials failure is the role's (or its trust policy's),
+/// not the operator's own role that the SQS error names: say which role and ExternalId were used.
+fn as_role(qc: &crate::api::QueueConsumer, e: &ObserveError) -> String {
+    match crate::aws::identity::of_consumer(qc) {
+        // The role is named by its field, not its ARN: condition messages never carry IAM ARNs (#29).
+        Some(role) if matches!(e.reason(), "AccessDenied" | "InvalidCredentials") => format!(
+            " (the call was made as the role in spec.aws.roleArn, assumed with ExternalId {}: the role's trust policy must let the operator's role assume it with that ExternalId, and the role's policy must allow the call on this queue)",
+            role.external_id
+        ),
+        _ => String::new(),
     }
 }
 

@@ -1057,3 +1057,36 @@ fn condition_messages_hide_the_operators_identity() {
             .contains("arn:aws:sqs:us-east-1:444455556666:orders")
     );
 }
+
+#[test]
+fn a_denial_with_a_role_names_the_role_and_its_external_id() {
+    let mut q = qc(false);
+    let err = ObserveError::ReadQueueAttributes {
+        url: URL.into(),
+        source: SqsError::AccessDenied {
+            target: URL.into(),
+            code: "AccessDenied".into(),
+            message: "not authorized".into(),
+        },
+    };
+    let build = |q: &QueueConsumer| {
+        build_with(
+            q,
+            Observation::Failed(&err),
+            &Report::default(),
+            Rollout::HeldQueueUnreachable { render: Ok(()) },
+            None,
+            at(200),
+        )
+        .cond("QueueReachable")
+        .message
+        .clone()
+    };
+    assert!(!build(&q).contains("roleArn"), "no role, no hint");
+    q.spec.aws.role_arn = Some("arn:aws:iam::123456789012:role/qc-shop-orders".into());
+    let m = build(&q);
+    assert!(
+        m.contains("the role in spec.aws.roleArn") && m.contains("ExternalId qc:shop"),
+        "{m}"
+    );
+}
