@@ -32,6 +32,15 @@ pub enum TenancyError {
         allowed: String,
     },
     #[error(
+        "the queue's redrive policy names dead-letter queue {arn}, which the tenancy policy does not allow in namespace {namespace:?} (rule {rule} allows {allowed}): it is neither read nor alarmed on nor redriven from; point the redrive policy at a dead-letter queue the rule allows, or ask the operator's administrator to add it to {POLICY_SETTING}[{rule}].queues"
+    )]
+    DeadLetterQueueNotAllowed {
+        namespace: String,
+        arn: String,
+        rule: usize,
+        allowed: String,
+    },
+    #[error(
         "spec.queue.url names a queue of AWS account {account}, which the tenancy policy does not allow in namespace {namespace:?} (rule {rule} allows {allowed}): name a queue of an allowed account, or ask the operator's administrator to add it to {POLICY_SETTING}[{rule}].accounts"
     )]
     AccountNotAllowed {
@@ -67,6 +76,7 @@ impl TenancyError {
             TenancyError::BadPolicy { .. } => "InvalidTenancyPolicy",
             TenancyError::NamespaceNotInPolicy { .. } => reason::NAMESPACE_NOT_IN_POLICY,
             TenancyError::QueueNotAllowed { .. } => reason::QUEUE_NOT_ALLOWED,
+            TenancyError::DeadLetterQueueNotAllowed { .. } => reason::DEAD_LETTER_QUEUE_NOT_ALLOWED,
             TenancyError::AccountNotAllowed { .. } => reason::ACCOUNT_NOT_ALLOWED,
             TenancyError::RoleArnRequired { .. } => reason::ROLE_ARN_REQUIRED,
             TenancyError::RoleArnNotAllowed { .. } => reason::ROLE_ARN_NOT_ALLOWED,
@@ -177,12 +187,7 @@ impl TenancyPolicy {
             return Ok(());
         }
         let ns = t.namespace;
-        let Some((i, rule)) = self
-            .rules
-            .iter()
-            .enumerate()
-            .find(|(_, r)| r.namespaces.iter().any(|g| g.matches(ns, ns)))
-        else {
+        let Some((i, rule)) = self.rule_for(ns) else {
             return Err(TenancyError::NamespaceNotInPolicy {
                 namespace: ns.to_string(),
             });
@@ -231,6 +236,48 @@ impl TenancyPolicy {
             },
             None => Ok(()),
         }
+    }
+}
+
+impl TenancyPolicy {
+    /// Whether a QueueConsumer of `namespace` may have the dead-letter queue `arn` (from its queue's
+    /// redrive policy) read, alarmed on and redriven from: the namespace's rule must allow it as it
+    /// allows the queue (its `queues` and `accounts`). Only asked of a QueueConsumer `check` allowed.
+    pub fn check_dead_letter(&self, namespace: &str, arn: &str) -> Result<(), TenancyError> {
+        let Some((i, rule)) = self.rule_for(namespace) else {
+            return if self.rules.is_empty() {
+                Ok(())
+            } else {
+                Err(TenancyError::NamespaceNotInPolicy {
+                    namespace: namespace.to_string(),
+                })
+            };
+        };
+        let account = arn.split(':').nth(4).unwrap_or("");
+        let refuse = |allowed: &[Glob]| TenancyError::DeadLetterQueueNotAllowed {
+            namespace: namespace.to_string(),
+            arn: arn.to_string(),
+            rule: i,
+            allowed: listed(allowed, namespace),
+        };
+        if let Some(allowed) = &rule.accounts
+            && !allowed.iter().any(|g| g.matches(account, namespace))
+        {
+            return Err(refuse(allowed));
+        }
+        if let Some(allowed) = &rule.queues
+            && !allowed.iter().any(|g| g.matches(arn, namespace))
+        {
+            return Err(refuse(allowed));
+        }
+        Ok(())
+    }
+
+    fn rule_for(&self, namespace: &str) -> Option<(usize, &Rule)> {
+        self.rules
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.namespaces.iter().any(|g| g.matches(namespace, namespace)))
     }
 }
 
@@ -550,6 +597,31 @@ rules:
         assert!(
             e.contains("\"b\" is in no rule") && e.contains("tenancy.rules"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn a_dead_letter_queue_is_allowed_as_the_queue_is() {
+        let p = TenancyPolicy::parse(MULTI).unwrap();
+        let own = "arn:aws:sqs:us-east-1:111111111111:team-a-orders-dlq";
+        let theirs = "arn:aws:sqs:us-east-1:111111111111:team-b-orders-dlq";
+        let elsewhere = "arn:aws:sqs:us-east-1:999999999999:team-a-dlq";
+        assert_eq!(p.check_dead_letter("team-a", own), Ok(()));
+        for arn in [theirs, elsewhere] {
+            let e = p.check_dead_letter("team-a", arn).unwrap_err();
+            assert_eq!(e.reason(), "DeadLetterQueueNotAllowed", "{arn}");
+            let m = e.to_string();
+            assert!(m.contains(arn) && m.contains("redrive policy"), "{m}");
+        }
+        let accounts =
+            TenancyPolicy::parse("rules: [{namespaces: [a], accounts: [\"111111111111\"]}]")
+                .unwrap();
+        assert_eq!(accounts.check_dead_letter("a", theirs), Ok(()));
+        assert!(accounts.check_dead_letter("a", elsewhere).is_err());
+        assert!(accounts.check_dead_letter("b", own).is_err(), "no rule");
+        assert_eq!(
+            TenancyPolicy::allow_all().check_dead_letter("b", elsewhere),
+            Ok(())
         );
     }
 

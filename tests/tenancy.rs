@@ -417,3 +417,80 @@ async fn role_credentials_are_cached_and_assumed_again_past_their_expiry() {
         "every read went out"
     );
 }
+
+/// The DLQ a queue's redrive policy names is read, alarmed on and redriven from only when the
+/// namespace's rule allows it as it allows the queue: team-a's queue dead-lettering into team-b's
+/// queue gets DeadLetterQueueHealthy=Unknown naming the rule, no alarm, and no call about that DLQ
+/// (no GetQueueUrl); the same queue with a DLQ of its own is read as usual.
+#[tokio::test]
+async fn a_dead_letter_queue_outside_the_namespace_policy_is_never_read() {
+    use aws_sdk_sqs::types::QueueAttributeName;
+    let sqs = sqs_in("us-east-1").await;
+    let fake = FakeKube::new();
+    let mut proxies = Vec::new();
+    let mut urls = Vec::new();
+    for dlq_prefix in ["team-b-dlq", "team-a-dlq"] {
+        let dlq = common::create_queue(&sqs, &common::unique_name(dlq_prefix), &[]).await;
+        let arn = common::queue_arn(&sqs, &dlq).await;
+        urls.push(
+            common::create_queue(
+                &sqs,
+                &common::unique_name("team-a-orders"),
+                &[(
+                    QueueAttributeName::RedrivePolicy,
+                    json!({"deadLetterTargetArn": arn, "maxReceiveCount": 5}).to_string(),
+                )],
+            )
+            .await,
+        );
+        proxies.push(common::counting_proxy(&common::sqs_endpoint()).await);
+    }
+    let allowed: Vec<&str> = proxies.iter().map(|p| p.endpoint.as_str()).collect();
+    let ctx = policy_context(&fake, &allowed);
+    for ((name, url), proxy) in ["foreign-dlq", "own-dlq"].iter().zip(&urls).zip(&proxies) {
+        let m = consumer(name)
+            .namespace(NS)
+            .queue_url(url)
+            .endpoint(&proxy.endpoint)
+            .set("/spec/queue/region", "us-east-1")
+            .set(
+                "/spec/aws/roleArn",
+                "arn:aws:iam::123456789012:role/qc-team-a-orders",
+            )
+            .timeout("10s")
+            .wait_time("1s")
+            .image("team-a/orders:1")
+            .alarm(true);
+        fake.create(QUEUE_CONSUMERS, m.json());
+        reconcile(Arc::new(qc(&fake, name)), ctx.clone())
+            .await
+            .unwrap();
+    }
+    let q = qc(&fake, "foreign-dlq");
+    assert_eq!(
+        fake_kube::condition_of(q.clone(), "QueueReachable").status,
+        "True"
+    );
+    let dlq = fake_kube::condition_of(q.clone(), "DeadLetterQueueHealthy");
+    assert_eq!(dlq.status, "Unknown", "{dlq:?}");
+    assert!(
+        dlq.message.contains("team-b-dlq") && dlq.message.contains("does not allow"),
+        "names the DLQ and the policy: {}",
+        dlq.message
+    );
+    assert!(
+        q.metadata.finalizers.is_none(),
+        "no alarm on a DLQ the policy refuses"
+    );
+    assert!(
+        !proxies[0].sent().contains("AmazonSQS.GetQueueUrl"),
+        "the refused DLQ's URL was never asked for"
+    );
+    let own = qc(&fake, "own-dlq");
+    assert_eq!(
+        fake_kube::condition_of(own.clone(), "DeadLetterQueueHealthy").status,
+        "True"
+    );
+    assert!(proxies[1].sent().contains("AmazonSQS.GetQueueUrl"));
+    assert!(own.metadata.finalizers.is_some(), "its alarm is kept");
+}

@@ -61,4 +61,7 @@ pub mod reason {
     pub const ACCOUNT_NOT_ALLOWED: &str = "AccountNotAllowed";
     pub const ROLE_ARN_REQUIRED: &str = "RoleArnRequired";
     pub const ROLE_ARN_NOT_ALLOWED: &str = "RoleArnNotAllowed";
+    /// In the message of DeadLetterQueueHealthy=Unknown (DeadLetterQueueUnreachable): the DLQ of the
+    /// queue's redrive policy is outside the namespace's tenancy rule, so it is not read.
+    pub const DEAD_LETTER_QUEUE_NOT_ALLOWED: &str = "DeadLetterQueueNotAllowed";
 }

@@ -24,7 +24,9 @@ use aws_smithy_runtime_api::client::http::{
 use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 
 pub use facts::{DeadLetterFacts, Facts, FactsError, QueueArn, QueueFacts, QueueId, RedrivePolicy};
-pub use sqs::{ObserveError, QueueReader, SqsError, SqsReader, StaticReader, observe};
+pub use sqs::{
+    ObserveError, QueueReader, SqsError, SqsReader, StaticReader, observe, observe_with,
+};
 
 /// Shared SDK configuration: region (explicit, else from the queue URL, else the environment) and an
 /// optional endpoint override for local emulators. Credentials come from the default chain; retries

@@ -345,6 +345,16 @@ impl ObserveError {
 /// source's attributes, then (only with a redrive policy) the DLQ's URL and attributes. A DLQ
 /// problem never fails the observation: it is reported in `DeadLetterFacts` for the rules.
 pub async fn observe(reader: &dyn QueueReader, url: &str) -> Result<Facts, ObserveError> {
+    observe_with(reader, url, &|_| Ok(())).await
+}
+
+/// `observe`, reading the DLQ only when `dead_letter_allowed(its ARN)` says so; a refused one is
+/// `DeadLetterFacts::Unreachable` with the refusal, and gets no call.
+pub async fn observe_with(
+    reader: &dyn QueueReader,
+    url: &str,
+    dead_letter_allowed: &(dyn Fn(&str) -> Result<(), String> + Sync),
+) -> Result<Facts, ObserveError> {
     let attrs =
         reader
             .attributes(url)
@@ -361,7 +371,13 @@ pub async fn observe(reader: &dyn QueueReader, url: &str) -> Result<Facts, Obser
     })?;
     let dead_letter = match &queue.redrive {
         None => DeadLetterFacts::None,
-        Some(policy) => observe_dead_letter(reader, &policy.dead_letter_target_arn).await,
+        Some(policy) => match dead_letter_allowed(&policy.dead_letter_target_arn) {
+            Ok(()) => observe_dead_letter(reader, &policy.dead_letter_target_arn).await,
+            Err(error) => DeadLetterFacts::Unreachable {
+                arn: policy.dead_letter_target_arn.clone(),
+                error,
+            },
+        },
     };
     Ok(Facts {
         queue,

@@ -184,6 +184,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
                 .get(
                     &qc.spec.queue.url,
                     &target,
+                    (&ctx.tenancy, &ns),
                     qc.spec.scaling.poll_interval,
                     clients,
                 )

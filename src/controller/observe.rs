@@ -10,8 +10,11 @@ use crate::api::{Duration, QueueConsumer};
 use crate::aws::cloudwatch::{self, Alarms, BatchOptions, CloudWatchAlarms};
 use crate::aws::identity::Role;
 use crate::aws::limit::{self, LimitConfig, Limiter};
-use crate::aws::{DeadLetterFacts, Facts, ObserveError, QueueId, QueueReader, SqsReader, observe};
+use crate::aws::{
+    DeadLetterFacts, Facts, ObserveError, QueueId, QueueReader, SqsReader, observe_with,
+};
 use crate::scaling::Timestamp;
+use crate::tenancy::TenancyPolicy;
 
 /// The AWS clients for one region and endpoint.
 #[derive(Clone)]
@@ -210,8 +213,15 @@ pub struct FactsCache {
 }
 
 /// A queue as read by one grant: the endpoint, the role and ExternalId (None: the controller's own
-/// identity), and the queue. A read made as one namespace's role is never handed to another.
-type FactsKey = (Option<String>, Option<(String, String)>, QueueId);
+/// identity), the namespace when a tenancy policy is set (its rule decides which DLQ may be read), and
+/// the queue. A read made as one namespace's role, or under one namespace's rule, is never handed to
+/// another.
+type FactsKey = (
+    Option<String>,
+    Option<(String, String)>,
+    Option<String>,
+    QueueId,
+);
 
 impl FactsCache {
     pub fn new() -> Self {
@@ -225,16 +235,20 @@ impl FactsCache {
 
     /// The facts of `url` as a client of `target` reads them, read now or at most `max_age` ago.
     /// Failures are not cached: the next reconcile (after its backoff) reads again.
+    ///
+    /// The DLQ of the queue's redrive policy is read only when `tenancy` allows it for `namespace`.
     pub async fn get(
         &self,
         url: &str,
         target: &AwsTarget,
+        (tenancy, namespace): (&TenancyPolicy, &str),
         max_age: Duration,
         clients: &AwsClients,
     ) -> Result<Observed, ObserveError> {
         let slot = self.slot((
             target.endpoint.clone(),
             target.role.as_ref().map(Role::grant),
+            (!tenancy.is_open()).then(|| namespace.to_string()),
             QueueId::of(target.region.as_deref(), url),
         ));
         let mut cached = slot.lock().await;
@@ -250,7 +264,12 @@ impl FactsCache {
             return Ok(o.clone());
         }
         let at = wall_clock();
-        let facts = match observe(clients.sqs.as_ref(), url).await {
+        let allowed = |arn: &str| {
+            tenancy
+                .check_dead_letter(namespace, arn)
+                .map_err(|e| e.to_string())
+        };
+        let facts = match observe_with(clients.sqs.as_ref(), url, &allowed).await {
             Ok(f) => f,
             Err(e) => {
                 *cached = None;
