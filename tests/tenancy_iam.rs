@@ -5,6 +5,9 @@
 //! `qc-operator plan --live` (the same provider, clients and AssumeRole as `run`), the worker's the
 //! `qc-worker` binary, each with credentials that may do nothing but assume the role.
 
+#[path = "common/mod.rs"]
+mod common;
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -16,34 +19,16 @@ const ROLE: &str = "arn:aws:iam::123456789012:role/qc-team-a-orders";
 /// A moto whose first `free` requests go unauthenticated.
 struct IamMoto {
     endpoint: String,
-    child: std::process::Child,
+    _moto: common::OwnMoto,
 }
 
 impl IamMoto {
     fn start(free: usize) -> IamMoto {
-        let bin = std::env::var("QC_TEST_MOTO_SERVER").expect(
-            "QC_TEST_MOTO_SERVER is not set: run `bash scripts/test`, or export it as the path of moto_server",
-        );
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(bin)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .env("INITIAL_NO_AUTH_ACTION_COUNT", free.to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("moto_server starts");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "moto did not listen");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let moto =
+            common::OwnMoto::start(&[], &[("INITIAL_NO_AUTH_ACTION_COUNT", &free.to_string())]);
         IamMoto {
-            endpoint: format!("http://127.0.0.1:{port}"),
-            child,
+            endpoint: format!("http://127.0.0.1:{}", moto.port),
+            _moto: moto,
         }
     }
 
@@ -63,13 +48,6 @@ impl IamMoto {
         let body = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(out.status.success(), "{service} {params:?}: {body}");
         body
-    }
-}
-
-impl Drop for IamMoto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -182,3 +182,45 @@ pub async fn counting_proxy(to: &str) -> CountingProxy {
         sent,
     }
 }
+
+/// A moto server of a test's own (beside the shared one `scripts/test` starts), on a free loopback
+/// port, stopped when dropped: `args` follow `-H 127.0.0.1 -p PORT` (a TLS certificate), `env` is its
+/// environment (IAM enforcement). Returned once it listens.
+pub struct OwnMoto {
+    pub port: u16,
+    child: std::process::Child,
+}
+
+impl OwnMoto {
+    pub fn start(args: &[&std::ffi::OsStr], env: &[(&str, &str)]) -> OwnMoto {
+        let bin = std::env::var("QC_TEST_MOTO_SERVER").expect(
+            "QC_TEST_MOTO_SERVER is not set: run `bash scripts/test`, or export it as the path of moto_server",
+        );
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = std::process::Command::new(bin)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .args(args)
+            .envs(env.iter().copied())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("moto_server starts");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "moto did not listen");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        OwnMoto { port, child }
+    }
+}
+
+impl Drop for OwnMoto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1113,37 +1113,28 @@ impl TlsRedis {
 
 /// A second moto server, serving https only with a certificate from a test CA (moto's `-c`/`-k`).
 pub struct TlsMoto {
+    // First, so the server stops before its certificate files go.
+    _moto: common::OwnMoto,
     pub endpoint: String,
     pub certs: TestCerts,
-    child: std::process::Child,
 }
 
 impl TlsMoto {
     pub fn start() -> TlsMoto {
-        let bin = std::env::var("QC_TEST_MOTO_SERVER").expect(
-            "QC_TEST_MOTO_SERVER is not set: run `bash scripts/test`, or export it as the path of moto_server",
-        );
         let certs = TestCerts::new();
-        let port = free_port();
-        let child = Command::new(bin)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .arg("-c")
-            .arg(&certs.cert_file)
-            .arg("-k")
-            .arg(&certs.key_file)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("moto_server starts");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "TLS moto did not listen");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let moto = common::OwnMoto::start(
+            &[
+                "-c".as_ref(),
+                certs.cert_file.as_os_str(),
+                "-k".as_ref(),
+                certs.key_file.as_os_str(),
+            ],
+            &[],
+        );
         TlsMoto {
-            endpoint: format!("https://localhost:{port}"),
+            endpoint: format!("https://localhost:{}", moto.port),
+            _moto: moto,
             certs,
-            child,
         }
     }
 
@@ -1169,13 +1160,6 @@ impl TlsMoto {
             .load()
             .await;
         aws_sdk_sqs::Client::new(&conf)
-    }
-}
-
-impl Drop for TlsMoto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
