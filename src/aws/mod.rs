@@ -176,6 +176,14 @@ pub fn without_principals(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// [`without_principals`] of an owned text, which comes back as it was when there is nothing to hide.
+pub fn scrub_principals(text: String) -> String {
+    match without_principals(&text) {
+        std::borrow::Cow::Owned(hidden) => hidden,
+        std::borrow::Cow::Borrowed(_) => text,
+    }
+}
+
 /// An error and its sources, joined with `: ` (the SDK's and our HTTP client's errors keep the
 /// useful part, such as "invalid peer certificate", in a source).
 pub fn error_chain(e: &dyn std::error::Error) -> String {

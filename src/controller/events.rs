@@ -100,10 +100,7 @@ static EVENT_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// What a tenant reads in an Event: no principal ARN (`aws::without_principals`), within the limit.
 fn truncate(s: String, max: usize) -> String {
-    let mut s = match crate::aws::without_principals(&s) {
-        std::borrow::Cow::Borrowed(_) => s,
-        std::borrow::Cow::Owned(o) => o,
-    };
+    let mut s = crate::aws::scrub_principals(s);
     if s.len() > max {
         let mut cut = max;
         while !s.is_char_boundary(cut) {

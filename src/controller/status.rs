@@ -228,15 +228,11 @@ impl Cond {
     /// The message as tenants may read it: AWS error text without the operator's identity
     /// (`aws::without_principals`).
     fn new(type_: &'static str, status: Status, reason: &'static str, message: String) -> Cond {
-        let message = match crate::aws::without_principals(&message) {
-            std::borrow::Cow::Borrowed(_) => message,
-            std::borrow::Cow::Owned(o) => o,
-        };
         Cond {
             type_,
             status,
             reason,
-            message,
+            message: crate::aws::scrub_principals(message),
         }
     }
 }

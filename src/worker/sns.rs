@@ -53,18 +53,9 @@ pub fn unwrap(mode: UnwrapSns, msg: &Message) -> Result<Option<Message>, String>
     }
     attributes.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(Some(Message {
-        id: msg.id.clone(),
-        receipt_handle: msg.receipt_handle.clone(),
         body: bytes::Bytes::from(body.clone().into_bytes()),
-        receive_count: msg.receive_count,
-        group_id: msg.group_id.clone(),
-        deduplication_id: msg.deduplication_id.clone(),
-        sequence_number: msg.sequence_number.clone(),
-        sent_timestamp: msg.sent_timestamp,
-        first_receive_timestamp: msg.first_receive_timestamp,
         attributes,
-        trace_header: msg.trace_header.clone(),
-        received_at: msg.received_at,
+        ..msg.clone()
     }))
 }
 
