@@ -566,7 +566,12 @@ async fn a_hung_heartbeat_call_is_given_up_in_time_to_keep_the_lease() {
 /// next message waits for SQS to confirm the delete, and a delete given up stops the group.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifo_next_message_waits_for_the_delete_and_a_failed_delete_stops_the_group() {
-    let q = TestQueue::new("fifo-del", 4, 10, true).await;
+    // Visibility 30 s: the first message stays in flight through the delete's retries (ours and the
+    // SDK's, ~10-20 s), so the group stays locked until it comes back. With a lease shorter than the
+    // retries moto (unlike SQS) could hand out a later message of the group first: it re-reads which
+    // groups are in flight only on meeting a lapsed message, so a lapsed later message can pass over
+    // an earlier one already made visible (seen once in CI: order 0, 2, 0, 1).
+    let q = TestQueue::new("fifo-del", 30, 10, true).await;
     let bodies: Vec<String> = (0..3).map(|i| format!("a-{i:02}")).collect();
     q.send_all(&bodies, |_| "a".to_string()).await;
     let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(20))).await;
@@ -578,6 +583,22 @@ async fn fifo_next_message_waits_for_the_delete_and_a_failed_delete_stops_the_gr
     let mut w = Worker::start(&a);
     eventually(SECS(60), "a delete given up", || async {
         w.metric("qc_worker_delete_failures_total").await >= Some(1.0)
+    })
+    .await;
+    // The worker's own part, whatever order the server hands messages back in: nothing else of
+    // the group started while the first one's delete was being tried, and the rest was released.
+    let during: Vec<String> = h
+        .calls()
+        .iter()
+        .map(|c| String::from_utf8(c.body.clone()).unwrap())
+        .collect();
+    assert_eq!(
+        during,
+        ["a-00"],
+        "only the first message ran until its delete was given up"
+    );
+    eventually(SECS(10), "the group's later messages released", || async {
+        w.metric("qc_worker_messages_released_total").await >= Some(2.0)
     })
     .await;
     proxy.set(Fault::Forward).await;

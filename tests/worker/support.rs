@@ -237,7 +237,10 @@ impl Worker {
             .args(before)
             .args(["--metrics-addr", &metrics_addr])
             .args(after)
-            .env("RUST_LOG", "info")
+            .env(
+                "RUST_LOG",
+                std::env::var("QC_TEST_WORKER_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(file.try_clone().unwrap())
@@ -435,6 +438,17 @@ impl Drop for Worker {
         {
             let _ = c.kill();
             let _ = c.wait();
+        }
+        // A failed test shows what the worker logged (its directory goes with it); so does any
+        // with QC_TEST_SHOW_WORKER_LOG set.
+        if std::thread::panicking() || std::env::var_os("QC_TEST_SHOW_WORKER_LOG").is_some() {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(300)..];
+            eprintln!("--- {} (last {} lines) ---", self.log.display(), tail.len());
+            for l in tail {
+                eprintln!("{l}");
+            }
         }
     }
 }
