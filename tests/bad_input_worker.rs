@@ -129,6 +129,21 @@ fn flag_rows() -> Vec<FlagRow> {
             vec!["--batch-size", "between 1 and 10"],
         ),
         row(
+            "batch max items 0",
+            with(&["--batch-max-items", "0"]),
+            vec!["--batch-max-items", "between 1 (one message a call) and 100"],
+        ),
+        row(
+            "batch max items 101",
+            with(&["--batch-max-items", "101"]),
+            vec!["--batch-max-items", "between 1 (one message a call) and 100"],
+        ),
+        row(
+            "batch max wait 6m",
+            with(&["--batch-max-wait", "6m"]),
+            vec!["--batch-max-wait", "at most 5m"],
+        ),
+        row(
             "wait time 21s",
             with(&["--wait-time", "21s"]),
             vec!["--wait-time", "at most 20s"],

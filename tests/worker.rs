@@ -537,6 +537,7 @@ async fn retry_after_sets_the_retry_delay() {
                 status: 503,
                 delay: Duration::ZERO,
                 retry_after: Some("1".into()),
+                body: Vec::new(),
             }
         } else {
             Reply::ok(Duration::ZERO)
@@ -1938,6 +1939,7 @@ async fn a_failure_or_timeout_after_a_grown_lease_comes_back_at_its_retry_delay(
             status: 503,
             delay: Duration::from_millis(8500),
             retry_after: None,
+            body: Vec::new(),
         },
         (1, _) => Reply::ok(SECS(30)),
         _ => Reply::ok(Duration::ZERO),

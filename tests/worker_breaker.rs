@@ -214,6 +214,7 @@ async fn retry_after_on_503_pauses_for_that_long_without_burning_receives() {
         status: 503,
         delay: Duration::ZERO,
         retry_after: Some("3".into()),
+        body: Vec::new(),
     };
     let h = flaky_handler(until, down, Duration::from_millis(10)).await;
     let mut w = Worker::start(&q.args(&["--http-url", &h.url]));

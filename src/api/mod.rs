@@ -486,6 +486,42 @@ pub struct HandlerSpec {
     /// Quote the value in YAML ("on", "off"). Default: "off".
     #[serde(default, skip_serializing_if = "UnwrapSns::is_off")]
     pub unwrap_sns: UnwrapSns,
+    /// Batch mode: up to `maxItems` messages per handler call (HTTP: a JSON array of structured
+    /// CloudEvents, `application/cloudevents-batch+json`; exec: one event per line on stdin). The
+    /// answer names failed items in Lambda's shape, `{"batchItemFailures": [{"itemIdentifier":
+    /// "<message id>"}]}`: those are retried, the rest deleted; an empty answer means all succeeded;
+    /// an error status, a timeout or a malformed answer retries every item. `processing.concurrency`
+    /// then counts calls and `processing.p99` is a whole call's. Default: none (one message a call).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<BatchSpec>,
+}
+
+/// Most messages in one batch handler call.
+pub const MAX_BATCH_ITEMS: u32 = 100;
+
+/// `handler.batch`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("self.maxItems >= 1 && self.maxItems <= 100").message("handler.batch.maxItems must be between 1 and 100").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("duration(self.maxWait) <= duration('5m')").message("handler.batch.maxWait must be at most 5m (waiting messages hold their leases); e.g. 1s").reason(Reason::FieldValueInvalid))]
+pub struct BatchSpec {
+    /// Messages per call, at most (1 to 100). Default: 10.
+    #[serde(default = "defaults::batch_max_items")]
+    #[schemars(range(min = 1, max = 100))]
+    pub max_items: u32,
+    /// A call starts with fewer messages once the oldest has waited this long, a duration (at most
+    /// 5m). Default: 1s.
+    #[serde(default = "defaults::batch_max_wait")]
+    pub max_wait: Duration,
+}
+
+impl Default for BatchSpec {
+    fn default() -> Self {
+        BatchSpec {
+            max_items: defaults::batch_max_items(),
+            max_wait: defaults::batch_max_wait(),
+        }
+    }
 }
 
 /// `handler.unwrapSns`: whether the worker unwraps SNS notification envelopes.
@@ -1151,6 +1187,12 @@ pub mod defaults {
     }
     pub fn breaker_window() -> u32 {
         20
+    }
+    pub fn batch_max_items() -> u32 {
+        10
+    }
+    pub fn batch_max_wait() -> Duration {
+        Duration::from_secs(1)
     }
     pub fn breaker_consecutive() -> u32 {
         10

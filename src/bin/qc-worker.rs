@@ -90,6 +90,14 @@ struct Cli {
     /// MessageAttributes), auto (only messages that are notifications), off (as received).
     #[arg(long, env = "QC_UNWRAP_SNS", default_value = "off", value_parser = parse_unwrap_sns, value_name = "off|on|auto")]
     unwrap_sns: UnwrapSns,
+    /// Batch mode: up to this many messages per handler call (HTTP: a JSON array of CloudEvents,
+    /// `application/cloudevents-batch+json`; exec: one event per line on stdin), the answer naming
+    /// failed items in `batchItemFailures`; --concurrency then counts calls. 1: one message a call.
+    #[arg(long, env = "QC_BATCH_MAX_ITEMS", default_value_t = 1)]
+    batch_max_items: u32,
+    /// Batch mode: a call starts with fewer messages once the oldest has waited this long.
+    #[arg(long, env = "QC_BATCH_MAX_WAIT", default_value = "1s")]
+    batch_max_wait: Duration,
 
     /// none | memory | redis
     #[arg(long, env = "QC_IDEMPOTENCY_STORE", default_value = "none", value_parser = parse_store)]
@@ -225,6 +233,8 @@ fn config(cli: Cli) -> anyhow::Result<Config> {
         retry_max: cli.retry_max,
         on_poison: cli.on_poison,
         unwrap_sns: cli.unwrap_sns,
+        batch_max_items: cli.batch_max_items,
+        batch_max_wait: cli.batch_max_wait,
         idempotency_store: cli.idempotency_store,
         idempotency_key: cli.idempotency_key,
         idempotency_ttl: cli.idempotency_ttl,
@@ -473,6 +483,15 @@ mod tests {
         assert_eq!(got.retry_max, p.retry_backoff.max, "{name}");
         assert_eq!(got.on_poison, p.on_poison, "{name}");
         assert_eq!(got.unwrap_sns, s.handler.unwrap_sns, "{name}");
+        let batch = s.handler.batch.clone();
+        assert_eq!(
+            got.batch_max_items,
+            batch.as_ref().map_or(1, |b| b.max_items),
+            "{name}"
+        );
+        if let Some(b) = batch {
+            assert_eq!(got.batch_max_wait, b.max_wait, "{name}");
+        }
         assert_eq!(got.idempotency_store, i.store, "{name}");
         assert_eq!(got.idempotency_key, i.key, "{name}");
         assert_eq!(got.idempotency_ttl, i.ttl, "{name}");
@@ -574,6 +593,7 @@ spec:
     outageTolerance: 45m
   handler:
     http: {port: 8181, path: /hooks/sqs}
+    batch: {maxItems: 25, maxWait: 2500ms}
   idempotency:
     store: redis
     key: jsonPointer:/order/id

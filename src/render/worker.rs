@@ -75,6 +75,14 @@ pub fn worker_args(
     for (flag, value) in pairs {
         args.extend([flag.to_string(), value]);
     }
+    if let Some(b) = &spec.handler.batch {
+        args.extend([
+            "--batch-max-items".into(),
+            b.max_items.to_string(),
+            "--batch-max-wait".into(),
+            b.max_wait.to_string(),
+        ]);
+    }
     // Unset means held up to SQS's 12 hours: the worker's own default, so no flag.
     if let Some(tolerance) = p.outage_tolerance {
         args.extend(["--outage-tolerance".into(), tolerance.to_string()]);

@@ -472,7 +472,7 @@ pub fn decide_for(
         &spec.scaling,
         spec.processing.p99,
         spec.processing.mean,
-        spec.processing.concurrency,
+        crate::validate::message_slots(spec),
         crate::validate::prefetch(spec),
         history,
         current,

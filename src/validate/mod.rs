@@ -47,7 +47,22 @@ pub fn has_errors(findings: &[Finding]) -> bool {
 /// declared mean says the worker will not prefetch.
 pub fn in_flight_per_replica(spec: &QueueConsumerSpec) -> u32 {
     let p = &spec.processing;
+    if let Some(b) = &spec.handler.batch {
+        // Batch mode: each of the `concurrency` calls with up to `maxItems` messages, and no more
+        // received than free calls can take (no prefetch).
+        return p.concurrency.max(1).saturating_mul(b.max_items.max(1));
+    }
     p.concurrency.max(1).saturating_add(prefetch(spec))
+}
+
+/// Messages one replica works on at once: `concurrency`, or in batch mode `concurrency` calls of
+/// `maxItems` messages each (every one of them takes a whole call's time).
+pub fn message_slots(spec: &QueueConsumerSpec) -> u32 {
+    let c = spec.processing.concurrency.max(1);
+    match &spec.handler.batch {
+        Some(b) => c.saturating_mul(b.max_items.max(1)),
+        None => c,
+    }
 }
 
 /// What a worker may hold waiting for a slot: `batchSize` + ceil(`batchSize` / 2) with the heartbeat
@@ -58,6 +73,10 @@ pub fn in_flight_per_replica(spec: &QueueConsumerSpec) -> u32 {
 /// The worker's own rules (`worker::prefetch`), so the prediction cannot drift from what it does.
 pub fn prefetch(spec: &QueueConsumerSpec) -> u32 {
     let p = &spec.processing;
+    if spec.handler.batch.is_some() {
+        // Batch mode receives only into free calls.
+        return 0;
+    }
     let fixed_interval = match p.heartbeat.interval {
         HeartbeatInterval::Fixed(d) => Some(d.as_std()),
         // VT / 3 is known only with the queue's facts; any interval is at least as long as the
@@ -80,9 +99,13 @@ pub fn prefetch(spec: &QueueConsumerSpec) -> u32 {
     )
 }
 
-/// Time to work through what one replica holds: P × ceil(in-flight / C).
+/// Time to work through what one replica holds: P × ceil(in-flight / C). In batch mode P is a
+/// whole call's P99 and a message may first wait `maxWait` for its batch to fill: maxWait + P.
 fn work_time(spec: &QueueConsumerSpec) -> Duration {
     let c = spec.processing.concurrency.max(1);
+    if let Some(b) = &spec.handler.batch {
+        return b.max_wait.saturating_add(spec.processing.p99);
+    }
     let rounds = in_flight_per_replica(spec).div_ceil(c);
     spec.processing.p99.saturating_mul(rounds)
 }
@@ -267,15 +290,25 @@ fn queue_rules(spec: &QueueConsumerSpec, q: &QueueFacts, out: &mut Vec<Finding>)
         out.push(finding(
             codes::VISIBILITY_TIMEOUT_BELOW_BUDGET,
             severity,
-            format!(
-                "queue VisibilityTimeout {} is below the budget {} (p99 {} × ceil({} in flight / concurrency {}) + margin {}){tail}",
-                secs(vt),
-                secs(budget),
-                secs(p.p99),
-                in_flight_per_replica(spec),
-                p.concurrency,
-                secs(m)
-            ),
+            match &spec.handler.batch {
+                Some(b) => format!(
+                    "queue VisibilityTimeout {} is below the budget {} (batch maxWait {} + a call's p99 {} + margin {}){tail}",
+                    secs(vt),
+                    secs(budget),
+                    secs(b.max_wait),
+                    secs(p.p99),
+                    secs(m)
+                ),
+                None => format!(
+                    "queue VisibilityTimeout {} is below the budget {} (p99 {} × ceil({} in flight / concurrency {}) + margin {}){tail}",
+                    secs(vt),
+                    secs(budget),
+                    secs(p.p99),
+                    in_flight_per_replica(spec),
+                    p.concurrency,
+                    secs(m)
+                ),
+            },
             format!("set VisibilityTimeout to at least {}", secs(ceil_secs(budget))),
         ));
     }

@@ -634,3 +634,30 @@ fn alarm_action_in_another_region() {
     s.dead_letter.alarm_actions = vec![there];
     assert!(find(&s, None, c).is_none());
 }
+
+#[test]
+fn batch_mode_budgets_one_call_after_the_batch_fills() {
+    // #32: 4 calls of up to 20 messages; a message waits up to maxWait for its batch, then one
+    // call (p99 is a whole call's); nothing is received beyond what free calls take.
+    let s: QueueConsumerSpec = serde_saphyr::from_str(
+        "queue: {url: https://sqs.us-east-1.amazonaws.com/1/q}\nhandler: {http: {}, batch: {maxItems: 20, maxWait: 3s}}\nprocessing: {p99: 10s, concurrency: 4}\n",
+    )
+    .expect("test spec parses");
+    assert_eq!(prefetch(&s), 0);
+    assert_eq!(in_flight_per_replica(&s), 80);
+    assert_eq!(message_slots(&s), 80);
+    assert_eq!(budget(&s), Duration::from_secs(3 + 10 + 5));
+    let low = codes_of(&s, Some(&facts(queue(15))));
+    assert!(
+        low.contains(&codes::VISIBILITY_TIMEOUT_BELOW_BUDGET.to_string()),
+        "{low:?}"
+    );
+    assert!(codes_of(&s, Some(&facts(queue(18)))).is_empty());
+    // Defaults: 10 items, 1s.
+    let d: QueueConsumerSpec = serde_saphyr::from_str(
+        "queue: {url: https://sqs.us-east-1.amazonaws.com/1/q}\nhandler: {http: {}, batch: {}}\nprocessing: {p99: 2s}\n",
+    )
+    .expect("test spec parses");
+    assert_eq!(in_flight_per_replica(&d), 100);
+    assert_eq!(budget(&d), Duration::from_secs(1 + 2 + 5));
+}

@@ -41,6 +41,16 @@ pub struct Settings {
     pub heartbeat: Option<Duration>,
     /// From the shutdown signal until handlers still running are abandoned (released).
     pub drain_budget: Duration,
+    /// Batch mode (`--batch-max-items` > 1): messages go to the handler in calls of up to this many.
+    pub batch: Option<BatchSettings>,
+}
+
+/// Batch mode: `concurrency` counts handler calls, each with up to `max_items` messages.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchSettings {
+    pub max_items: usize,
+    /// A call starts once `max_items` wait or the oldest has waited this long.
+    pub max_wait: Duration,
 }
 
 /// Pending messages of each FIFO group that has a chain running, in queue order.
@@ -78,6 +88,8 @@ impl Dispatcher {
         let mut prefetching = false;
 
         let groups: Groups = Arc::new(Mutex::new(HashMap::new()));
+        // FIFO batch mode: the calls running at once, across groups.
+        let calls = Arc::new(tokio::sync::Semaphore::new(s.concurrency));
         let mut tasks: JoinSet<()> = JoinSet::new();
         let mut receives: JoinSet<ReceiveResult> = JoinSet::new();
         let mut asked: HashMap<tokio::task::Id, usize> = HashMap::new();
@@ -106,6 +118,7 @@ impl Dispatcher {
             let prefetch = match (latency_ewma, receive_ewma) {
                 (Some(mean), Some(rtt))
                     if s.prefetch > 0
+                        && s.batch.is_none()
                         && crate::worker::prefetch_pays(
                             Duration::from_secs_f64(mean),
                             Duration::from_secs_f64(rtt),
@@ -138,7 +151,16 @@ impl Dispatcher {
                 }
                 _ => 0,
             };
-            let mut capacity = s.concurrency + prefetch + early;
+            let mut capacity = match s.batch {
+                // Messages in running calls, plus a whole call's worth for each free call: a
+                // received message always has a call to go into once its batch is due.
+                Some(b) if !s.fifo => {
+                    let in_calls = in_flight.saturating_sub(waiting.len());
+                    in_calls + s.concurrency.saturating_sub(tasks.len()) * b.max_items
+                }
+                Some(b) => s.concurrency * b.max_items,
+                None => s.concurrency + prefetch + early,
+            };
             // The outage breaker: no receives while open (but one message to probe with when none
             // is held), its slow-start slots while recovering.
             if let Some(cap) = p.breaker.cap() {
@@ -197,6 +219,13 @@ impl Dispatcher {
             }
             // Waiting messages whose heartbeat falls due get a background one until they start.
             let beat_due = waiting.iter().filter_map(Lease::beat_due).min();
+            // Batch mode: when the oldest waiting message's batch is due with fewer than a full one.
+            let batch_due = match (s.batch, waiting.front()) {
+                (Some(b), Some(l)) if tasks.len() < s.concurrency && !draining => {
+                    Some(Instant::from_std(l.msg.received_at) + b.max_wait)
+                }
+                _ => None,
+            };
             // Only a future instant: one already past is the waiters' to act on (or a probe
             // receive already asked for), and waking for it again would spin.
             let breaker_wake = if draining {
@@ -250,7 +279,7 @@ impl Dispatcher {
                             lease.release().await;
                         }
                     }
-                    start_waiting(&p, &mut tasks, &mut waiting, in_flight, s.concurrency);
+                    start(&p, &mut tasks, &mut waiting, in_flight, s);
                 }
                 Some(joined) = receives.join_next_with_id(), if !receives.is_empty() => {
                     let (id, (result, took)) = match joined {
@@ -310,7 +339,7 @@ impl Dispatcher {
                                     lease.release().await;
                                 }
                             } else if s.fifo {
-                                start_fifo(&p, &groups, &mut tasks, leases);
+                                start_fifo(&p, &groups, &mut tasks, leases, s.batch.map(|b| (b.max_items, calls.clone())));
                             } else if paused.is_some() {
                                 // Received just before the pause: back to the queue.
                                 for lease in leases {
@@ -318,7 +347,7 @@ impl Dispatcher {
                                 }
                             } else {
                                 waiting.extend(leases);
-                                start_waiting(&p, &mut tasks, &mut waiting, in_flight, s.concurrency);
+                                start(&p, &mut tasks, &mut waiting, in_flight, s);
                             }
                         }
                         Err(e) => {
@@ -337,6 +366,10 @@ impl Dispatcher {
                 }
                 Some(_) = tasks.join_next(), if !tasks.is_empty() => {
                     while tasks.try_join_next().is_some() {}
+                    // Batch mode: a call slot is free.
+                    if s.batch.is_some() && !s.fifo && paused.is_none() && !draining {
+                        start(&p, &mut tasks, &mut waiting, in_flight, s);
+                    }
                 }
                 Ok(()) = breaker_state.changed() => {
                     // Opened, recovering or closed: the capacity above changes with it.
@@ -351,6 +384,9 @@ impl Dispatcher {
                 }
                 () = sleep_until_opt(backoff_until), if backoff_until.is_some() => {
                     backoff_until = None;
+                }
+                () = sleep_until_opt(batch_due), if batch_due.is_some() => {
+                    start_batches(&p, &mut tasks, &mut waiting, s);
                 }
                 () = sleep_until_opt(beat_due), if beat_due.is_some() => {
                     for lease in &mut waiting {
@@ -400,6 +436,46 @@ async fn wait_store(p: &Processor) {
     }
 }
 
+/// Starts what waits: one message a task, or in batch mode the batches that are due.
+fn start(
+    p: &Arc<Processor>,
+    tasks: &mut JoinSet<()>,
+    waiting: &mut VecDeque<Lease>,
+    in_flight: usize,
+    s: &Settings,
+) {
+    if s.batch.is_some() {
+        start_batches(p, tasks, waiting, s);
+    } else {
+        start_waiting(p, tasks, waiting, in_flight, s.concurrency);
+    }
+}
+
+/// Batch mode: while fewer than `concurrency` calls run, starts a call with the oldest waiting
+/// messages when a whole batch waits, or with what there is once the oldest has waited `max_wait`.
+fn start_batches(
+    p: &Arc<Processor>,
+    tasks: &mut JoinSet<()>,
+    waiting: &mut VecDeque<Lease>,
+    s: &Settings,
+) {
+    let Some(b) = s.batch else { return };
+    while tasks.len() < s.concurrency && !waiting.is_empty() {
+        let oldest_due = waiting
+            .front()
+            .is_some_and(|l| l.msg.received_at.elapsed() >= b.max_wait);
+        if waiting.len() < b.max_items && !oldest_due {
+            break;
+        }
+        let n = waiting.len().min(b.max_items);
+        let leases: Vec<Lease> = waiting.drain(..n).collect();
+        let p = p.clone();
+        tasks.spawn(Box::pin(async move {
+            p.process_batch(leases).await;
+        }));
+    }
+}
+
 /// Starts waiting messages, oldest first, while fewer than `concurrency` run.
 fn start_waiting(
     p: &Arc<Processor>,
@@ -438,7 +514,13 @@ fn take_all(groups: &Groups) -> Vec<Lease> {
 }
 
 /// Queues each message behind its group; a group without a running chain gets one.
-fn start_fifo(p: &Arc<Processor>, groups: &Groups, tasks: &mut JoinSet<()>, leases: Vec<Lease>) {
+fn start_fifo(
+    p: &Arc<Processor>,
+    groups: &Groups,
+    tasks: &mut JoinSet<()>,
+    leases: Vec<Lease>,
+    batch: Option<(usize, Arc<tokio::sync::Semaphore>)>,
+) {
     let mut to_start = Vec::new();
     if let Ok(mut g) = groups.lock() {
         for lease in leases {
@@ -456,7 +538,18 @@ fn start_fifo(p: &Arc<Processor>, groups: &Groups, tasks: &mut JoinSet<()>, leas
     for (group, first) in to_start {
         let p = p.clone();
         let groups = groups.clone();
-        tasks.spawn(Box::pin(run_group(p, groups, group, first)));
+        match &batch {
+            Some((max_items, calls)) => {
+                let calls = calls.clone();
+                let max_items = *max_items;
+                tasks.spawn(Box::pin(run_group_batches(
+                    p, groups, group, first, max_items, calls,
+                )));
+            }
+            None => {
+                tasks.spawn(Box::pin(run_group(p, groups, group, first)));
+            }
+        }
     }
 }
 
@@ -490,6 +583,65 @@ async fn run_group(p: Arc<Processor>, groups: Groups, group: String, first: Leas
         }
         for lease in stopped {
             lease.release().await;
+        }
+    }
+}
+
+/// Batch mode on a FIFO queue: the group's messages go to the handler in order, up to `max_items` a
+/// call, one call of the group at a time (and at most `concurrency` calls across groups); after a
+/// call in which one of them stays on the queue, the rest of the group is released.
+async fn run_group_batches(
+    p: Arc<Processor>,
+    groups: Groups,
+    group: String,
+    first: Lease,
+    max_items: usize,
+    calls: Arc<tokio::sync::Semaphore>,
+) {
+    let mut batch = vec![first];
+    loop {
+        if let Ok(mut g) = groups.lock()
+            && let Some(q) = g.get_mut(&group)
+        {
+            while batch.len() < max_items {
+                match q.pop_front() {
+                    Some(l) => batch.push(l),
+                    None => break,
+                }
+            }
+        }
+        // Waiting for a call slot: every lease kept alive meanwhile.
+        for l in &mut batch {
+            l.beat_in_background();
+        }
+        let Ok(_permit) = calls.acquire().await else {
+            return;
+        };
+        let ended = p.process_batch(std::mem::take(&mut batch)).await;
+        let kept = ended.iter().any(|(_, e)| *e == Ended::Kept);
+        let mut stopped = Vec::new();
+        if let Ok(mut g) = groups.lock() {
+            if kept {
+                if let Some(q) = g.remove(&group) {
+                    stopped.extend(q);
+                }
+            } else {
+                match g.get_mut(&group).and_then(VecDeque::pop_front) {
+                    Some(l) => batch.push(l),
+                    None => {
+                        g.remove(&group);
+                    }
+                }
+            }
+        }
+        if !stopped.is_empty() {
+            tracing::info!(group = %group, released = stopped.len(), "group stopped by a failure; releasing its later messages");
+        }
+        for lease in stopped {
+            lease.release().await;
+        }
+        if batch.is_empty() {
+            return;
         }
     }
 }

@@ -20,6 +20,8 @@ use super::idempotency::{Claim, IdempotencyError, Store, key_of};
 use super::metrics::{Metrics, OutcomeLabel};
 use super::sqs::{Entry, Message, Sqs};
 
+mod batch;
+
 /// Sent to the dispatcher when a message frees its slot.
 #[derive(Debug)]
 pub struct Freed {

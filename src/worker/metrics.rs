@@ -46,6 +46,8 @@ impl Action {
 
 /// One bucket per possible answer size of a ReceiveMessage call (MaxNumberOfMessages is at most 10).
 pub const RECEIVE_SIZE_BUCKETS: &[f64] = &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0];
+/// Bounds of `qc_worker_batch_items` (batch mode allows up to `MAX_BATCH_ITEMS` items a call).
+pub const BATCH_ITEMS_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0];
 
 /// How a message ended; the `outcome` label of `qc_worker_messages_processed_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,6 +108,8 @@ pub struct Metrics {
     pub empty_receives: Counter,
     /// Messages each answered ReceiveMessage returned (0 to 10).
     pub receive_sizes: Histogram,
+    /// Messages per batch handler call (batch mode only; its count is the number of calls).
+    pub batch_items: Histogram,
     pub sqs_requests: [Counter; 5],
     pub sqs_errors: [Counter; 5],
     pub idempotency_errors: Counter,
@@ -145,6 +149,7 @@ impl Default for Metrics {
             in_flight: Gauge::default(),
             empty_receives: Counter::default(),
             receive_sizes: Histogram::new(RECEIVE_SIZE_BUCKETS),
+            batch_items: Histogram::new(BATCH_ITEMS_BUCKETS),
             sqs_requests: Default::default(),
             sqs_errors: Default::default(),
             idempotency_errors: Counter::default(),
@@ -282,6 +287,11 @@ impl Metrics {
             "qc_worker_receive_messages",
             "Messages per answered ReceiveMessage call (a busy queue should fill batchSize).",
             &self.receive_sizes,
+        );
+        e.histogram(
+            "qc_worker_batch_items",
+            "Messages per batch handler call (batch mode; qc_worker_handler_duration_seconds then times whole calls).",
+            &self.batch_items,
         );
         let labels: Vec<[(&str, &str); 1]> = Action::ALL
             .iter()

@@ -41,6 +41,8 @@ pub use crate::api::MAX_CONCURRENCY;
 /// Bounds of `--max-request-head`: below 1 KiB the fixed CloudEvents headers may not fit.
 pub const MIN_REQUEST_HEAD: usize = 1024;
 pub const MAX_REQUEST_HEAD: usize = 1024 * 1024;
+/// Most messages in one batch handler call (`--batch-max-items`, `handler.batch.maxItems`).
+pub const MAX_BATCH_ITEMS: u32 = crate::api::MAX_BATCH_ITEMS;
 /// Keys the memory store keeps at most.
 pub const MEMORY_STORE_CAPACITY: usize = 100_000;
 
@@ -85,6 +87,10 @@ pub struct Config {
     pub on_poison: OnPoison,
     /// `--unwrap-sns`: hand the handler an SNS notification's Message and attributes.
     pub unwrap_sns: UnwrapSns,
+    /// `--batch-max-items`: messages per handler call (1: one message a call, no batch mode).
+    pub batch_max_items: u32,
+    /// `--batch-max-wait`: how long a message waits for its batch to fill.
+    pub batch_max_wait: Duration,
     pub idempotency_store: IdempotencyStore,
     pub idempotency_key: IdempotencyKey,
     pub idempotency_ttl: Duration,
@@ -143,6 +149,18 @@ impl Config {
             return bad(
                 "--concurrency",
                 "must be at most 10000 per worker; run more replicas for more",
+            );
+        }
+        if !(1..=MAX_BATCH_ITEMS).contains(&self.batch_max_items) {
+            return bad(
+                "--batch-max-items",
+                "must be between 1 (one message a call) and 100",
+            );
+        }
+        if self.batch_max_wait.as_std() > StdDuration::from_mins(5) {
+            return bad(
+                "--batch-max-wait",
+                "must be at most 5m (messages wait that long holding their leases); e.g. 1s",
             );
         }
         if !(1..=10).contains(&self.batch_size) {
@@ -497,6 +515,10 @@ pub async fn run(
             .saturating_sub(config.batch_size) as usize,
         heartbeat,
         drain_budget: total.saturating_sub(flush_reserve),
+        batch: (config.batch_max_items > 1).then(|| dispatch::BatchSettings {
+            max_items: config.batch_max_items as usize,
+            max_wait: config.batch_max_wait.as_std(),
+        }),
     };
     metrics.set_readiness(Readiness::Ready);
     tracing::info!("consuming");
@@ -664,6 +686,8 @@ fn log_start(config: &Config, info: &QueueInfo, heartbeat: Option<StdDuration>) 
         heartbeat_interval_ms = heartbeat.map(|h| h.as_millis() as u64),
         on_poison = config.on_poison.as_str(),
         unwrap_sns = config.unwrap_sns.as_str(),
+        batch_max_items = config.batch_max_items,
+        batch_max_wait = %config.batch_max_wait,
         idempotency_store = config.idempotency_store.as_str(),
         breaker = config.breaker.enabled,
         outage_tolerance_s = config.breaker.tolerance.map(|t| t.as_secs()),
@@ -712,6 +736,8 @@ mod tests {
             retry_max: Duration::from_secs(900),
             on_poison: OnPoison::DeadLetter,
             unwrap_sns: UnwrapSns::Off,
+            batch_max_items: 1,
+            batch_max_wait: Duration::from_secs(1),
             idempotency_store: IdempotencyStore::None,
             idempotency_key: IdempotencyKey::MessageId,
             idempotency_ttl: Duration::from_secs(86_400),

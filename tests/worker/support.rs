@@ -493,6 +493,8 @@ pub struct Reply {
     pub status: u16,
     pub delay: Duration,
     pub retry_after: Option<String>,
+    /// The answer's body (batch mode: the batchItemFailures answer).
+    pub body: Vec<u8>,
 }
 
 impl Reply {
@@ -501,6 +503,7 @@ impl Reply {
             status: 200,
             delay,
             retry_after: None,
+            body: Vec::new(),
         }
     }
     pub fn status(status: u16) -> Reply {
@@ -508,6 +511,14 @@ impl Reply {
             status,
             delay: Duration::ZERO,
             retry_after: None,
+            body: Vec::new(),
+        }
+    }
+    /// 200 after `delay` with this body.
+    pub fn answer(delay: Duration, body: &str) -> Reply {
+        Reply {
+            body: body.as_bytes().to_vec(),
+            ..Reply::ok(delay)
         }
     }
 }
@@ -598,7 +609,7 @@ impl HttpHandler {
         tokio::time::sleep(reply.delay).await;
         self.calls.lock().unwrap()[index].finished = Some(Instant::now());
         self.active.fetch_sub(1, Ordering::SeqCst);
-        let mut resp = Response::new(Full::new(Bytes::new()));
+        let mut resp = Response::new(Full::new(Bytes::from(reply.body)));
         *resp.status_mut() = hyper::StatusCode::from_u16(reply.status).unwrap();
         if let Some(ra) = reply.retry_after {
             resp.headers_mut()

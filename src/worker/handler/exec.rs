@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::io::AsyncWriteExt;
 
+use super::batch::{self, BatchVerdict};
 use super::{HandlerError, QueueContext, Verdict, verdict_for_exit};
 use crate::worker::sqs::Message;
 use crate::worker::trace::TraceContext;
@@ -213,17 +214,9 @@ impl ExecHandler {
     /// Runs the command for `msg`; None if it was still running at `deadline`, returned after its
     /// process group was killed and its leader reaped.
     pub async fn handle(&self, msg: &Message, deadline: tokio::time::Instant) -> Option<Verdict> {
-        let mut cmd = tokio::process::Command::new(&self.program);
-        cmd.args(&self.args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::inherit())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .process_group(0)
-            .env("QC_MESSAGE_ID", &msg.id)
-            .env("QC_RECEIVE_COUNT", msg.receive_count.to_string())
-            .env("QC_QUEUE_URL", &self.queue.url)
-            .env("QC_QUEUE_ARN", &self.queue.arn);
+        let mut cmd = self.command_for(false);
+        cmd.env("QC_MESSAGE_ID", &msg.id)
+            .env("QC_RECEIVE_COUNT", msg.receive_count.to_string());
         if let Some(g) = &msg.group_id {
             cmd.env("QC_MESSAGE_GROUP_ID", g);
         }
@@ -264,6 +257,90 @@ impl ExecHandler {
             };
             set.insert(env);
         }
+        match self.run(cmd, msg.body.clone(), false, deadline).await? {
+            Ran::Exited(status, _) => {
+                use std::os::unix::process::ExitStatusExt;
+                Some(verdict_for_exit(status.code(), status.signal()))
+            }
+            Ran::NotRun(v) => Some(v),
+        }
+    }
+
+    /// Batch mode: one process for all of `msgs`, one structured CloudEvent a line on stdin. Exit 0
+    /// and the last stdout line that is a JSON object with `batchItemFailures` (if any) is the
+    /// answer; other stdout lines are the handler's own output, passed on to the worker's stdout.
+    /// Any other exit is the verdict of every item. None if it was still running at `deadline`.
+    pub async fn handle_batch(
+        &self,
+        msgs: &[&Message],
+        deadline: tokio::time::Instant,
+    ) -> Option<BatchVerdict> {
+        let mut cmd = self.command_for(true);
+        cmd.env("QC_BATCH_SIZE", msgs.len().to_string());
+        let input = bytes::Bytes::from(batch::json_lines(msgs, self.source()));
+        match self.run(cmd, input, true, deadline).await? {
+            Ran::Exited(status, answer) => {
+                use std::os::unix::process::ExitStatusExt;
+                let verdict = verdict_for_exit(status.code(), status.signal());
+                if verdict != Verdict::Success {
+                    return Some(BatchVerdict::whole(verdict));
+                }
+                let ids: Vec<&str> = msgs.iter().map(|m| m.id.as_str()).collect();
+                Some(
+                    match batch::parse_answer(answer.as_deref().unwrap_or_default(), &ids) {
+                        Ok(failed) => BatchVerdict::Items { failed },
+                        Err(why) => BatchVerdict::Whole(Verdict::Transient {
+                            reason: format!(
+                                "malformed batch answer from {}: {why}; every item is retried",
+                                self.program.display()
+                            ),
+                            retry_after: None,
+                            cause: super::Cause::Other,
+                        }),
+                    },
+                )
+            }
+            Ran::NotRun(v) => Some(BatchVerdict::whole(v)),
+        }
+    }
+
+    /// `ce-source` of batch events: the queue ARN, the URL until the ARN is known.
+    fn source(&self) -> &str {
+        if self.queue.arn.is_empty() {
+            &self.queue.url
+        } else {
+            &self.queue.arn
+        }
+    }
+
+    /// The command with what every call shares: its own process group, stdin piped, the queue.
+    fn command_for(&self, capture: bool) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(&self.program);
+        cmd.args(&self.args)
+            .stdin(Stdio::piped())
+            .stdout(if capture {
+                Stdio::piped()
+            } else {
+                Stdio::inherit()
+            })
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .process_group(0)
+            .env("QC_QUEUE_URL", &self.queue.url)
+            .env("QC_QUEUE_ARN", &self.queue.arn);
+        cmd
+    }
+
+    /// Spawns `cmd` with `input` on stdin and waits for it (up to `deadline`, then its process group
+    /// is killed and its leader reaped: None). With `capture`, stdout is read line by line: the last
+    /// batch answer line is returned, the rest passed on to the worker's stdout.
+    async fn run(
+        &self,
+        mut cmd: tokio::process::Command,
+        input: bytes::Bytes,
+        capture: bool,
+        deadline: tokio::time::Instant,
+    ) -> Option<Ran> {
         let spawned = {
             // Registered under the lock, so the reaper never collects this child's exit status.
             let mut own = self
@@ -285,17 +362,17 @@ impl ExecHandler {
             // variable on Linux, about a quarter of the stack limit in all): this message can
             // never start, and retrying it would count against the outage breaker as well.
             Err(e) if e.kind() == std::io::ErrorKind::ArgumentListTooLong => {
-                return Some(Verdict::Poison(format!(
+                return Some(Ran::NotRun(Verdict::Poison(format!(
                     "the message's attributes are too large for the handler's environment ({e}); \
                      an HTTP handler takes attributes of any size"
-                )));
+                ))));
             }
             Err(e) => {
-                return Some(Verdict::Transient {
+                return Some(Ran::NotRun(Verdict::Transient {
                     reason: format!("cannot start {}: {e}", self.program.display()),
                     retry_after: None,
                     cause: super::Cause::Downstream,
-                });
+                }));
             }
         };
         let pid = child
@@ -306,7 +383,12 @@ impl ExecHandler {
             reaper: self.reaper.clone(),
         };
         let stdin = child.stdin.take();
-        let body = msg.body.clone();
+        let body = input;
+        // Read while the child runs (a full pipe would block it); aborted with the call.
+        let reader = match (capture, child.stdout.take()) {
+            (true, Some(out)) => Some(AbortOnDrop(tokio::spawn(read_answer(out)))),
+            _ => None,
+        };
         // Feed stdin while waiting: a child that exits without reading its input must not block us.
         let feed = async move {
             if let Some(mut stdin) = stdin {
@@ -359,16 +441,94 @@ impl ExecHandler {
         };
         Some(match status {
             Ok(status) => {
-                use std::os::unix::process::ExitStatusExt;
-                verdict_for_exit(status.code(), status.signal())
+                // The group is gone, so the pipe's last writer is: its end comes at once (bounded
+                // all the same).
+                let answer = match reader {
+                    Some(mut r) => tokio::time::timeout(ANSWER_WAIT, &mut r.0)
+                        .await
+                        .ok()
+                        .and_then(Result::ok)
+                        .flatten(),
+                    None => None,
+                };
+                Ran::Exited(status, answer)
             }
-            Err(e) => Verdict::Transient {
+            Err(e) => Ran::NotRun(Verdict::Transient {
                 reason: format!("cannot wait for {}: {e}", self.program.display()),
                 retry_after: None,
                 cause: super::Cause::Downstream,
-            },
+            }),
         })
     }
+}
+
+/// How a `run` ended.
+enum Ran {
+    /// The child exited; with capture, its last batch answer line.
+    Exited(std::process::ExitStatus, Option<Vec<u8>>),
+    /// It could not be started or waited for.
+    NotRun(Verdict),
+}
+
+/// Longest wait for the rest of a batch handler's stdout after it exited.
+const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// A stdout line longer than this is passed on in pieces and never taken for the answer (a batch of
+/// 10,000 failed ids of 100 bytes fits).
+const MAX_ANSWER_LINE: usize = 1024 * 1024;
+
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Reads a batch handler's stdout to its end: returns the last line that is a batch answer and
+/// passes every other line on to the worker's stdout. Memory stays within `MAX_ANSWER_LINE`.
+async fn read_answer(out: tokio::process::ChildStdout) -> Option<Vec<u8>> {
+    use std::io::Write as _;
+    use tokio::io::AsyncBufReadExt;
+    let mut reader = tokio::io::BufReader::new(out);
+    let mut answer = None;
+    let mut line = Vec::new();
+    let mut overlong = false;
+    loop {
+        let (done, used) = {
+            let Ok(buf) = reader.fill_buf().await else {
+                break;
+            };
+            if buf.is_empty() {
+                (true, 0)
+            } else {
+                let take = buf
+                    .iter()
+                    .position(|&b| b == b'\n')
+                    .map_or(buf.len(), |i| i + 1);
+                line.extend_from_slice(&buf[..take]);
+                (false, take)
+            }
+        };
+        reader.consume(used);
+        let ended = done || line.last() == Some(&b'\n');
+        if !ended && line.len() < MAX_ANSWER_LINE {
+            continue;
+        }
+        if !line.is_empty() {
+            if ended && !overlong && batch::is_answer_line(&line) {
+                answer = Some(std::mem::take(&mut line));
+            } else {
+                let _ = std::io::stdout().lock().write_all(&line);
+            }
+        }
+        // A piece of an overlong line: the rest of that line is output, never the answer.
+        overlong = !ended;
+        line.clear();
+        if done {
+            break;
+        }
+    }
+    answer
 }
 
 /// A pidfd of the process: readable once it has exited, without reaping it (the zombie keeps its

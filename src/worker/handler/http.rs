@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use hyper::Uri;
 
+use super::batch::{self, BatchVerdict};
 use super::{HandlerError, QueueContext, Verdict, rfc3339_millis, verdict_for_status};
 use crate::worker::http1::{Pool, WireError, connect_authority};
 use crate::worker::sqs::Message;
@@ -107,6 +108,47 @@ impl HttpHandler {
                 retry_after: None,
                 cause: super::Cause::Downstream,
             },
+        }
+    }
+
+    /// Batch mode: POSTs the messages as a JSON array of structured CloudEvents (the batched content
+    /// mode) and reads the answer's `batchItemFailures`.
+    pub async fn handle_batch(&self, msgs: &[&Message]) -> BatchVerdict {
+        let body = batch::http_body(msgs, &self.source);
+        let mut head = Vec::with_capacity(256 + self.queue_url.len());
+        head.extend_from_slice(&self.request_line);
+        let _ = write!(head, "content-length: {}\r\n", body.len());
+        let _ = write!(head, "content-type: {}\r\n", batch::BATCH_CONTENT_TYPE);
+        header(&mut head, "x-sqs-queue-url", &self.queue_url);
+        let _ = write!(head, "x-qc-batch-size: {}\r\n\r\n", msgs.len());
+        match self.pool.send(&head, &body, true).await {
+            Ok(answer) if (200..300).contains(&answer.status) => {
+                let ids: Vec<&str> = msgs.iter().map(|m| m.id.as_str()).collect();
+                match batch::parse_answer(&answer.body, &ids) {
+                    Ok(failed) => BatchVerdict::Items { failed },
+                    Err(why) => BatchVerdict::Whole(Verdict::Transient {
+                        reason: format!(
+                            "malformed batch answer from {} (HTTP {}): {why}; every item is retried",
+                            self.uri, answer.status
+                        ),
+                        retry_after: None,
+                        cause: super::Cause::Other,
+                    }),
+                }
+            }
+            Ok(answer) => BatchVerdict::whole(verdict_for_status(
+                answer.status,
+                answer.retry_after.as_deref(),
+                SystemTime::now(),
+            )),
+            Err(e @ WireError::Connect { .. }) => {
+                BatchVerdict::Whole(Verdict::Unreachable(format!("{e} ({})", self.uri)))
+            }
+            Err(e) => BatchVerdict::Whole(Verdict::Transient {
+                reason: format!("no answer from {}: {e}", self.uri),
+                retry_after: None,
+                cause: super::Cause::Downstream,
+            }),
         }
     }
 

@@ -2,13 +2,15 @@
 //! The status-code and exit-code mappings of docs/handler-contract.md are pure functions, tested by
 //! table.
 
+mod batch;
 mod exec;
 mod http;
 
 use std::time::{Duration, SystemTime};
 
+pub use batch::{BATCH_CONTENT_TYPE, BatchVerdict};
 pub use exec::ExecHandler;
-pub use http::{DEFAULT_MAX_HEAD, HttpHandler, OMITTED_HEADER};
+pub use http::{CE_TYPE, DEFAULT_MAX_HEAD, HttpHandler, OMITTED_HEADER};
 
 use super::sqs::Message;
 
@@ -76,6 +78,21 @@ impl Handler {
             // Dropping the request future at the deadline closes its connection.
             Handler::Http(h) => tokio::time::timeout_at(deadline, h.handle(msg)).await.ok(),
             Handler::Exec(h) => h.handle(msg, deadline).await,
+        }
+    }
+
+    /// Batch mode: one call for all of `msgs`; None if it was still running at `deadline` (stopped
+    /// as `handle` stops a call).
+    pub async fn handle_batch(
+        &self,
+        msgs: &[&Message],
+        deadline: tokio::time::Instant,
+    ) -> Option<BatchVerdict> {
+        match self {
+            Handler::Http(h) => tokio::time::timeout_at(deadline, h.handle_batch(msgs))
+                .await
+                .ok(),
+            Handler::Exec(h) => h.handle_batch(msgs, deadline).await,
         }
     }
 

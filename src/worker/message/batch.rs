@@ -1,0 +1,535 @@
+//! Batch mode (`--batch-max-items` > 1): several messages, one handler call. Each message keeps its
+//! own lease, heartbeat, idempotency claim and retry schedule; only the call is shared.
+//!
+//! How a message could be lost or handled twice here, and what prevents it:
+//! - a message is deleted only when the call answered and did not name it as failed (a timeout, a
+//!   5xx, a malformed answer retry every item);
+//! - every lease is extended in the background for the whole call, and each is taken back (its
+//!   beat in flight awaited) before its delete or visibility change, so no beat lands after them;
+//! - FIFO: items of a group after one that stays on the queue are not deleted, whatever the answer
+//!   said (they come back after it), and a group whose earlier item ended before the call (hidden,
+//!   backed off) does not go into the call at all.
+
+use std::collections::HashSet;
+
+use futures::future::join_all;
+use tokio::time::Instant;
+
+use super::{CLAIM_GRACE, Ended, Lease, Processor, STOP_BACKSTOP, breaker_outcome, first_received};
+use crate::worker::backoff::{retry_delay, visibility_secs};
+use crate::worker::breaker::{Denied, Outcome, Pass};
+use crate::worker::handler::{BatchVerdict, Cause, Verdict};
+use crate::worker::idempotency::{Claim, IdempotencyError, Store, key_of};
+use crate::worker::metrics::OutcomeLabel;
+use crate::worker::sqs::Message;
+
+/// One message of the batch still headed for the call.
+struct Item {
+    /// Its place in the batch as given (results come back in that order).
+    at: usize,
+    lease: Lease,
+    /// What the handler gets when not the message itself (an unwrapped SNS notification).
+    view: Option<Message>,
+    /// Our idempotency claim: key and token.
+    claim: Option<(String, String)>,
+}
+
+impl Processor {
+    /// Runs `leases` through one handler call (fewer if some end before it: known poison, a lost
+    /// lease, a duplicate, a key in progress elsewhere). Returns how each ended, in the given order,
+    /// with its FIFO group.
+    pub async fn process_batch(&self, leases: Vec<Lease>) -> Vec<(Option<String>, Ended)> {
+        let fifo = self.confirm_deletes;
+        let mut results: Vec<(Option<String>, Option<Ended>)> = leases
+            .iter()
+            .map(|l| (l.msg.group_id.clone(), None))
+            .collect();
+        // FIFO groups of which an item stays on the queue: their later items must not run ahead.
+        let mut stopped: HashSet<String> = HashSet::new();
+        let mut items = Vec::with_capacity(leases.len());
+        for (at, mut lease) in leases.into_iter().enumerate() {
+            lease.beat_inline().await;
+            if let Some(ended) = self.before_call(&mut lease, fifo, &stopped).await {
+                stop_group(&mut stopped, fifo, &lease, ended);
+                results[at].1 = Some(ended);
+                continue;
+            }
+            let view = match crate::worker::sns::unwrap(self.unwrap_sns, &lease.msg) {
+                Ok(view) => view,
+                Err(reason) => {
+                    self.metrics.outcome(OutcomeLabel::Poison);
+                    let ended = self.poison(&mut lease, reason).await;
+                    stop_group(&mut stopped, fifo, &lease, ended);
+                    results[at].1 = Some(ended);
+                    continue;
+                }
+            };
+            items.push(Item {
+                at,
+                lease,
+                view,
+                claim: None,
+            });
+        }
+
+        let mut failed_before = false;
+        while !items.is_empty() {
+            for item in &mut items {
+                item.lease.beat_in_background();
+            }
+            let Some(pass) = self
+                .batch_gate(&mut items, failed_before, &mut results)
+                .await
+            else {
+                break;
+            };
+            self.claim_all(&mut items, fifo, &mut stopped, &mut results)
+                .await;
+            if items.is_empty() {
+                // The pass goes back unused (dropped: counted neutral).
+                break;
+            }
+            let verdicts = self.call(&mut items, pass).await;
+            for item in &mut items {
+                item.lease.beat_inline().await;
+            }
+            // A failed call while the breaker holds: keep the items for its next probe (their
+            // claims were given up) instead of spending their receives.
+            let whole_failed = verdicts.iter().all(|v| !matches!(v, Verdict::Success));
+            if whole_failed && self.breaker.holds() && !verdicts.is_empty() {
+                failed_before = true;
+                for _ in &items {
+                    self.metrics.breaker_holds.inc();
+                }
+                tracing::info!(
+                    items = items.len(),
+                    "batch failed while the breaker is open; holding its messages for the next probe instead of handing them back"
+                );
+                continue;
+            }
+            self.settle(
+                std::mem::take(&mut items),
+                verdicts,
+                fifo,
+                &mut stopped,
+                &mut results,
+            )
+            .await;
+        }
+        results
+            .into_iter()
+            .map(|(g, e)| (g, e.unwrap_or(Ended::Kept)))
+            .collect()
+    }
+
+    /// What ends a message before any call: a lost lease, or a message already judged poison here.
+    async fn before_call(
+        &self,
+        lease: &mut Lease,
+        fifo: bool,
+        stopped: &HashSet<String>,
+    ) -> Option<Ended> {
+        if lease.beat.lost {
+            return Some(Self::leave_lost(lease));
+        }
+        if fifo
+            && let Some(g) = &lease.msg.group_id
+            && stopped.contains(g)
+        {
+            tracing::info!(message_id = %lease.msg.id, group = %g, "an earlier message of the group stays on the queue; releasing this one unhandled");
+            lease.release_in_place().await;
+            return Some(Ended::Kept);
+        }
+        if self.on_poison != crate::api::OnPoison::Delete && self.known_poison(&lease.msg.id) {
+            self.metrics.outcome(OutcomeLabel::Poison);
+            if self.on_poison == crate::api::OnPoison::DeadLetter {
+                let reason = "handler answered poison on an earlier receive".to_string();
+                return Some(self.poison(lease, reason).await);
+            }
+            let delay = retry_delay(self.retry_base, self.retry_max, lease.msg.receive_count);
+            lease.back_off(delay).await;
+            return Some(Ended::Kept);
+        }
+        None
+    }
+
+    /// The breaker's gate, once for the whole batch: at once while it is closed, else waiting
+    /// (every lease extended in the background) for a probe or slow-start slot, at most as long as
+    /// the batch's shortest hold allows. None when the items were settled instead.
+    async fn batch_gate<'a>(
+        &'a self,
+        items: &mut Vec<Item>,
+        failed_before: bool,
+        results: &mut [(Option<String>, Option<Ended>)],
+    ) -> Option<Pass<'a>> {
+        if let Some(pass) = self.breaker.try_pass() {
+            return Some(pass);
+        }
+        let deadline = items
+            .iter()
+            .map(|i| self.hold_deadline(&i.lease))
+            .min()
+            .unwrap_or_else(Instant::now);
+        let admitted = tokio::time::timeout_at(deadline, self.breaker.admit()).await;
+        let why = match admitted {
+            Ok(Ok(pass)) => return Some(pass),
+            Ok(Err(Denied::ShuttingDown)) => None,
+            Ok(Err(_)) => Some("the breaker has been open longer than the outage tolerance"),
+            Err(_) => Some("held as long as the batch's leases allow"),
+        };
+        for mut item in items.drain(..) {
+            item.lease.beat_inline().await;
+            let ended = match why {
+                None => {
+                    tracing::info!(message_id = %item.lease.msg.id, "shutting down while the breaker is open; releasing the held message unhandled");
+                    item.lease.release_in_place().await;
+                    Ended::Kept
+                }
+                Some(why) if failed_before => {
+                    let delay = retry_delay(
+                        self.retry_base,
+                        self.retry_max,
+                        item.lease.msg.receive_count,
+                    );
+                    tracing::warn!(message_id = %item.lease.msg.id, why, retry_in_s = visibility_secs(delay), "no longer holding the message; retrying it the normal way");
+                    item.lease.back_off(delay).await;
+                    Ended::Kept
+                }
+                Some(why) => {
+                    tracing::warn!(message_id = %item.lease.msg.id, why, "no longer holding the message; releasing it unhandled");
+                    item.lease.release_in_place().await;
+                    Ended::Kept
+                }
+            };
+            results[item.at].1 = Some(ended);
+        }
+        None
+    }
+
+    /// Takes the idempotency claim of every item (with a store): a key already done is deleted
+    /// without a call, one in progress elsewhere hidden until that claim ends, and a store that does
+    /// not answer backs the item off (and pauses receives).
+    async fn claim_all(
+        &self,
+        items: &mut Vec<Item>,
+        fifo: bool,
+        stopped: &mut HashSet<String>,
+        results: &mut [(Option<String>, Option<Ended>)],
+    ) {
+        let Some(store) = &self.store else { return };
+        let m = &self.metrics;
+        let mut kept = Vec::with_capacity(items.len());
+        for mut item in items.drain(..) {
+            if fifo
+                && let Some(g) = &item.lease.msg.group_id
+                && stopped.contains(g)
+            {
+                item.lease.release_in_place().await;
+                results[item.at].1 = Some(Ended::Kept);
+                continue;
+            }
+            if item.claim.is_some() {
+                kept.push(item);
+                continue;
+            }
+            let key = match key_of(&self.key, item.view.as_ref().unwrap_or(&item.lease.msg)) {
+                Ok(key) => key,
+                Err(e) => {
+                    m.idempotency_key_missing.inc();
+                    tracing::warn!(message_id = %item.lease.msg.id, key_source = %self.key, error = %e, "no idempotency key; handling the message without de-duplication");
+                    kept.push(item);
+                    continue;
+                }
+            };
+            let claimed =
+                tokio::time::timeout(self.claim_lease(), store.claim(&key, self.claim_lease()))
+                    .await
+                    .unwrap_or(Err(IdempotencyError::TimedOut));
+            let ended = match claimed {
+                Ok(Claim::Acquired { token }) => {
+                    item.claim = Some((key, token));
+                    kept.push(item);
+                    continue;
+                }
+                Ok(Claim::Done) => {
+                    item.lease.beat_inline().await;
+                    tracing::info!(message_id = %item.lease.msg.id, key = %key, "idempotency key already done; deleting without calling the handler");
+                    m.outcome(OutcomeLabel::Duplicate);
+                    item.lease.delete().await
+                }
+                Ok(Claim::InProgress { remaining }) => {
+                    item.lease.beat_inline().await;
+                    m.outcome(OutcomeLabel::InProgressElsewhere);
+                    self.hide_in_progress(&mut item.lease, &key, remaining)
+                        .await;
+                    Ended::Kept
+                }
+                Err(e) => {
+                    item.lease.beat_inline().await;
+                    m.idempotency_errors.inc();
+                    tracing::warn!(message_id = %item.lease.msg.id, error = %e, "idempotency store unavailable; retrying the message later and pausing receives until the store answers");
+                    item.lease.store_down = true;
+                    m.outcome(OutcomeLabel::Transient);
+                    let delay = retry_delay(
+                        self.retry_base,
+                        self.retry_max,
+                        item.lease.msg.receive_count,
+                    );
+                    item.lease.back_off(delay).await;
+                    Ended::Kept
+                }
+            };
+            stop_group(stopped, fifo, &item.lease, ended);
+            results[item.at].1 = Some(ended);
+        }
+        // A FIFO item claimed before a later-stopped earlier one of its group gives its claim back.
+        let mut out = Vec::with_capacity(kept.len());
+        for mut item in kept {
+            if fifo
+                && let Some(g) = &item.lease.msg.group_id
+                && stopped.contains(g)
+            {
+                if let Some((key, token)) = item.claim.take() {
+                    let _ = store.abandon(&key, &token).await;
+                }
+                item.lease.release_in_place().await;
+                results[item.at].1 = Some(Ended::Kept);
+                continue;
+            }
+            out.push(item);
+        }
+        *items = out;
+    }
+
+    /// The handler call for the items (their leases extended in the background meanwhile, their
+    /// claims renewed), its outcome recorded with the breaker and each claim completed or given up
+    /// by what will happen to the message. Returns each item's verdict, in order.
+    async fn call(&self, items: &mut [Item], pass: Pass<'_>) -> Vec<Verdict> {
+        let m = &self.metrics;
+        let started = Instant::now();
+        let deadline = started + self.timeout;
+        let msgs: Vec<&Message> = items
+            .iter()
+            .map(|i| i.view.as_ref().unwrap_or(&i.lease.msg))
+            .collect();
+        let claims: Vec<(&str, &str)> = items
+            .iter()
+            .filter_map(|i| i.claim.as_ref().map(|(k, t)| (k.as_str(), t.as_str())))
+            .collect();
+        let call = self.handler.handle_batch(&msgs, deadline);
+        // The handler stops itself at the deadline; the backstop bounds a call that does not.
+        let answered = match &self.store {
+            Some(store) if !claims.is_empty() => {
+                tokio::select! {
+                    out = tokio::time::timeout_at(deadline + STOP_BACKSTOP, call) => out.ok().flatten(),
+                    never = self.renew_claims(store, &claims, deadline) => match never {},
+                }
+            }
+            _ => tokio::time::timeout_at(deadline + STOP_BACKSTOP, call)
+                .await
+                .ok()
+                .flatten(),
+        };
+        let latency = started.elapsed();
+        m.handler_seconds.observe(latency.as_secs_f64());
+        m.batch_items.observe(items.len() as f64);
+        for item in items.iter_mut() {
+            item.lease.latency = Some(latency);
+        }
+        let n = items.len();
+        let answered_items = matches!(answered, Some(BatchVerdict::Items { .. }));
+        let (verdicts, outcome_label, breaker): (Vec<Verdict>, Option<OutcomeLabel>, Verdict) =
+            match answered {
+                None => {
+                    let v = Verdict::Transient {
+                        reason: format!(
+                            "batch handler timed out after {}",
+                            crate::api::Duration::from_std(self.timeout)
+                        ),
+                        retry_after: None,
+                        cause: Cause::Downstream,
+                    };
+                    (vec![v.clone(); n], Some(OutcomeLabel::Timeout), v)
+                }
+                Some(BatchVerdict::Whole(v)) => (vec![v.clone(); n], None, v),
+                Some(BatchVerdict::Items { failed }) => {
+                    let listed = Verdict::Transient {
+                        reason: "named in the batch answer's batchItemFailures".into(),
+                        retry_after: None,
+                        cause: Cause::Other,
+                    };
+                    let verdicts: Vec<Verdict> = (0..n)
+                        .map(|i| {
+                            if failed.contains(&i) {
+                                listed.clone()
+                            } else {
+                                Verdict::Success
+                            }
+                        })
+                        .collect();
+                    // The dependency answered for the batch: a success unless every item failed
+                    // (which says nothing certain of it: neutral).
+                    let breaker = if failed.len() < n {
+                        Verdict::Success
+                    } else {
+                        listed
+                    };
+                    (verdicts, None, breaker)
+                }
+            };
+        if let (false, Verdict::Transient { reason, .. } | Verdict::Unreachable(reason)) =
+            (answered_items, &breaker)
+        {
+            tracing::warn!(items = n, reason = %reason, "batch handler call failed; every item is retried");
+        }
+        let first = items.first().and_then(|i| first_received(&i.lease.msg));
+        pass.record(match (&breaker, outcome_label) {
+            (_, Some(OutcomeLabel::Timeout)) => Outcome::Failure {
+                first_received: first,
+            },
+            _ => breaker_outcome(&breaker, first),
+        });
+        for v in &verdicts {
+            m.outcome(match (v, outcome_label) {
+                (Verdict::Success, _) => OutcomeLabel::Success,
+                (_, Some(label)) => label,
+                _ => OutcomeLabel::Transient,
+            });
+        }
+        verdicts
+    }
+
+    /// Renews every claim of the call until dropped (the per-message `renew_claim`, for many keys).
+    async fn renew_claims(
+        &self,
+        store: &Store,
+        claims: &[(&str, &str)],
+        deadline: Instant,
+    ) -> std::convert::Infallible {
+        let every = self.claim_renewal();
+        loop {
+            tokio::time::sleep(every).await;
+            let until = deadline.max(Instant::now()) + CLAIM_GRACE;
+            let ttl = until.saturating_duration_since(Instant::now());
+            let renewed = join_all(claims.iter().map(|(k, t)| store.renew(k, t, ttl))).await;
+            for ((key, _), r) in claims.iter().zip(renewed) {
+                match r {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        self.metrics.idempotency_claims_lost.inc();
+                        tracing::warn!(
+                            key,
+                            "idempotency claim lost while the handler runs (it expired in the store); another worker may handle the key too"
+                        );
+                    }
+                    Err(e) => {
+                        self.metrics.idempotency_errors.inc();
+                        tracing::warn!(key, error = %e, "cannot renew the idempotency claim; retrying");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends each called item by its verdict: successes deleted (together, in as few batches as the
+    /// deleter makes), failures backed off (a handler's Retry-After up to `--retry-max`). FIFO: an
+    /// item after one of its group that stays is kept too, whatever its verdict.
+    async fn settle(
+        &self,
+        items: Vec<Item>,
+        verdicts: Vec<Verdict>,
+        fifo: bool,
+        stopped: &mut HashSet<String>,
+        results: &mut [(Option<String>, Option<Ended>)],
+    ) {
+        let mut deletes = Vec::new();
+        let mut retries = Vec::new();
+        for (mut item, verdict) in items.into_iter().zip(verdicts) {
+            let group = item.lease.msg.group_id.clone();
+            let behind = fifo && group.as_ref().is_some_and(|g| stopped.contains(g));
+            let delete = verdict == Verdict::Success && !behind;
+            if let Some((key, token)) = item.claim.take() {
+                let recorded = match &self.store {
+                    Some(s) if delete => s.complete(&key, self.idempotency_ttl).await,
+                    Some(s) => s.abandon(&key, &token).await,
+                    None => Ok(()),
+                };
+                if let Err(e) = recorded {
+                    self.metrics.idempotency_errors.inc();
+                    tracing::warn!(message_id = %item.lease.msg.id, key = %key, error = %e, "cannot record the idempotency result");
+                }
+            }
+            if delete {
+                deletes.push(item);
+                continue;
+            }
+            let (reason, retry_after) = match verdict {
+                Verdict::Success => {
+                    // Handled, but behind one of its group that stays: back in order after it.
+                    tracing::info!(message_id = %item.lease.msg.id, "an earlier message of its FIFO group stays on the queue; releasing this one to come back after it");
+                    item.lease.release_in_place().await;
+                    results[item.at].1 = Some(Ended::Kept);
+                    continue;
+                }
+                Verdict::Transient {
+                    reason,
+                    retry_after,
+                    ..
+                } => (reason, retry_after),
+                Verdict::Unreachable(reason) => {
+                    item.lease.unreachable = true;
+                    (reason, None)
+                }
+                Verdict::Poison(reason) => (reason, None),
+            };
+            if fifo && let Some(g) = group {
+                stopped.insert(g);
+            }
+            let delay = retry_after.map_or_else(
+                || {
+                    retry_delay(
+                        self.retry_base,
+                        self.retry_max,
+                        item.lease.msg.receive_count,
+                    )
+                },
+                |d| d.min(self.retry_max),
+            );
+            tracing::warn!(message_id = %item.lease.msg.id, receive_count = item.lease.msg.receive_count, reason = %reason, retry_in_s = visibility_secs(delay), "batch item failed; retrying later");
+            retries.push((item, delay));
+        }
+        let backed_off = join_all(retries.into_iter().map(|(mut item, delay)| async move {
+            item.lease.back_off(delay).await;
+            item.at
+        }))
+        .await;
+        for at in backed_off {
+            results[at].1 = Some(Ended::Kept);
+        }
+        let deleted = join_all(
+            deletes
+                .into_iter()
+                .map(|mut item| async move { (item.at, item.lease.delete().await) }),
+        )
+        .await;
+        for (at, ended) in deleted {
+            if fifo
+                && ended == Ended::Kept
+                && let Some(g) = &results[at].0
+            {
+                stopped.insert(g.clone());
+            }
+            results[at].1 = Some(ended);
+        }
+    }
+}
+
+/// FIFO: a message that stays on the queue stops its group for the rest of the batch.
+fn stop_group(stopped: &mut HashSet<String>, fifo: bool, lease: &Lease, ended: Ended) {
+    if fifo
+        && ended == Ended::Kept
+        && let Some(g) = &lease.msg.group_id
+    {
+        stopped.insert(g.clone());
+    }
+}

@@ -1,0 +1,463 @@
+//! Batch mode (#32 item 1, `--batch-max-items`) against moto: several messages per handler call,
+//! per-item failures in Lambda's `batchItemFailures` shape, and the ways a batch could lose or
+//! double-handle a message: a failed or malformed call, a call longer than the visibility timeout,
+//! FIFO order across a failed item, duplicates inside one batch, SIGTERM mid-call.
+
+#[path = "common/mod.rs"]
+mod common;
+#[path = "worker/support.rs"]
+mod support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use support::*;
+
+const SECS: fn(u64) -> Duration = Duration::from_secs;
+const MS: fn(u64) -> Duration = Duration::from_millis;
+
+/// The events of a batch call, parsed.
+fn events(call: &Call) -> Vec<Value> {
+    let v: Value = serde_json::from_slice(&call.body).expect("a JSON array of events");
+    v.as_array().expect("an array").clone()
+}
+
+/// The `data` of each event as compact JSON text.
+fn datas(call: &Call) -> Vec<String> {
+    events(call).iter().map(|e| e["data"].to_string()).collect()
+}
+
+fn failures(ids: &[String]) -> String {
+    let list: Vec<Value> = ids
+        .iter()
+        .map(|id| serde_json::json!({ "itemIdentifier": id }))
+        .collect();
+    serde_json::json!({ "batchItemFailures": list }).to_string()
+}
+
+/// Items named in the answer are retried (and only they); the rest are deleted after one call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_items_an_answer_names_are_retried_the_rest_deleted() {
+    let q = TestQueue::new("batch-items", 30, 5, false).await;
+    let bodies = numbered(30);
+    q.send_all(&bodies, |_| String::new()).await;
+    // Every fifth message fails on its first delivery.
+    let h = HttpHandler::start(|call| {
+        let failed: Vec<String> = events(call)
+            .iter()
+            .filter(|e| e["data"]["n"].as_u64().unwrap() % 5 == 0 && e["sqsreceivecount"] == 1)
+            .map(|e| e["id"].as_str().unwrap().to_string())
+            .collect();
+        Reply::answer(MS(50), &failures(&failed))
+    })
+    .await;
+    let mut w = Worker::start(&q.args(&[
+        "--http-url",
+        &h.url,
+        "--batch-max-items",
+        "10",
+        "--batch-max-wait",
+        "300ms",
+        "--concurrency",
+        "2",
+        "--retry-base",
+        "1s",
+        "--retry-max",
+        "1s",
+    ]));
+    eventually(SECS(60), "the queue drained", || q.is_empty()).await;
+    let calls = h.calls();
+    let mut seen: HashMap<String, Vec<u64>> = HashMap::new();
+    for c in &calls {
+        assert_eq!(
+            c.headers.get("content-type").map(String::as_str),
+            Some("application/cloudevents-batch+json")
+        );
+        let evs = events(c);
+        assert!(!evs.is_empty() && evs.len() <= 10, "{} items", evs.len());
+        for e in evs {
+            assert_eq!(e["specversion"], "1.0");
+            assert_eq!(e["type"], "dev.consumers.sqs.message");
+            seen.entry(e["data"].to_string())
+                .or_default()
+                .push(e["sqsreceivecount"].as_u64().unwrap());
+        }
+    }
+    eprintln!(
+        "batch-items: {} calls for 30 messages ({} deliveries)",
+        calls.len(),
+        seen.values().map(Vec::len).sum::<usize>()
+    );
+    assert!(
+        calls.iter().any(|c| events(c).len() > 1),
+        "messages shared calls"
+    );
+    for (i, b) in bodies.iter().enumerate() {
+        let got = seen.get(b).unwrap_or_else(|| panic!("{b} never handled"));
+        let want: &[u64] = if i % 5 == 0 { &[1, 2] } else { &[1] };
+        assert_eq!(got, want, "{b}: its deliveries' receive counts");
+    }
+    assert_eq!(
+        w.metric("qc_worker_messages_deleted_total").await,
+        Some(30.0)
+    );
+    assert_eq!(q.dlq_visible().await, 0);
+    let calls_metric = w.metric("qc_worker_batch_items_count").await.unwrap();
+    assert_eq!(calls_metric as usize, calls.len(), "one observation a call");
+    w.stop().await;
+}
+
+/// An error status, then a 200 whose body is no batch answer: each retries every item; nothing is
+/// deleted until a call succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_or_malformed_call_retries_every_item() {
+    let q = TestQueue::new("batch-whole", 30, 5, false).await;
+    let bodies = numbered(4);
+    q.send_all(&bodies, |_| String::new()).await;
+    let n = Arc::new(Mutex::new(0u32));
+    let count = n.clone();
+    let h = HttpHandler::start(move |_| {
+        let mut n = count.lock().unwrap();
+        *n += 1;
+        match *n {
+            1 => Reply::status(500),
+            2 => Reply::answer(Duration::ZERO, "OK"),
+            3 => Reply::answer(
+                Duration::ZERO,
+                r#"{"batchItemFailures":[{"itemIdentifier":"not-in-this-batch"}]}"#,
+            ),
+            _ => Reply::answer(Duration::ZERO, ""),
+        }
+    })
+    .await;
+    let mut w = Worker::start(&q.args(&[
+        "--http-url",
+        &h.url,
+        "--batch-max-items",
+        "10",
+        "--batch-max-wait",
+        "1s",
+        "--retry-base",
+        "1s",
+        "--retry-max",
+        "1s",
+    ]));
+    eventually(SECS(60), "the queue drained", || q.is_empty()).await;
+    let calls = h.calls();
+    let per_call: Vec<Vec<String>> = calls.iter().map(datas).collect();
+    eprintln!("batch-whole: {per_call:?}");
+    let mut sorted: Vec<Vec<String>> = per_call
+        .iter()
+        .map(|c| {
+            let mut c = c.clone();
+            c.sort();
+            c
+        })
+        .collect();
+    sorted.dedup();
+    assert_eq!(calls.len(), 4, "three failed calls, then the good one");
+    assert_eq!(
+        sorted.len(),
+        1,
+        "every call carried the same four: {per_call:?}"
+    );
+    assert_eq!(sorted[0].len(), 4);
+    let counts: Vec<Vec<u64>> = calls
+        .iter()
+        .map(|c| {
+            events(c)
+                .iter()
+                .map(|e| e["sqsreceivecount"].as_u64().unwrap())
+                .collect()
+        })
+        .collect();
+    assert_eq!(counts, [[1; 4], [2; 4], [3; 4], [4; 4]]);
+    assert_eq!(
+        w.metric("qc_worker_messages_deleted_total").await,
+        Some(4.0)
+    );
+    assert_eq!(q.dlq_visible().await, 0);
+    w.stop().await;
+}
+
+/// A call longer than the visibility timeout: every lease is extended in the background, so no
+/// message comes back while the call runs, and each is handled once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_longer_than_the_visibility_timeout_keeps_every_lease() {
+    let q = TestQueue::new("batch-long", 2, 5, false).await;
+    let bodies = numbered(5);
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::answer(SECS(6), "")).await;
+    let mut w = Worker::start(&q.args(&[
+        "--http-url",
+        &h.url,
+        "--batch-max-items",
+        "10",
+        "--batch-max-wait",
+        "500ms",
+    ]));
+    eventually(SECS(60), "the queue drained", || q.is_empty()).await;
+    let calls = h.calls();
+    let mut handled: Vec<String> = calls.iter().flat_map(datas).collect();
+    handled.sort();
+    let mut want = bodies.clone();
+    want.sort();
+    assert_eq!(handled, want, "each message in exactly one call");
+    for c in &calls {
+        for e in events(c) {
+            assert_eq!(e["sqsreceivecount"], 1, "no lease lapsed");
+        }
+    }
+    assert_eq!(
+        w.metric("qc_worker_heartbeat_leases_lost_total").await,
+        Some(0.0)
+    );
+    w.stop().await;
+}
+
+/// FIFO: a failed item holds back the later items of its group in the same batch (not deleted,
+/// whatever the answer said: they come again after it), other groups go on, and no group is in
+/// two calls at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_a_failed_item_holds_back_the_rest_of_its_group() {
+    let q = TestQueue::new("batch-fifo", 30, 5, true).await;
+    let bodies: Vec<String> = (0..6)
+        .map(|i| format!("a-{i:02}"))
+        .chain((0..3).map(|i| format!("b-{i:02}")))
+        .collect();
+    q.send_all(&bodies, |i| if i < 6 { "a" } else { "b" }.to_string())
+        .await;
+    let h = HttpHandler::start(|call| {
+        let failed: Vec<String> = events(call)
+            .iter()
+            .filter(|e| e["data"] == "a-02" && e["sqsreceivecount"] == 1)
+            .map(|e| e["id"].as_str().unwrap().to_string())
+            .collect();
+        Reply::answer(MS(100), &failures(&failed))
+    })
+    .await;
+    let mut w = Worker::start(&q.args(&[
+        "--http-url",
+        &h.url,
+        "--batch-max-items",
+        "10",
+        "--retry-base",
+        "1s",
+        "--retry-max",
+        "1s",
+    ]));
+    eventually(SECS(90), "the queue drained", || q.is_empty()).await;
+    let mut calls = h.calls();
+    calls.sort_by_key(|c| c.started);
+    let per_call: Vec<Vec<String>> = calls
+        .iter()
+        .map(|c| {
+            events(c)
+                .iter()
+                .map(|e| e["data"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .collect();
+    eprintln!("batch-fifo: {per_call:?}");
+    // Each call holds one group's messages, in order.
+    for items in &per_call {
+        let group = &items[0][..1];
+        assert!(items.iter().all(|i| i.starts_with(group)), "{items:?}");
+        let mut sorted = items.clone();
+        sorted.sort();
+        assert_eq!(&sorted, items, "in group order");
+    }
+    // Group a: the last time each message was handled (when it was deleted) follows the group's
+    // order, and what came after the failed a-02 was handled again after it.
+    let mut last: HashMap<&str, usize> = HashMap::new();
+    for (k, items) in per_call.iter().enumerate() {
+        for i in items {
+            last.insert(
+                i.as_str(),
+                k * 100 + items.iter().position(|x| x == i).unwrap(),
+            );
+        }
+    }
+    let a: Vec<usize> = (0..6).map(|i| last[format!("a-{i:02}").as_str()]).collect();
+    assert!(
+        a.windows(2).all(|w| w[0] < w[1]),
+        "group a's order: {per_call:?}"
+    );
+    let handled = |name: &str| per_call.iter().flatten().filter(|i| *i == name).count();
+    assert_eq!(handled("a-00"), 1);
+    assert_eq!(handled("a-02"), 2);
+    for later in ["a-03", "a-04", "a-05"] {
+        assert!(handled(later) >= 1);
+    }
+    for b in ["b-00", "b-01", "b-02"] {
+        assert_eq!(handled(b), 1, "group b went on: {per_call:?}");
+    }
+    assert!(h.max_active() <= 2, "at most one call a group");
+    assert_eq!(q.dlq_visible().await, 0);
+    w.stop().await;
+}
+
+/// Idempotency per item: two messages with the same key in one batch reach the handler once; the
+/// copy is deleted as a duplicate once the first is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_keys_in_one_batch_reach_the_handler_once() {
+    let q = TestQueue::new("batch-idem", 4, 5, false).await;
+    let bodies: Vec<String> = ["x", "y", "x", "z"]
+        .iter()
+        .enumerate()
+        .map(|(i, k)| format!("{{\"k\":\"{k}\",\"copy\":{i}}}"))
+        .collect();
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::answer(MS(200), "")).await;
+    let mut w = Worker::start(&q.args(&[
+        "--http-url",
+        &h.url,
+        "--batch-max-items",
+        "10",
+        "--batch-max-wait",
+        "1s",
+        "--idempotency-store",
+        "memory",
+        "--idempotency-key",
+        "jsonPointer:/k",
+    ]));
+    eventually(SECS(60), "the queue drained", || q.is_empty()).await;
+    let keys: Vec<String> = h
+        .calls()
+        .iter()
+        .flat_map(events)
+        .map(|e| e["data"]["k"].as_str().unwrap().to_string())
+        .collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    assert_eq!(sorted, ["x", "y", "z"], "each key handled once: {keys:?}");
+    assert_eq!(
+        w.metric("qc_worker_messages_processed_total{outcome=\"duplicate\"}")
+            .await,
+        Some(1.0)
+    );
+    w.stop().await;
+}
+
+/// SIGTERM while a batch call runs: the call finishes, its items are deleted, nothing is handled
+/// twice, and the worker exits cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_call_finishes_the_batch_and_deletes_it() {
+    let q = TestQueue::new("batch-term", 30, 5, false).await;
+    let bodies = numbered(6);
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::answer(SECS(3), "")).await;
+    let mut w = Worker::start(&q.args(&[
+        "--http-url",
+        &h.url,
+        "--batch-max-items",
+        "10",
+        "--batch-max-wait",
+        "500ms",
+        "--timeout",
+        "10s",
+    ]));
+    eventually(SECS(30), "a call under way", || async {
+        !h.calls().is_empty()
+    })
+    .await;
+    w.signal("TERM");
+    let status = w.wait_exit(SECS(20)).await;
+    assert!(status.success(), "{status}");
+    let calls = h.calls();
+    let handled: Vec<String> = calls.iter().flat_map(datas).collect();
+    assert!(
+        calls.iter().all(|c| c.finished.is_some()),
+        "the call was not cut"
+    );
+    let (visible, in_flight, _) = q.counts().await;
+    eprintln!(
+        "batch-term: {} calls, {} items handled; left visible {visible}, in flight {in_flight}",
+        calls.len(),
+        handled.len()
+    );
+    // What was handled is gone from the queue; the rest is back, visible, unhandled.
+    assert_eq!(handled.len() as u64 + visible, 6, "{handled:?}");
+    assert_eq!(in_flight, 0);
+    let mut unique = handled.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), handled.len(), "nothing handled twice");
+}
+
+/// Exec: one process per batch, one event per line on stdin; its own stdout lines pass through,
+/// and the answer line names the failed items.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_batches_read_json_lines_and_answer_on_stdout() {
+    let q = TestQueue::new("batch-exec", 30, 5, false).await;
+    let bodies = numbered(8);
+    q.send_all(&bodies, |_| String::new()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let program = dir.path().join("handle.py");
+    std::fs::write(
+        &program,
+        format!(
+            r#"import json, os, sys
+failed = []
+n = 0
+for line in sys.stdin:
+    e = json.loads(line)
+    n += 1
+    name = "%s-%d" % (e["data"]["n"], e["sqsreceivecount"])
+    open(os.path.join({out:?}, name), "w").write(os.environ["QC_BATCH_SIZE"])
+    if e["data"]["n"] == 3 and e["sqsreceivecount"] == 1:
+        failed.append({{"itemIdentifier": e["id"]}})
+print("handled %d items" % n)
+print(json.dumps({{"batchItemFailures": failed}}))
+"#,
+            out = out.display().to_string()
+        ),
+    )
+    .unwrap();
+    let handler = script(
+        dir.path(),
+        "handle.sh",
+        &format!("exec python3 {}", program.display()),
+    );
+    let mut w = Worker::start(&q.args(&[
+        "--batch-max-items",
+        "10",
+        "--batch-max-wait",
+        "500ms",
+        "--retry-base",
+        "1s",
+        "--retry-max",
+        "1s",
+        "--exec",
+        "--",
+        handler.to_str().unwrap(),
+    ]));
+    eventually(SECS(60), "the queue drained", || q.is_empty()).await;
+    let mut files: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    files.sort();
+    let mut want: Vec<String> = (0..8).map(|n| format!("{n}-1")).collect();
+    want.push("3-2".into());
+    want.sort();
+    assert_eq!(files, want, "each handled once, the failed one twice");
+    let log = std::fs::read_to_string(&w.log).unwrap();
+    assert!(
+        log.contains("handled "),
+        "the handler's own output passed on"
+    );
+    assert!(
+        !log.contains("batchItemFailures\": ["),
+        "the answer line is read, not logged"
+    );
+    assert_eq!(
+        w.metric("qc_worker_messages_deleted_total").await,
+        Some(8.0)
+    );
+    w.stop().await;
+}
