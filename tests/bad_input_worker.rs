@@ -131,12 +131,18 @@ fn flag_rows() -> Vec<FlagRow> {
         row(
             "batch max items 0",
             with(&["--batch-max-items", "0"]),
-            vec!["--batch-max-items", "between 1 (one message a call) and 100"],
+            vec![
+                "--batch-max-items",
+                "between 1 (one message a call) and 100",
+            ],
         ),
         row(
             "batch max items 101",
             with(&["--batch-max-items", "101"]),
-            vec!["--batch-max-items", "between 1 (one message a call) and 100"],
+            vec![
+                "--batch-max-items",
+                "between 1 (one message a call) and 100",
+            ],
         ),
         row(
             "batch max wait 6m",

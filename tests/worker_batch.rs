@@ -461,3 +461,61 @@ print(json.dumps({{"batchItemFailures": failed}}))
     );
     w.stop().await;
 }
+
+/// The outage breaker sees batch calls: a handler whose dependency is down answers 500 to every
+/// call for 8 s; the breaker opens, the failed batches are held for its probes instead of burning
+/// their receives, and every message is deleted afterwards with none in the DLQ (maxReceiveCount 3,
+/// a 1 s retry: without the breaker they would reach it within the outage).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_downstream_outage_opens_the_breaker_for_batches_without_filling_the_dlq() {
+    let q = TestQueue::new("batch-outage", 30, 3, false).await;
+    let bodies = numbered(20);
+    q.send_all(&bodies, |_| String::new()).await;
+    let until = std::time::Instant::now() + SECS(8);
+    let h = HttpHandler::start(move |_| {
+        if std::time::Instant::now() < until {
+            Reply::status(500)
+        } else {
+            Reply::answer(MS(20), "")
+        }
+    })
+    .await;
+    let mut w = Worker::start(&q.args(&[
+        "--http-url",
+        &h.url,
+        "--batch-max-items",
+        "5",
+        "--batch-max-wait",
+        "200ms",
+        "--concurrency",
+        "2",
+        "--breaker-consecutive",
+        "3",
+        "--breaker-probe-base",
+        "1s",
+        "--breaker-probe-max",
+        "2s",
+        "--retry-base",
+        "1s",
+        "--retry-max",
+        "1s",
+    ]));
+    eventually(SECS(90), "the queue drained", || q.is_empty()).await;
+    let opened = w
+        .metric("qc_worker_breaker_transitions_total{to=\"open\"}")
+        .await
+        .unwrap_or(0.0);
+    let calls = h.calls();
+    let failed = calls.iter().filter(|c| c.status == 500).count();
+    eprintln!(
+        "batch-outage: {} calls ({failed} failed), breaker opened {opened} times",
+        calls.len()
+    );
+    assert!(opened >= 1.0, "the breaker opened");
+    assert_eq!(q.dlq_visible().await, 0, "no message reached the DLQ");
+    assert_eq!(
+        w.metric("qc_worker_messages_deleted_total").await,
+        Some(20.0)
+    );
+    w.stop().await;
+}

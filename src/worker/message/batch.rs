@@ -98,6 +98,18 @@ impl Processor {
             let whole_failed = verdicts.iter().all(|v| !matches!(v, Verdict::Success));
             if whole_failed && self.breaker.holds() && !verdicts.is_empty() {
                 failed_before = true;
+                // Claims are given up while held and taken again before the next call (a hold may
+                // outlast a claim that is no longer renewed).
+                if let Some(store) = &self.store {
+                    for item in &mut items {
+                        if let Some((key, token)) = item.claim.take()
+                            && let Err(e) = store.abandon(&key, &token).await
+                        {
+                            self.metrics.idempotency_errors.inc();
+                            tracing::warn!(message_id = %item.lease.msg.id, key = %key, error = %e, "cannot give up the idempotency claim");
+                        }
+                    }
+                }
                 for _ in &items {
                     self.metrics.breaker_holds.inc();
                 }
