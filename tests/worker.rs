@@ -2091,3 +2091,61 @@ async fn kill_9_during_a_long_handler_returns_its_message_within_the_grown_lease
     assert!(back < bound, "back after {back:?}, bound {bound:?}");
     second.stop().await;
 }
+
+/// #29 item 6: an exec handler's processes get the container's environment without the worker's
+/// secrets (QC_REDIS_URL) and without static AWS keys, unless --exec-pass-aws-credentials asks for
+/// them; the rest (PATH, the user's own variables, a pod identity's pointers) reaches them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_children_get_no_worker_secrets_and_aws_keys_only_when_asked() {
+    for pass in [false, true] {
+        let q = TestQueue::new("exec-env", 30, 3, false).await;
+        q.send_one("one").await;
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("env");
+        let handler = script(
+            dir.path(),
+            "handle.sh",
+            &format!("cat >/dev/null; env > {}", out.display()),
+        );
+        let mut args = q.args(&[]);
+        if pass {
+            args.push("--exec-pass-aws-credentials".into());
+        }
+        args.extend(["--exec".into(), "--".into(), handler.display().to_string()]);
+        let mut w = Worker::start_with_env(
+            Arc::new(tempfile::tempdir().unwrap()),
+            &args,
+            &[
+                ("QC_REDIS_URL", "redis://:hunter2@redis:6379/0"),
+                ("AWS_SESSION_TOKEN", "session-secret"),
+                ("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/handler"),
+                ("APP_SETTING", "kept"),
+            ],
+        );
+        w.wait_deleted(1, SECS(30)).await;
+        let env = std::fs::read_to_string(&out).unwrap();
+        let has = |name: &str| env.lines().any(|l| l.starts_with(&format!("{name}=")));
+        assert!(
+            !env.contains("hunter2"),
+            "the Redis URL reached the handler"
+        );
+        for kept in [
+            "PATH",
+            "APP_SETTING",
+            "AWS_ROLE_ARN",
+            "QC_MESSAGE_ID",
+            "QC_QUEUE_URL",
+        ] {
+            assert!(has(kept), "{kept} missing (pass {pass}): {env}");
+        }
+        // The test's worker has static keys (AWS_ACCESS_KEY_ID=testing) for moto.
+        for key in [
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+        ] {
+            assert_eq!(has(key), pass, "{key} with pass {pass}");
+        }
+        w.stop().await;
+    }
+}

@@ -603,6 +603,12 @@ pub struct ExecHandler {
     /// variables. Required.
     #[schemars(length(min = 1))]
     pub command: Vec<String>,
+    /// Pass static AWS keys (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) from the
+    /// container's environment on to the command. Off: the command gets the container's environment
+    /// without them and without the worker's secrets (its Redis URL); a pod identity (IRSA, EKS Pod
+    /// Identity) still reaches it. Default: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pass_aws_credentials: bool,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]

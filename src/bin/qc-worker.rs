@@ -22,6 +22,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
     about = "Consume an Amazon SQS queue: receive, hand each message to a handler, delete on success",
     after_help = "Handlers: --http-url http://127.0.0.1:8080/messages, or --exec -- COMMAND [ARGS...]"
 )]
+// Command-line switches are bools by nature; clap maps each to one flag.
+#[allow(clippy::struct_excessive_bools)]
 struct Cli {
     /// Copy this executable to PATH (mode 0755), and this system's CA roots beside it as
     /// ca-certificates.crt, then exit; for an init container. The copy trusts that bundle only where its
@@ -98,6 +100,11 @@ struct Cli {
     /// Batch mode: a call starts with fewer messages once the oldest has waited this long.
     #[arg(long, env = "QC_BATCH_MAX_WAIT", default_value = "1s")]
     batch_max_wait: Duration,
+    /// Exec handler: pass the static AWS keys (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    /// AWS_SESSION_TOKEN) on to its processes. Without it they get the environment minus those
+    /// keys and the worker's secrets (QC_REDIS_URL).
+    #[arg(long, env = "QC_EXEC_PASS_AWS_CREDENTIALS")]
+    exec_pass_aws_credentials: bool,
 
     /// none | memory | redis
     #[arg(long, env = "QC_IDEMPOTENCY_STORE", default_value = "none", value_parser = parse_store)]
@@ -235,6 +242,7 @@ fn config(cli: Cli) -> anyhow::Result<Config> {
         unwrap_sns: cli.unwrap_sns,
         batch_max_items: cli.batch_max_items,
         batch_max_wait: cli.batch_max_wait,
+        exec_pass_aws_credentials: cli.exec_pass_aws_credentials,
         idempotency_store: cli.idempotency_store,
         idempotency_key: cli.idempotency_key,
         idempotency_ttl: cli.idempotency_ttl,
@@ -526,6 +534,14 @@ mod tests {
             },
         };
         assert_eq!(got.handler, want, "{name}");
+        assert_eq!(
+            got.exec_pass_aws_credentials,
+            s.handler
+                .exec
+                .as_ref()
+                .is_some_and(|e| e.pass_aws_credentials),
+            "{name}"
+        );
 
         // The settings rendered as environment variables are ones qc-worker reads.
         let known: Vec<String> = Cli::command()

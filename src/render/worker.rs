@@ -75,6 +75,14 @@ pub fn worker_args(
     for (flag, value) in pairs {
         args.extend([flag.to_string(), value]);
     }
+    if spec
+        .handler
+        .exec
+        .as_ref()
+        .is_some_and(|e| e.pass_aws_credentials)
+    {
+        args.push("--exec-pass-aws-credentials".into());
+    }
     if let Some(b) = &spec.handler.batch {
         args.extend([
             "--batch-max-items".into(),

@@ -91,6 +91,8 @@ pub struct Config {
     pub batch_max_items: u32,
     /// `--batch-max-wait`: how long a message waits for its batch to fill.
     pub batch_max_wait: Duration,
+    /// `--exec-pass-aws-credentials`: the exec handler's processes get the static AWS keys too.
+    pub exec_pass_aws_credentials: bool,
     pub idempotency_store: IdempotencyStore,
     pub idempotency_key: IdempotencyKey,
     pub idempotency_ttl: Duration,
@@ -400,7 +402,11 @@ pub async fn run(
             config.concurrency as usize,
             config.max_request_head,
         )?)),
-        HandlerConfig::Exec { command } => Handler::Exec(ExecHandler::new(command, &queue)?),
+        HandlerConfig::Exec { command } => {
+            let mut h = ExecHandler::new(command, &queue)?;
+            h.pass_aws_credentials(config.exec_pass_aws_credentials);
+            Handler::Exec(h)
+        }
     };
 
     let reaper = match &handler {
@@ -738,6 +744,7 @@ mod tests {
             unwrap_sns: UnwrapSns::Off,
             batch_max_items: 1,
             batch_max_wait: Duration::from_secs(1),
+            exec_pass_aws_credentials: false,
             idempotency_store: IdempotencyStore::None,
             idempotency_key: IdempotencyKey::MessageId,
             idempotency_ttl: Duration::from_secs(86_400),

@@ -15,6 +15,8 @@ use crate::worker::sqs::Message;
 use crate::worker::trace::TraceContext;
 
 pub struct ExecHandler {
+    /// Pass the static AWS keys on (`--exec-pass-aws-credentials`).
+    pass_aws: bool,
     program: PathBuf,
     args: Vec<String>,
     command: Vec<String>,
@@ -191,6 +193,7 @@ impl ExecHandler {
             reason,
         })?;
         Ok(ExecHandler {
+            pass_aws: false,
             program,
             args: command[1..].to_vec(),
             command: command.to_vec(),
@@ -201,6 +204,19 @@ impl ExecHandler {
 
     pub fn set_queue_arn(&mut self, arn: &str) {
         self.queue.arn = arn.to_string();
+    }
+
+    /// Whether the handler's processes get the static AWS keys of the worker's environment.
+    pub fn pass_aws_credentials(&mut self, pass: bool) {
+        self.pass_aws = pass;
+        let held: Vec<&str> = AWS_KEYS
+            .iter()
+            .copied()
+            .filter(|k| std::env::var_os(k).is_some())
+            .collect();
+        if !pass && !held.is_empty() {
+            tracing::info!(withheld = %held.join(","), "exec handler: static AWS keys of the worker's environment are not passed to the handler's processes; set handler.exec.passAwsCredentials (--exec-pass-aws-credentials) if it needs them");
+        }
     }
 
     pub fn command(&self) -> &[String] {
@@ -328,6 +344,14 @@ impl ExecHandler {
             .process_group(0)
             .env("QC_QUEUE_URL", &self.queue.url)
             .env("QC_QUEUE_ARN", &self.queue.arn);
+        for name in WORKER_SECRETS {
+            cmd.env_remove(name);
+        }
+        if !self.pass_aws {
+            for name in AWS_KEYS {
+                cmd.env_remove(name);
+            }
+        }
         cmd
     }
 
@@ -461,6 +485,18 @@ impl ExecHandler {
         })
     }
 }
+
+/// The worker's own secrets, never in a handler process's environment.
+pub const WORKER_SECRETS: &[&str] = &["QC_REDIS_URL"];
+/// Static AWS keys, in a handler process's environment only with `--exec-pass-aws-credentials`
+/// (a pod identity's pointers, AWS_ROLE_ARN, AWS_WEB_IDENTITY_TOKEN_FILE and
+/// AWS_CONTAINER_CREDENTIALS_FULL_URI, are no secret and stay).
+pub const AWS_KEYS: &[&str] = &[
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+];
 
 /// How a `run` ended.
 enum Ran {
