@@ -129,6 +129,16 @@ fn flag_rows() -> Vec<FlagRow> {
             vec!["--batch-size", "between 1 and 10"],
         ),
         row(
+            "s3 delete after without s3 payloads",
+            with(&["--s3-delete-after"]),
+            vec!["--s3-delete-after", "needs --s3-payloads"],
+        ),
+        row(
+            "s3 payload max 0",
+            with(&["--s3-payloads", "--s3-payload-max", "0"]),
+            vec!["--s3-payload-max", "at least 1 byte"],
+        ),
+        row(
             "batch max items 0",
             with(&["--batch-max-items", "0"]),
             vec![

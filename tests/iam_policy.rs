@@ -93,6 +93,18 @@ const STS_OPERATIONS: &[&str] = &[
     "get_session_token",
 ];
 
+/// The S3 operations a worker could call (`handler.s3Payloads`); the scanner looks for these.
+const S3_OPERATIONS: &[&str] = &[
+    "copy_object",
+    "create_bucket",
+    "delete_object",
+    "delete_objects",
+    "get_object",
+    "head_object",
+    "list_objects_v2",
+    "put_object",
+];
+
 /// `get_queue_attributes` -> `GetQueueAttributes`.
 fn pascal(snake: &str) -> String {
     snake
@@ -143,6 +155,7 @@ fn calls(source: &str) -> BTreeSet<String> {
         ("sqs", SQS_OPERATIONS),
         ("cloudwatch", CLOUDWATCH_OPERATIONS),
         ("sts", STS_OPERATIONS),
+        ("s3", S3_OPERATIONS),
     ] {
         for op in ops {
             if source.contains(&format!(".{op}()")) {
@@ -283,7 +296,13 @@ fn the_code_calls_the_operations_this_test_expects_to_find() {
         controller.contains("sts:AssumeRole"),
         "controller assumes spec.aws.roleArn: {controller:?}"
     );
-    for a in ["sqs:ReceiveMessage", "sqs:SendMessage", "sts:AssumeRole"] {
+    for a in [
+        "sqs:ReceiveMessage",
+        "sqs:SendMessage",
+        "sts:AssumeRole",
+        "s3:GetObject",
+        "s3:DeleteObject",
+    ] {
         assert!(worker.contains(a), "worker calls {a}: {worker:?}");
     }
 }

@@ -494,6 +494,26 @@ pub struct HandlerSpec {
     /// then counts calls and `processing.p99` is a whole call's. Default: none (one message a call).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch: Option<BatchSpec>,
+    /// Amazon SQS Extended Client payloads: a message whose body points at an S3 object
+    /// (`["software.amazon.payloadoffloading.PayloadS3Pointer", {"s3BucketName": ..., "s3Key": ...}]`)
+    /// reaches the handler with the object's bytes as its body, fetched with the worker's identity.
+    /// Default: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3_payloads: Option<S3PayloadsSpec>,
+}
+
+/// `handler.s3Payloads`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct S3PayloadsSpec {
+    /// Fetch S3 payloads (needs s3:GetObject on the bucket); a missing object is poison, an S3
+    /// failure a retry. Default: false.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Delete the object once the message's delete is confirmed (needs s3:DeleteObject); an object
+    /// of a message that stays on the queue is kept. Default: false.
+    #[serde(default)]
+    pub delete_after_processing: bool,
 }
 
 /// Most messages in one batch handler call.

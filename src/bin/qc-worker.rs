@@ -105,6 +105,16 @@ struct Cli {
     /// keys and the worker's secrets (QC_REDIS_URL).
     #[arg(long, env = "QC_EXEC_PASS_AWS_CREDENTIALS")]
     exec_pass_aws_credentials: bool,
+    /// Fetch the payload of an Amazon SQS Extended Client message (a body pointing at an S3 object)
+    /// and hand it to the handler as the body; a missing object is poison, an S3 failure a retry.
+    #[arg(long, env = "QC_S3_PAYLOADS")]
+    s3_payloads: bool,
+    /// With --s3-payloads: delete the object once the message's delete is confirmed.
+    #[arg(long, env = "QC_S3_DELETE_AFTER")]
+    s3_delete_after: bool,
+    /// With --s3-payloads: the largest payload fetched (bytes, or with KiB/MiB); a larger one is poison.
+    #[arg(long, env = "QC_S3_PAYLOAD_MAX", default_value = "64MiB", value_parser = parse_size)]
+    s3_payload_max: usize,
 
     /// none | memory | redis
     #[arg(long, env = "QC_IDEMPOTENCY_STORE", default_value = "none", value_parser = parse_store)]
@@ -205,6 +215,11 @@ fn parse_store(s: &str) -> Result<IdempotencyStore, String> {
 }
 
 fn config(cli: Cli) -> anyhow::Result<Config> {
+    if cli.s3_delete_after && !cli.s3_payloads {
+        anyhow::bail!(
+            "invalid --s3-delete-after: needs --s3-payloads (only fetched payloads are deleted)"
+        );
+    }
     let handler = match (cli.http_url, cli.exec, cli.command.is_empty()) {
         (Some(url), false, true) => HandlerConfig::Http { url },
         (None, true, false) => HandlerConfig::Exec {
@@ -243,6 +258,10 @@ fn config(cli: Cli) -> anyhow::Result<Config> {
         batch_max_items: cli.batch_max_items,
         batch_max_wait: cli.batch_max_wait,
         exec_pass_aws_credentials: cli.exec_pass_aws_credentials,
+        s3_payloads: cli.s3_payloads.then_some(qc::worker::s3::Settings {
+            delete_after: cli.s3_delete_after,
+            max_bytes: cli.s3_payload_max as u64,
+        }),
         idempotency_store: cli.idempotency_store,
         idempotency_key: cli.idempotency_key,
         idempotency_ttl: cli.idempotency_ttl,
@@ -534,6 +553,13 @@ mod tests {
             },
         };
         assert_eq!(got.handler, want, "{name}");
+        let s3 = s.handler.s3_payloads.clone().unwrap_or_default();
+        assert_eq!(got.s3_payloads.is_some(), s3.enabled, "{name}");
+        assert_eq!(
+            got.s3_payloads.is_some_and(|s| s.delete_after),
+            s3.enabled && s3.delete_after_processing,
+            "{name}"
+        );
         assert_eq!(
             got.exec_pass_aws_credentials,
             s.handler
@@ -610,6 +636,7 @@ spec:
   handler:
     http: {port: 8181, path: /hooks/sqs}
     batch: {maxItems: 25, maxWait: 2500ms}
+    s3Payloads: {enabled: true, deleteAfterProcessing: true}
   idempotency:
     store: redis
     key: jsonPointer:/order/id

@@ -75,6 +75,12 @@ pub fn worker_args(
     for (flag, value) in pairs {
         args.extend([flag.to_string(), value]);
     }
+    if let Some(s3) = spec.handler.s3_payloads.as_ref().filter(|s| s.enabled) {
+        args.push("--s3-payloads".into());
+        if s3.delete_after_processing {
+            args.push("--s3-delete-after".into());
+        }
+    }
     if spec
         .handler
         .exec

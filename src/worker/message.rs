@@ -53,6 +53,8 @@ pub struct Processor {
     pub unwrap_sns: UnwrapSns,
     /// The DLQ client of `--on-poison dead-letter`.
     pub dead_letter: Option<DeadLetter>,
+    /// `--s3-payloads`: the S3 client that fetches Extended Client payloads.
+    pub s3: Option<super::s3::S3Payloads>,
     pub deleter: Batcher,
     pub releaser: Batcher,
     pub freed: mpsc::UnboundedSender<Freed>,
@@ -97,6 +99,9 @@ pub struct Lease {
     latency: Option<Duration>,
     unreachable: bool,
     store_down: bool,
+    /// The S3 payload fetched for this message (`--s3-payloads`), deleted after the message with
+    /// `--s3-delete-after`.
+    s3_payload: Option<super::s3::Pointer>,
 }
 
 impl Lease {
@@ -126,6 +131,7 @@ impl Lease {
             latency: None,
             unreachable: false,
             store_down: false,
+            s3_payload: None,
         }
     }
 
@@ -197,17 +203,26 @@ impl Lease {
     }
 
     /// Deletes the message: `Deleted`, or with `confirm_deletes` `Kept` if SQS never confirmed it.
+    /// With `--s3-delete-after` the delete is always confirmed first and the payload's object deleted
+    /// after it: a message whose delete failed comes back and still finds its payload.
     async fn delete(&mut self) -> Ended {
         self.settled = true;
-        if !self.processor.confirm_deletes {
-            self.processor.deleter.send(self.entry()).await;
+        let p = self.processor.clone();
+        let payload = self
+            .s3_payload
+            .take()
+            .filter(|_| p.s3.as_ref().is_some_and(|s| s.delete_after));
+        if !p.confirm_deletes && payload.is_none() {
+            p.deleter.send(self.entry()).await;
             return Ended::Deleted;
         }
-        if self.processor.deleter.send_confirmed(self.entry()).await {
-            Ended::Deleted
-        } else {
-            Ended::Kept
+        if !p.deleter.send_confirmed(self.entry()).await {
+            return Ended::Kept;
         }
+        if let (Some(ptr), Some(s3)) = (payload, &p.s3) {
+            s3.delete(&ptr, &self.msg.id).await;
+        }
+        Ended::Deleted
     }
 
     /// Sets the visibility to `delay` so the message comes back then; late in SQS's 12 hours since
@@ -482,6 +497,7 @@ impl Processor {
             retry_max,
             on_poison,
             unwrap_sns: UnwrapSns::Off,
+            s3: None,
             dead_letter,
             deleter,
             releaser,
@@ -815,6 +831,55 @@ impl Processor {
     /// `process` to hold or back off. `view`: what the handler gets, when not the message itself.
     async fn attempt(&self, lease: &mut Lease, pass: Pass<'_>, view: Option<&Message>) -> Attempt {
         let m = &self.metrics;
+        // An Extended Client payload is fetched for each call, after the breaker's gate: an S3
+        // outage counts against it like the handler's own dependency.
+        let fetched;
+        let view = match (
+            &self.s3,
+            self.s3
+                .as_ref()
+                .and_then(|_| super::s3::pointer_of(view.unwrap_or(&lease.msg))),
+        ) {
+            (Some(s3), Some(Ok(ptr))) => {
+                let deadline = Instant::now() + self.timeout;
+                let got = lease
+                    .beat
+                    .until(self, &lease.msg, deadline, Box::pin(s3.fetch(&ptr)))
+                    .await;
+                match got {
+                    Some(Ok(payload)) => {
+                        fetched = super::s3::view_with(view.unwrap_or(&lease.msg), payload);
+                        lease.s3_payload = Some(ptr);
+                        Some(&fetched)
+                    }
+                    Some(Err(super::s3::FetchError::Poison(reason))) => {
+                        m.outcome(OutcomeLabel::Poison);
+                        drop(pass);
+                        return Attempt::Ended(self.poison(lease, reason).await);
+                    }
+                    other => {
+                        let reason = match other {
+                            Some(Err(super::s3::FetchError::Transient(r))) => r,
+                            _ => format!("fetching the S3 payload {ptr} timed out"),
+                        };
+                        m.outcome(OutcomeLabel::Transient);
+                        pass.record(Outcome::Failure {
+                            first_received: first_received(&lease.msg),
+                        });
+                        return Attempt::Failed {
+                            reason,
+                            retry_after: None,
+                        };
+                    }
+                }
+            }
+            (Some(_), Some(Err(reason))) => {
+                m.outcome(OutcomeLabel::Poison);
+                drop(pass);
+                return Attempt::Ended(self.poison(lease, reason).await);
+            }
+            _ => view,
+        };
         let mut claimed: Option<(String, String)> = None;
         if let Some(store) = &self.store {
             match key_of(&self.key, view.unwrap_or(&lease.msg)) {

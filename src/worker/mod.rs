@@ -12,6 +12,7 @@ pub mod http1;
 pub mod idempotency;
 pub mod message;
 pub mod metrics;
+pub mod s3;
 pub mod sns;
 pub mod sqs;
 pub mod trace;
@@ -93,6 +94,9 @@ pub struct Config {
     pub batch_max_wait: Duration,
     /// `--exec-pass-aws-credentials`: the exec handler's processes get the static AWS keys too.
     pub exec_pass_aws_credentials: bool,
+    /// `--s3-payloads` (with `--s3-delete-after`, `--s3-payload-max`): fetch the Extended Client's
+    /// S3 payloads for the handler (`worker::s3`). None: off.
+    pub s3_payloads: Option<s3::Settings>,
     pub idempotency_store: IdempotencyStore,
     pub idempotency_key: IdempotencyKey,
     pub idempotency_ttl: Duration,
@@ -152,6 +156,9 @@ impl Config {
                 "--concurrency",
                 "must be at most 10000 per worker; run more replicas for more",
             );
+        }
+        if self.s3_payloads.is_some_and(|s| s.max_bytes == 0) {
+            return bad("--s3-payload-max", "must be at least 1 byte, e.g. 64MiB");
         }
         if !(1..=MAX_BATCH_ITEMS).contains(&self.batch_max_items) {
             return bad(
@@ -505,6 +512,9 @@ pub async fn run(
     );
     processor.confirm_deletes = info.fifo;
     processor.unwrap_sns = config.unwrap_sns;
+    if let Some(settings) = config.s3_payloads {
+        processor.s3 = Some(s3::S3Payloads::new(&sdk, settings));
+    }
     let processor = Arc::new(processor);
 
     let total = config.shutdown_timeout();
@@ -692,6 +702,7 @@ fn log_start(config: &Config, info: &QueueInfo, heartbeat: Option<StdDuration>) 
         heartbeat_interval_ms = heartbeat.map(|h| h.as_millis() as u64),
         on_poison = config.on_poison.as_str(),
         unwrap_sns = config.unwrap_sns.as_str(),
+        s3_payloads = config.s3_payloads.is_some(),
         batch_max_items = config.batch_max_items,
         batch_max_wait = %config.batch_max_wait,
         idempotency_store = config.idempotency_store.as_str(),
@@ -745,6 +756,7 @@ mod tests {
             batch_max_items: 1,
             batch_max_wait: Duration::from_secs(1),
             exec_pass_aws_credentials: false,
+            s3_payloads: None,
             idempotency_store: IdempotencyStore::None,
             idempotency_key: IdempotencyKey::MessageId,
             idempotency_ttl: Duration::from_secs(86_400),

@@ -64,6 +64,14 @@ impl Processor {
                     continue;
                 }
             };
+            let view = match self.fetch_payload(&mut lease, view).await {
+                Ok(view) => view,
+                Err(ended) => {
+                    stop_group(&mut stopped, fifo, &lease, ended);
+                    results[at].1 = Some(ended);
+                    continue;
+                }
+            };
             items.push(Item {
                 at,
                 lease,
@@ -132,6 +140,51 @@ impl Processor {
             .into_iter()
             .map(|(g, e)| (g, e.unwrap_or(Ended::Kept)))
             .collect()
+    }
+
+    /// Batch mode's S3 payloads (`--s3-payloads`): fetched per item before the call (under the
+    /// item's heartbeat); a missing or oversized object is poison, an S3 failure backs the item off.
+    async fn fetch_payload(
+        &self,
+        lease: &mut Lease,
+        view: Option<Message>,
+    ) -> Result<Option<Message>, Ended> {
+        let Some(s3) = &self.s3 else { return Ok(view) };
+        let ptr = match crate::worker::s3::pointer_of(view.as_ref().unwrap_or(&lease.msg)) {
+            None => return Ok(view),
+            Some(Ok(ptr)) => ptr,
+            Some(Err(reason)) => {
+                self.metrics.outcome(OutcomeLabel::Poison);
+                return Err(self.poison(lease, reason).await);
+            }
+        };
+        let deadline = Instant::now() + self.timeout;
+        let got = lease
+            .beat
+            .until(self, &lease.msg, deadline, Box::pin(s3.fetch(&ptr)))
+            .await;
+        match got {
+            Some(Ok(payload)) => {
+                let v = crate::worker::s3::view_with(view.as_ref().unwrap_or(&lease.msg), payload);
+                lease.s3_payload = Some(ptr);
+                Ok(Some(v))
+            }
+            Some(Err(crate::worker::s3::FetchError::Poison(reason))) => {
+                self.metrics.outcome(OutcomeLabel::Poison);
+                Err(self.poison(lease, reason).await)
+            }
+            other => {
+                let reason = match other {
+                    Some(Err(crate::worker::s3::FetchError::Transient(r))) => r,
+                    _ => format!("fetching the S3 payload {ptr} timed out"),
+                };
+                self.metrics.outcome(OutcomeLabel::Transient);
+                let delay = retry_delay(self.retry_base, self.retry_max, lease.msg.receive_count);
+                tracing::warn!(message_id = %lease.msg.id, reason = %reason, retry_in_s = visibility_secs(delay), "cannot fetch the S3 payload; retrying later");
+                lease.back_off(delay).await;
+                Err(Ended::Kept)
+            }
+        }
     }
 
     /// What ends a message before any call: a lost lease, or a message already judged poison here.

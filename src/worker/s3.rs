@@ -1,0 +1,277 @@
+//! `--s3-payloads`: messages of the Amazon SQS Extended Client (Java, Python) whose payload is in
+//! S3. Their body is a pointer, `["software.amazon.payloadoffloading.PayloadS3Pointer",
+//! {"s3BucketName": "...", "s3Key": "..."}]`, with the payload's size in the `ExtendedPayloadSize`
+//! attribute (`SQSLargePayloadSize` in older clients). The worker fetches the object (with its own
+//! identity, up to a size cap) and hands the handler its bytes as the body, without the size
+//! attribute; retries, the DLQ and redrive keep the pointer. Pure detection and view here; the S3
+//! calls through aws-sdk-s3.
+
+use bytes::Bytes;
+
+use super::sqs::Message;
+
+/// The first element of a pointer body.
+pub const POINTER_CLASS: &str = "software.amazon.payloadoffloading.PayloadS3Pointer";
+/// Attributes the Extended Client adds to name the payload's size; not passed to the handler.
+pub const SIZE_ATTRIBUTES: [&str; 2] = ["ExtendedPayloadSize", "SQSLargePayloadSize"];
+/// Default cap of a fetched payload (`--s3-payload-max`).
+pub const DEFAULT_MAX_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Where a message's payload is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pointer {
+    pub bucket: String,
+    pub key: String,
+}
+
+impl std::fmt::Display for Pointer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "s3://{}/{}", self.bucket, self.key)
+    }
+}
+
+/// The pointer of a message whose body is one: None for any other body; Err with the reason for a
+/// body that names the pointer class but is malformed (poison: it can never be fetched).
+pub fn pointer_of(msg: &Message) -> Option<Result<Pointer, String>> {
+    let body = msg.body.trim_ascii_start();
+    let rest = body.strip_prefix(b"[")?.trim_ascii_start();
+    let class = format!("\"{POINTER_CLASS}\"");
+    if !rest.starts_with(class.as_bytes()) {
+        return None;
+    }
+    let parsed = serde_json::from_slice::<serde_json::Value>(&msg.body)
+        .map_err(|e| format!("an S3 pointer body that is not JSON: {e}"))
+        .and_then(|v| {
+            let fields = v
+                .get(1)
+                .filter(|_| v.as_array().is_some_and(|a| a.len() == 2))
+                .ok_or("an S3 pointer body that is not [class, {s3BucketName, s3Key}]")?;
+            let text = |name: &str| {
+                fields
+                    .get(name)
+                    .and_then(serde_json::Value::as_str)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .ok_or_else(|| format!("an S3 pointer without a string {name}"))
+            };
+            Ok(Pointer {
+                bucket: text("s3BucketName")?,
+                key: text("s3Key")?,
+            })
+        });
+    Some(parsed)
+}
+
+/// What the handler gets: the message with the payload as its body and without the size attribute.
+pub fn view_with(msg: &Message, payload: Bytes) -> Message {
+    Message {
+        body: payload,
+        attributes: msg
+            .attributes
+            .iter()
+            .filter(|(n, _)| !SIZE_ATTRIBUTES.contains(&n.as_str()))
+            .cloned()
+            .collect(),
+        ..msg.clone()
+    }
+}
+
+/// Why a payload could not be fetched.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FetchError {
+    /// It can never be fetched: the object or bucket does not exist, or it is over the cap.
+    Poison(String),
+    /// It may be fetched later: S3 unreachable, throttled, an error status, access denied.
+    Transient(String),
+}
+
+/// `--s3-payloads`' settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// `--s3-delete-after`: delete the object once the message's delete is confirmed.
+    pub delete_after: bool,
+    /// `--s3-payload-max`: the largest payload fetched.
+    pub max_bytes: u64,
+}
+
+/// The S3 client and settings of `--s3-payloads`.
+pub struct S3Payloads {
+    client: aws_sdk_s3::Client,
+    max_bytes: u64,
+    /// `--s3-delete-after`: delete the object once the message's delete is confirmed.
+    pub delete_after: bool,
+}
+
+impl S3Payloads {
+    /// From the worker's SDK configuration (its identity, region, endpoint and HTTP client); with an
+    /// endpoint override (an emulator) path-style addressing.
+    pub fn new(sdk: &aws_types::SdkConfig, settings: Settings) -> S3Payloads {
+        let conf = aws_sdk_s3::config::Builder::from(sdk)
+            .force_path_style(sdk.endpoint_url().is_some())
+            .build();
+        S3Payloads {
+            client: aws_sdk_s3::Client::from_conf(conf),
+            max_bytes: settings.max_bytes,
+            delete_after: settings.delete_after,
+        }
+    }
+
+    /// The object's bytes, read up to the cap (a longer object is refused before and while it is read).
+    pub async fn fetch(&self, p: &Pointer) -> Result<Bytes, FetchError> {
+        let out = self
+            .client
+            .get_object()
+            .bucket(&p.bucket)
+            .key(&p.key)
+            .send()
+            .await
+            .map_err(|e| {
+                use aws_sdk_s3::error::ProvideErrorMetadata as _;
+                let code = e.code().unwrap_or_default().to_string();
+                let missing = matches!(
+                    e.as_service_error(),
+                    Some(aws_sdk_s3::operation::get_object::GetObjectError::NoSuchKey(_))
+                ) || code == "NoSuchKey"
+                    || code == "NoSuchBucket";
+                let detail = aws_sdk_s3::error::DisplayErrorContext(&e).to_string();
+                if missing {
+                    FetchError::Poison(format!(
+                        "the S3 payload {p} does not exist ({code}); the message can never be handled"
+                    ))
+                } else {
+                    FetchError::Transient(format!("cannot fetch the S3 payload {p}: {detail}"))
+                }
+            })?;
+        let cap = self.max_bytes;
+        if let Some(len) = out.content_length.and_then(|l| u64::try_from(l).ok())
+            && len > cap
+        {
+            return Err(too_large(p, len, cap));
+        }
+        let mut body = out.body;
+        let mut data = Vec::new();
+        loop {
+            match body.try_next().await {
+                Ok(Some(chunk)) => {
+                    if (data.len() + chunk.len()) as u64 > cap {
+                        return Err(too_large(p, (data.len() + chunk.len()) as u64, cap));
+                    }
+                    data.extend_from_slice(&chunk);
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    return Err(FetchError::Transient(format!(
+                        "reading the S3 payload {p} failed: {e}"
+                    )));
+                }
+            }
+        }
+        Ok(Bytes::from(data))
+    }
+
+    /// Deletes the object (best effort: a failure is logged, the object stays).
+    pub async fn delete(&self, p: &Pointer, message_id: &str) {
+        match self
+            .client
+            .delete_object()
+            .bucket(&p.bucket)
+            .key(&p.key)
+            .send()
+            .await
+        {
+            Ok(_) => tracing::debug!(message_id, payload = %p, "S3 payload deleted"),
+            Err(e) => {
+                tracing::warn!(message_id, payload = %p, error = %aws_sdk_s3::error::DisplayErrorContext(&e), "cannot delete the S3 payload of a handled message; it stays in the bucket");
+            }
+        }
+    }
+}
+
+fn too_large(p: &Pointer, len: u64, cap: u64) -> FetchError {
+    FetchError::Poison(format!(
+        "the S3 payload {p} is {len} bytes or more, over the cap of {cap} (--s3-payload-max)"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::worker::sqs::AttributeValue;
+
+    fn msg(body: &str) -> Message {
+        Message {
+            id: "m".into(),
+            receipt_handle: "rh".into(),
+            body: Bytes::copy_from_slice(body.as_bytes()),
+            receive_count: 1,
+            group_id: None,
+            deduplication_id: None,
+            sequence_number: None,
+            sent_timestamp: None,
+            first_receive_timestamp: None,
+            attributes: vec![
+                (
+                    "ExtendedPayloadSize".into(),
+                    AttributeValue {
+                        data_type: "Number".into(),
+                        string: Some("300000".into()),
+                        binary: None,
+                    },
+                ),
+                (
+                    "tenant".into(),
+                    AttributeValue {
+                        data_type: "String".into(),
+                        string: Some("t-1".into()),
+                        binary: None,
+                    },
+                ),
+            ],
+            trace_header: None,
+            received_at: std::time::Instant::now(),
+        }
+    }
+
+    #[test]
+    fn pointers_are_told_from_other_bodies() {
+        let ok = msg(&format!(
+            r#" ["{POINTER_CLASS}", {{"s3BucketName": "b", "s3Key": "k/1"}}]"#
+        ));
+        assert_eq!(
+            pointer_of(&ok),
+            Some(Ok(Pointer {
+                bucket: "b".into(),
+                key: "k/1".into()
+            }))
+        );
+        for other in [r#"{"orderId": 1}"#, r#"["a", "b"]"#, "plain", ""] {
+            assert_eq!(pointer_of(&msg(other)), None, "{other}");
+        }
+        for (bad, why) in [
+            (
+                format!(r#"["{POINTER_CLASS}", {{"s3Key": "k"}}]"#),
+                "s3BucketName",
+            ),
+            (
+                format!(r#"["{POINTER_CLASS}", {{"s3BucketName": "b", "s3Key": ""}}]"#),
+                "s3Key",
+            ),
+            (format!(r#"["{POINTER_CLASS}"]"#), "not [class"),
+            (format!(r#"["{POINTER_CLASS}", {{"#), "not JSON"),
+        ] {
+            let e = pointer_of(&msg(&bad)).unwrap().unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_view_has_the_payload_and_no_size_attribute() {
+        let m = msg("pointer");
+        let v = view_with(&m, Bytes::from_static(b"payload"));
+        assert_eq!(&v.body[..], b"payload");
+        let names: Vec<&str> = v.attributes.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["tenant"]);
+        assert_eq!(v.id, m.id);
+        assert_eq!(v.receipt_handle, m.receipt_handle);
+    }
+}
