@@ -47,6 +47,9 @@ pub struct Checked {
     pub file: String,
     pub name: String,
     pub outcome: Outcome,
+    /// With queue facts and `spec.queue.manage` on: what the controller would change on the queue
+    /// (a dry run: `check` never changes a queue).
+    pub would_change: Vec<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -122,23 +125,49 @@ pub async fn run(
                     file: file.clone(),
                     name,
                     outcome: Outcome::Invalid(errors),
+                    would_change: Vec::new(),
                 }),
                 Document::Valid(qc) => {
                     let name = display_name(&qc);
-                    let outcome = match facts_for(&qc, source, live).await {
-                        Ok(facts) => Outcome::Report(validate::evaluate(&qc.spec, facts.as_ref())),
-                        Err(e) => Outcome::NoFacts(e),
+                    let (outcome, would_change) = match facts_for(&qc, source, live).await {
+                        Ok(facts) => (
+                            Outcome::Report(validate::evaluate(&qc.spec, facts.as_ref())),
+                            facts.map(|f| would_change(&qc, &f)).unwrap_or_default(),
+                        ),
+                        Err(e) => (Outcome::NoFacts(e), Vec::new()),
                     };
                     out.checked.push(Checked {
                         file: file.clone(),
                         name,
                         outcome,
+                        would_change,
                     });
                 }
             }
         }
     }
     out
+}
+
+/// What the controller would change with `spec.queue.manage` on (the same decision, without the
+/// other QueueConsumers of the queue, which `check` cannot see).
+fn would_change(qc: &QueueConsumer, facts: &Facts) -> Vec<String> {
+    if qc.spec.queue.manage.is_off() {
+        return Vec::new();
+    }
+    match crate::manage::decide(&qc.spec, &facts.queue, &[]) {
+        crate::manage::Decision::Suspended => {
+            vec!["change nothing: spec.suspend is true, so the queue is not touched".to_string()]
+        }
+        crate::manage::Decision::InSync(_) | crate::manage::Decision::Conflict { .. } => {
+            vec!["change nothing: the queue's settings are what the rules ask for, or more".to_string()]
+        }
+        crate::manage::Decision::Update(plan) => plan
+            .changes
+            .iter()
+            .map(|c| format!("raise {c} on {}", facts.queue.url))
+            .collect(),
+    }
 }
 
 fn display_name(qc: &QueueConsumer) -> String {
@@ -261,6 +290,12 @@ pub fn render_text(run: &CheckRun, source: &FactsSource) -> String {
                         f.message
                     );
                     let _ = writeln!(s, "           fix: {}", f.recommendation);
+                }
+                for w in &c.would_change {
+                    let _ = writeln!(
+                        s,
+                        "  manage   queue.manage would {w} (dry run: nothing was changed)"
+                    );
                 }
                 if !r.skipped.is_empty() {
                     let (needs, hint) = match source {

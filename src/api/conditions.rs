@@ -13,8 +13,23 @@ pub const HANDLER_HEALTHY: &str = "HandlerHealthy";
 /// The DLQ's CloudWatch alarm is as `deadLetter.alarm` asks (a step of its own: its failures never hold
 /// back scaling or status).
 pub const ALARM_SYNCED: &str = "AlarmSynced";
+/// `spec.queue.manage` is on: whether the queue's settings are what the rules recommend (present only
+/// with `attributes` or `create`; does not gate Ready).
+pub const QUEUE_MANAGED: &str = "QueueManaged";
 
 pub mod reason {
+    // QueueManaged (False reasons of a failed call are the SQS error's own: AccessDenied, ...)
+    /// The queue's settings are at (or above) what the rules recommend: nothing to change.
+    pub const QUEUE_IN_SYNC: &str = "QueueInSync";
+    /// The controller changed the queue's settings in this reconcile (the Event's reason too).
+    pub const QUEUE_ATTRIBUTES_UPDATED: &str = "QueueAttributesUpdated";
+    /// The controller created the queue or its dead-letter queue (the Event's reason too).
+    pub const QUEUE_CREATED: &str = "QueueCreated";
+    /// Another QueueConsumer manages the same queue with different values: nothing is changed.
+    pub const MANAGE_CONFLICT: &str = "ManageConflict";
+    /// The queue's facts could not be read: nothing is changed until they can. (While `spec.suspend`
+    /// is true the reason is Suspended, as ScalingActive's: the queue is not touched.)
+    pub const QUEUE_NOT_READ: &str = "QueueNotRead";
     // Ready
     pub const AVAILABLE: &str = "Available";
     pub const DEPLOYMENT_UNAVAILABLE: &str = "DeploymentUnavailable";

@@ -191,6 +191,43 @@ pub struct QueueSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
     pub endpoint: Option<String>,
+    /// Whether the controller sets the queue's settings from this spec (docs/manage.md). `off` (the
+    /// default): it only reads them and reports findings. `attributes`: it raises VisibilityTimeout,
+    /// the RedrivePolicy's maxReceiveCount and MessageRetentionPeriod to what its rules recommend
+    /// (SetQueueAttributes; never lowers any of them) and corrects drift on later polls. `create`: as
+    /// `attributes`, and it also creates the queue and its dead-letter queue when missing (SSE-SQS,
+    /// tagged with this QueueConsumer; never deleted). Never while `suspend` is true, nor for a queue
+    /// another QueueConsumer manages with different values (QueueManaged=False, ManageConflict).
+    #[serde(default, skip_serializing_if = "QueueManage::is_off")]
+    pub manage: QueueManage,
+}
+
+/// What the controller may change on the queue (`spec.queue.manage`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum QueueManage {
+    /// Read only: findings name what to change, the user changes it.
+    #[default]
+    Off,
+    /// Raise VisibilityTimeout, maxReceiveCount and MessageRetentionPeriod to what the rules recommend.
+    Attributes,
+    /// As `attributes`, and create the queue and its dead-letter queue when they are missing.
+    Create,
+}
+
+impl QueueManage {
+    pub fn is_off(&self) -> bool {
+        *self == QueueManage::Off
+    }
+
+    /// The spelling in the spec.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            QueueManage::Off => "off",
+            QueueManage::Attributes => "attributes",
+            QueueManage::Create => "create",
+        }
+    }
 }
 
 /// The AWS identity of one QueueConsumer's calls.
@@ -993,6 +1030,37 @@ pub struct QueueConsumerStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "time_schema")]
     pub last_scale_time: Option<Time>,
+    /// What the controller last changed on the queue (`spec.queue.manage`), from what to what.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub managed: Option<ManagedStatus>,
+}
+
+/// The controller's last change of the queue's settings (`spec.queue.manage`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ManagedStatus {
+    /// Each attribute changed (or queue created), with the value before and after.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub last_changes: Vec<AttributeChange>,
+    /// When they were made (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "time_schema")]
+    pub last_change_time: Option<Time>,
+}
+
+/// One setting the controller changed.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AttributeChange {
+    /// The queue's URL (the source queue, or a dead-letter queue it created).
+    pub queue: String,
+    /// VisibilityTimeout, MaxReceiveCount, MessageRetentionPeriod, or Queue (created).
+    pub attribute: String,
+    /// The value before ("" for a queue that did not exist).
+    #[serde(default)]
+    pub from: String,
+    /// The value set.
+    pub to: String,
 }
 
 /// A Kubernetes timestamp (RFC 3339), with a description of its own rather than the Go type's.

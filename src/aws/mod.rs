@@ -8,6 +8,7 @@ pub mod endpoints;
 pub mod facts;
 pub mod identity;
 pub mod limit;
+pub mod manage;
 pub mod redrive;
 pub mod sqs;
 

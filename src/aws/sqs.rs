@@ -107,7 +107,11 @@ impl SqsError {
 
     /// Classify any SDK failure (`aws::classify`). `missing` is the operation's typed "queue does not
     /// exist" check, so a code the SDK already mapped is not missed if its text differs.
-    fn from_sdk<E>(target: &str, err: &SdkError<E, HttpResponse>, missing: bool) -> SqsError
+    pub(crate) fn from_sdk<E>(
+        target: &str,
+        err: &SdkError<E, HttpResponse>,
+        missing: bool,
+    ) -> SqsError
     where
         E: ProvideErrorMetadata + std::error::Error + 'static,
     {

@@ -10,6 +10,7 @@ mod cleanup;
 pub mod error;
 pub mod events;
 pub mod key;
+pub mod manage;
 pub mod metrics;
 pub mod observe;
 pub mod pipeline;
@@ -178,7 +179,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     }
 
     // observe
-    let observed = match &clients {
+    let mut observed = match &clients {
         Ok(clients) => {
             ctx.facts
                 .get(
@@ -192,6 +193,25 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         }
         Err(refused) => Err(refused.clone()),
     };
+    // manage: the queue's settings raised (or the queue created) before the rules see it, and read
+    // again, so the findings it fixed are gone from this status already
+    let managed = manage_queue(ctx, qc, &target, &observed).await;
+    if managed.reread
+        && let Ok(clients) = &clients
+    {
+        let tenancy = (&ctx.tenancy, ns.as_str());
+        ctx.facts.forget(&qc.spec.queue.url, &target, tenancy).await;
+        observed = ctx
+            .facts
+            .get(
+                &qc.spec.queue.url,
+                &target,
+                tenancy,
+                qc.spec.scaling.poll_interval,
+                clients,
+            )
+            .await;
+    }
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
     let live = deployments
         .get_opt(&name)
@@ -288,6 +308,15 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         workers: Some(&workers),
         now: observe::now(),
     });
+    let mut new_status = new_status;
+    manage::apply_to_status(
+        &managed,
+        qc.spec.queue.manage,
+        &qc.status.clone().unwrap_or_default(),
+        &mut new_status,
+        qc.metadata.generation,
+        &observe::now(),
+    );
     let mut old_status = qc.status.clone().unwrap_or_default();
     let foreign = status::foreign_condition_types(&qc.metadata, FIELD_MANAGER);
     old_status
@@ -344,6 +373,10 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         ctx.distinct_event(qc, t.warning, "Reconcile", &t.reason, note)
             .await;
     }
+    for e in managed.events {
+        ctx.distinct_event(qc, e.warning, "ManageQueue", e.reason, e.note)
+            .await;
+    }
     if let Some(note) = scaled {
         ctx.distinct_event(qc, false, "Scale", SCALED, note).await;
     }
@@ -386,6 +419,56 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     Ok(Action::requeue(warm_up.map_or(slot, |w| {
         slot.min(w.max(std::time::Duration::from_millis(100)))
     })))
+}
+
+/// `spec.queue.manage`'s step: the other QueueConsumers of the queue from the watch caches (or, without
+/// them, a list), the writer for this QueueConsumer's target, then `manage::step`.
+async fn manage_queue(
+    ctx: &Context,
+    qc: &QueueConsumer,
+    target: &observe::AwsTarget,
+    observed: &Result<observe::Observed, ObserveError>,
+) -> manage::Outcome {
+    if qc.spec.queue.manage.is_off() {
+        return manage::Outcome::default();
+    }
+    let stores = crate::sync::lock(&ctx.stores).clone();
+    let all: Option<Vec<QueueConsumer>> = if stores.is_empty() {
+        Api::<QueueConsumer>::all(ctx.client.clone())
+            .list(&kube::api::ListParams::default())
+            .await
+            .map_err(|e| tracing::warn!(error = %e, "could not list QueueConsumers for queue.manage"))
+            .ok()
+            .map(|l| l.items)
+    } else {
+        Some(
+            stores
+                .iter()
+                .flat_map(Store::state)
+                .map(|q| (*q).clone())
+                .collect(),
+        )
+    };
+    let peers = all.as_deref().map(|all| manage::peers(qc, all));
+    // Only a QueueConsumer the tenancy policy and the endpoint allow-list admit was read at all.
+    let writer = match observed {
+        Ok(_) | Err(ObserveError::ReadQueueAttributes { .. }) => ctx.aws.queue_writer(target).await,
+        Err(_) => None,
+    };
+    let ns = qc.namespace().unwrap_or_default();
+    let allowed = |arn: &str| {
+        ctx.tenancy
+            .check_dead_letter(&ns, arn)
+            .map_err(|e| e.to_string())
+    };
+    manage::step(
+        qc,
+        observed.as_ref().map(|o| &o.facts),
+        writer.as_deref(),
+        peers.as_deref(),
+        &allowed,
+    )
+    .await
 }
 
 /// The SDK clients for this QueueConsumer's region, endpoint and role. A QueueConsumer the tenancy policy

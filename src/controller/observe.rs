@@ -52,6 +52,14 @@ pub trait AwsProvider: Send + Sync {
         String::new()
     }
 
+    /// The writer of `spec.queue.manage`. None: queues are never changed (a provider of test doubles).
+    async fn queue_writer(
+        &self,
+        _target: &AwsTarget,
+    ) -> Option<Arc<dyn crate::aws::manage::QueueWriter>> {
+        None
+    }
+
     /// The SDK client DLQ redrives use (they move messages, so they need the SDK itself rather than
     /// a reader). None: redrive is unavailable (a provider of test doubles).
     async fn redrive_client(&self, _target: &AwsTarget) -> Option<aws_sdk_sqs::Client> {
@@ -162,6 +170,14 @@ impl AwsProvider for SdkProvider {
         limit::render_metrics(&[&self.sqs, &self.cloudwatch])
     }
 
+    async fn queue_writer(
+        &self,
+        target: &AwsTarget,
+    ) -> Option<Arc<dyn crate::aws::manage::QueueWriter>> {
+        let client = self.redrive_client(target).await?;
+        Some(Arc::new(crate::aws::manage::SdkQueueWriter::new(client)))
+    }
+
     async fn redrive_client(&self, target: &AwsTarget) -> Option<aws_sdk_sqs::Client> {
         if let Some(c) = self.redrive_clients.lock().await.get(target) {
             return Some(c.clone());
@@ -228,6 +244,27 @@ impl FactsCache {
         Self::default()
     }
 
+    /// Drop what is known of `url` as `get` with the same arguments keys it: the controller changed
+    /// the queue (`queue.manage`), so the next `get` reads it again.
+    pub async fn forget(
+        &self,
+        url: &str,
+        target: &AwsTarget,
+        (tenancy, namespace): (&TenancyPolicy, &str),
+    ) {
+        let slot = self.slot(Self::key(url, target, (tenancy, namespace)));
+        *slot.lock().await = None;
+    }
+
+    fn key(url: &str, target: &AwsTarget, (tenancy, namespace): (&TenancyPolicy, &str)) -> FactsKey {
+        (
+            target.endpoint.clone(),
+            target.role.as_ref().map(Role::grant),
+            (!tenancy.is_open()).then(|| namespace.to_string()),
+            QueueId::of(target.region.as_deref(), url),
+        )
+    }
+
     fn slot(&self, key: FactsKey) -> Slot {
         let mut slots = crate::sync::lock(&self.slots);
         slots.entry(key).or_default().clone()
@@ -245,12 +282,7 @@ impl FactsCache {
         max_age: Duration,
         clients: &AwsClients,
     ) -> Result<Observed, ObserveError> {
-        let slot = self.slot((
-            target.endpoint.clone(),
-            target.role.as_ref().map(Role::grant),
-            (!tenancy.is_open()).then(|| namespace.to_string()),
-            QueueId::of(target.region.as_deref(), url),
-        ));
+        let slot = self.slot(Self::key(url, target, (tenancy, namespace)));
         let mut cached = slot.lock().await;
         // One read per queue in each poll interval, counted from the Unix epoch (the grid the
         // QueueConsumers' slots are placed on, `spread`): whichever QueueConsumer of the queue comes

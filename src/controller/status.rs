@@ -194,6 +194,7 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
         },
         selector: Some(render::selector_string(&name)),
         last_scale_time: i.scaled_at.clone().or(old.last_scale_time),
+        managed: old.managed,
     }
 }
 

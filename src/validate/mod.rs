@@ -12,7 +12,14 @@ pub const VISIBILITY_MAXIMUM: Duration = Duration::from_secs(12 * 3600);
 pub const IN_FLIGHT_QUOTA: u64 = 120_000;
 /// The longest retention SQS allows, and the least a DLQ should keep.
 pub const DEAD_LETTER_RETENTION_MINIMUM: Duration = Duration::from_secs(14 * 24 * 3600);
-const MIN_RECEIVE_COUNT: u32 = 3;
+/// The least maxReceiveCount MaxReceiveCountTooLow accepts.
+pub const MIN_RECEIVE_COUNT: u32 = 3;
+/// The maxReceiveCount the rules recommend for a new redrive policy ("5 is common").
+pub const RECOMMENDED_RECEIVE_COUNT: u32 = 5;
+/// SQS's largest maxReceiveCount.
+pub const MAX_RECEIVE_COUNT: u32 = 1000;
+/// What RetryWindowBeyondRetention adds to the retry window for the retention it recommends.
+const RETENTION_SPARE: Duration = Duration::from_secs(3600);
 const MARGIN_FLOOR: Duration = Duration::from_secs(5);
 const EXCESSIVE_FLOOR: Duration = Duration::from_secs(15 * 60);
 
@@ -138,6 +145,65 @@ pub fn retry_window(spec: &QueueConsumerSpec, vt: Duration, max_receive_count: u
     (1..=max_receive_count).fold(Duration::ZERO, |acc, k| {
         acc.saturating_add(vt.max(backoff(spec, k)))
     })
+}
+
+/// The retention RetryWindowBeyondRetention recommends for a window (and OutageHoldBeyondRetention
+/// for a hold): the window and an hour, in whole seconds, at most SQS's 14 days.
+pub fn retention_covering(window: Duration) -> Duration {
+    ceil_secs(window.saturating_add(RETENTION_SPARE)).min(DEAD_LETTER_RETENTION_MINIMUM)
+}
+
+/// Whether HeartbeatIntervalTooLong fires at this visibility timeout: the interval is not below
+/// VT − M, so a lease can run out before it is extended.
+fn heartbeat_interval_too_long(spec: &QueueConsumerSpec, vt: Duration, m: Duration) -> bool {
+    spec.processing.heartbeat.interval.resolve(vt) >= vt.saturating_sub(m)
+}
+
+/// The VisibilityTimeout the rules that ask for a longer one recommend, the largest of their numbers
+/// (VisibilityTimeoutBelowBudget: the budget; VisibilityTimeoutBelowSixTimesMean: 6 × mean;
+/// HandlerTimeoutBeyondVisibility: timeout + M; HeartbeatIntervalTooLong: the least VT its interval
+/// lands inside), in whole seconds, at most SQS's 12h: none of them fires at it. What
+/// `queue.manage` raises the queue's to.
+pub fn visibility_timeout_needed(spec: &QueueConsumerSpec) -> Duration {
+    let p = &spec.processing;
+    let m = margin(spec);
+    let mut vt = ceil_secs(budget(spec));
+    if let Some(mean) = p.mean {
+        vt = vt.max(ceil_secs(mean.saturating_mul(6)));
+    }
+    if p.heartbeat.enabled {
+        if let HeartbeatInterval::Fixed(interval) = p.heartbeat.interval {
+            vt = vt.max(ceil_secs(interval.saturating_add(m)));
+        }
+        // A few steps at most: with `auto` (VT/3) the rule holds from 1.5 × M on, with a fixed
+        // interval from just above interval + M.
+        while vt < VISIBILITY_MAXIMUM && heartbeat_interval_too_long(spec, vt, m) {
+            vt = vt.saturating_add(Duration::from_secs(1));
+        }
+    } else {
+        vt = vt.max(ceil_secs(p.timeout.saturating_add(m)));
+    }
+    vt.min(VISIBILITY_MAXIMUM)
+}
+
+/// The least maxReceiveCount whose retry window at `vt` spans `processing.outageTolerance`, when
+/// RetryWindowBelowOutageTolerance applies (a tolerance declared, the breaker off); None otherwise.
+pub fn receive_count_for_outage(spec: &QueueConsumerSpec, vt: Duration) -> Option<u32> {
+    let p = &spec.processing;
+    let tolerance = p.outage_tolerance.filter(|_| !p.breaker.enabled)?;
+    Some(
+        (1..=MAX_RECEIVE_COUNT)
+            .find(|&r| retry_window(spec, vt, r) >= tolerance)
+            .unwrap_or(MAX_RECEIVE_COUNT),
+    )
+}
+
+/// How long the breaker may hold a message through an outage (OutageHoldBeyondRetention), when it is on.
+pub fn outage_hold(spec: &QueueConsumerSpec) -> Option<Duration> {
+    let p = &spec.processing;
+    p.breaker
+        .enabled
+        .then(|| p.outage_tolerance.unwrap_or(VISIBILITY_MAXIMUM))
 }
 
 fn secs(d: Duration) -> String {
@@ -347,7 +413,7 @@ fn queue_rules(spec: &QueueConsumerSpec, q: &QueueFacts, out: &mut Vec<Finding>)
     if heartbeat {
         let interval = p.heartbeat.interval.resolve(vt);
         let limit = vt.saturating_sub(m);
-        if interval >= limit {
+        if heartbeat_interval_too_long(spec, vt, m) {
             let suggested = Duration::from_millis(limit.as_millis_u64() / 2);
             let recommendation = if suggested.is_zero() {
                 format!(
@@ -396,8 +462,9 @@ fn queue_rules(spec: &QueueConsumerSpec, q: &QueueFacts, out: &mut Vec<Finding>)
     // The breaker holds messages through an outage up to outageTolerance (else SQS's 12 h visibility
     // limit), while their retention runs from when they were sent: a hold that outlives the retention
     // lets SQS delete them unhandled.
-    let hold = p.outage_tolerance.unwrap_or(VISIBILITY_MAXIMUM);
-    if p.breaker.enabled && hold >= q.retention {
+    if let Some(hold) = outage_hold(spec)
+        && hold >= q.retention
+    {
         let what = if p.outage_tolerance.is_some() {
             format!("processing.outageTolerance {}", secs(hold))
         } else {
@@ -462,8 +529,7 @@ fn queue_rules(spec: &QueueConsumerSpec, q: &QueueFacts, out: &mut Vec<Finding>)
         } else {
             String::new()
         };
-        let retention_needed = ceil_secs(window.saturating_add(Duration::from_secs(3600)))
-            .min(DEAD_LETTER_RETENTION_MINIMUM);
+        let retention_needed = retention_covering(window);
         out.push(finding(
             codes::RETRY_WINDOW_BEYOND_RETENTION,
             Severity::Error,
