@@ -119,12 +119,16 @@ fn pascal(snake: &str) -> String {
 }
 
 /// The IAM actions one SDK operation needs. The batch operations are authorised by the single
-/// action; a PutMetricAlarm with tags (the controller always tags its alarm) also needs TagResource.
+/// action; a PutMetricAlarm with tags (the controller always tags its alarm) also needs TagResource,
+/// and a CreateQueue with tags (`queue.manage: create` tags what it creates) TagQueue.
 fn actions_for(service: &str, op: &str, source: &str) -> Vec<String> {
     let action = op.strip_suffix("_batch").unwrap_or(op);
     let mut out = vec![format!("{service}:{}", pascal(action))];
     if op == "put_metric_alarm" && source.contains(".tags(") {
         out.push("cloudwatch:TagResource".to_owned());
+    }
+    if op == "create_queue" && source.contains(".tags(") {
+        out.push("sqs:TagQueue".to_owned());
     }
     out
 }
@@ -286,6 +290,9 @@ fn the_code_calls_the_operations_this_test_expects_to_find() {
         "sqs:GetQueueAttributes",
         "cloudwatch:PutMetricAlarm",
         "cloudwatch:ListTagsForResource",
+        "sqs:SetQueueAttributes",
+        "sqs:CreateQueue",
+        "sqs:TagQueue",
     ] {
         assert!(
             controller.contains(a),
