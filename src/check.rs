@@ -160,7 +160,10 @@ fn would_change(qc: &QueueConsumer, facts: &Facts) -> Vec<String> {
             vec!["change nothing: spec.suspend is true, so the queue is not touched".to_string()]
         }
         crate::manage::Decision::InSync(_) | crate::manage::Decision::Conflict { .. } => {
-            vec!["change nothing: the queue's settings are what the rules ask for, or more".to_string()]
+            vec![
+                "change nothing: the queue's settings are what the rules ask for, or more"
+                    .to_string(),
+            ]
         }
         crate::manage::Decision::Update(plan) => plan
             .changes

@@ -299,7 +299,9 @@ pub fn queue_name(url: &str) -> Result<String, ManageError> {
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
     {
-        return Err(invalid("it has characters other than letters, digits, - and _"));
+        return Err(invalid(
+            "it has characters other than letters, digits, - and _",
+        ));
     }
     Ok(name.to_string())
 }

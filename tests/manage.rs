@@ -1,7 +1,8 @@
 //! `spec.queue.manage` against moto through the reconcile (in-memory Kubernetes API): the queue's
 //! settings raised to the rules' values and drift corrected, standard and FIFO queues created with
 //! their DLQ wired, two QueueConsumers wanting other values left alone with a conflict, retention
-//! never lowered, suspend touching nothing, and `check --live` as a dry run that changes nothing.
+//! never lowered, suspend and the tenancy policy touching nothing, and `check --live` as a dry run that
+//! changes nothing.
 
 mod common;
 mod fake_kube;
@@ -20,6 +21,7 @@ use qc::aws::manage::{QueueWriter, SdkQueueWriter};
 use qc::controller::observe::{AwsClients, AwsProvider, AwsTarget};
 use qc::controller::{Context, reconcile};
 use qc::render::RenderOptions;
+use qc::tenancy::TenancyPolicy;
 use serde_json::{Value, json};
 
 const NS: &str = "shop";
@@ -50,7 +52,7 @@ struct Env {
     sqs: aws_sdk_sqs::Client,
 }
 
-fn env_with(sqs: aws_sdk_sqs::Client) -> Env {
+fn env_with(sqs: aws_sdk_sqs::Client, tenancy: Option<&str>) -> Env {
     let fake = FakeKube::new();
     let mut ctx = Context::new(
         fake.client(),
@@ -61,6 +63,9 @@ fn env_with(sqs: aws_sdk_sqs::Client) -> Env {
         Some("test".into()),
     );
     ctx.endpoints = AllowedEndpoints::parse(Some(common::sqs_endpoint())).expect("endpoint");
+    if let Some(policy) = tenancy {
+        ctx.tenancy = TenancyPolicy::parse(policy).expect("tenancy policy");
+    }
     Env {
         fake,
         ctx: Arc::new(ctx),
@@ -69,7 +74,7 @@ fn env_with(sqs: aws_sdk_sqs::Client) -> Env {
 }
 
 async fn env() -> Env {
-    env_with(common::sqs_client().await)
+    env_with(common::sqs_client().await, None)
 }
 
 /// p99 2s, timeout 10s, heartbeat off, concurrency 10: budget 7s, and timeout + margin = 15s, so the
@@ -175,7 +180,10 @@ async fn queue_with_dlq(sqs: &aws_sdk_sqs::Client, attrs: &[(A, &str)], r: u32) 
     )
     .await;
     let arn = common::queue_arn(sqs, &dlq).await;
-    let mut all: Vec<(A, String)> = attrs.iter().map(|(k, v)| (k.clone(), v.to_string())).collect();
+    let mut all: Vec<(A, String)> = attrs
+        .iter()
+        .map(|(k, v)| (k.clone(), v.to_string()))
+        .collect();
     all.push((
         A::RedrivePolicy,
         json!({"deadLetterTargetArn": arn, "maxReceiveCount": r}).to_string(),
@@ -190,7 +198,10 @@ async fn attributes_are_raised_to_the_rules_values_and_drift_is_corrected() {
     // of up to 12h outlives it)
     let url = queue_with_dlq(
         &e.sqs,
-        &[(A::VisibilityTimeout, "5"), (A::MessageRetentionPeriod, "60")],
+        &[
+            (A::VisibilityTimeout, "5"),
+            (A::MessageRetentionPeriod, "60"),
+        ],
         1,
     )
     .await;
@@ -211,7 +222,10 @@ async fn attributes_are_raised_to_the_rules_values_and_drift_is_corrected() {
         ]
     );
     let (status, reason, _) = e.condition("orders");
-    assert_eq!((status.as_str(), reason.as_str()), ("True", "QueueAttributesUpdated"));
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "QueueAttributesUpdated")
+    );
     let findings = e.findings("orders");
     for fixed in [
         "VisibilityTimeoutBelowBudget",
@@ -219,11 +233,18 @@ async fn attributes_are_raised_to_the_rules_values_and_drift_is_corrected() {
         "MaxReceiveCountTooLow",
         "OutageHoldBeyondRetention",
     ] {
-        assert!(!findings.contains(&fixed.to_string()), "{fixed} in {findings:?}");
+        assert!(
+            !findings.contains(&fixed.to_string()),
+            "{fixed} in {findings:?}"
+        );
     }
     let notes = event_notes(&e.fake.take_requests(), "QueueAttributesUpdated");
     assert_eq!(notes.len(), 1, "{notes:?}");
-    assert!(notes[0].contains("VisibilityTimeout from 5s to 15s"), "{}", notes[0]);
+    assert!(
+        notes[0].contains("VisibilityTimeout from 5s to 15s"),
+        "{}",
+        notes[0]
+    );
 
     // in sync: nothing is written
     e.next_poll().await;
@@ -242,7 +263,9 @@ async fn attributes_are_raised_to_the_rules_values_and_drift_is_corrected() {
     );
     let notes = event_notes(&e.fake.take_requests(), "QueueAttributesUpdated");
     assert!(
-        notes.iter().any(|n| n.contains("VisibilityTimeout from 8s to 15s")),
+        notes
+            .iter()
+            .any(|n| n.contains("VisibilityTimeout from 8s to 15s")),
         "{notes:?}"
     );
 }
@@ -253,7 +276,10 @@ async fn retention_and_longer_settings_are_never_lowered() {
     // retention 14 days and maxReceiveCount 10, more than the rules need; VT 5s too short
     let url = queue_with_dlq(
         &e.sqs,
-        &[(A::VisibilityTimeout, "5"), (A::MessageRetentionPeriod, "1209600")],
+        &[
+            (A::VisibilityTimeout, "5"),
+            (A::MessageRetentionPeriod, "1209600"),
+        ],
         10,
     )
     .await;
@@ -316,7 +342,10 @@ async fn two_consumers_wanting_other_values_conflict_and_change_nothing() {
     e.reconcile("audit").await;
     assert_eq!(e.attrs(&url).await["VisibilityTimeout"], "5");
     let (status, reason, message) = e.condition("orders");
-    assert_eq!((status.as_str(), reason.as_str()), ("False", "ManageConflict"));
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "ManageConflict")
+    );
     assert!(message.contains("shop/audit"), "{message}");
     let (_, reason, message) = e.condition("audit");
     assert_eq!(reason, "ManageConflict");
@@ -359,15 +388,25 @@ async fn create_makes_standard_and_fifo_queues_with_their_dlq_wired() {
 
         let attrs = e.attrs(&url).await;
         assert_eq!(attrs["VisibilityTimeout"], "15", "{name}");
-        assert_eq!(attrs.get("FifoQueue").map(String::as_str), fifo.then_some("true"));
+        assert_eq!(
+            attrs.get("FifoQueue").map(String::as_str),
+            fifo.then_some("true")
+        );
         let policy = qc::aws::facts::parse_redrive_policy(&attrs["RedrivePolicy"]).expect("policy");
         assert_eq!(policy.max_receive_count, 5);
         let dlq_name = qc::manage::dead_letter_name(&name);
-        assert!(policy.dead_letter_target_arn.ends_with(&format!(":{dlq_name}")));
+        assert!(
+            policy
+                .dead_letter_target_arn
+                .ends_with(&format!(":{dlq_name}"))
+        );
         let dlq_url = format!("{}/123456789012/{dlq_name}", common::sqs_endpoint());
         let dlq = e.attrs(&dlq_url).await;
         assert_eq!(dlq["MessageRetentionPeriod"], "1209600");
-        assert_eq!(dlq.get("FifoQueue").map(String::as_str), fifo.then_some("true"));
+        assert_eq!(
+            dlq.get("FifoQueue").map(String::as_str),
+            fifo.then_some("true")
+        );
         for u in [&url, &dlq_url] {
             assert_eq!(
                 tags(&e.sqs, u).await.get(qc::manage::TAG_QUEUE_CONSUMER),
@@ -382,7 +421,10 @@ async fn create_makes_standard_and_fifo_queues_with_their_dlq_wired() {
             fake_kube::condition_of(e.qc(&consumer), "QueueReachable").status,
             "True"
         );
-        assert!(!e.findings(&consumer).contains(&"NoRedrivePolicy".to_string()));
+        assert!(
+            !e.findings(&consumer)
+                .contains(&"NoRedrivePolicy".to_string())
+        );
         let notes = event_notes(&e.fake.take_requests(), "QueueCreated");
         assert_eq!(notes.len(), 1, "{notes:?}");
     }
@@ -398,10 +440,17 @@ async fn create_gives_an_existing_queue_without_redrive_policy_a_dlq() {
     e.reconcile("orders").await;
     let attrs = e.attrs(&url).await;
     let policy = qc::aws::facts::parse_redrive_policy(&attrs["RedrivePolicy"]).expect("policy");
-    assert!(policy.dead_letter_target_arn.ends_with(&format!(":{name}-dlq")));
+    assert!(
+        policy
+            .dead_letter_target_arn
+            .ends_with(&format!(":{name}-dlq"))
+    );
     assert_eq!(policy.max_receive_count, 5);
     assert_eq!(attrs["VisibilityTimeout"], "30", "never lowered to 15s");
-    assert!(!e.findings("orders").contains(&"NoRedrivePolicy".to_string()));
+    assert!(
+        !e.findings("orders")
+            .contains(&"NoRedrivePolicy".to_string())
+    );
     let changes = e.changes("orders");
     assert_eq!(changes[0].0, "Queue");
     assert_eq!(changes[1].0, "RedrivePolicy");
@@ -477,4 +526,53 @@ async fn check_live_is_a_dry_run_that_changes_nothing() {
         .collect();
     assert_eq!(attrs["VisibilityTimeout"], "5");
     assert_eq!(max_receive_count(&attrs), 1);
+}
+
+#[tokio::test]
+async fn a_consumer_the_tenancy_policy_refuses_never_changes_its_queue() {
+    let sqs = common::sqs_client().await;
+    let url = queue_with_dlq(&sqs, &[(A::VisibilityTimeout, "5")], 1).await;
+    let e = env_with(sqs, Some("rules: [{namespaces: [team-a]}]"));
+    e.fake
+        .create(QUEUE_CONSUMERS, manifest("orders", &url, "create"));
+    let _ = reconcile(Arc::new(e.qc("orders")), e.ctx.clone()).await;
+    let attrs = e.attrs(&url).await;
+    assert_eq!(attrs["VisibilityTimeout"], "5");
+    assert_eq!(max_receive_count(&attrs), 1);
+    let (status, reason, message) = e.condition("orders");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("Unknown", "QueueNotRead")
+    );
+    assert!(message.contains("tenancy"), "{message}");
+}
+
+#[tokio::test]
+async fn create_makes_no_dead_letter_queue_the_namespace_rule_does_not_allow() {
+    let sqs = common::sqs_client().await;
+    let name = common::unique_name("ruled");
+    let url = common::create_queue(&sqs, &name, &[(A::VisibilityTimeout, "5".into())]).await;
+    // the rule allows the source queue only, not NAME-dlq
+    let policy = format!("rules: [{{namespaces: [shop], queues: [\"arn:aws:sqs:*:*:{name}\"]}}]");
+    let e = env_with(sqs, Some(&policy));
+    e.fake
+        .create(QUEUE_CONSUMERS, manifest("orders", &url, "create"));
+    e.reconcile("orders").await;
+    let (status, reason, message) = e.condition("orders");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "DeadLetterQueueNotAllowed")
+    );
+    assert!(message.contains(&format!("{name}-dlq")), "{message}");
+    let dlq_url = format!("{}/123456789012/{name}-dlq", common::sqs_endpoint());
+    assert!(
+        e.sqs
+            .get_queue_attributes()
+            .queue_url(&dlq_url)
+            .send()
+            .await
+            .is_err(),
+        "the DLQ was created"
+    );
+    assert_eq!(e.attrs(&url).await["VisibilityTimeout"], "5");
 }

@@ -355,8 +355,10 @@ pub fn apply_to_status(
             observed_generation: generation,
             last_transition_time: now.clone(),
         };
-        new.conditions
-            .extend(super::status::merge_conditions(&old.conditions, vec![fresh]));
+        new.conditions.extend(super::status::merge_conditions(
+            &old.conditions,
+            vec![fresh],
+        ));
     }
     if !outcome.changes.is_empty() {
         new.managed = Some(ManagedStatus {
@@ -389,7 +391,13 @@ mod tests {
             consumer("other", "c", url, "create", false),
             consumer("shop", "off", url, "off", false),
             consumer("shop", "paused", url, "attributes", true),
-            consumer("shop", "elsewhere", "https://sqs.us-east-1.amazonaws.com/1/r", "attributes", false),
+            consumer(
+                "shop",
+                "elsewhere",
+                "https://sqs.us-east-1.amazonaws.com/1/r",
+                "attributes",
+                false,
+            ),
         ];
         let labels: Vec<String> = peers(&me, &all).into_iter().map(|p| p.label).collect();
         assert_eq!(
@@ -411,7 +419,10 @@ mod tests {
                 target: url.to_string(),
             },
         };
-        assert_eq!(step(&off, Err(&err), None, Some(&[]), &|_| Ok(())).await, Outcome::default());
+        assert_eq!(
+            step(&off, Err(&err), None, Some(&[]), &|_| Ok(())).await,
+            Outcome::default()
+        );
         let paused = consumer("shop", "a", url, "create", true);
         let o = step(&paused, Err(&err), None, Some(&[]), &|_| Ok(())).await;
         assert_eq!(o.condition.map(|c| c.1), Some(reason::SUSPENDED));

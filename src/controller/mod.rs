@@ -437,7 +437,9 @@ async fn manage_queue(
         Api::<QueueConsumer>::all(ctx.client.clone())
             .list(&kube::api::ListParams::default())
             .await
-            .map_err(|e| tracing::warn!(error = %e, "could not list QueueConsumers for queue.manage"))
+            .map_err(
+                |e| tracing::warn!(error = %e, "could not list QueueConsumers for queue.manage"),
+            )
             .ok()
             .map(|l| l.items)
     } else {

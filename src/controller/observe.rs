@@ -256,7 +256,11 @@ impl FactsCache {
         *slot.lock().await = None;
     }
 
-    fn key(url: &str, target: &AwsTarget, (tenancy, namespace): (&TenancyPolicy, &str)) -> FactsKey {
+    fn key(
+        url: &str,
+        target: &AwsTarget,
+        (tenancy, namespace): (&TenancyPolicy, &str),
+    ) -> FactsKey {
         (
             target.endpoint.clone(),
             target.role.as_ref().map(Role::grant),

@@ -65,7 +65,10 @@ fn a_short_visibility_timeout_is_raised_to_the_budget_and_its_findings_go() {
         codes::VISIBILITY_TIMEOUT_BELOW_BUDGET,
         codes::HANDLER_TIMEOUT_BEYOND_VISIBILITY,
     ] {
-        assert!(!after.contains(&code.to_string()), "{code} still fires: {after:?}");
+        assert!(
+            !after.contains(&code.to_string()),
+            "{code} still fires: {after:?}"
+        );
     }
     // the number is the rules' own: what the findings on the old queue recommend
     let facts = Facts {
@@ -79,7 +82,9 @@ fn a_short_visibility_timeout_is_raised_to_the_budget_and_its_findings_go() {
         .map(|f| f.recommendation)
         .collect();
     assert!(
-        recommendations.iter().any(|r| r.contains("VisibilityTimeout to at least 35s")),
+        recommendations
+            .iter()
+            .any(|r| r.contains("VisibilityTimeout to at least 35s")),
         "{recommendations:?}"
     );
 }
@@ -103,7 +108,10 @@ fn the_visibility_timeout_needed_silences_every_vt_rule_for_many_specs() {
             codes::HEARTBEAT_INTERVAL_TOO_LONG,
             codes::HANDLER_TIMEOUT_BEYOND_VISIBILITY,
         ] {
-            assert!(!after.contains(&code.to_string()), "{yaml}: {code} still fires");
+            assert!(
+                !after.contains(&code.to_string()),
+                "{yaml}: {code} still fires"
+            );
         }
     }
 }
@@ -159,7 +167,10 @@ fn retention_is_never_lowered_and_never_raised_past_fourteen_days() {
     let plan = plan_attributes(&s, &q);
     assert_eq!(plan.targets.retention, Duration::from_secs(14 * DAY));
     assert_eq!(plan.targets.max_receive_count, Some(900));
-    assert!(codes_on(&s, &plan.applied_to(&q)).contains(&codes::RETRY_WINDOW_BEYOND_RETENTION.to_string()));
+    assert!(
+        codes_on(&s, &plan.applied_to(&q))
+            .contains(&codes::RETRY_WINDOW_BEYOND_RETENTION.to_string())
+    );
     // a retention already at 14 days with nothing else wrong: nothing to do
     let q = queue(30, 14 * DAY, Some(5));
     assert!(plan_attributes(&s, &q).is_empty());
@@ -173,7 +184,10 @@ fn the_breaker_hold_raises_a_short_retention() {
     assert!(codes_on(&s, &q).contains(&codes::OUTAGE_HOLD_BEYOND_RETENTION.to_string()));
     let plan = plan_attributes(&s, &q);
     assert_eq!(plan.targets.retention, Duration::from_secs(3 * 3600));
-    assert!(!codes_on(&s, &plan.applied_to(&q)).contains(&codes::OUTAGE_HOLD_BEYOND_RETENTION.to_string()));
+    assert!(
+        !codes_on(&s, &plan.applied_to(&q))
+            .contains(&codes::OUTAGE_HOLD_BEYOND_RETENTION.to_string())
+    );
 }
 
 #[test]
@@ -187,13 +201,17 @@ fn with_the_breaker_off_the_receive_count_spans_the_outage_tolerance() {
     let r = plan.targets.max_receive_count.expect("has a policy");
     assert!(r > 5);
     let after = plan.applied_to(&q);
-    assert!(!codes_on(&s, &after).contains(&codes::RETRY_WINDOW_BELOW_OUTAGE_TOLERANCE.to_string()));
+    assert!(
+        !codes_on(&s, &after).contains(&codes::RETRY_WINDOW_BELOW_OUTAGE_TOLERANCE.to_string())
+    );
     // the least that does it
     let mut one_less = after.clone();
     if let Some(p) = one_less.redrive.as_mut() {
         p.max_receive_count = r - 1;
     }
-    assert!(codes_on(&s, &one_less).contains(&codes::RETRY_WINDOW_BELOW_OUTAGE_TOLERANCE.to_string()));
+    assert!(
+        codes_on(&s, &one_less).contains(&codes::RETRY_WINDOW_BELOW_OUTAGE_TOLERANCE.to_string())
+    );
 }
 
 #[test]
@@ -208,7 +226,10 @@ fn a_queue_without_redrive_policy_gets_no_receive_count_under_attributes() {
 #[test]
 fn suspended_touches_nothing() {
     let s = spec("processing: {p99: 2s, heartbeat: {enabled: false}}\nsuspend: true");
-    assert_eq!(decide(&s, &queue(5, 4 * DAY, Some(5)), &[]), Decision::Suspended);
+    assert_eq!(
+        decide(&s, &queue(5, 4 * DAY, Some(5)), &[]),
+        Decision::Suspended
+    );
 }
 
 #[test]
@@ -224,15 +245,24 @@ fn two_consumers_wanting_different_values_conflict_and_equal_ones_do_not() {
         Decision::Conflict { with, .. } => assert_eq!(with, vec!["shop/other".to_string()]),
         other => panic!("expected a conflict, got {other:?}"),
     }
-    assert!(matches!(decide(&b, &q, &[peer(&a)]), Decision::Conflict { .. }));
+    assert!(matches!(
+        decide(&b, &q, &[peer(&a)]),
+        Decision::Conflict { .. }
+    ));
     // the same values: no conflict, both would set the same
     let same = a.clone();
-    assert!(matches!(decide(&a, &q, &[peer(&same)]), Decision::Update(_)));
+    assert!(matches!(
+        decide(&a, &q, &[peer(&same)]),
+        Decision::Update(_)
+    ));
     // a queue that already satisfies both, with the same targets: in sync
     let fine = queue(3600, 4 * DAY, Some(5));
     let c = spec("processing: {p99: 2s}");
     let same = c.clone();
-    assert!(matches!(decide(&c, &fine, &[peer(&same)]), Decision::InSync(_)));
+    assert!(matches!(
+        decide(&c, &fine, &[peer(&same)]),
+        Decision::InSync(_)
+    ));
 }
 
 #[test]
@@ -245,7 +275,10 @@ fn create_plans_a_dead_letter_queue_of_the_same_type_with_sse_and_tags() {
     assert_eq!(plan.queue.attributes[ATTR_RETENTION], (4 * DAY).to_string());
     assert_eq!(plan.queue.attributes[ATTR_SSE], "true");
     assert!(!plan.queue.attributes.contains_key(ATTR_FIFO));
-    assert_eq!(plan.dead_letter.attributes[ATTR_RETENTION], (14 * DAY).to_string());
+    assert_eq!(
+        plan.dead_letter.attributes[ATTR_RETENTION],
+        (14 * DAY).to_string()
+    );
     assert_eq!(plan.max_receive_count, 5);
     assert_eq!(plan.queue.tags[TAG_QUEUE_CONSUMER], "shop/orders");
 
@@ -266,7 +299,9 @@ fn create_refuses_a_url_without_a_valid_queue_name_naming_the_field() {
         &format!("https://sqs.us-east-1.amazonaws.com/1/{}", "x".repeat(77)),
     ] {
         s.queue.url = url.to_string();
-        let err = plan_create(&s, "shop", "orders").expect_err(url).to_string();
+        let err = plan_create(&s, "shop", "orders")
+            .expect_err(url)
+            .to_string();
         assert!(err.contains("spec.queue.url"), "{err}");
     }
 }
