@@ -360,13 +360,13 @@ pub fn apply_to_status(
             vec![fresh],
         ));
     }
-    if !outcome.changes.is_empty() {
+    if outcome.changes.is_empty() {
+        new.managed.clone_from(&old.managed);
+    } else {
         new.managed = Some(ManagedStatus {
             last_changes: outcome.changes.clone(),
             last_change_time: Some(now.clone()),
         });
-    } else {
-        new.managed = old.managed.clone();
     }
 }
 
