@@ -1001,7 +1001,7 @@ pub struct QueueConsumerStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive,
-    /// ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced (Kubernetes conditions).
+    /// ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced, QueueManaged (Kubernetes conditions).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
@@ -1077,7 +1077,7 @@ fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
     let item = generator.subschema_for::<Condition>();
     json_schema!({
         "type": "array",
-        "description": "Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive, ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced (Kubernetes conditions: type, status, reason, message, lastTransitionTime). HandlerHealthy is False (DownstreamFailing) while workers report their outage breaker open, with the share in the message; while more than half do, ScalingActive is False (DownstreamFailing) and replicas are held. Only QueueReachable, ConfigValid and the Deployment gate Ready.",
+        "description": "Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive, ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced, QueueManaged (Kubernetes conditions: type, status, reason, message, lastTransitionTime). HandlerHealthy is False (DownstreamFailing) while workers report their outage breaker open, with the share in the message; while more than half do, ScalingActive is False (DownstreamFailing) and replicas are held. QueueManaged (only with spec.queue.manage on) says whether the queue's settings are what the rules ask for, what was changed, or why nothing was (ManageConflict, Suspended). Only QueueReachable, ConfigValid and the Deployment gate Ready.",
         "items": item,
         "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["type"]
