@@ -30,6 +30,10 @@ pub mod reason {
     /// The queue's facts could not be read: nothing is changed until they can. (While `spec.suspend`
     /// is true the reason is Suspended, as ScalingActive's: the queue is not touched.)
     pub const QUEUE_NOT_READ: &str = "QueueNotRead";
+    /// `create`: the URL's last segment is no queue name SQS accepts (or its DLQ's name would not be).
+    pub const INVALID_QUEUE_NAME: &str = "InvalidQueueName";
+    /// The operator has no SQS client to write with (only a provider of test doubles).
+    pub const QUEUE_WRITER_UNAVAILABLE: &str = "QueueWriterUnavailable";
     // Ready
     pub const AVAILABLE: &str = "Available";
     pub const DEPLOYMENT_UNAVAILABLE: &str = "DeploymentUnavailable";

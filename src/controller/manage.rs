@@ -25,11 +25,19 @@ pub struct ManageEvent {
     pub note: String,
 }
 
+/// The QueueManaged condition the step decided.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ManagedCondition {
+    pub status: Status,
+    pub reason: &'static str,
+    pub message: String,
+}
+
 /// What the step did.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Outcome {
-    /// QueueManaged (status, reason, message); None with `manage: off`.
-    pub condition: Option<(Status, &'static str, String)>,
+    /// QueueManaged; None with `manage: off`.
+    pub condition: Option<ManagedCondition>,
     /// What was changed in this reconcile.
     pub changes: Vec<AttributeChange>,
     pub events: Vec<ManageEvent>,
@@ -40,7 +48,11 @@ pub struct Outcome {
 impl Outcome {
     fn condition(status: Status, reason: &'static str, message: String) -> Outcome {
         Outcome {
-            condition: Some((status, reason, message)),
+            condition: Some(ManagedCondition {
+                status,
+                reason,
+                message,
+            }),
             ..Outcome::default()
         }
     }
@@ -155,7 +167,7 @@ pub async fn step(
     let Some(writer) = writer else {
         return Outcome::condition(
             Status::False,
-            reason::QUEUE_NOT_READ,
+            reason::QUEUE_WRITER_UNAVAILABLE,
             "this operator has no SQS client to change queues with".to_string(),
         );
     };
@@ -167,7 +179,9 @@ pub async fn step(
         let ns = qc.namespace().unwrap_or_default();
         let (dlq, r) = match manage::plan_dead_letter(&qc.spec, &q, &ns, &qc.name_any()) {
             Ok(p) => p,
-            Err(e) => return Outcome::condition(Status::False, "InvalidQueueName", e.to_string()),
+            Err(e) => {
+                return Outcome::condition(Status::False, reason::INVALID_QUEUE_NAME, e.to_string());
+            }
         };
         if let Err(e) = dead_letter_allowed(&dead_letter_arn(qc, &dlq.name)) {
             return Outcome::condition(Status::False, reason::DEAD_LETTER_QUEUE_NOT_ALLOWED, e);
@@ -239,11 +253,11 @@ pub async fn step(
         reason: reason::QUEUE_ATTRIBUTES_UPDATED,
         note: note.clone(),
     });
-    out.condition = Some((
-        Status::True,
-        reason::QUEUE_ATTRIBUTES_UPDATED,
-        format!("{note} (queue.manage: {})", mode.as_str()),
-    ));
+    out.condition = Some(ManagedCondition {
+        status: Status::True,
+        reason: reason::QUEUE_ATTRIBUTES_UPDATED,
+        message: format!("{note} (queue.manage: {})", mode.as_str()),
+    });
     out.reread = true;
     out
 }
@@ -257,7 +271,9 @@ async fn create(
     let ns = qc.namespace().unwrap_or_default();
     let plan = match manage::plan_create(&qc.spec, &ns, &qc.name_any()) {
         Ok(p) => p,
-        Err(e) => return Outcome::condition(Status::False, "InvalidQueueName", e.to_string()),
+        Err(e) => {
+            return Outcome::condition(Status::False, reason::INVALID_QUEUE_NAME, e.to_string());
+        }
     };
     if let Err(e) = dead_letter_allowed(&dead_letter_arn(qc, &plan.dead_letter.name)) {
         return Outcome::condition(Status::False, reason::DEAD_LETTER_QUEUE_NOT_ALLOWED, e);
@@ -265,7 +281,7 @@ async fn create(
     let Some(writer) = writer else {
         return Outcome::condition(
             Status::False,
-            reason::QUEUE_NOT_READ,
+            reason::QUEUE_WRITER_UNAVAILABLE,
             "this operator has no SQS client to create queues with".to_string(),
         );
     };
@@ -286,7 +302,11 @@ async fn create(
         ));
     }
     Outcome {
-        condition: Some((Status::True, reason::QUEUE_CREATED, note.clone())),
+        condition: Some(ManagedCondition {
+            status: Status::True,
+            reason: reason::QUEUE_CREATED,
+            message: note.clone(),
+        }),
         changes: vec![created(&dlq_url), created(&url)],
         events: vec![ManageEvent {
             warning: false,
@@ -346,12 +366,12 @@ pub fn apply_to_status(
         new.managed = None;
         return;
     }
-    if let Some((status, reason, message)) = &outcome.condition {
+    if let Some(c) = &outcome.condition {
         let fresh = Condition {
             type_: QUEUE_MANAGED.to_string(),
-            status: status.as_str().to_string(),
-            reason: (*reason).to_string(),
-            message: crate::aws::scrub_principals(message.clone()),
+            status: c.status.as_str().to_string(),
+            reason: c.reason.to_string(),
+            message: crate::aws::scrub_principals(c.message.clone()),
             observed_generation: generation,
             last_transition_time: now.clone(),
         };
@@ -425,10 +445,10 @@ mod tests {
         );
         let paused = consumer("shop", "a", url, "create", true);
         let o = step(&paused, Err(&err), None, Some(&[]), &|_| Ok(())).await;
-        assert_eq!(o.condition.map(|c| c.1), Some(reason::SUSPENDED));
+        assert_eq!(o.condition.map(|c| c.reason), Some(reason::SUSPENDED));
         let on = consumer("shop", "a", url, "create", false);
         let o = step(&on, Err(&err), None, None, &|_| Ok(())).await;
-        assert_eq!(o.condition.map(|c| c.0), Some(Status::Unknown));
+        assert_eq!(o.condition.map(|c| c.status), Some(Status::Unknown));
         assert!(o.changes.is_empty());
     }
 }
