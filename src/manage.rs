@@ -397,6 +397,17 @@ pub fn plan_create(
     })
 }
 
+/// The peers that would create the missing queue with other settings than `spec` (the same check as
+/// [`decide`]'s, on the queue as it would be created): then nobody creates it.
+pub fn create_conflicts(spec: &QueueConsumerSpec, peers: &[Peer<'_>]) -> Vec<String> {
+    let mine = targets(spec, &fresh_queue(&spec.queue.url));
+    peers
+        .iter()
+        .filter(|p| targets(p.spec, &fresh_queue(&spec.queue.url)) != mine)
+        .map(|p| p.label.clone())
+        .collect()
+}
+
 /// `create` for an existing queue without a redrive policy: its DLQ, and the policy to set.
 pub fn plan_dead_letter(
     spec: &QueueConsumerSpec,

@@ -135,7 +135,21 @@ pub async fn step(
         Err(ObserveError::ReadQueueAttributes {
             source: SqsError::QueueDoesNotExist { .. },
             ..
-        }) if mode == QueueManage::Create => return create(qc, writer, dead_letter_allowed).await,
+        }) if mode == QueueManage::Create => {
+            let with = manage::create_conflicts(&qc.spec, peers);
+            if !with.is_empty() {
+                return Outcome::condition(
+                    Status::False,
+                    reason::MANAGE_CONFLICT,
+                    format!(
+                        "{} would create queue {} with other settings than this QueueConsumer: nothing is created until they agree; declare the same processing settings, or set queue.manage: off on all but one",
+                        with.join(", "),
+                        qc.spec.queue.url
+                    ),
+                );
+            }
+            return create(qc, writer, dead_letter_allowed).await;
+        }
         Err(e) => {
             return Outcome::condition(
                 Status::Unknown,
@@ -180,7 +194,11 @@ pub async fn step(
         let (dlq, r) = match manage::plan_dead_letter(&qc.spec, &q, &ns, &qc.name_any()) {
             Ok(p) => p,
             Err(e) => {
-                return Outcome::condition(Status::False, reason::INVALID_QUEUE_NAME, e.to_string());
+                return Outcome::condition(
+                    Status::False,
+                    reason::INVALID_QUEUE_NAME,
+                    e.to_string(),
+                );
             }
         };
         if let Err(e) = dead_letter_allowed(&dead_letter_arn(qc, &dlq.name)) {

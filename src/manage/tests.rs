@@ -305,3 +305,19 @@ fn create_refuses_a_url_without_a_valid_queue_name_naming_the_field() {
         assert!(err.contains("spec.queue.url"), "{err}");
     }
 }
+
+#[test]
+fn two_consumers_creating_one_queue_with_other_settings_conflict() {
+    let a = spec("processing: {p99: 2s, heartbeat: {enabled: false}}");
+    let b = spec("processing: {p99: 20s, timeout: 60s, heartbeat: {enabled: false}}");
+    let peer = |spec| Peer {
+        label: "shop/other".into(),
+        spec,
+    };
+    assert_eq!(
+        create_conflicts(&a, &[peer(&b)]),
+        vec!["shop/other".to_string()]
+    );
+    let same = a.clone();
+    assert!(create_conflicts(&a, &[peer(&same)]).is_empty());
+}
