@@ -66,6 +66,15 @@ pub enum TenancyError {
         rule: usize,
         allowed: String,
     },
+    #[error(
+        "spec.queue.manage is {asked}, which the tenancy policy does not allow in namespace {namespace:?} (rule {rule} allows at most {allowed}): the queue is not changed; set spec.queue.manage to {allowed} or off, or ask the operator's administrator to raise {POLICY_SETTING}[{rule}].manage"
+    )]
+    ManageNotAllowed {
+        namespace: String,
+        asked: &'static str,
+        rule: usize,
+        allowed: &'static str,
+    },
 }
 
 impl TenancyError {
@@ -80,6 +89,7 @@ impl TenancyError {
             TenancyError::AccountNotAllowed { .. } => reason::ACCOUNT_NOT_ALLOWED,
             TenancyError::RoleArnRequired { .. } => reason::ROLE_ARN_REQUIRED,
             TenancyError::RoleArnNotAllowed { .. } => reason::ROLE_ARN_NOT_ALLOWED,
+            TenancyError::ManageNotAllowed { .. } => reason::MANAGE_NOT_ALLOWED,
         }
     }
 }
@@ -104,6 +114,8 @@ struct RuleText {
     accounts: Option<Vec<String>>,
     #[serde(default)]
     role_arns: Option<Vec<String>>,
+    #[serde(default)]
+    manage: Option<crate::api::QueueManage>,
 }
 
 /// One rule: the namespaces it is for and what they may name. A list left out allows anything; an
@@ -115,6 +127,8 @@ struct Rule {
     queues: Option<Vec<Glob>>,
     accounts: Option<Vec<Glob>>,
     role_arns: Option<Vec<Glob>>,
+    /// The most `spec.queue.manage` may ask for; None: anything.
+    manage: Option<crate::api::QueueManage>,
 }
 
 /// The rules; the first whose `namespaces` matches a QueueConsumer's namespace decides for it. No rules
@@ -273,6 +287,32 @@ impl TenancyPolicy {
         Ok(())
     }
 
+    /// Whether a QueueConsumer of `namespace` may have its queue changed as `mode`
+    /// (`spec.queue.manage`) asks: its rule's `manage` is the most it allows (`off` < `attributes` <
+    /// `create`); a rule without it, or no rules at all, allows any. Only asked of a QueueConsumer
+    /// `check` allowed.
+    pub fn check_manage(
+        &self,
+        namespace: &str,
+        mode: crate::api::QueueManage,
+    ) -> Result<(), TenancyError> {
+        match self.rule_for(namespace) {
+            Some((i, rule)) => match rule.manage {
+                Some(most) if mode > most => Err(TenancyError::ManageNotAllowed {
+                    namespace: namespace.to_string(),
+                    asked: mode.as_str(),
+                    rule: i,
+                    allowed: most.as_str(),
+                }),
+                _ => Ok(()),
+            },
+            None if self.rules.is_empty() => Ok(()),
+            None => Err(TenancyError::NamespaceNotInPolicy {
+                namespace: namespace.to_string(),
+            }),
+        }
+    }
+
     fn rule_for(&self, namespace: &str) -> Option<(usize, &Rule)> {
         self.rules
             .iter()
@@ -413,6 +453,7 @@ fn rule(i: usize, r: RuleText) -> Result<Rule, TenancyError> {
         queues,
         accounts,
         role_arns,
+        manage: r.manage,
     })
 }
 
@@ -464,6 +505,32 @@ rules:
     queues: ["arn:aws:sqs:*:111111111111:{namespace}-*"]
     roleArns: ["arn:aws:iam::111111111111:role/qc-{namespace}-*"]
 "#;
+
+    #[test]
+    fn a_rules_manage_is_the_most_its_namespaces_may_ask_for() {
+        use crate::api::QueueManage::{Attributes, Create, Off};
+        let p = TenancyPolicy::parse(
+            "rules: [{namespaces: [ro], manage: off}, {namespaces: [fix], manage: attributes}, {namespaces: [\"*\"]}]",
+        )
+        .unwrap();
+        assert_eq!(p.check_manage("ro", Off), Ok(()));
+        let e = p.check_manage("ro", Attributes).unwrap_err();
+        assert_eq!(e.reason(), "ManageNotAllowed");
+        assert!(e.to_string().contains("tenancy.rules[0].manage"), "{e}");
+        assert_eq!(p.check_manage("fix", Attributes), Ok(()));
+        assert!(p.check_manage("fix", Create).is_err());
+        assert_eq!(p.check_manage("other", Create), Ok(()));
+        assert_eq!(
+            TenancyPolicy::allow_all().check_manage("any", Create),
+            Ok(())
+        );
+        let closed = TenancyPolicy::parse("rules: [{namespaces: [a]}]").unwrap();
+        assert_eq!(
+            closed.check_manage("b", Attributes).unwrap_err().reason(),
+            "NamespaceNotInPolicy"
+        );
+        assert!(TenancyPolicy::parse("rules: [{namespaces: [a], manage: delete}]").is_err());
+    }
 
     #[test]
     fn no_rules_allow_everything() {

@@ -542,7 +542,7 @@ async fn a_consumer_the_tenancy_policy_refuses_never_changes_its_queue() {
     let (status, reason, message) = e.condition("orders");
     assert_eq!(
         (status.as_str(), reason.as_str()),
-        ("Unknown", "QueueNotRead")
+        ("False", "NamespaceNotInPolicy")
     );
     assert!(message.contains("tenancy"), "{message}");
 }
@@ -575,4 +575,26 @@ async fn create_makes_no_dead_letter_queue_the_namespace_rule_does_not_allow() {
         "the DLQ was created"
     );
     assert_eq!(e.attrs(&url).await["VisibilityTimeout"], "5");
+}
+
+#[tokio::test]
+async fn a_namespace_whose_rule_allows_less_than_asked_gets_nothing_changed() {
+    let sqs = common::sqs_client().await;
+    let url = queue_with_dlq(&sqs, &[(A::VisibilityTimeout, "5")], 1).await;
+    let e = env_with(sqs, Some("rules: [{namespaces: [shop], manage: off}]"));
+    e.fake
+        .create(QUEUE_CONSUMERS, manifest("orders", &url, "attributes"));
+    e.reconcile("orders").await;
+    assert_eq!(e.attrs(&url).await["VisibilityTimeout"], "5");
+    let (status, reason, message) = e.condition("orders");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "ManageNotAllowed")
+    );
+    assert!(message.contains("tenancy.rules[0].manage"), "{message}");
+    // the queue is still read and its findings reported
+    assert!(
+        e.findings("orders")
+            .contains(&"VisibilityTimeoutBelowBudget".to_string())
+    );
 }

@@ -30,6 +30,8 @@ pub mod reason {
     /// The queue's facts could not be read: nothing is changed until they can. (While `spec.suspend`
     /// is true the reason is Suspended, as ScalingActive's: the queue is not touched.)
     pub const QUEUE_NOT_READ: &str = "QueueNotRead";
+    /// The tenancy policy's rule for the namespace allows less than `spec.queue.manage` asks for.
+    pub const MANAGE_NOT_ALLOWED: &str = "ManageNotAllowed";
     /// `create`: the URL's last segment is no queue name SQS accepts (or its DLQ's name would not be).
     pub const INVALID_QUEUE_NAME: &str = "InvalidQueueName";
     /// The operator has no SQS client to write with (only a provider of test doubles).

@@ -202,8 +202,11 @@ pub struct QueueSpec {
     pub manage: QueueManage,
 }
 
-/// What the controller may change on the queue (`spec.queue.manage`).
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+/// What the controller may change on the queue (`spec.queue.manage`), in increasing order of what it
+/// does (a tenancy rule's `manage` is the most its namespaces may ask for).
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
+)]
 #[serde(rename_all = "camelCase")]
 pub enum QueueManage {
     /// Read only: findings name what to change, the user changes it.

@@ -57,6 +57,11 @@ impl Outcome {
         }
     }
 
+    /// The tenancy policy's rule allows less than `spec.queue.manage` asks for: nothing is changed.
+    pub fn not_allowed(e: &crate::tenancy::TenancyError) -> Outcome {
+        Outcome::condition(Status::False, e.reason(), e.to_string())
+    }
+
     fn failed(e: &WriteError) -> Outcome {
         let mut o = Outcome::condition(Status::False, e.reason(), e.to_string());
         o.events.push(ManageEvent {

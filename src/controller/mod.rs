@@ -432,6 +432,12 @@ async fn manage_queue(
     if qc.spec.queue.manage.is_off() {
         return manage::Outcome::default();
     }
+    let ns = qc.namespace().unwrap_or_default();
+    if !qc.spec.suspend
+        && let Err(e) = ctx.tenancy.check_manage(&ns, qc.spec.queue.manage)
+    {
+        return manage::Outcome::not_allowed(&e);
+    }
     let stores = crate::sync::lock(&ctx.stores).clone();
     let all: Option<Vec<QueueConsumer>> = if stores.is_empty() {
         Api::<QueueConsumer>::all(ctx.client.clone())
@@ -457,7 +463,6 @@ async fn manage_queue(
         Ok(_) | Err(ObserveError::ReadQueueAttributes { .. }) => ctx.aws.queue_writer(target).await,
         Err(_) => None,
     };
-    let ns = qc.namespace().unwrap_or_default();
     let allowed = |arn: &str| {
         ctx.tenancy
             .check_dead_letter(&ns, arn)
