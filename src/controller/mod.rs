@@ -196,6 +196,11 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     // manage: the queue's settings raised (or the queue created) before the rules see it, and read
     // again, so the findings it fixed are gone from this status already
     let managed = manage_queue(ctx, qc, &target, &observed).await;
+    // at once: a change made is an Event even if a later step fails this reconcile
+    for e in &managed.events {
+        ctx.distinct_event(qc, e.warning, "ManageQueue", e.reason, e.note.clone())
+            .await;
+    }
     if managed.reread
         && let Ok(clients) = &clients
     {
@@ -371,10 +376,6 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     for t in status::transitions(&old_status.conditions, &new_status.conditions) {
         let note = format!("{} is {}: {}", t.type_, t.status, t.message);
         ctx.distinct_event(qc, t.warning, "Reconcile", &t.reason, note)
-            .await;
-    }
-    for e in managed.events {
-        ctx.distinct_event(qc, e.warning, "ManageQueue", e.reason, e.note)
             .await;
     }
     if let Some(note) = scaled {
