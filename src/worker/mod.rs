@@ -362,6 +362,9 @@ pub async fn run(
     config.validate()?;
     let metrics = Arc::new(Metrics::default());
     let listener = telemetry::bind_probes(&config.metrics_addr).await?;
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(addr = %addr, "serving /metrics, /healthz and /readyz");
+    }
     let (probes_stop, probes_stopped) = oneshot::channel::<()>();
     tokio::spawn(telemetry::serve_probes(
         listener,

@@ -224,29 +224,39 @@ impl Worker {
         args: &[String],
         env: &[(&str, &str)],
     ) -> Worker {
-        let metrics_addr = format!("127.0.0.1:{}", free_port());
-        let n = std::fs::read_dir(dir.path()).unwrap().count();
-        let log = dir.path().join(format!("worker-{n}.log"));
-        let file = std::fs::File::create(&log).unwrap();
-        let (before, after) = match args.iter().position(|a| a == "--") {
-            Some(i) => (&args[..i], &args[i..]),
-            None => (args, &[][..]),
+        // A port free a moment ago can be taken by another process before the worker binds it
+        // (tests run in parallel): a worker that could not bind its port is started again on another.
+        let mut attempt = 0;
+        let (child, metrics_addr, log) = loop {
+            attempt += 1;
+            let metrics_addr = format!("127.0.0.1:{}", free_port());
+            let n = std::fs::read_dir(dir.path()).unwrap().count();
+            let log = dir.path().join(format!("worker-{n}.log"));
+            let file = std::fs::File::create(&log).unwrap();
+            let (before, after) = match args.iter().position(|a| a == "--") {
+                Some(i) => (&args[..i], &args[i..]),
+                None => (args, &[][..]),
+            };
+            let mut child = Command::new(program[0])
+                .args(&program[1..])
+                .args(before)
+                .args(["--metrics-addr", &metrics_addr])
+                .args(after)
+                .env(
+                    "RUST_LOG",
+                    std::env::var("QC_TEST_WORKER_LOG").unwrap_or_else(|_| "info".into()),
+                )
+                .envs(env.iter().copied())
+                .stdin(Stdio::null())
+                .stdout(file.try_clone().unwrap())
+                .stderr(file)
+                .spawn()
+                .expect("qc-worker starts");
+            if attempt < 5 && lost_its_port(&mut child, &log) {
+                continue;
+            }
+            break (child, metrics_addr, log);
         };
-        let child = Command::new(program[0])
-            .args(&program[1..])
-            .args(before)
-            .args(["--metrics-addr", &metrics_addr])
-            .args(after)
-            .env(
-                "RUST_LOG",
-                std::env::var("QC_TEST_WORKER_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().unwrap())
-            .stderr(file)
-            .spawn()
-            .expect("qc-worker starts");
         Worker {
             child: Some(child),
             metrics_addr,
@@ -654,6 +664,23 @@ impl HttpHandler {
         assert_eq!(calls.len(), n, "{n} calls, no redelivery: {calls:?}");
         assert!(calls.iter().all(|c| c.receive_count == 1), "{calls:?}");
     }
+}
+
+/// Waits (a few seconds at most) until a just-started worker either serves its probes or exits;
+/// true if it exited because its metrics port was taken meanwhile.
+fn lost_its_port(child: &mut std::process::Child, log: &Path) -> bool {
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while std::time::Instant::now() < until {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.contains("serving /metrics") {
+            return false;
+        }
+        if let Ok(Some(_)) = child.try_wait() {
+            return text.contains("Address already in use");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
 }
 
 /// Writes an executable shell script and returns its path.
