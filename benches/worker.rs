@@ -64,8 +64,12 @@ fn before_workers() -> Vec<(String, String)> {
         .collect()
 }
 
-/// The consumers each C runs: qc-worker, then bbc/sqs-consumer in its three modes (if installed).
-const BBC_MODES: [&str; 3] = ["batch1", "batch10", "handleMessageBatch"];
+/// The consumers each C runs: qc-worker (one message a call, then batch mode), then bbc/sqs-consumer
+/// in its four modes (if installed).
+const BBC_MODES: [&str; 4] = ["batch1", "batch10", "handleMessageBatch", "bulk"];
+/// Messages per handler call in the batch rows: qc-worker's batch mode (`--batch-max-items`) and
+/// sqs-consumer's `bulk` mode (handleMessageBatch making one call for its batch).
+const BATCH_ITEMS: usize = 10;
 
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
@@ -114,6 +118,9 @@ fn main() {
                 env!("CARGO_BIN_EXE_qc-worker").to_string(),
                 "qc-worker".to_string(),
             ));
+            consumers.push(Consumer::WorkerBatch(
+                env!("CARGO_BIN_EXE_qc-worker").to_string(),
+            ));
             if let Some(script) = &bbc {
                 consumers.extend(BBC_MODES.map(|m| Consumer::Bbc(script.clone(), m)));
             }
@@ -136,6 +143,8 @@ fn main() {
 enum Consumer {
     /// A qc-worker binary and its label in the table.
     Worker(String, String),
+    /// A qc-worker binary in batch mode: C / `BATCH_ITEMS` calls of `BATCH_ITEMS` messages.
+    WorkerBatch(String),
     /// The bench script of bbc/sqs-consumer and its mode.
     Bbc(String, &'static str),
 }
@@ -144,7 +153,16 @@ impl Consumer {
     fn name(&self) -> String {
         match self {
             Consumer::Worker(_, label) => label.clone(),
+            Consumer::WorkerBatch(_) => format!("qc-worker batch {BATCH_ITEMS}"),
             Consumer::Bbc(_, mode) => format!("sqs-consumer {mode}"),
+        }
+    }
+
+    /// Messages one handler call carries.
+    fn per_call(&self) -> usize {
+        match self {
+            Consumer::WorkerBatch(_) | Consumer::Bbc(_, "bulk") => BATCH_ITEMS,
+            _ => 1,
         }
     }
 
@@ -162,6 +180,18 @@ impl Consumer {
                 let mut cmd = Command::new(bin);
                 cmd.args(["--queue-url", url, "--endpoint-url", endpoint])
                     .args(["--concurrency", &concurrency.to_string()])
+                    .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
+                    .args(["--http-url", handler_url])
+                    .env("RUST_LOG", "warn");
+                cmd
+            }
+            Consumer::WorkerBatch(bin) => {
+                let calls = concurrency.div_ceil(BATCH_ITEMS).max(1);
+                let mut cmd = Command::new(bin);
+                cmd.args(["--queue-url", url, "--endpoint-url", endpoint])
+                    .args(["--concurrency", &calls.to_string()])
+                    .args(["--batch-max-items", &BATCH_ITEMS.to_string()])
+                    .args(["--batch-max-wait", "50ms"])
                     .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
                     .args(["--http-url", handler_url])
                     .env("RUST_LOG", "warn");
@@ -218,7 +248,7 @@ async fn bench_one(
     let drain = started.elapsed();
     let cpu = cpu_time(pid);
     let peak_rss_kib = peak_rss_kib(pid);
-    if let Consumer::Worker(..) = consumer {
+    if let Consumer::Worker(..) | Consumer::WorkerBatch(..) = consumer {
         // How full the receives were (qc_worker_receive_messages), for the log.
         if let Some((_, text)) =
             support::http_get(&format!("127.0.0.1:{metrics_port}"), "/metrics").await
@@ -249,8 +279,10 @@ async fn bench_one(
         concurrency,
         messages,
         drain,
-        // The mean of the handler times drawn in this run, N of them, over C slots.
-        ideal: handled_time.mul_f64(messages as f64 / calls as f64) / concurrency as u32,
+        // The mean of the handler times drawn in this run (one a call), over the calls that run at
+        // once: N·mean/C for one message a call, (N/10)·mean/(C/10) in the batch rows.
+        ideal: handled_time.mul_f64(messages as f64 / calls as f64)
+            / concurrency.div_ceil(consumer.per_call()).max(1) as u32,
         requests: requests / messages as f64,
         receives: action("ReceiveMessage") / messages as f64,
         deletes: (action("DeleteMessageBatch") + action("DeleteMessage")) / messages as f64,
@@ -464,11 +496,32 @@ impl Handler {
                 };
                 let (c, m) = (c.clone(), m.clone());
                 tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |_req: Request<Incoming>| {
+                    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
                         let (c, m) = (c.clone(), m.clone());
                         async move {
+                            // A batch call (a JSON array of events or bodies) counts its items;
+                            // it takes one handler time, as one bulk write does.
+                            let batch = req
+                                .headers()
+                                .get("content-type")
+                                .is_some_and(|v| v.as_bytes().ends_with(b"batch+json"));
+                            let items = if batch {
+                                use http_body_util::BodyExt as _;
+                                let body = req
+                                    .into_body()
+                                    .collect()
+                                    .await
+                                    .map(http_body_util::Collected::to_bytes);
+                                body.ok()
+                                    .and_then(|b| {
+                                        serde_json::from_slice::<Vec<serde_json::Value>>(&b).ok()
+                                    })
+                                    .map_or(1, |v| v.len() as u64)
+                            } else {
+                                1
+                            };
                             let t = handler_time();
-                            c.fetch_add(1, Ordering::Relaxed);
+                            c.fetch_add(items, Ordering::Relaxed);
                             m.fetch_add(t.as_micros() as u64, Ordering::Relaxed);
                             tokio::time::sleep(t).await;
                             Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))

@@ -1,7 +1,8 @@
 // bbc/sqs-consumer side of scripts/bench-worker: drains QUEUE_URL through the same latency proxy
 // (SQS_ENDPOINT) and the same HTTP handler (HANDLER_URL) as qc-worker, until the bench kills it.
-// MODE: batch1 (batchSize 1, handleMessage), batch10 (batchSize 10, handleMessage) or
-// handleMessageBatch (batchSize 10, the batch handler calls the handler for each message at once).
+// MODE: batch1 (batchSize 1, handleMessage), batch10 (batchSize 10, handleMessage),
+// handleMessageBatch (batchSize 10, the batch handler calls the handler for each message at once) or
+// bulk (batchSize 10, handleMessageBatch making one call with all its messages, as a JSON array).
 // CONSUMERS Consumer instances run in this one process, so C = CONSUMERS x batch size.
 // HEARTBEAT_INTERVAL and VISIBILITY_TIMEOUT (seconds), if set, turn on sqs-consumer's heartbeat.
 import { Consumer } from 'sqs-consumer';
@@ -28,7 +29,20 @@ if (process.env.HEARTBEAT_INTERVAL) {
   options.heartbeatInterval = Number(process.env.HEARTBEAT_INTERVAL);
   options.visibilityTimeout = Number(process.env.VISIBILITY_TIMEOUT);
 }
-if (MODE === 'handleMessageBatch') {
+async function callBulk(messages) {
+  const res = await fetch(HANDLER_URL, {
+    method: 'POST',
+    headers: { 'content-type': 'application/cloudevents-batch+json' },
+    body: JSON.stringify(messages.map((m) => m.Body)),
+  });
+  await res.arrayBuffer();
+  if (!res.ok) throw new Error(`handler answered ${res.status}`);
+  return messages;
+}
+
+if (MODE === 'bulk') {
+  options.handleMessageBatch = callBulk;
+} else if (MODE === 'handleMessageBatch') {
   options.handleMessageBatch = async (messages) => {
     await Promise.all(messages.map(call));
     return messages;

@@ -833,3 +833,69 @@ async fn sigterm_mid_batch_under_cpu_load_never_starts_a_message_twice_or_cuts_o
         assert_eq!(q.dlq_visible().await, 0, "round {round}");
     }
 }
+
+/// #34 item 4: a poison message that already carries SQS's ten attributes reaches the DLQ with all
+/// ten (none dropped for ours); its reason, finding no room, is never lost silently: the worker's
+/// log line carries it under the copy's message id, and a counter says it happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_reason_without_room_is_logged_under_the_copys_id_and_counted() {
+    let q = TestQueue::new("poison-ten-attrs", 30, 5, false).await;
+    let mut req = q
+        .client
+        .send_message()
+        .queue_url(&q.url)
+        .message_body("bad");
+    for i in 0..10 {
+        req = req.message_attributes(
+            format!("a{i}"),
+            MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(format!("v{i}"))
+                .build()
+                .unwrap(),
+        );
+    }
+    req.send().await.unwrap();
+    let h = HttpHandler::start(|_| Reply::status(400)).await;
+    let mut w = Worker::start(&q.args(&["--http-url", &h.url]));
+    eventually(SECS(30), "dead-lettered", || async {
+        q.dlq_visible().await == 1
+    })
+    .await;
+    eventually(SECS(10), "counted", || async {
+        w.metric("qc_worker_dead_letter_reasons_unattached_total")
+            .await
+            == Some(1.0)
+    })
+    .await;
+    let got = drain_dlq(&q).await;
+    assert_eq!(got.len(), 1);
+    let (body, attrs, _) = &got[0];
+    assert_eq!(body, "bad");
+    let mut names: Vec<&String> = attrs.keys().collect();
+    names.sort();
+    assert_eq!(
+        names.len(),
+        10,
+        "the message's own ten, all kept: {attrs:?}"
+    );
+    assert!(names.iter().all(|n| n.starts_with('a')), "{names:?}");
+    let log = std::fs::read_to_string(&w.log).unwrap();
+    let line = log
+        .lines()
+        .find(|l| l.contains("WITHOUT its qc-poison-reason"))
+        .unwrap_or_else(|| panic!("no log line for the unattached reason:\n{log}"));
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert!(
+        !v["dead_letter_message_id"]
+            .as_str()
+            .unwrap_or_default()
+            .is_empty(),
+        "{line}"
+    );
+    assert!(
+        v["reason"].as_str().unwrap_or_default().contains("400"),
+        "{line}"
+    );
+    w.stop().await;
+}

@@ -116,7 +116,7 @@ impl DeadLetter {
         url: &str,
         msg: &Message,
         reason: &str,
-    ) -> Result<(), DeadLetterError> {
+    ) -> Result<Sent, DeadLetterError> {
         let mut req = self
             .client
             .send_message()
@@ -143,7 +143,10 @@ impl DeadLetter {
         }
         // SQS takes ten attributes at most: a message that already has ten keeps its own (none is
         // dropped), goes without the source mark (a redrive then moves it only from a DLQ that serves
-        // this queue alone) and the reason stays in the worker's log line.
+        // this queue alone) and without the reason, which the worker's log line then carries under
+        // the copy's message id (and qc_worker_dead_letter_reasons_unattached_total counts).
+        // The source mark first (a redrive from a shared DLQ needs it to move the copy back), then
+        // the reason; what finds no room is said in the worker's log line (`Sent`).
         if count < MAX_ATTRIBUTES
             && let Some(arn) = source
             && let Ok(v) = MessageAttributeValue::builder()
@@ -154,6 +157,7 @@ impl DeadLetter {
             req = req.message_attributes(SOURCE_ATTRIBUTE, v);
             count += 1;
         }
+        let mut reason_attached = false;
         if count < MAX_ATTRIBUTES
             && let Ok(v) = MessageAttributeValue::builder()
                 .data_type("String")
@@ -161,16 +165,31 @@ impl DeadLetter {
                 .build()
         {
             req = req.message_attributes(REASON_ATTRIBUTE, v);
+            reason_attached = true;
         }
         if let Some(g) = &msg.group_id {
             // The message id dedups a resend within SQS's five-minute window (FIFO DLQs only).
             req = req.message_group_id(g).message_deduplication_id(&msg.id);
         }
-        req.send()
+        let out = req
+            .send()
             .await
             .map_err(|e| DeadLetterError::SendMessage(crate::aws::error_chain(&e)))?;
-        Ok(())
+        Ok(Sent {
+            copy_id: out.message_id.unwrap_or_default(),
+            reason_attached,
+        })
     }
+}
+
+/// A copy sent to the DLQ.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sent {
+    /// The copy's MessageId in the DLQ: the key of the worker's log line when the reason had no room.
+    pub copy_id: String,
+    /// False when the message already carried SQS's ten attributes: the reason is then only in the
+    /// worker's log line (keyed by `copy_id`) and counted by `qc_worker_dead_letter_reasons_unattached_total`.
+    pub reason_attached: bool,
 }
 
 /// At most `max` bytes of `s`, cut at a character boundary.

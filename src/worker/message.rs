@@ -565,9 +565,14 @@ impl Processor {
                     .await;
                 let msg = &lease.msg;
                 match sent {
-                    Some(Ok(())) => {
+                    Some(Ok(sent)) => {
                         m.dead_lettered.inc();
-                        tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, reason = %reason, dead_letter_queue = %target, "poison message; sent to the dead-letter queue and deleted from the source (--on-poison dead-letter)");
+                        if sent.reason_attached {
+                            tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, reason = %reason, dead_letter_queue = %target, dead_letter_message_id = %sent.copy_id, "poison message; sent to the dead-letter queue and deleted from the source (--on-poison dead-letter)");
+                        } else {
+                            m.dead_letter_reasons_unattached.inc();
+                            tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, reason = %reason, dead_letter_queue = %target, dead_letter_message_id = %sent.copy_id, "poison message; sent to the dead-letter queue WITHOUT its qc-poison-reason attribute (the message already carries SQS's ten attributes, all kept): the reason is only in this line, under the copy's dead_letter_message_id; deleted from the source");
+                        }
                         lease.delete().await
                     }
                     other => {

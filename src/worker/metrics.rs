@@ -117,6 +117,8 @@ pub struct Metrics {
     pub idempotency_claims_lost: Counter,
     pub dead_lettered: Counter,
     pub dead_letter_failures: Counter,
+    /// Poison copies sent to the DLQ without the reason attribute (no room beside ten attributes).
+    pub dead_letter_reasons_unattached: Counter,
     /// `qc_worker_breaker_state`: 0 closed, 1 open, 2 recovering (`breaker::State::gauge`).
     pub breaker_state: Gauge,
     /// Transitions by the state entered (`breaker::State` order: closed, open, recovering, spent).
@@ -157,6 +159,7 @@ impl Default for Metrics {
             idempotency_claims_lost: Counter::default(),
             dead_lettered: Counter::default(),
             dead_letter_failures: Counter::default(),
+            dead_letter_reasons_unattached: Counter::default(),
             breaker_state: Gauge::default(),
             breaker_transitions: Default::default(),
             breaker_probes: Default::default(),
@@ -341,6 +344,11 @@ impl Metrics {
             "qc_worker_dead_letter_failures_total",
             "Poison messages that could not be sent to the dead-letter queue and were left on the source.",
             &[(&[], self.dead_letter_failures.get())],
+        );
+        e.counter(
+            "qc_worker_dead_letter_reasons_unattached_total",
+            "Poison messages sent to the dead-letter queue without the qc-poison-reason attribute (they already carried ten attributes); the reason is in the worker's log line under the copy's message id.",
+            &[(&[], self.dead_letter_reasons_unattached.get())],
         );
         e.gauge(
             "qc_worker_breaker_state",
