@@ -174,7 +174,9 @@ impl Dispatcher {
                 };
             }
             let full = s.batch_size.min(capacity).max(1);
-            let max_parallel = s.concurrency.div_ceil(full).clamp(1, MAX_PARALLEL_RECEIVES);
+            // Message slots: batch mode's calls each take up to max_items.
+            let slots = s.concurrency * s.batch.map_or(1, |b| b.max_items);
+            let max_parallel = slots.div_ceil(full).clamp(1, MAX_PARALLEL_RECEIVES);
             if !draining && paused.is_none() && backoff_until.is_none() {
                 loop {
                     let free = capacity.saturating_sub(in_flight + reserved);
