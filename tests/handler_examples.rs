@@ -268,3 +268,103 @@ async fn shell_exec_handler_with_on_poison_delete() {
     assert_eq!(log.matches("(receive 1)").count(), 1, "{log}");
     w.stop_within(Duration::from_secs(30)).await;
 }
+
+/// `qc-worker invoke` (#34 item 6) against each example handler: the outcome line and exit status a
+/// handler author sees for a good order, a flaky one and poison.
+fn invoke(handler: &[&str], body: &str) -> (String, i32) {
+    use std::io::Write as _;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_qc-worker"))
+        .arg("invoke")
+        .args(["--attribute", "tenant=t-1", "--timeout", "10s"])
+        .args(handler)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    // The outcome is the last line; an exec handler's own output comes before it.
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    (
+        stdout.lines().last().unwrap_or_default().to_string(),
+        out.status.code().unwrap_or(-1),
+    )
+}
+
+fn assert_invoke_outcomes(handler: &[&str]) {
+    let (line, code) = invoke(handler, GOOD[0]);
+    assert_eq!(code, 0, "{line}");
+    assert!(line.starts_with("success"), "{line}");
+    let (line, code) = invoke(handler, FLAKY);
+    assert_eq!(code, 75, "{line}");
+    assert!(line.starts_with("retry"), "{line}");
+    for p in POISON {
+        let (line, code) = invoke(handler, p);
+        assert_eq!(code, 65, "{p}: {line}");
+        assert!(line.starts_with("poison"), "{line}");
+    }
+}
+
+/// Waits until something accepts connections on the port.
+fn wait_listening(port: u16) {
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("nothing listens on {port}");
+}
+
+#[test]
+fn invoke_classifies_the_python_http_handlers_answers() {
+    let port = free_port();
+    let server = PythonServer::start(port);
+    wait_listening(port);
+    let url = format!("http://127.0.0.1:{port}/messages");
+    assert_invoke_outcomes(&["--http-url", &url]);
+    assert!(
+        server
+            .output()
+            .contains("arn:aws:sqs:us-east-1:000000000000:invoke"),
+        "the CloudEvent's source reached the handler: {}",
+        server.output()
+    );
+}
+
+#[test]
+fn invoke_classifies_the_python_exec_handlers_answers() {
+    let handler = example("exec_handler.py");
+    let (line, code) = invoke(&["--exec", "--", handler.to_str().unwrap()], GOOD[1]);
+    assert_eq!((code, line.starts_with("success")), (0, true), "{line}");
+    let (line, code) = invoke(&["--exec", "--", handler.to_str().unwrap()], POISON[0]);
+    assert_eq!((code, line.starts_with("poison")), (65, true), "{line}");
+}
+
+#[test]
+fn invoke_classifies_the_node_http_handlers_answers() {
+    if Command::new("node").arg("--version").output().is_err() {
+        eprintln!("skipped: no node on PATH (the Node example needs it)");
+        return;
+    }
+    let port = free_port();
+    let mut node = Command::new("node")
+        .arg(example("http_handler.mjs"))
+        .args(["--port", &port.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_listening(port);
+    let url = format!("http://127.0.0.1:{port}/messages");
+    assert_invoke_outcomes(&["--http-url", &url]);
+    let _ = node.kill();
+    let _ = node.wait();
+}

@@ -365,7 +365,118 @@ fn check_ssl_cert_file(value: Option<std::ffi::OsString>) -> Result<(), String> 
 
 const CERT_MARKER: &[u8] = b"-----BEGIN CERTIFICATE-----";
 
+/// `qc-worker invoke`: one made-up message to a local handler, as the worker would send it.
+#[derive(Parser, Debug)]
+#[command(
+    name = "qc-worker invoke",
+    about = "Send one message to a local handler exactly as qc-worker would (CloudEvent headers or the exec environment, the timeout) and print what the worker would do with the answer",
+    after_help = "Exit status: 0 success (deleted), 65 poison, 75 retry. Example: qc-worker invoke --body order.json --attribute tenant=t-1 --http-url http://127.0.0.1:8080/messages"
+)]
+struct InvokeCli {
+    /// The message body: a file, or - for stdin.
+    #[arg(long, default_value = "-", value_name = "FILE")]
+    body: PathBuf,
+    /// A String message attribute (repeat for more).
+    #[arg(long = "attribute", value_name = "NAME=VALUE")]
+    attributes: Vec<String>,
+    #[arg(long, default_value = "00000000-0000-4000-8000-000000000001")]
+    message_id: String,
+    /// ApproximateReceiveCount the handler sees (a redelivery: 2 or more).
+    #[arg(long, default_value_t = 1)]
+    receive_count: u32,
+    /// MessageGroupId, as on a FIFO queue.
+    #[arg(long)]
+    group_id: Option<String>,
+    /// The handler's timeout, as --timeout of the worker.
+    #[arg(long, default_value = "30s")]
+    timeout: Duration,
+    /// The queue URL the handler is told (x-sqs-queue-url, QC_QUEUE_URL).
+    #[arg(long)]
+    queue_url: Option<String>,
+    /// Cap of the HTTP request head, as --max-request-head of the worker.
+    #[arg(long, default_value = "8KiB", value_parser = parse_size)]
+    max_request_head: usize,
+    #[arg(long, value_name = "URL")]
+    http_url: Option<String>,
+    #[arg(long, action = ArgAction::SetTrue)]
+    exec: bool,
+    #[arg(last = true, value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+fn invoke(args: Vec<std::ffi::OsString>) -> ExitCode {
+    let cli = InvokeCli::parse_from(args);
+    match invoke_with(&cli) {
+        Ok((line, code)) => {
+            println!("{line}");
+            ExitCode::from(code)
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn invoke_with(cli: &InvokeCli) -> anyhow::Result<(String, u8)> {
+    use qc::worker::handler::{ExecHandler, Handler, HttpHandler};
+    let body = if cli.body.as_os_str() == "-" {
+        let mut b = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut b)
+            .context("reading the body from stdin")?;
+        b
+    } else {
+        std::fs::read(&cli.body)
+            .with_context(|| format!("invalid --body: cannot read {}", cli.body.display()))?
+    };
+    let mut attributes = Vec::new();
+    for a in &cli.attributes {
+        let (n, v) = a.split_once('=').with_context(|| {
+            format!("invalid --attribute {a:?}: write NAME=VALUE, e.g. --attribute tenant=t-1")
+        })?;
+        anyhow::ensure!(
+            !n.is_empty(),
+            "invalid --attribute {a:?}: the name is empty; write NAME=VALUE"
+        );
+        attributes.push((n.to_string(), v.to_string()));
+    }
+    let queue = qc::worker::invoke::queue_context(cli.queue_url.as_deref());
+    let handler = match (&cli.http_url, cli.exec, cli.command.is_empty()) {
+        (Some(url), false, true) => Handler::Http(Box::new(HttpHandler::new(
+            url,
+            &queue,
+            1,
+            cli.max_request_head,
+        )?)),
+        (None, true, false) => Handler::Exec(ExecHandler::new(&cli.command, &queue)?),
+        _ => anyhow::bail!(
+            "choose one handler: --http-url http://127.0.0.1:8080/messages, or --exec -- COMMAND"
+        ),
+    };
+    let inv = qc::worker::invoke::Invocation {
+        body,
+        attributes,
+        message_id: cli.message_id.clone(),
+        receive_count: cli.receive_count,
+        group_id: cli.group_id.clone(),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    Ok(runtime.block_on(qc::worker::invoke::run(
+        &handler,
+        &inv,
+        cli.timeout.as_std(),
+    )))
+}
+
 fn main() -> ExitCode {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == "invoke") {
+        // `qc-worker invoke ...`: the subcommand's own arguments, its name as the program's.
+        return invoke(args.into_iter().skip(1).collect());
+    }
     let cli = Cli::parse();
     if let Some(to) = &cli.copy_self_to {
         return match copy_self(to) {

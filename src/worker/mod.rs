@@ -10,6 +10,7 @@ pub mod handler;
 pub mod heartbeat;
 pub mod http1;
 pub mod idempotency;
+pub mod invoke;
 pub mod message;
 pub mod metrics;
 pub mod s3;
