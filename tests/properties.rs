@@ -2,54 +2,11 @@
 //! parser and the manifest loader take any input without panicking, and round-trip where they can.
 //! The SQS answers are parsed by aws-sdk-sqs, which has its own tests.
 
-use std::time::Duration as StdDuration;
+mod common;
 
+use common::fuzz::{exchange, runtime};
 use proptest::prelude::*;
 use qc::api::Duration;
-use qc::worker::http1::Pool;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-/// Sends one request through a fresh pool to a server that answers with `answer` and closes.
-async fn exchange(answer: Vec<u8>) -> Result<qc::worker::http1::Answer, String> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let authority = listener.local_addr().unwrap().to_string();
-    let server = tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.unwrap();
-        let mut req = Vec::new();
-        let mut b = [0u8; 1024];
-        while !req.ends_with(b"end") {
-            match s.read(&mut b).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => req.extend_from_slice(&b[..n]),
-            }
-        }
-        let _ = s.write_all(&answer).await;
-        let _ = s.shutdown().await;
-    });
-    let pool = Pool::new(
-        authority.clone(),
-        1,
-        StdDuration::from_secs(5),
-        StdDuration::from_secs(5),
-    );
-    let head = format!("POST / HTTP/1.1\r\nhost: {authority}\r\ncontent-length: 3\r\n\r\n");
-    let out = tokio::time::timeout(
-        StdDuration::from_secs(10),
-        pool.send(head.as_bytes(), b"end", true),
-    )
-    .await
-    .map_err(|_| "no result within 10s".to_string())?
-    .map_err(|e| e.to_string());
-    let _ = server.await;
-    out
-}
 
 /// `body` as a chunked encoding cut at `cuts`, with optional chunk extensions and a trailer.
 fn chunked(body: &[u8], cuts: &[usize], ext: bool, trailer: bool) -> Vec<u8> {

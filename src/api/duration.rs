@@ -102,6 +102,7 @@ impl FromStr for Duration {
         }
         let bytes = s.as_bytes();
         let mut total_ms: u128 = 0;
+        let mut overflow = false;
         let mut i = 0;
         while i < bytes.len() {
             let start = i;
@@ -111,13 +112,13 @@ impl FromStr for Duration {
             if start == i {
                 return Err(DurationError::Invalid(s.to_string()));
             }
-            let number: u128 = s[start..i]
-                .parse()
-                .map_err(|_| DurationError::Overflow(s.to_string()))?;
+            let digits = &s[start..i];
             let unit_start = i;
             while i < bytes.len() && bytes[i].is_ascii_alphabetic() {
                 i += 1;
             }
+            // The unit first: a long number with a unit the grammar lacks ("4000…0d") is invalid,
+            // not too large (tests/fuzz.rs, `durations`).
             let factor: u128 = match &s[unit_start..i] {
                 "ms" => 1,
                 "s" => 1_000,
@@ -125,12 +126,23 @@ impl FromStr for Duration {
                 "h" => 3_600_000,
                 _ => return Err(DurationError::Invalid(s.to_string())),
             };
-            total_ms = number
+            // Too large is said once the whole text is known to be a duration.
+            let Ok(number) = digits.parse::<u128>() else {
+                overflow = true;
+                continue;
+            };
+            match number
                 .checked_mul(factor)
                 .and_then(|v| total_ms.checked_add(v))
-                .ok_or_else(|| DurationError::Overflow(s.to_string()))?;
+            {
+                Some(t) => total_ms = t,
+                None => overflow = true,
+            }
         }
-        let ms = u64::try_from(total_ms).map_err(|_| DurationError::Overflow(s.to_string()))?;
+        let ms = u64::try_from(total_ms)
+            .ok()
+            .filter(|_| !overflow)
+            .ok_or_else(|| DurationError::Overflow(s.to_string()))?;
         Ok(Duration::from_millis(ms))
     }
 }
@@ -216,6 +228,15 @@ mod tests {
         assert!(matches!(
             "99999999999999999999h".parse::<Duration>(),
             Err(DurationError::Overflow(_))
+        ));
+        // A number too long for any unit, with a unit the grammar lacks: the unit is what is wrong.
+        assert!(matches!(
+            "400000000000000000000000000000000000000d".parse::<Duration>(),
+            Err(DurationError::Invalid(_))
+        ));
+        assert!(matches!(
+            "341000000000000000000000000000000000000ms0d".parse::<Duration>(),
+            Err(DurationError::Invalid(_))
         ));
     }
 

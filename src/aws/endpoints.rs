@@ -107,6 +107,20 @@ impl AllowedEndpoints {
         let Some(host) = url.host_str().map(str::to_ascii_lowercase) else {
             return Err(refuse("no host"));
         };
+        // The SDK reads the endpoint with another parser (`http::Uri`), which takes the host as
+        // written: a spelling the URL standard rewrites (IPv4 shorthand `1` = `0.0.0.1`, hex or
+        // octal numbers, percent-encoding, non-ASCII) would be checked as one host and connected to
+        // as another (tests/fuzz.rs, `endpoint_allow_list`).
+        if written_host(endpoint)
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+            != Some(host.as_str())
+        {
+            return Err(refuse(&format!(
+                "its host is not written as URL parsers agree on it: write {}://{host}",
+                url.scheme()
+            )));
+        }
         let Some(port) = url.port_or_known_default() else {
             return Err(refuse("no port"));
         };
@@ -124,6 +138,17 @@ impl AllowedEndpoints {
             "it matches no allowed pattern and is not an AWS SQS or CloudWatch endpoint"
         }))
     }
+}
+
+/// The host of `SCHEME://[USERINFO@]HOST[:PORT][/...]` as written (an IPv6 literal with its brackets).
+fn written_host(endpoint: &str) -> Option<&str> {
+    let (_, rest) = endpoint.split_once("://")?;
+    let authority = rest.split(['/', '?', '#', '\\']).next()?;
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if host_port.starts_with('[') {
+        return host_port.find(']').map(|end| &host_port[..=end]);
+    }
+    Some(host_port.rsplit_once(':').map_or(host_port, |(h, _)| h))
 }
 
 fn host_matches(p: &HostPattern, host: &str) -> bool {
@@ -342,6 +367,27 @@ mod tests {
         ] {
             assert!(a.check(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn hosts_the_url_standard_rewrites_are_refused() {
+        // Each is read by the URL standard as an allowed host, but as written by the SDK's parser.
+        let a = allow(&["http://*.1:*", "http://127.0.0.1:4566", "http://*.svc:*"]);
+        for bad in [
+            "http://1",
+            "http://0x7f.1:4566",
+            "http://0177.0.0.1:4566",
+            "http://2130706433:4566",
+            "http://moto%2esvc:80",
+            "http://m\u{f6}to.svc:80",
+        ] {
+            let e = a.check(bad).unwrap_err();
+            assert!(
+                e.to_string().contains("not written as URL parsers agree"),
+                "{bad}: {e}"
+            );
+        }
+        assert_eq!(a.check("http://moto.svc:80"), Ok(()));
     }
 
     #[test]

@@ -191,6 +191,13 @@ pub struct PodMetrics {
 }
 
 /// Parse the parts of a worker's exposition that matter here. None when the histogram is absent.
+///
+/// The text comes from a pod a tenant runs, so the figures are made sane whatever it says: bucket
+/// bounds that are not finite non-negative numbers are left out (and a repeated bound counts once),
+/// counts are finite and non-negative (saturating), the cumulative counts only grow and never pass
+/// the total, and a sum that is not a finite non-negative number means no histogram. A pod can so
+/// misreport only its own figures, never make the controller's observed P99 or mean NaN or infinite
+/// (tests/fuzz.rs, `scrape_exposition`).
 pub fn parse(text: &str) -> Option<PodMetrics> {
     let bucket = format!("{HANDLER_HISTOGRAM}_bucket");
     let sum_name = format!("{HANDLER_HISTOGRAM}_sum");
@@ -198,6 +205,14 @@ pub fn parse(text: &str) -> Option<PodMetrics> {
     let mut buckets: Vec<(f64, u64)> = Vec::new();
     let (mut count, mut sum, mut in_flight, mut deleted) = (None, None, 0i64, None);
     let mut breaker = None;
+    // A count as Prometheus writes it (a float): finite and non-negative, else none.
+    let count_of = |value: &str| {
+        value
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v >= 0.0)
+            .map(|v| v as u64)
+    };
     for line in text.lines() {
         if line.starts_with('#') || line.is_empty() {
             continue;
@@ -214,36 +229,46 @@ pub fn parse(text: &str) -> Option<PodMetrics> {
                 .split(',')
                 .find_map(|l| l.strip_prefix("le=\""))
                 .map(|l| l.trim_end_matches('"'));
-            let (Some(le), Ok(v)) = (le, value.parse::<f64>()) else {
+            let (Some(le), Some(v)) = (le, count_of(value)) else {
                 continue;
             };
             if le != "+Inf"
                 && let Ok(b) = le.parse::<f64>()
+                && b.is_finite()
+                && b >= 0.0
             {
-                buckets.push((b, v as u64));
+                buckets.push((b, v));
             }
         } else if name == sum_name {
             sum = value.parse::<f64>().ok();
         } else if name == count_name {
-            count = value.parse::<f64>().ok().map(|v| v as u64);
+            count = count_of(value);
         } else if name == IN_FLIGHT_GAUGE {
             in_flight = value.parse::<f64>().map_or(0, |v| v as i64);
         } else if name == BREAKER_GAUGE {
             breaker = value.parse::<f64>().ok().and_then(Breaker::from_gauge);
         } else if name == DELETED_COUNTER {
-            deleted = value
-                .parse::<f64>()
-                .ok()
-                .filter(|v| v.is_finite() && *v >= 0.0)
-                .map(|v| v as u64);
+            deleted = count_of(value);
         }
     }
+    let count = count?;
+    let sum = sum.filter(|s| s.is_finite() && *s >= 0.0)?;
+    // Stable: of a bound written twice, the first line counts.
     buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    buckets.dedup_by(|later, earlier| later.0.total_cmp(&earlier.0).is_eq());
+    let mut running = 0;
+    let cumulative = buckets
+        .iter()
+        .map(|b| {
+            running = b.1.max(running).min(count);
+            running
+        })
+        .collect();
     Some(PodMetrics {
         bounds: buckets.iter().map(|b| b.0).collect(),
-        cumulative: buckets.iter().map(|b| b.1).collect(),
-        count: count?,
-        sum: sum?,
+        cumulative,
+        count,
+        sum,
         in_flight,
         deleted,
         breaker,
@@ -295,7 +320,9 @@ pub fn quantile(q: f64, bounds: &[f64], cumulative: &[u64], total: u64) -> Optio
             if in_bucket == 0.0 {
                 return Some(*b);
             }
-            return Some(prev_bound + (b - prev_bound) * (rank - prev_count as f64) / in_bucket);
+            // The share of the bucket first: bound times count could overflow to infinity.
+            let share = (rank - prev_count as f64) / in_bucket;
+            return Some(prev_bound + (b - prev_bound) * share);
         }
         prev_bound = *b;
         prev_count = *c;
@@ -361,7 +388,10 @@ pub fn stats(rounds: &[&Round]) -> Option<Stats> {
     let bounds = bounds.unwrap_or_else(|| Arc::from(Vec::new()));
     Some(Stats {
         p99_seconds: quantile(0.99, &bounds, &cumulative, count),
-        mean_seconds: (count > 0).then(|| sum / count as f64),
+        // Finite per pod; a sum over pods can still overflow.
+        mean_seconds: (count > 0)
+            .then(|| sum / count as f64)
+            .filter(|m| m.is_finite()),
         messages_per_second: per_second,
         messages: count,
         // To the second: the span moves by the scrapes' jitter (milliseconds) every poll, and it is
@@ -677,6 +707,34 @@ mod tests {
                 .collect(),
             unreachable: vec![],
         }
+    }
+
+    #[test]
+    fn a_tenants_odd_numbers_make_sane_figures() {
+        let h = HANDLER_HISTOGRAM;
+        let text = format!(
+            "{h}_bucket{{le=\"NaN\"}} 1\n{h}_bucket{{le=\"0.5\"}} 1e309\n{h}_bucket{{le=\"1e308\"}} 1\n\
+             {h}_bucket{{le=\"-1\"}} 1\n{h}_sum 3\n{h}_count 2\n"
+        );
+        let m = parse(&text).unwrap();
+        assert_eq!(&m.bounds[..], &[1e308]);
+        assert_eq!(m.cumulative, [1]);
+        // Counts beyond the total are clamped to it; a sum that is no finite non-negative number
+        // means no histogram.
+        let m = parse(&format!(
+            "{h}_bucket{{le=\"1\"}} 9\n{h}_sum 1\n{h}_count 2\n"
+        ))
+        .unwrap();
+        assert_eq!(m.cumulative, [2]);
+        for sum in ["NaN", "+Inf", "-1"] {
+            assert_eq!(
+                parse(&format!("{h}_sum {sum}\n{h}_count 2\n")),
+                None,
+                "{sum}"
+            );
+        }
+        // A huge bound interpolates to a finite quantile.
+        assert!(quantile(0.99, &[1.7e308], &[2], 2).unwrap().is_finite());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod fixture;
+pub mod fuzz;
 pub mod k8s;
 
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -154,7 +154,7 @@ impl HttpHandler {
 
     /// The request head: the body goes out as the exact bytes SQS returned, the metadata in
     /// CloudEvents binary-mode `ce-*` headers and `x-sqs-*` headers.
-    fn head(&self, msg: &Message) -> Vec<u8> {
+    pub fn head(&self, msg: &Message) -> Vec<u8> {
         let mut h = Vec::with_capacity(512 + self.source.len() + self.queue_url.len());
         h.extend_from_slice(&self.request_line);
         let _ = write!(h, "content-length: {}\r\n", msg.body.len());
