@@ -75,6 +75,15 @@ pub enum TenancyError {
         rule: usize,
         allowed: &'static str,
     },
+    /// The operator's cap of QueueConsumers per namespace (`validate::limits`): this one is past it.
+    #[error(
+        "namespace {namespace:?} already has {older} older QueueConsumer(s) and the operator runs at most {cap} per namespace (limits.maxConsumersPerNamespace): this one gets no AWS call and no rollout; delete QueueConsumers the namespace no longer needs, or ask the operator's administrator to raise the limit"
+    )]
+    NamespaceConsumerCapReached {
+        namespace: String,
+        older: usize,
+        cap: u32,
+    },
 }
 
 impl TenancyError {
@@ -90,6 +99,9 @@ impl TenancyError {
             TenancyError::RoleArnRequired { .. } => reason::ROLE_ARN_REQUIRED,
             TenancyError::RoleArnNotAllowed { .. } => reason::ROLE_ARN_NOT_ALLOWED,
             TenancyError::ManageNotAllowed { .. } => reason::MANAGE_NOT_ALLOWED,
+            TenancyError::NamespaceConsumerCapReached { .. } => {
+                crate::validate::limits::NAMESPACE_CONSUMER_CAP_REACHED
+            }
         }
     }
 }

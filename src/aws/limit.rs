@@ -3,13 +3,19 @@
 //! the rate and the call is tried again through the gate; each success wins back a little of it
 //! (additive increase, multiplicative decrease), so a throttled account slows the controller down
 //! instead of failing its reconciles. Every call is counted by action and outcome for /metrics.
+//!
+//! The budget is shared fairly between namespaces: calls wait in one queue per namespace (the
+//! reconcile's, set by [`in_namespace`]) and the gate serves the namespaces with waiting calls in turn,
+//! one call each (round-robin), so a namespace with a thousand QueueConsumers at a 1 s poll interval
+//! takes its share and no more: another namespace's call waits behind at most one call of each other
+//! namespace, not behind the thousand.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, oneshot};
 use tokio::time::Instant;
 
 use crate::sync::lock;
@@ -54,10 +60,89 @@ impl Outcome {
     }
 }
 
+tokio::task_local! {
+    /// The namespace whose turn a call waits for (the reconcile's).
+    static NAMESPACE: String;
+}
+
+/// Runs `fut` with the AWS calls it makes through any gate queued as `namespace`'s. Calls made
+/// outside (tasks spawned on their own, `check`) share one queue of their own.
+pub async fn in_namespace<F: Future>(namespace: String, fut: F) -> F::Output {
+    NAMESPACE.scope(namespace, fut).await
+}
+
+fn current_namespace() -> String {
+    NAMESPACE.try_with(Clone::clone).unwrap_or_default()
+}
+
+/// Waiters by key, served round-robin: one of each key with waiters in turn, first come first served
+/// within a key. Pure: the gate's order, tested as such.
+#[derive(Debug)]
+pub struct FairQueue<T> {
+    queues: HashMap<String, VecDeque<T>>,
+    /// Keys with waiters, in the order of their next turn.
+    ring: VecDeque<String>,
+}
+
+impl<T> Default for FairQueue<T> {
+    fn default() -> Self {
+        FairQueue {
+            queues: HashMap::new(),
+            ring: VecDeque::new(),
+        }
+    }
+}
+
+impl<T> FairQueue<T> {
+    pub fn push(&mut self, key: &str, item: T) {
+        if let Some(q) = self.queues.get_mut(key) {
+            q.push_back(item);
+        } else {
+            self.queues.insert(key.to_string(), VecDeque::from([item]));
+            self.ring.push_back(key.to_string());
+        }
+    }
+
+    /// The next waiter: the first of the key whose turn it is; that key's next turn comes after
+    /// every other key's with waiters.
+    pub fn pop(&mut self) -> Option<(String, T)> {
+        let key = self.ring.pop_front()?;
+        let q = self.queues.get_mut(&key)?;
+        let item = q.pop_front()?;
+        if q.is_empty() {
+            self.queues.remove(&key);
+        } else {
+            self.ring.push_back(key.clone());
+        }
+        Some((key, item))
+    }
+
+    pub fn len(&self) -> usize {
+        self.queues.values().map(VecDeque::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ring.is_empty()
+    }
+}
+
 struct Bucket {
     rate: f64,
     tokens: f64,
     last: Instant,
+}
+
+/// The calls waiting for their turn, and whether a task hands out turns now.
+#[derive(Default)]
+struct Waiting {
+    queue: FairQueue<oneshot::Sender<()>>,
+    pumping: bool,
+}
+
+/// What the gate's turn-giving task shares with the callers.
+struct Shared {
+    bucket: Mutex<Bucket>,
+    waiting: Mutex<Waiting>,
 }
 
 /// The gate of one AWS service (`sqs`, `cloudwatch`).
@@ -65,7 +150,7 @@ pub struct Limiter {
     service: &'static str,
     config: LimitConfig,
     in_flight: Semaphore,
-    bucket: Mutex<Bucket>,
+    shared: Arc<Shared>,
     calls: Mutex<BTreeMap<(&'static str, Outcome), u64>>,
 }
 
@@ -91,10 +176,13 @@ impl Limiter {
             service,
             config,
             in_flight: Semaphore::new(config.max_in_flight),
-            bucket: Mutex::new(Bucket {
-                rate: config.rate,
-                tokens: config.rate.max(1.0),
-                last: Instant::now(),
+            shared: Arc::new(Shared {
+                bucket: Mutex::new(Bucket {
+                    rate: config.rate,
+                    tokens: config.rate.max(1.0),
+                    last: Instant::now(),
+                }),
+                waiting: Mutex::new(Waiting::default()),
             }),
             calls: Mutex::new(BTreeMap::new()),
         }
@@ -106,7 +194,71 @@ impl Limiter {
 
     /// The rate now (below the configured one after throttling).
     pub fn rate(&self) -> f64 {
-        lock(&self.bucket).rate
+        lock(&self.shared.bucket).rate
+    }
+
+    /// Calls waiting for their turn now.
+    pub fn waiting(&self) -> usize {
+        lock(&self.shared.waiting).queue.len()
+    }
+
+    /// Waits for this call's turn: queued as the current namespace's, handed a token when its turn
+    /// comes. The first caller to find no task handing out turns starts one.
+    async fn turn(&self) {
+        let (tx, rx) = oneshot::channel();
+        let start = {
+            let mut w = lock(&self.shared.waiting);
+            w.queue.push(&current_namespace(), tx);
+            !std::mem::replace(&mut w.pumping, true)
+        };
+        if start {
+            tokio::spawn(pump(self.shared.clone()));
+        }
+        // The pump answers every waiter it pops; a sender dropped unanswered (the runtime shutting
+        // down) lets the call through ungated.
+        let _ = rx.await;
+    }
+}
+
+/// Hands out turns while calls wait: a token from the bucket, then the next waiter in fair order. A
+/// waiter that gave up (its reconcile was cancelled) gives the token back.
+async fn pump(shared: Arc<Shared>) {
+    /// Clears `pumping` if the task is dropped mid-way (its runtime shut down), so the next caller
+    /// starts another.
+    struct Running(Arc<Shared>, bool);
+    impl Drop for Running {
+        fn drop(&mut self) {
+            if self.1 {
+                lock(&self.0.waiting).pumping = false;
+            }
+        }
+    }
+    let mut running = Running(shared.clone(), true);
+    loop {
+        shared.token().await;
+        let next = {
+            let mut w = lock(&shared.waiting);
+            match w.queue.pop() {
+                Some((_, tx)) => tx,
+                None => {
+                    w.pumping = false;
+                    running.1 = false;
+                    drop(w);
+                    shared.refund();
+                    return;
+                }
+            }
+        };
+        if next.send(()).is_err() {
+            shared.refund();
+        }
+    }
+}
+
+impl Shared {
+    fn refund(&self) {
+        let mut b = lock(&self.bucket);
+        b.tokens = (b.tokens + 1.0).min(b.rate.max(1.0));
     }
 
     /// Take a token, waiting for the bucket to refill when it is empty.
@@ -128,10 +280,12 @@ impl Limiter {
             tokio::time::sleep(Duration::from_secs_f64(wait.min(60.0))).await;
         }
     }
+}
 
+impl Limiter {
     fn throttled(&self) {
         let floor = (self.config.rate / 64.0).max(1.0 / 60.0);
-        let mut b = lock(&self.bucket);
+        let mut b = lock(&self.shared.bucket);
         b.rate = (b.rate / 2.0).max(floor);
         // The calls already let through count against the service too: start the new rate empty.
         b.tokens = b.tokens.min(0.0);
@@ -143,7 +297,7 @@ impl Limiter {
     }
 
     fn succeeded(&self) {
-        let mut b = lock(&self.bucket);
+        let mut b = lock(&self.shared.bucket);
         if b.rate < self.config.rate {
             b.rate = (b.rate + self.config.rate / 50.0).min(self.config.rate);
         }
@@ -181,7 +335,7 @@ impl Limiter {
     {
         let mut attempt = 1;
         loop {
-            self.token().await;
+            self.turn().await;
             // The semaphore is never closed; should it be, the call goes through ungated.
             let permit = self.in_flight.acquire().await.ok();
             let result = call().await;
@@ -288,6 +442,85 @@ mod tests {
         let other: Result<(), &str> = l.run("Put", |_| false, || async { Err("denied") }).await;
         assert_eq!(other, Err("denied"));
         assert_eq!(l.calls().get(&("Put", Outcome::Error)), Some(&1));
+    }
+
+    #[test]
+    fn the_queue_serves_namespaces_in_turn() {
+        let mut q = FairQueue::default();
+        for i in 0..5 {
+            q.push("big", i);
+        }
+        q.push("small", 10);
+        q.push("other", 20);
+        q.push("small", 11);
+        assert_eq!(q.len(), 8);
+        let order: Vec<(String, i32)> = std::iter::from_fn(|| q.pop()).collect();
+        let keys: Vec<&str> = order.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            keys,
+            ["big", "small", "other", "big", "small", "big", "big", "big"]
+        );
+        // First come, first served within a namespace.
+        let big: Vec<i32> = order
+            .iter()
+            .filter(|(k, _)| k == "big")
+            .map(|(_, v)| *v)
+            .collect();
+        assert_eq!(big, [0, 1, 2, 3, 4]);
+        assert!(q.is_empty());
+        // A namespace that comes back later joins at the end of the turn.
+        q.push("big", 5);
+        q.push("small", 12);
+        q.push("big", 6);
+        assert_eq!(q.pop(), Some(("big".into(), 5)));
+        q.push("late", 30);
+        assert_eq!(q.pop(), Some(("small".into(), 12)));
+        assert_eq!(q.pop(), Some(("big".into(), 6)));
+        assert_eq!(q.pop(), Some(("late".into(), 30)));
+        assert_eq!(q.pop(), None);
+    }
+
+    #[tokio::test]
+    async fn a_busy_namespace_cannot_make_another_wait_behind_all_its_calls() {
+        // Twenty calls a second (a second's worth at once); a namespace queues 60 calls at once,
+        // then another namespace one. Order is asserted, not time.
+        let l = Arc::new(Limiter::new("test", LimitConfig::new(20.0, 100)));
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let call = |ns: &'static str| {
+            let (l, order) = (l.clone(), order.clone());
+            tokio::spawn(in_namespace(ns.to_string(), async move {
+                let _: Result<(), ()> = l
+                    .run(
+                        "Get",
+                        |()| false,
+                        || async {
+                            order.lock().unwrap().push(ns);
+                            Ok(())
+                        },
+                    )
+                    .await;
+            }))
+        };
+        let mut tasks: Vec<_> = (0..60).map(|_| call("busy")).collect();
+        // The second's worth of tokens is spent: from now on one call every 50 ms.
+        while order.lock().unwrap().len() < 20 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(l.waiting() >= 30, "{}", l.waiting());
+        let before = order.lock().unwrap().len();
+        tasks.push(call("quiet"));
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let order = order.lock().unwrap();
+        let quiet = order.iter().position(|n| *n == "quiet").unwrap();
+        // Its turn comes after at most one more call of the busy namespace (the one already handed a
+        // token), not after the 90 still waiting.
+        assert!(
+            quiet <= before + 2,
+            "quiet call {quiet}th, {before} done before it queued"
+        );
+        assert_eq!(order.len(), 61);
     }
 
     #[tokio::test]

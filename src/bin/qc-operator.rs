@@ -137,6 +137,28 @@ struct RunArgs {
     #[arg(long, default_value_t = qc::controller::run::DEFAULT_RECONCILE_CONCURRENCY, value_name = "N",
           value_parser = clap::value_parser!(u16).range(1..))]
     reconcile_concurrency: u16,
+    /// One deadline per reconcile: a reconcile still running after this is cancelled and tried again
+    /// with backoff (qc_reconcile_errors_total{reason="ReconcileDeadlineExceeded"}).
+    #[arg(long, default_value = "2m", value_name = "DURATION", value_parser = nonzero_duration)]
+    reconcile_timeout: qc::api::Duration,
+    /// Least spec.scaling.pollInterval the controller polls at (chart limits.minPollInterval); a
+    /// shorter one runs at this, with a Warning finding. Default: no floor.
+    #[arg(long, env = "QC_MIN_POLL_INTERVAL", value_name = "DURATION")]
+    min_poll_interval: Option<qc::api::Duration>,
+    /// Most replicas per QueueConsumer (chart limits.maxReplicas); a larger spec.scaling.maxReplicas
+    /// is clamped, with a Warning finding. Default: no cap.
+    #[arg(long, env = "QC_MAX_REPLICAS", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_replicas: Option<u32>,
+    /// Most spec.processing.concurrency per 128Mi of the worker container's memory limit (chart
+    /// limits.maxConcurrencyPer128Mi); more is clamped, with a Warning finding. Default: no cap.
+    #[arg(long = "max-concurrency-per-128mi", env = "QC_MAX_CONCURRENCY_PER_128MI", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_concurrency_per_128mi: Option<u32>,
+    /// Most QueueConsumers run in one namespace, the oldest first (chart limits.maxConsumersPerNamespace);
+    /// the others get no AWS call and an Error finding. Default: no cap.
+    #[arg(long, env = "QC_MAX_CONSUMERS_PER_NAMESPACE", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_consumers_per_namespace: Option<u32>,
     /// SQS calls a second the controller allows itself (GetQueueAttributes, GetQueueUrl); throttling
     /// answers lower it for a while.
     #[arg(long, default_value_t = qc::aws::sqs::DEFAULT_LIMIT.rate, value_name = "RATE", value_parser = positive_rate)]
@@ -177,6 +199,15 @@ struct EndpointArgs {
         value_name = "PATTERN"
     )]
     allowed_endpoints: Vec<String>,
+}
+
+/// A duration greater than zero.
+fn nonzero_duration(s: &str) -> Result<qc::api::Duration, String> {
+    match s.parse::<qc::api::Duration>() {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err(format!("{s:?}: give a duration greater than 0s, e.g. 2m")),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// A rate of calls a second: a positive finite number, at least one a minute.
@@ -383,6 +414,13 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             .context("--allowed-endpoint (chart value aws.allowedEndpoints)")?;
     let tenancy = qc::tenancy::TenancyPolicy::parse(args.tenancy_policy.as_deref().unwrap_or(""))
         .context("--tenancy-policy (chart value tenancy)")?;
+    let limits = qc::validate::limits::AdminLimits {
+        min_poll_interval: args.min_poll_interval,
+        max_replicas: args.max_replicas,
+        max_concurrency_per_128mi: args.max_concurrency_per_128mi,
+        max_consumers_per_namespace: args.max_consumers_per_namespace,
+    };
+    let reconcile_timeout = args.reconcile_timeout.as_std();
     let render = qc::render::RenderOptions {
         worker_image: args
             .worker_image
@@ -404,6 +442,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         );
         ctx.endpoints = allowed_endpoints;
         ctx.tenancy = tenancy;
+        ctx.limits = limits;
+        ctx.reconcile_timeout = reconcile_timeout;
         let ctx = std::sync::Arc::new(ctx);
         qc::controller::run::run(ctx, opts, shutdown_signal())
             .await

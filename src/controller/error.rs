@@ -27,6 +27,11 @@ pub enum Error {
     EncodePatch(#[source] serde_json::Error),
     #[error("delete dead-letter alarm: {0}")]
     DeleteAlarm(#[source] CloudWatchError),
+    /// The reconcile ran past its deadline (`run --reconcile-timeout`) and was cancelled.
+    #[error(
+        "the reconcile took longer than its deadline of {0:?} (waiting for AWS or the API server) and was cancelled; it is tried again with backoff (run --reconcile-timeout, chart reconcileTimeout)"
+    )]
+    DeadlineExceeded(std::time::Duration),
 }
 
 impl Error {
@@ -43,6 +48,7 @@ impl Error {
             Error::RemoveFinalizer(_) => "RemoveFinalizerFailed",
             Error::EncodePatch(_) => "EncodePatchFailed",
             Error::DeleteAlarm(_) => "DeleteAlarmFailed",
+            Error::DeadlineExceeded(_) => "ReconcileDeadlineExceeded",
         }
     }
 

@@ -42,7 +42,8 @@ use crate::api::{API_VERSION, KIND, QueueConsumer, QueueConsumerStatus};
 use crate::aws::ObserveError;
 use crate::aws::endpoints::AllowedEndpoints;
 use crate::render::RenderOptions;
-use crate::tenancy::{TenancyPolicy, Tenant};
+use crate::tenancy::{TenancyError, TenancyPolicy, Tenant};
+use crate::validate::limits::{AdminLimits, Limited};
 
 use self::alarm::AlarmChange;
 use self::apply::{Applied, FIELD_MANAGER, SCALER_FIELD_MANAGER};
@@ -85,7 +86,16 @@ pub struct Context {
     /// How long the counts in a status stand when nothing else changed ([`status::COUNTS_REFRESH`];
     /// tests shorten it).
     pub counts_refresh: std::time::Duration,
+    /// The administrator's floors and caps (`validate::limits`; none unless the operator sets them).
+    pub limits: AdminLimits,
+    /// One deadline per reconcile ([`DEFAULT_RECONCILE_TIMEOUT`]; `run --reconcile-timeout`).
+    pub reconcile_timeout: std::time::Duration,
 }
+
+/// A reconcile normally takes well under a second; each AWS call is bounded by the SDK's operation
+/// timeout (12 s), but a reconcile makes several, and waits its namespace's turn for the shared AWS
+/// budget. Past this it is cancelled (as a restart would cut it) and tried again with backoff.
+pub const DEFAULT_RECONCILE_TIMEOUT: std::time::Duration = std::time::Duration::from_mins(2);
 
 impl Context {
     pub fn new(
@@ -116,12 +126,43 @@ impl Context {
             stores: Mutex::new(Vec::new()),
             status_written: Mutex::new(HashMap::new()),
             counts_refresh: status::COUNTS_REFRESH,
+            limits: AdminLimits::default(),
+            reconcile_timeout: DEFAULT_RECONCILE_TIMEOUT,
         }
     }
 
     /// Remember a controller's QueueConsumer cache: series of consumers no cache holds are dropped.
     pub fn watch_store(&self, store: Store<QueueConsumer>) {
         crate::sync::lock(&self.stores).push(store);
+    }
+
+    /// QueueConsumers of `qc`'s namespace created before it (then by name), from the watch caches;
+    /// None without a cache (reconcile called directly) or without a per-namespace cap.
+    fn older_in_namespace(&self, qc: &QueueConsumer) -> Option<usize> {
+        self.limits.max_consumers_per_namespace?;
+        let stores = crate::sync::lock(&self.stores).clone();
+        if stores.is_empty() {
+            return None;
+        }
+        let ns = qc.metadata.namespace.as_deref();
+        let rank = |q: &QueueConsumer| {
+            (
+                q.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                q.metadata.name.clone().unwrap_or_default(),
+            )
+        };
+        let me = rank(qc);
+        let mut seen = HashSet::new();
+        Some(
+            stores
+                .iter()
+                .flat_map(Store::state)
+                .filter(|q| q.metadata.namespace.as_deref() == ns)
+                .filter(|q| q.metadata.deletion_timestamp.is_none())
+                .filter(|q| rank(q) < me)
+                .filter(|q| seen.insert(q.metadata.name.clone()))
+                .count(),
+        )
     }
 
     /// Drop the series of QueueConsumers that were deleted (a consumer without finalizer is not
@@ -154,7 +195,13 @@ fn name_of(qc: &QueueConsumer) -> String {
 /// One reconcile of one QueueConsumer.
 pub async fn reconcile(qc: Arc<QueueConsumer>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.metrics.reconciles.fetch_add(1, Ordering::Relaxed);
-    let result = Box::pin(reconcile_inner(&qc, &ctx)).await;
+    // One deadline for the whole reconcile, and its AWS calls queued in its namespace's turn
+    // (`aws::limit`: the shared budget is shared round-robin between namespaces).
+    let namespace = qc.namespace().unwrap_or_default();
+    let run = crate::aws::limit::in_namespace(namespace, Box::pin(reconcile_inner(&qc, &ctx)));
+    let result = tokio::time::timeout(ctx.reconcile_timeout, run)
+        .await
+        .unwrap_or(Err(Error::DeadlineExceeded(ctx.reconcile_timeout)));
     if result.is_ok() {
         ctx.backoff.succeeded(&ConsumerKey::of(&qc));
     }
@@ -165,9 +212,34 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     let ns = qc.namespace().ok_or(Error::MissingNamespace)?;
     let name = qc.name_any();
     let qcs: Api<QueueConsumer> = Api::namespaced(ctx.client.clone(), &ns);
+    // The administrator's floors and caps: the rest of the reconcile runs the spec within them, and
+    // each change is a finding; a consumer past the namespace's cap gets no AWS call at all.
+    let (limited, limit_findings, past_cap) =
+        match ctx.limits.apply(&qc.spec, ctx.older_in_namespace(qc)) {
+            Limited::Run { findings, .. } if findings.is_empty() => (None, findings, None),
+            Limited::Run { spec, findings } => (
+                Some(QueueConsumer {
+                    spec: *spec,
+                    ..qc.clone()
+                }),
+                findings,
+                None,
+            ),
+            Limited::Refused(finding) => (None, vec![finding], ctx.older_in_namespace(qc)),
+        };
+    let qc = limited.as_ref().unwrap_or(qc);
     let target = observe::aws_target(qc);
     let endpoint = target.endpoint.clone();
-    let clients = aws_clients(ctx, qc, &ns, &target).await;
+    let clients = match past_cap {
+        Some(older) => Err(ObserveError::NotAllowedByPolicy(
+            TenancyError::NamespaceConsumerCapReached {
+                namespace: ns.clone(),
+                older,
+                cap: ctx.limits.max_consumers_per_namespace.unwrap_or(0),
+            },
+        )),
+        None => aws_clients(ctx, qc, &ns, &target).await,
+    };
 
     if qc.metadata.deletion_timestamp.is_some() {
         ctx.scaling.forget(&ConsumerKey::of(qc));
@@ -236,6 +308,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     if let Some(p99) = status::observed_p99_above_declared(&qc.spec, &workers) {
         decision.report = pipeline::with_observed_p99(qc, facts, &decision.report, p99);
     }
+    decision.report.findings.extend(limit_findings);
 
     // apply; a Deployment someone else controls is neither changed nor reported as ours
     let mut deployment = live.filter(|d| pipeline::controls(qc, d));
@@ -400,6 +473,12 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     match observed {
         // Only a change of the spec (or of the operator's allow-list or tenancy policy, which
         // restarts it) can help.
+        // Past the namespace's cap: another QueueConsumer's deletion frees a place, so look again.
+        Err(ObserveError::NotAllowedByPolicy(TenancyError::NamespaceConsumerCapReached {
+            ..
+        })) => {
+            return Ok(Action::requeue(qc.spec.scaling.poll_interval.as_std()));
+        }
         Err(e) if e.is_refusal() => return Ok(Action::await_change()),
         Err(e) => return Err(Error::ObserveQueue(e)),
         Ok(_) => {}

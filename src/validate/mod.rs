@@ -2,6 +2,7 @@
 //! Shared by `qc-operator check`, `plan` and the controller; no I/O here.
 
 pub mod codes;
+pub mod limits;
 
 use crate::api::{Duration, Finding, HeartbeatInterval, QueueConsumerSpec, Severity};
 use crate::aws::{DeadLetterFacts, Facts, QueueFacts};
