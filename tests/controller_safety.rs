@@ -472,3 +472,163 @@ async fn delete_alarms_never_trusts_status() {
         );
     }
 }
+
+/// SQS that never answers: a reconcile waiting on it stands for one waiting its turn in a saturated
+/// AWS budget, or a chain of slow calls each within its own timeout.
+struct NeverAnswers;
+
+#[async_trait::async_trait]
+impl qc::aws::QueueReader for NeverAnswers {
+    async fn attributes(
+        &self,
+        _: &str,
+    ) -> Result<std::collections::HashMap<String, String>, qc::aws::SqsError> {
+        std::future::pending().await
+    }
+    async fn url_for_arn(
+        &self,
+        _: &qc::aws::QueueArn,
+    ) -> Result<Option<String>, qc::aws::SqsError> {
+        std::future::pending().await
+    }
+}
+
+fn aws_consumer(name: &str) -> Value {
+    consumer(name)
+        .namespace(NS)
+        .queue_url("https://sqs.us-east-1.amazonaws.com/123456789012/orders")
+        .image("shop/orders:1")
+        .scaling(json!({"pollInterval": "1s", "maxReplicas": 10}))
+        .alarm(false)
+        .json()
+}
+
+#[tokio::test]
+async fn a_reconcile_past_its_deadline_is_cancelled_and_backed_off() {
+    let fake = FakeKube::new();
+    let mut ctx = context(&fake, Arc::new(NeverAnswers), Arc::new(NoAlarms), None);
+    Arc::get_mut(&mut ctx).unwrap().reconcile_timeout = Duration::from_secs(1);
+    fake.create(QUEUE_CONSUMERS, aws_consumer("orders"));
+    let err = tokio::time::timeout(Duration::from_secs(30), run_once(&fake, &ctx, "orders"))
+        .await
+        .expect("a reconcile must end by its deadline")
+        .unwrap_err();
+    assert_eq!(err.reason(), "ReconcileDeadlineExceeded", "{err}");
+    assert!(err.to_string().contains("--reconcile-timeout"), "{err}");
+    // Backed off like any failed step, and counted by its reason.
+    let action = qc::controller::error_policy(Arc::new(qc(&fake, "orders")), &err, ctx.clone());
+    assert_ne!(action, Action::await_change());
+    let metrics = ctx.metrics.render();
+    assert!(
+        metrics.contains("qc_reconcile_errors_total{reason=\"ReconcileDeadlineExceeded\"} 1\n"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn the_operators_floors_and_caps_clamp_what_runs_and_status_says_so() {
+    let (sqs, _) = moto().await;
+    let (url, _dlq) = queues(&sqs).await;
+    let fake = FakeKube::new();
+    let mut ctx = context(
+        &fake,
+        Arc::new(SqsReader::new(sqs)),
+        Arc::new(NoAlarms),
+        None,
+    );
+    Arc::get_mut(&mut ctx).unwrap().limits = qc::validate::limits::AdminLimits {
+        min_poll_interval: Some(qc::api::Duration::from_secs(30)),
+        max_replicas: Some(3),
+        max_concurrency_per_128mi: Some(4),
+        max_consumers_per_namespace: None,
+    };
+    let mut m = manifest("orders", &url, &common::sqs_endpoint(), false);
+    m["spec"]["processing"]["concurrency"] = json!(10);
+    fake.create(QUEUE_CONSUMERS, m);
+    let a = run_once(&fake, &ctx, "orders").await.unwrap();
+    // Requeued within the floor's interval, not the spec's 1 s.
+    assert!(!is_poll(&a), "{a:?}");
+    assert!(
+        (1..=30_000).any(|ms| a == Action::requeue(Duration::from_millis(ms))),
+        "{a:?}"
+    );
+    let status = qc(&fake, "orders").status.unwrap();
+    let codes: Vec<(&str, qc::api::Severity)> = status
+        .findings
+        .iter()
+        .map(|f| (f.code.as_str(), f.severity))
+        .collect();
+    for code in [
+        qc::validate::limits::POLL_INTERVAL_BELOW_FLOOR,
+        qc::validate::limits::MAX_REPLICAS_ABOVE_CAP,
+        qc::validate::limits::CONCURRENCY_ABOVE_MEMORY_CAP,
+    ] {
+        assert!(
+            codes.contains(&(code, qc::api::Severity::Warning)),
+            "{code} in {codes:?}"
+        );
+    }
+    // The worker runs the clamped concurrency (4 per 128Mi, the default worker memory).
+    let d: Deployment =
+        serde_json::from_value(fake.get(DEPLOYMENTS, NS, "orders").unwrap()).unwrap();
+    let text = serde_json::to_string(&d).unwrap();
+    assert!(text.contains("\"--concurrency\",\"4\""), "{text}");
+    // The spec itself is the user's: unchanged.
+    assert_eq!(qc(&fake, "orders").spec.processing.concurrency, 10);
+}
+
+#[tokio::test]
+async fn past_the_namespaces_cap_the_newest_consumer_gets_no_aws_call() {
+    let fake = FakeKube::new();
+    // Any SQS call would hang the reconcile; none may be made.
+    let mut ctx = context(&fake, Arc::new(NeverAnswers), Arc::new(NoAlarms), None);
+    {
+        let c = Arc::get_mut(&mut ctx).unwrap();
+        c.limits.max_consumers_per_namespace = Some(2);
+        c.reconcile_timeout = Duration::from_secs(20);
+    }
+    let (store, mut writer) = kube::runtime::reflector::store::<QueueConsumer>();
+    for name in ["a", "b", "c"] {
+        fake.create(QUEUE_CONSUMERS, aws_consumer(name));
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(qc(&fake, name)));
+    }
+    // Another namespace's consumers do not count.
+    let mut other = aws_consumer("z");
+    other["metadata"]["namespace"] = json!("elsewhere");
+    let other: QueueConsumer = serde_json::from_value(other).unwrap();
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(other));
+    ctx.watch_store(store);
+    let a = run_once(&fake, &ctx, "c").await.unwrap();
+    // Looked at again each poll interval: a deletion may free a place.
+    assert!(is_poll(&a), "{a:?}");
+    let q = qc(&fake, "c");
+    let reachable = fake_kube::condition_of(q.clone(), "QueueReachable");
+    assert_eq!(
+        (reachable.status.as_str(), reachable.reason.as_str()),
+        ("Unknown", "NamespaceConsumerCapReached"),
+        "{reachable:?}"
+    );
+    let valid = fake_kube::condition_of(q.clone(), "ConfigValid");
+    assert_eq!(
+        (valid.status.as_str(), valid.reason.as_str()),
+        ("False", "NamespaceConsumerCapReached"),
+        "{valid:?}"
+    );
+    assert!(
+        valid.message.contains("limits.maxConsumersPerNamespace")
+            && valid.message.contains("at most 2"),
+        "{}",
+        valid.message
+    );
+    let status = q.status.unwrap();
+    assert!(
+        status
+            .findings
+            .iter()
+            .any(|f| f.code == "NamespaceConsumerCapReached"
+                && f.severity == qc::api::Severity::Error),
+        "{:?}",
+        status.findings
+    );
+    assert_eq!(fake.get(DEPLOYMENTS, NS, "c"), None, "no rollout");
+}

@@ -296,6 +296,9 @@ fn queue_reachable(i: &StatusInputs<'_>) -> Cond {
                 ObserveError::EndpointNotAllowed(_) => {
                     "not read: spec.queue.endpoint is not allowed (see ConfigValid)"
                 }
+                ObserveError::NotAllowedByPolicy(
+                    crate::tenancy::TenancyError::NamespaceConsumerCapReached { .. },
+                ) => "not read: the namespace has as many QueueConsumers as the operator runs (see ConfigValid)",
                 _ => "not read: this operator's tenancy policy refuses the QueueConsumer (see ConfigValid)",
             }
             .to_string(),
