@@ -393,6 +393,7 @@ fn config_valid(i: &StatusInputs<'_>) -> Cond {
 fn code_reason(code: &str) -> &'static str {
     crate::validate::codes::ALL
         .iter()
+        .chain(crate::validate::limits::ALL)
         .find(|c| **c == code)
         .copied()
         .unwrap_or("ErrorFinding")
