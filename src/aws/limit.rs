@@ -238,16 +238,14 @@ async fn pump(shared: Arc<Shared>) {
         shared.token().await;
         let next = {
             let mut w = lock(&shared.waiting);
-            match w.queue.pop() {
-                Some((_, tx)) => tx,
-                None => {
-                    w.pumping = false;
-                    running.1 = false;
-                    drop(w);
-                    shared.refund();
-                    return;
-                }
-            }
+            let Some((_, tx)) = w.queue.pop() else {
+                w.pumping = false;
+                running.1 = false;
+                drop(w);
+                shared.refund();
+                return;
+            };
+            tx
         };
         if next.send(()).is_err() {
             shared.refund();
