@@ -20,6 +20,7 @@ pub mod redrive;
 pub mod run;
 pub mod scale;
 pub mod series;
+pub mod slots;
 pub mod spread;
 pub mod status;
 pub mod triggers;
@@ -90,6 +91,8 @@ pub struct Context {
     pub limits: AdminLimits,
     /// One deadline per reconcile ([`DEFAULT_RECONCILE_TIMEOUT`]; `run --reconcile-timeout`).
     pub reconcile_timeout: std::time::Duration,
+    /// The reconciles that run at once, shared fairly between namespaces (`run` sizes it).
+    pub reconcile_slots: Arc<slots::Slots>,
 }
 
 /// A reconcile normally takes well under a second; each AWS call is bounded by the SDK's operation
@@ -128,6 +131,7 @@ impl Context {
             counts_refresh: status::COUNTS_REFRESH,
             limits: AdminLimits::default(),
             reconcile_timeout: DEFAULT_RECONCILE_TIMEOUT,
+            reconcile_slots: slots::Slots::new(usize::from(run::DEFAULT_RECONCILE_CONCURRENCY)),
         }
     }
 
@@ -194,10 +198,11 @@ fn name_of(qc: &QueueConsumer) -> String {
 
 /// One reconcile of one QueueConsumer.
 pub async fn reconcile(qc: Arc<QueueConsumer>, ctx: Arc<Context>) -> Result<Action, Error> {
-    ctx.metrics.reconciles.fetch_add(1, Ordering::Relaxed);
-    // One deadline for the whole reconcile, and its AWS calls queued in its namespace's turn
-    // (`aws::limit`: the shared budget is shared round-robin between namespaces).
+    // A slot in its namespace's turn (`slots`), then one deadline for the whole reconcile, and its AWS
+    // calls queued in its namespace's turn too (`aws::limit`).
     let namespace = qc.namespace().unwrap_or_default();
+    let _slot = ctx.reconcile_slots.acquire(&namespace).await;
+    ctx.metrics.reconciles.fetch_add(1, Ordering::Relaxed);
     let run = crate::aws::limit::in_namespace(namespace, Box::pin(reconcile_inner(&qc, &ctx)));
     let result = tokio::time::timeout(ctx.reconcile_timeout, run)
         .await

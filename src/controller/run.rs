@@ -45,7 +45,8 @@ pub struct RunOptions {
 
 /// Reconciles at once by default. A reconcile mostly waits (SQS, the API server, the pods' scrapes) and
 /// the AWS gates, not reconciles, bound the AWS calls; the bound keeps a burst of watch events from
-/// holding thousands of reconciles (and their memory) at once.
+/// running thousands of reconciles (and holding their memory) at once. The ones past it wait, before
+/// doing anything, for a slot in their namespace's turn (`slots::Slots`).
 pub const DEFAULT_RECONCILE_CONCURRENCY: u16 = 64;
 
 /// Why `run` stopped.
@@ -186,6 +187,10 @@ async fn controllers(ctx: &Arc<Context>, namespaces: &[String], concurrency: u16
     } else {
         namespaces.iter().cloned().map(Some).collect()
     };
+    // kube's scheduler starts every due reconcile; they wait for one of these slots in their
+    // namespace's turn (`slots`), not in the order they fell due.
+    ctx.reconcile_slots
+        .set_capacity(usize::from(concurrency.max(1)) * scopes.len());
     let runs = scopes.into_iter().map(|ns| {
         let ctx = ctx.clone();
         let stop = stop.clone();
@@ -222,7 +227,7 @@ async fn controllers(ctx: &Arc<Context>, namespaces: &[String], concurrency: u16
             );
             ctx.watch_store(store.clone());
             Controller::for_stream(consumers, store)
-                .with_config(controller::Config::default().concurrency(concurrency.max(1)))
+                .with_config(controller::Config::default())
                 .owns_stream(children)
                 .graceful_shutdown_on(stop)
                 .run(reconcile, error_policy, ctx)
