@@ -1,16 +1,19 @@
 //! Two namespaces on the controller's shared SQS budget (#29): `busy` with 1,000 QueueConsumers at a
 //! 1 s poll interval (1,000 GetQueueAttributes a second asked of a 300 a second budget) and `quiet`
-//! with one at 1 s. Each consumer polls on its own 1 s slot, as `spread::next_poll` spreads them,
-//! through the real `aws::limit::Limiter` with the controller's default SQS limit; a call costs
-//! nothing, so the table shows the gate alone. The lag is from a poll's slot to its call leaving the
-//! gate. `fair`: each consumer's calls in its own namespace's queue (the controller); `one queue`:
-//! every call in one queue (first come, first served, as before). `cargo bench --bench fairness`
+//! with one at 1 s. Each consumer polls on its own 1 s slot, as `spread::next_poll` spreads them: its
+//! reconcile takes one of the controller's reconcile slots (`controller::slots`, 64), then makes its
+//! call through the real `aws::limit::Limiter` with the controller's default SQS limit; a call costs
+//! nothing, so the table shows the queueing alone. The lag is from a poll's slot to its call leaving
+//! the gate. `fair`: each consumer queued as its own namespace's (the controller); `one queue`: every
+//! reconcile and call in one queue (first come, first served, as before). `cargo bench --bench fairness`
 //! (knobs: QC_BENCH_BUSY consumers, 1000; QC_BENCH_SECONDS, 20); under `cargo test`, a short smoke pass.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use qc::aws::limit::{Limiter, in_namespace};
+use qc::controller::run::DEFAULT_RECONCILE_CONCURRENCY;
+use qc::controller::slots::Slots;
 use tokio::time::Instant;
 
 fn env(name: &str, default: u64) -> u64 {
@@ -33,6 +36,7 @@ fn summary(mut lags: Vec<f64>) -> (f64, f64, f64, usize) {
 /// Runs the two namespaces for `seconds`; (busy lags, quiet lags) in ms.
 async fn run(busy: usize, seconds: u64, fair: bool) -> (Vec<f64>, Vec<f64>) {
     let limiter = Arc::new(Limiter::new("sqs", qc::aws::sqs::DEFAULT_LIMIT));
+    let slots = Slots::new(usize::from(DEFAULT_RECONCILE_CONCURRENCY));
     let start = Instant::now();
     let end = start + Duration::from_secs(seconds);
     let lags: Arc<Mutex<(Vec<f64>, Vec<f64>)>> = Arc::default();
@@ -40,13 +44,14 @@ async fn run(busy: usize, seconds: u64, fair: bool) -> (Vec<f64>, Vec<f64>) {
     for i in 0..=busy {
         let quiet = i == busy;
         let ns = if quiet && fair { "quiet" } else { "busy" };
-        let (limiter, lags) = (limiter.clone(), lags.clone());
+        let (limiter, slots, lags) = (limiter.clone(), slots.clone(), lags.clone());
         // Slots spread over the interval, the quiet one's in the middle.
         let offset = Duration::from_millis(if quiet { 500 } else { (i * 1000 / busy) as u64 });
         tasks.push(tokio::spawn(in_namespace(ns.to_string(), async move {
             let mut due = start + offset;
             while due < end {
                 tokio::time::sleep_until(due).await;
+                let _slot = slots.acquire(ns).await;
                 let _: Result<(), ()> = limiter
                     .run("GetQueueAttributes", |()| false, || async { Ok(()) })
                     .await;
