@@ -6,6 +6,7 @@
 //! | target | takes | from |
 //! |---|---|---|
 //! | `handler_answer` | the handler's HTTP answer, its status and Retry-After | the user's handler container |
+//! | `batch_answer` | a batch handler's `batchItemFailures` answer (HTTP body or exec line) | the user's handler container |
 //! | `scrape_exposition` | a worker's `/metrics` text | any pod a tenant runs |
 //! | `cloudevents_head` | the request head built from a message | whoever sends to the queue |
 //! | `durations`, `quantities` | spec strings | the manifest |
@@ -186,6 +187,115 @@ fn handler_answer() {
                 }
             }
             (s, v) => prop_assert!(false, "HTTP {s} mapped to {v:?}"),
+        }
+        Ok(())
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// batch_answer
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct BatchCase {
+    /// Message ids of the batch (distinct).
+    ids: Vec<String>,
+    /// Indices (into `ids`, modulo its length) the answer names as failed, in the answer's order,
+    /// repeats included.
+    failed: Vec<usize>,
+    /// Other members in each entry and in the answer object.
+    extra: Vec<(String, i64)>,
+    /// Whitespace around the answer.
+    pad: (String, String),
+    /// (position, byte) replacements applied to the answer.
+    damage: Vec<(usize, u8)>,
+}
+
+fn batch_case() -> impl Strategy<Value = BatchCase> {
+    (
+        proptest::collection::btree_set(
+            prop_oneof![
+                "[0-9a-f-]{1,36}",
+                any::<String>().prop_filter("empty", |s| !s.is_empty())
+            ],
+            1..12,
+        ),
+        proptest::collection::vec(any::<usize>(), 0..14),
+        proptest::collection::vec(("[a-zA-Z]{1,10}", any::<i64>()), 0..3),
+        ("[ \t\r\n]{0,3}", "[ \t\r\n]{0,3}"),
+        prop_oneof![
+            3 => Just(Vec::new()),
+            1 => proptest::collection::vec((any::<usize>(), any::<u8>()), 1..4),
+        ],
+    )
+        .prop_map(|(ids, failed, extra, pad, damage)| BatchCase {
+            ids: ids.into_iter().collect(),
+            failed,
+            extra,
+            pad,
+            damage,
+        })
+}
+
+/// A batch handler's answer (Lambda's `ReportBatchItemFailures`) names exactly the items it lists,
+/// in batch order, once each, whatever the entries' order, repeats and other members; an answer
+/// naming an id not in the batch is refused with the reason; damaged bytes are an answer or a
+/// reason, never a panic, and an answer is only ever positions of the batch. An exec handler's
+/// answer line is recognised as one.
+#[test]
+fn batch_answer() {
+    use qc::worker::handler::{is_answer_line, parse_answer};
+    fuzz("batch_answer", batch_case(), |c| {
+        let ids: Vec<&str> = c.ids.iter().map(String::as_str).collect();
+        let entries: Vec<serde_json::Value> = c
+            .failed
+            .iter()
+            .map(|i| {
+                let mut e = serde_json::Map::new();
+                for (k, v) in &c.extra {
+                    e.insert(k.clone(), (*v).into());
+                }
+                e.insert("itemIdentifier".into(), ids[i % ids.len()].into());
+                serde_json::Value::Object(e)
+            })
+            .collect();
+        let mut answer = serde_json::Map::new();
+        for (k, v) in &c.extra {
+            answer.insert(format!("x{k}"), (*v).into());
+        }
+        answer.insert("batchItemFailures".into(), entries.into());
+        let text = format!(
+            "{}{}{}",
+            c.pad.0,
+            serde_json::Value::Object(answer),
+            c.pad.1
+        );
+        let mut bytes = text.clone().into_bytes();
+        for (at, b) in &c.damage {
+            let i = at % bytes.len();
+            bytes[i] = *b;
+        }
+        let out = parse_answer(&bytes, &ids);
+        if let Ok(failed) = &out {
+            prop_assert!(failed.windows(2).all(|w| w[0] < w[1]), "{failed:?}");
+            prop_assert!(failed.iter().all(|i| *i < ids.len()), "{failed:?}");
+        }
+        if c.damage.is_empty() {
+            let mut want: Vec<usize> = c.failed.iter().map(|i| i % ids.len()).collect();
+            want.sort_unstable();
+            want.dedup();
+            prop_assert_eq!(out, Ok(want));
+            prop_assert!(is_answer_line(text.as_bytes()), "{text}");
+            // An id the batch does not hold: refused, and the reason says which.
+            let stranger = format!("{}-not-in-batch", ids.concat());
+            let bad = format!(
+                "{{\"batchItemFailures\":[{{\"itemIdentifier\":{}}}]}}",
+                serde_json::Value::from(stranger.as_str())
+            );
+            let e = parse_answer(bad.as_bytes(), &ids);
+            prop_assert!(
+                e.as_ref().is_err_and(|e| e.contains("itemIdentifier")),
+                "{e:?}"
+            );
         }
         Ok(())
     });

@@ -237,7 +237,8 @@ pub fn parse(text: &str) -> Option<PodMetrics> {
                 && b.is_finite()
                 && b >= 0.0
             {
-                buckets.push((b, v));
+                // abs: -0 is the bound 0 (tests/fuzz.rs, `scrape_exposition`).
+                buckets.push((b.abs(), v));
             }
         } else if name == sum_name {
             sum = value.parse::<f64>().ok();

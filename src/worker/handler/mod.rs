@@ -8,7 +8,7 @@ mod http;
 
 use std::time::{Duration, SystemTime};
 
-pub use batch::{BATCH_CONTENT_TYPE, BatchVerdict};
+pub use batch::{BATCH_CONTENT_TYPE, BatchVerdict, is_answer_line, parse_answer};
 pub use exec::ExecHandler;
 pub use http::{CE_TYPE, DEFAULT_MAX_HEAD, HttpHandler, OMITTED_HEADER};
 
