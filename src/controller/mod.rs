@@ -218,20 +218,25 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     let name = qc.name_any();
     let qcs: Api<QueueConsumer> = Api::namespaced(ctx.client.clone(), &ns);
     // The administrator's floors and caps: the rest of the reconcile runs the spec within them, and
-    // each change is a finding; a consumer past the namespace's cap gets no AWS call at all.
-    let (limited, limit_findings, past_cap) =
-        match ctx.limits.apply(&qc.spec, ctx.older_in_namespace(qc)) {
-            Limited::Run { findings, .. } if findings.is_empty() => (None, findings, None),
-            Limited::Run { spec, findings } => (
-                Some(QueueConsumer {
-                    spec: *spec,
-                    ..qc.clone()
-                }),
-                findings,
-                None,
-            ),
-            Limited::Refused(finding) => (None, vec![finding], ctx.older_in_namespace(qc)),
-        };
+    // each change is a finding; a consumer past the namespace's cap gets no AWS call at all. One being
+    // deleted is never past it: its cleanup (the DLQ alarm) must be able to run.
+    let older = if qc.metadata.deletion_timestamp.is_some() {
+        None
+    } else {
+        ctx.older_in_namespace(qc)
+    };
+    let (limited, limit_findings, past_cap) = match ctx.limits.apply(&qc.spec, older) {
+        Limited::Run { findings, .. } if findings.is_empty() => (None, findings, None),
+        Limited::Run { spec, findings } => (
+            Some(QueueConsumer {
+                spec: *spec,
+                ..qc.clone()
+            }),
+            findings,
+            None,
+        ),
+        Limited::Refused(finding) => (None, vec![finding], older),
+    };
     let qc = limited.as_ref().unwrap_or(qc);
     let target = observe::aws_target(qc);
     let endpoint = target.endpoint.clone();
