@@ -21,6 +21,7 @@ pub const QUEUE_REGION_CONTRADICTS_URL: &str = "QueueRegionContradictsUrl";
 pub const ALARM_ACTION_IN_ANOTHER_REGION: &str = "AlarmActionInAnotherRegion";
 pub const BREAKER_DISABLED: &str = "BreakerDisabled";
 pub const OUTAGE_HOLD_BEYOND_RETENTION: &str = "OutageHoldBeyondRetention";
+pub const POD_NOT_RESTRICTED: &str = "PodNotRestricted";
 
 /// Rules that need only the spec.
 pub const OFFLINE_RULES: &[&str] = &[
@@ -30,6 +31,7 @@ pub const OFFLINE_RULES: &[&str] = &[
     POISON_DELETED,
     QUEUE_REGION_CONTRADICTS_URL,
     ALARM_ACTION_IN_ANOTHER_REGION,
+    POD_NOT_RESTRICTED,
 ];
 
 /// Rules that need the source queue's attributes.
@@ -76,4 +78,5 @@ pub const ALL: &[&str] = &[
     POISON_DELETED,
     QUEUE_REGION_CONTRADICTS_URL,
     ALARM_ACTION_IN_ANOTHER_REGION,
+    POD_NOT_RESTRICTED,
 ];

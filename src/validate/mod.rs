@@ -257,7 +257,96 @@ pub fn evaluate(spec: &QueueConsumerSpec, facts: Option<&Facts>) -> Report {
     report
 }
 
+/// What in a pod template the restricted Pod Security Standard forbids (the checks a namespace
+/// enforcing `restricted` would refuse the worker pods for), each as "where: what".
+pub fn restricted_violations(
+    template: &k8s_openapi::api::core::v1::PodTemplateSpec,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let Some(pod) = &template.spec else {
+        return out;
+    };
+    for (field, on) in [
+        ("hostPID", pod.host_pid),
+        ("hostIPC", pod.host_ipc),
+        ("hostNetwork", pod.host_network),
+    ] {
+        if on == Some(true) {
+            out.push(format!("template.spec.{field}: true"));
+        }
+    }
+    for v in pod.volumes.iter().flatten() {
+        if v.host_path.is_some() {
+            out.push(format!("template.spec.volumes[{}]: hostPath", v.name));
+        }
+    }
+    if let Some(sc) = &pod.security_context {
+        if sc.run_as_user == Some(0) {
+            out.push("template.spec.securityContext.runAsUser: 0".into());
+        }
+        if sc
+            .seccomp_profile
+            .as_ref()
+            .is_some_and(|p| p.type_ == "Unconfined")
+        {
+            out.push("template.spec.securityContext.seccompProfile: Unconfined".into());
+        }
+        if sc
+            .app_armor_profile
+            .as_ref()
+            .is_some_and(|p| p.type_ == "Unconfined")
+        {
+            out.push("template.spec.securityContext.appArmorProfile: Unconfined".into());
+        }
+    }
+    let containers = pod
+        .init_containers
+        .iter()
+        .flatten()
+        .map(|c| ("initContainers", c))
+        .chain(pod.containers.iter().map(|c| ("containers", c)));
+    for (list, c) in containers {
+        let Some(sc) = &c.security_context else {
+            continue;
+        };
+        let at = format!("template.spec.{list}[{}].securityContext", c.name);
+        if sc.privileged == Some(true) {
+            out.push(format!("{at}.privileged: true"));
+        }
+        if sc.run_as_user == Some(0) {
+            out.push(format!("{at}.runAsUser: 0"));
+        }
+        if sc
+            .seccomp_profile
+            .as_ref()
+            .is_some_and(|p| p.type_ == "Unconfined")
+        {
+            out.push(format!("{at}.seccompProfile: Unconfined"));
+        }
+        if sc
+            .app_armor_profile
+            .as_ref()
+            .is_some_and(|p| p.type_ == "Unconfined")
+        {
+            out.push(format!("{at}.appArmorProfile: Unconfined"));
+        }
+    }
+    out
+}
+
 fn offline_rules(spec: &QueueConsumerSpec, out: &mut Vec<Finding>) {
+    let violations = restricted_violations(&spec.template);
+    if !violations.is_empty() {
+        out.push(finding(
+            codes::POD_NOT_RESTRICTED,
+            Severity::Warning,
+            format!(
+                "the worker pods break the restricted Pod Security Standard: {}; a namespace enforcing it refuses them, and a handler compromised through a message gets that access",
+                violations.join(", ")
+            ),
+            "remove those settings from spec.template (the worker needs none of them), or run the consumer in a namespace whose Pod Security level allows them on purpose".to_string(),
+        ));
+    }
     let q = &spec.queue;
     if let Some((given, in_url)) =
         crate::aws::facts::region_contradiction(q.region.as_deref(), &q.url)

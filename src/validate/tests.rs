@@ -661,3 +661,39 @@ fn batch_mode_budgets_one_call_after_the_batch_fills() {
     assert_eq!(in_flight_per_replica(&d), 100);
     assert_eq!(budget(&d), Duration::from_secs(1 + 2 + 5));
 }
+
+#[test]
+fn pod_settings_the_restricted_standard_forbids_are_named() {
+    // #29 item 4: privileged, root, host namespaces and paths, Unconfined seccomp/AppArmor.
+    let s = spec(
+        "template:\n  spec:\n    hostPID: true\n    securityContext: {runAsUser: 0, seccompProfile: {type: Unconfined}}\n    volumes: [{name: logs, hostPath: {path: /var/log}}]\n    initContainers: [{name: setup, image: x, securityContext: {appArmorProfile: {type: Unconfined}}}]\n    containers:\n      - {name: app, image: x, securityContext: {privileged: true, runAsUser: 0}}\n      - {name: side, image: x, securityContext: {runAsNonRoot: true, runAsUser: 1000, seccompProfile: {type: RuntimeDefault}}}\nprocessing: {p99: 2s}\n",
+    );
+    let report = evaluate(&s, None);
+    let f = report
+        .findings
+        .iter()
+        .find(|f| f.code == codes::POD_NOT_RESTRICTED)
+        .expect("a PodNotRestricted finding");
+    assert_eq!(f.severity, Severity::Warning);
+    for named in [
+        "template.spec.hostPID: true",
+        "template.spec.securityContext.runAsUser: 0",
+        "template.spec.securityContext.seccompProfile: Unconfined",
+        "template.spec.volumes[logs]: hostPath",
+        "template.spec.initContainers[setup].securityContext.appArmorProfile: Unconfined",
+        "template.spec.containers[app].securityContext.privileged: true",
+        "template.spec.containers[app].securityContext.runAsUser: 0",
+    ] {
+        assert!(f.message.contains(named), "{named} missing: {}", f.message);
+    }
+    assert!(!f.message.contains("[side]"), "{}", f.message);
+    // A plain template: no finding.
+    let plain =
+        spec("template: {spec: {containers: [{name: app, image: x}]}}\nprocessing: {p99: 2s}\n");
+    assert!(
+        !evaluate(&plain, None)
+            .findings
+            .iter()
+            .any(|f| f.code == codes::POD_NOT_RESTRICTED)
+    );
+}
