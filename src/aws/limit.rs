@@ -350,7 +350,7 @@ impl Limiter {
                     if attempt >= THROTTLED_ATTEMPTS {
                         return Err(e);
                     }
-                    attempt += 1;
+                    attempt = attempt.saturating_add(1);
                 }
                 Err(e) => {
                     self.count(action, Outcome::Error);

@@ -353,7 +353,7 @@ impl Dispatcher {
                             }
                         }
                         Err(e) => {
-                            errors += 1;
+                            errors = errors.saturating_add(1);
                             let delay = error_backoff(errors, fastrand::f64());
                             backoff_until = Some(Instant::now() + delay);
                             if e.kind.is_configuration() {
@@ -429,7 +429,7 @@ async fn wait_store(p: &Processor) {
                 return;
             }
             Err(e) => {
-                attempt += 1;
+                attempt = attempt.saturating_add(1);
                 let delay = error_backoff(attempt, fastrand::f64());
                 tracing::error!(error = %e, attempt, retry_in_ms = delay.as_millis() as u64, "idempotency store unreachable; not receiving");
                 tokio::time::sleep(delay).await;

@@ -381,7 +381,7 @@ impl Beat {
             }
             Err(e) => {
                 p.metrics.heartbeat_failures.inc();
-                self.failures += 1;
+                self.failures = self.failures.saturating_add(1);
                 let gone = lease_lost(e.kind);
                 tracing::warn!(message_id, reason = e.kind.reason(), error = %e.detail, "heartbeat failed{}", if gone { "; the lease is lost, the message may be delivered again" } else { "; retrying" });
                 if gone {

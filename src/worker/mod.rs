@@ -600,7 +600,7 @@ async fn read_queue(
         match sqs.queue_info().await {
             Ok(info) => return Some(info),
             Err(e) => {
-                attempt += 1;
+                attempt = attempt.saturating_add(1);
                 let delay = backoff::error_backoff(attempt, fastrand::f64());
                 if e.kind.is_configuration() {
                     tracing::error!(queue_url = sqs.url(), reason = e.kind.reason(), error = %e.detail, hint = e.hint(), retry_in_ms = delay.as_millis() as u64, "cannot read the queue; not ready");
@@ -674,7 +674,7 @@ async fn open_store(
                 match RedisStore::connect(&url, prefix.clone(), &config.roots).await {
                     Ok(s) => return Ok(Opened::Store(Some(Store::Redis(s)))),
                     Err(e) => {
-                        attempt += 1;
+                        attempt = attempt.saturating_add(1);
                         let delay = backoff::error_backoff(attempt, fastrand::f64());
                         tracing::error!(error = %e, attempt, retry_in_ms = delay.as_millis() as u64, "idempotency store unreachable; not ready");
                         metrics.set_readiness(Readiness::Failing(e.to_string()));
