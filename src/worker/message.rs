@@ -627,42 +627,48 @@ impl Processor {
             return call.await;
         };
         tokio::pin!(call);
+        let claim = [(key, token)];
         tokio::select! {
             out = &mut call => out,
-            never = self.renew_claim(store, key, token, deadline) => match never {},
+            never = self.renew_claims(store, &claim, deadline) => match never {},
         }
     }
 
-    /// Renews the claim every `claim_renewal` until dropped.
-    async fn renew_claim(
+    /// Renews the claims every `claim_renewal` until dropped; a claim found lost (expired in the
+    /// store) is counted once and no longer renewed.
+    async fn renew_claims(
         &self,
         store: &Store,
-        key: &str,
-        token: &str,
+        claims: &[(&str, &str)],
         deadline: Instant,
     ) -> std::convert::Infallible {
         let every = self.claim_renewal();
+        let mut held: Vec<(&str, &str)> = claims.to_vec();
         loop {
             tokio::time::sleep(every).await;
             let until = deadline.max(Instant::now()) + CLAIM_GRACE;
-            match store
-                .renew(key, token, until.saturating_duration_since(Instant::now()))
-                .await
-            {
-                Ok(true) => {}
-                Ok(false) => {
-                    self.metrics.idempotency_claims_lost.inc();
-                    tracing::warn!(
-                        key,
-                        "idempotency claim lost while the handler runs (it expired in the store); another worker may handle the key too"
-                    );
-                    return std::future::pending().await;
-                }
-                Err(e) => {
-                    self.metrics.idempotency_errors.inc();
-                    tracing::warn!(key, error = %e, "cannot renew the idempotency claim; retrying");
+            let ttl = until.saturating_duration_since(Instant::now());
+            let renewed =
+                futures::future::join_all(held.iter().map(|(k, t)| store.renew(k, t, ttl))).await;
+            let mut still = Vec::with_capacity(held.len());
+            for ((key, token), r) in held.iter().zip(renewed) {
+                match r {
+                    Ok(true) => still.push((*key, *token)),
+                    Ok(false) => {
+                        self.metrics.idempotency_claims_lost.inc();
+                        tracing::warn!(
+                            key,
+                            "idempotency claim lost while the handler runs (it expired in the store); another worker may handle the key too"
+                        );
+                    }
+                    Err(e) => {
+                        self.metrics.idempotency_errors.inc();
+                        tracing::warn!(key, error = %e, "cannot renew the idempotency claim; retrying");
+                        still.push((*key, *token));
+                    }
                 }
             }
+            held = still;
         }
     }
 
@@ -839,51 +845,27 @@ impl Processor {
         // An Extended Client payload is fetched for each call, after the breaker's gate: an S3
         // outage counts against it like the handler's own dependency.
         let fetched;
-        let view = match (
-            &self.s3,
-            self.s3
-                .as_ref()
-                .and_then(|_| super::s3::pointer_of(view.unwrap_or(&lease.msg))),
-        ) {
-            (Some(s3), Some(Ok(ptr))) => {
-                let deadline = Instant::now() + self.timeout;
-                let got = lease
-                    .beat
-                    .until(self, &lease.msg, deadline, Box::pin(s3.fetch(&ptr)))
-                    .await;
-                match got {
-                    Some(Ok(payload)) => {
-                        fetched = super::s3::view_with(view.unwrap_or(&lease.msg), payload);
-                        lease.s3_payload = Some(ptr);
-                        Some(&fetched)
-                    }
-                    Some(Err(super::s3::FetchError::Poison(reason))) => {
-                        m.outcome(OutcomeLabel::Poison);
-                        drop(pass);
-                        return Attempt::Ended(self.poison(lease, reason).await);
-                    }
-                    other => {
-                        let reason = match other {
-                            Some(Err(super::s3::FetchError::Transient(r))) => r,
-                            _ => format!("fetching the S3 payload {ptr} timed out"),
-                        };
-                        m.outcome(OutcomeLabel::Transient);
-                        pass.record(Outcome::Failure {
-                            first_received: first_received(&lease.msg),
-                        });
-                        return Attempt::Failed {
-                            reason,
-                            retry_after: None,
-                        };
-                    }
-                }
+        let view = match self.fetch_payload(lease, view).await {
+            Ok(None) => view,
+            Ok(Some(v)) => {
+                fetched = v;
+                Some(&fetched)
             }
-            (Some(_), Some(Err(reason))) => {
+            Err(Payload::Poison(reason)) => {
                 m.outcome(OutcomeLabel::Poison);
                 drop(pass);
                 return Attempt::Ended(self.poison(lease, reason).await);
             }
-            _ => view,
+            Err(Payload::Transient(reason)) => {
+                m.outcome(OutcomeLabel::Transient);
+                pass.record(Outcome::Failure {
+                    first_received: first_received(&lease.msg),
+                });
+                return Attempt::Failed {
+                    reason,
+                    retry_after: None,
+                };
+            }
         };
         let mut claimed: Option<(String, String)> = None;
         if let Some(store) = &self.store {
@@ -1012,6 +994,48 @@ impl Processor {
                     retry_after: None,
                 }
             }
+        }
+    }
+}
+
+/// Why a message's S3 payload (`--s3-payloads`) is not at hand.
+enum Payload {
+    /// It can never be fetched (a malformed pointer, a missing object, over the cap).
+    Poison(String),
+    /// It may be fetched later.
+    Transient(String),
+}
+
+impl Processor {
+    /// The handler's view with the Extended Client payload of the message (or of `view`) fetched,
+    /// under the message's heartbeat; Ok(None) when that is no pointer or `--s3-payloads` is off.
+    async fn fetch_payload(
+        &self,
+        lease: &mut Lease,
+        view: Option<&Message>,
+    ) -> Result<Option<Message>, Payload> {
+        let Some(s3) = &self.s3 else { return Ok(None) };
+        let ptr = match super::s3::pointer_of(view.unwrap_or(&lease.msg)) {
+            None => return Ok(None),
+            Some(Ok(ptr)) => ptr,
+            Some(Err(reason)) => return Err(Payload::Poison(reason)),
+        };
+        let deadline = Instant::now() + self.timeout;
+        let got = lease
+            .beat
+            .until(self, &lease.msg, deadline, Box::pin(s3.fetch(&ptr)))
+            .await;
+        match got {
+            Some(Ok(payload)) => {
+                let v = super::s3::view_with(view.unwrap_or(&lease.msg), payload);
+                lease.s3_payload = Some(ptr);
+                Ok(Some(v))
+            }
+            Some(Err(super::s3::FetchError::Poison(reason))) => Err(Payload::Poison(reason)),
+            Some(Err(super::s3::FetchError::Transient(reason))) => Err(Payload::Transient(reason)),
+            None => Err(Payload::Transient(format!(
+                "fetching the S3 payload {ptr} timed out"
+            ))),
         }
     }
 }

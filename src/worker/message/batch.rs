@@ -15,11 +15,11 @@ use std::collections::HashSet;
 use futures::future::join_all;
 use tokio::time::Instant;
 
-use super::{CLAIM_GRACE, Ended, Lease, Processor, STOP_BACKSTOP, breaker_outcome, first_received};
+use super::{Ended, Lease, Payload, Processor, STOP_BACKSTOP, breaker_outcome, first_received};
 use crate::worker::backoff::{retry_delay, visibility_secs};
 use crate::worker::breaker::{Denied, Outcome, Pass};
 use crate::worker::handler::{BatchVerdict, Cause, Verdict};
-use crate::worker::idempotency::{Claim, IdempotencyError, Store, key_of};
+use crate::worker::idempotency::{Claim, IdempotencyError, key_of};
 use crate::worker::metrics::OutcomeLabel;
 use crate::worker::sqs::Message;
 
@@ -64,7 +64,7 @@ impl Processor {
                     continue;
                 }
             };
-            let view = match self.fetch_payload(&mut lease, view).await {
+            let view = match self.fetch_payload_item(&mut lease, view).await {
                 Ok(view) => view,
                 Err(ended) => {
                     stop_group(&mut stopped, fifo, &lease, ended);
@@ -144,40 +144,19 @@ impl Processor {
 
     /// Batch mode's S3 payloads (`--s3-payloads`): fetched per item before the call (under the
     /// item's heartbeat); a missing or oversized object is poison, an S3 failure backs the item off.
-    async fn fetch_payload(
+    async fn fetch_payload_item(
         &self,
         lease: &mut Lease,
         view: Option<Message>,
     ) -> Result<Option<Message>, Ended> {
-        let Some(s3) = &self.s3 else { return Ok(view) };
-        let ptr = match crate::worker::s3::pointer_of(view.as_ref().unwrap_or(&lease.msg)) {
-            None => return Ok(view),
-            Some(Ok(ptr)) => ptr,
-            Some(Err(reason)) => {
-                self.metrics.outcome(OutcomeLabel::Poison);
-                return Err(self.poison(lease, reason).await);
-            }
-        };
-        let deadline = Instant::now() + self.timeout;
-        let got = lease
-            .beat
-            .until(self, &lease.msg, deadline, Box::pin(s3.fetch(&ptr)))
-            .await;
-        match got {
-            Some(Ok(payload)) => {
-                let v = crate::worker::s3::view_with(view.as_ref().unwrap_or(&lease.msg), payload);
-                lease.s3_payload = Some(ptr);
-                Ok(Some(v))
-            }
-            Some(Err(crate::worker::s3::FetchError::Poison(reason))) => {
+        match self.fetch_payload(lease, view.as_ref()).await {
+            Ok(None) => Ok(view),
+            Ok(Some(v)) => Ok(Some(v)),
+            Err(Payload::Poison(reason)) => {
                 self.metrics.outcome(OutcomeLabel::Poison);
                 Err(self.poison(lease, reason).await)
             }
-            other => {
-                let reason = match other {
-                    Some(Err(crate::worker::s3::FetchError::Transient(r))) => r,
-                    _ => format!("fetching the S3 payload {ptr} timed out"),
-                };
+            Err(Payload::Transient(reason)) => {
                 self.metrics.outcome(OutcomeLabel::Transient);
                 let delay = retry_delay(self.retry_base, self.retry_max, lease.msg.receive_count);
                 tracing::warn!(message_id = %lease.msg.id, reason = %reason, retry_in_s = visibility_secs(delay), "cannot fetch the S3 payload; retrying later");
@@ -462,38 +441,6 @@ impl Processor {
             });
         }
         verdicts
-    }
-
-    /// Renews every claim of the call until dropped (the per-message `renew_claim`, for many keys).
-    async fn renew_claims(
-        &self,
-        store: &Store,
-        claims: &[(&str, &str)],
-        deadline: Instant,
-    ) -> std::convert::Infallible {
-        let every = self.claim_renewal();
-        loop {
-            tokio::time::sleep(every).await;
-            let until = deadline.max(Instant::now()) + CLAIM_GRACE;
-            let ttl = until.saturating_duration_since(Instant::now());
-            let renewed = join_all(claims.iter().map(|(k, t)| store.renew(k, t, ttl))).await;
-            for ((key, _), r) in claims.iter().zip(renewed) {
-                match r {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        self.metrics.idempotency_claims_lost.inc();
-                        tracing::warn!(
-                            key,
-                            "idempotency claim lost while the handler runs (it expired in the store); another worker may handle the key too"
-                        );
-                    }
-                    Err(e) => {
-                        self.metrics.idempotency_errors.inc();
-                        tracing::warn!(key, error = %e, "cannot renew the idempotency claim; retrying");
-                    }
-                }
-            }
-        }
     }
 
     /// Ends each called item by its verdict: successes deleted (together, in as few batches as the
