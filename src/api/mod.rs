@@ -809,9 +809,11 @@ pub struct SecretKeyRef {
 pub struct ScalingSpec {
     /// Fewest worker replicas; 0 lets an idle queue scale to zero. Default: 0.
     #[serde(default)]
+    #[schemars(range(max = 2_147_483_647))]
     pub min_replicas: u32,
     /// Most worker replicas (at least 1, at least minReplicas). Default: 20.
     #[serde(default = "defaults::max_replicas")]
+    #[schemars(range(max = 2_147_483_647))]
     pub max_replicas: u32,
     /// Target age of the visible backlog, a duration: enough replicas to drain it within this at
     /// the declared P99. Default: 1m.
@@ -823,6 +825,7 @@ pub struct ScalingSpec {
     /// From zero replicas, scale up only when more than this many messages are visible (a count).
     /// Default: 0.
     #[serde(default)]
+    #[schemars(range(max = 2_147_483_647))]
     pub activation_backlog: u32,
     /// How often the queue is read (GetQueueAttributes) and replicas decided, a duration of at
     /// least 1s. Default: 15s.
