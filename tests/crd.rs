@@ -121,3 +121,29 @@ fn every_property_explains_itself() {
         missing.join("\n")
     );
 }
+
+/// #34 item 3: the status's condition list describes every condition type the controller sets
+/// (each constant of `api::conditions` before its reasons), so `kubectl explain` lists them all.
+#[test]
+fn the_conditions_description_names_every_condition_type() {
+    let source = include_str!("../src/api/conditions.rs");
+    let types_part = source.split("pub mod reason").next().unwrap();
+    let types: Vec<&str> = types_part
+        .lines()
+        .filter_map(|l| l.strip_prefix("pub const "))
+        .filter_map(|l| l.split('"').nth(1))
+        .collect();
+    assert!(types.len() >= 9, "{types:?}");
+    let crd = serde_json::to_value(QueueConsumer::crd()).unwrap();
+    let description = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+        ["status"]["properties"]["conditions"]["description"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for t in types {
+        assert!(
+            description.contains(t),
+            "the conditions' description lacks {t}: {description}"
+        );
+    }
+}
