@@ -545,12 +545,19 @@ async fn the_operators_floors_and_caps_clamp_what_runs_and_status_says_so() {
     let mut m = manifest("orders", &url, &common::sqs_endpoint(), false);
     m["spec"]["processing"]["concurrency"] = json!(10);
     fake.create(QUEUE_CONSUMERS, m);
+    let before = qc::controller::observe::wall_clock().as_millis();
     let a = run_once(&fake, &ctx, "orders").await.unwrap();
-    // Requeued within the floor's interval, not the spec's 1 s.
-    assert!(!is_poll(&a), "{a:?}");
+    let after = qc::controller::observe::wall_clock().as_millis();
+    // Requeued on this consumer's slot of the floor's 30 s interval, not of the spec's 1 s (a slot
+    // of 30 s may itself come within a second: the schedule, not the size, tells them apart).
+    let key = qc::controller::key::ConsumerKey::of(&qc(&fake, "orders"));
+    let on = |interval: Duration| {
+        (before..=after)
+            .any(|t| a == Action::requeue(qc::controller::spread::next_poll(&key, interval, t)))
+    };
     assert!(
-        (1..=30_000).any(|ms| a == Action::requeue(Duration::from_millis(ms))),
-        "{a:?}"
+        on(Duration::from_secs(30)),
+        "{a:?}: not on the 30 s schedule"
     );
     let status = qc(&fake, "orders").status.unwrap();
     let codes: Vec<(&str, qc::api::Severity)> = status
