@@ -519,3 +519,117 @@ async fn a_downstream_outage_opens_the_breaker_for_batches_without_filling_the_d
     );
     w.stop().await;
 }
+
+/// Fast calls (a round trip is a noticeable share of one): while a call runs the next call's worth
+/// is received and waits, never more (one call: one batch ahead). On SIGTERM the batch waiting
+/// ahead goes back to the queue unhandled: nothing lost, nothing handled twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_calls_get_one_batch_ahead_which_sigterm_hands_back() {
+    let q = TestQueue::new("batch-ahead", 30, 5, false).await;
+    let bodies = numbered(60);
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::answer(MS(100), "")).await;
+    let mut w = Worker::start(&q.args(&[
+        "--http-url",
+        &h.url,
+        "--batch-max-items",
+        "5",
+        "--batch-max-wait",
+        "100ms",
+        "--concurrency",
+        "1",
+        "--timeout",
+        "10s",
+    ]));
+    let mut most = 0.0f64;
+    let deadline = std::time::Instant::now() + SECS(60);
+    while h.calls().len() < 8 {
+        assert!(std::time::Instant::now() < deadline, "8 calls made");
+        if let Some(n) = w.metric("qc_worker_in_flight").await {
+            most = most.max(n);
+        }
+        tokio::time::sleep(MS(15)).await;
+    }
+    assert!(
+        most > 5.0,
+        "a batch is received while the call runs (prefetch pays for 100 ms calls): at most {most} in flight"
+    );
+    assert!(most <= 10.0, "one call's worth ahead, no more: saw {most}");
+    w.signal("TERM");
+    let status = w.wait_exit(SECS(20)).await;
+    assert!(status.success(), "{status}");
+    let calls = h.calls();
+    assert!(
+        calls.iter().all(|c| c.finished.is_some()),
+        "no call was cut"
+    );
+    assert!(
+        calls.iter().all(|c| events(c).len() <= 5),
+        "at most 5 items a call"
+    );
+    let handled: Vec<String> = calls.iter().flat_map(datas).collect();
+    let mut unique = handled.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), handled.len(), "nothing handled twice");
+    let (visible, in_flight, _) = q.counts().await;
+    eprintln!(
+        "batch-ahead: most {most} in flight; {} calls, {} handled; left visible {visible}, in flight {in_flight}",
+        calls.len(),
+        handled.len()
+    );
+    assert_eq!(
+        in_flight, 0,
+        "the batch waiting ahead was handed back at once"
+    );
+    assert_eq!(handled.len() as u64 + visible, 60, "nothing lost");
+}
+
+/// Slow calls (2 s, far beyond a round trip): nothing is received ahead of a free call, so no
+/// message spends its visibility waiting (#31's rule, in batch mode).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_calls_get_no_batch_ahead() {
+    let q = TestQueue::new("batch-slow", 30, 5, false).await;
+    let bodies = numbered(10);
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::answer(SECS(2), "")).await;
+    let mut w = Worker::start(&q.args(&[
+        "--http-url",
+        &h.url,
+        "--batch-max-items",
+        "5",
+        "--batch-max-wait",
+        "100ms",
+        "--concurrency",
+        "1",
+        "--timeout",
+        "10s",
+    ]));
+    let mut most = 0.0f64;
+    let mut hidden = 0u64;
+    let deadline = std::time::Instant::now() + SECS(60);
+    while w.metric("qc_worker_messages_deleted_total").await != Some(10.0) {
+        assert!(std::time::Instant::now() < deadline, "10 deleted");
+        if let Some(n) = w.metric("qc_worker_in_flight").await {
+            most = most.max(n);
+        }
+        // What SQS sees hidden, once the previous call's deletes (batched, at most 200 ms) are out:
+        // a call running for more than half a second.
+        let settled = h
+            .calls()
+            .last()
+            .is_some_and(|c| c.finished.is_none() && c.started.elapsed() > MS(500));
+        if settled {
+            hidden = hidden.max(q.counts().await.1);
+        }
+        tokio::time::sleep(MS(50)).await;
+    }
+    assert!(most <= 5.0, "only a call's worth in flight, saw {most}");
+    assert!(
+        (1..=5).contains(&hidden),
+        "only a call's worth hidden on the queue mid-call, saw {hidden}"
+    );
+    let handled: Vec<String> = h.calls().iter().flat_map(datas).collect();
+    assert_eq!(handled.len(), 10, "{handled:?}");
+    w.stop().await;
+}

@@ -56,9 +56,13 @@ pub fn has_errors(findings: &[Finding]) -> bool {
 pub fn in_flight_per_replica(spec: &QueueConsumerSpec) -> u32 {
     let p = &spec.processing;
     if let Some(b) = &spec.handler.batch {
-        // Batch mode: each of the `concurrency` calls with up to `maxItems` messages, and no more
-        // received than free calls can take (no prefetch).
-        return p.concurrency.max(1).saturating_mul(b.max_items.max(1));
+        // Batch mode: each of the `concurrency` calls with up to `maxItems` messages, plus the
+        // calls' worth received ahead (`prefetch`).
+        return p
+            .concurrency
+            .max(1)
+            .saturating_mul(b.max_items.max(1))
+            .saturating_add(prefetch(spec));
     }
     p.concurrency.max(1).saturating_add(prefetch(spec))
 }
@@ -78,13 +82,10 @@ pub fn message_slots(spec: &QueueConsumerSpec) -> u32 {
 /// receives only into free slots). With a declared mean the worker's own test
 /// (`worker::prefetch_pays`) at the longest round trip it sizes by: a mean of 2s or more means
 /// none, as the worker measures it. Without a declared mean, the most it may hold.
+/// In batch mode, `worker::batch_prefetch_calls` whole calls of `maxItems`, under the same test.
 /// The worker's own rules (`worker::prefetch`), so the prediction cannot drift from what it does.
 pub fn prefetch(spec: &QueueConsumerSpec) -> u32 {
     let p = &spec.processing;
-    if spec.handler.batch.is_some() {
-        // Batch mode receives only into free calls.
-        return 0;
-    }
     let fixed_interval = match p.heartbeat.interval {
         HeartbeatInterval::Fixed(d) => Some(d.as_std()),
         // VT / 3 is known only with the queue's facts; any interval is at least as long as the
@@ -100,22 +101,35 @@ pub fn prefetch(spec: &QueueConsumerSpec) -> u32 {
     {
         return 0;
     }
-    crate::worker::prefetch(
-        p.batch_size,
-        p.heartbeat.enabled,
-        crate::aws::facts::is_fifo(&spec.queue.url),
-    )
+    let fifo = crate::aws::facts::is_fifo(&spec.queue.url);
+    if let Some(b) = &spec.handler.batch {
+        // Batch mode: whole calls' worth, waiting for a running call to end.
+        return crate::worker::batch_prefetch_calls(p.concurrency, p.heartbeat.enabled, fifo)
+            .saturating_mul(b.max_items.max(1));
+    }
+    crate::worker::prefetch(p.batch_size, p.heartbeat.enabled, fifo)
 }
 
 /// Time to work through what one replica holds: P × ceil(in-flight / C). In batch mode P is a
-/// whole call's P99 and a message may first wait `maxWait` for its batch to fill: maxWait + P.
+/// whole call's P99 and a message may first wait `maxWait` for its batch to fill: maxWait + P; one
+/// received ahead (`prefetch`) may instead wait for a running call to end: max(maxWait, P) + P.
 fn work_time(spec: &QueueConsumerSpec) -> Duration {
     let c = spec.processing.concurrency.max(1);
     if let Some(b) = &spec.handler.batch {
-        return b.max_wait.saturating_add(spec.processing.p99);
+        return batch_wait(spec, b.max_wait).saturating_add(spec.processing.p99);
     }
     let rounds = in_flight_per_replica(spec).div_ceil(c);
     spec.processing.p99.saturating_mul(rounds)
+}
+
+/// Batch mode: how long a message may wait before its call starts: `maxWait` for its batch to fill,
+/// or, received ahead while the worker prefetches, a running call's P99 if that is longer.
+fn batch_wait(spec: &QueueConsumerSpec, max_wait: Duration) -> Duration {
+    if prefetch(spec) > 0 {
+        max_wait.max(spec.processing.p99)
+    } else {
+        max_wait
+    }
 }
 
 /// M = max(5s, 10% of the work time).
@@ -447,6 +461,15 @@ fn queue_rules(spec: &QueueConsumerSpec, q: &QueueFacts, out: &mut Vec<Finding>)
             codes::VISIBILITY_TIMEOUT_BELOW_BUDGET,
             severity,
             match &spec.handler.batch {
+                Some(b) if prefetch(spec) > 0 => format!(
+                    "queue VisibilityTimeout {} is below the budget {} (the longer of batch maxWait {} and a running call's p99 {}, which a batch received ahead waits for, + a call's p99 {} + margin {}){tail}",
+                    secs(vt),
+                    secs(budget),
+                    secs(b.max_wait),
+                    secs(p.p99),
+                    secs(p.p99),
+                    secs(m)
+                ),
                 Some(b) => format!(
                     "queue VisibilityTimeout {} is below the budget {} (batch maxWait {} + a call's p99 {} + margin {}){tail}",
                     secs(vt),

@@ -638,9 +638,9 @@ fn alarm_action_in_another_region() {
 #[test]
 fn batch_mode_budgets_one_call_after_the_batch_fills() {
     // #32: 4 calls of up to 20 messages; a message waits up to maxWait for its batch, then one
-    // call (p99 is a whole call's); nothing is received beyond what free calls take.
+    // call (p99 is a whole call's). A mean of 2s or more: the worker receives nothing ahead.
     let s: QueueConsumerSpec = serde_saphyr::from_str(
-        "queue: {url: https://sqs.us-east-1.amazonaws.com/1/q}\nhandler: {http: {}, batch: {maxItems: 20, maxWait: 3s}}\nprocessing: {p99: 10s, concurrency: 4}\n",
+        "queue: {url: https://sqs.us-east-1.amazonaws.com/1/q}\nhandler: {http: {}, batch: {maxItems: 20, maxWait: 3s}}\nprocessing: {p99: 10s, mean: 2s, concurrency: 4}\n",
     )
     .expect("test spec parses");
     assert_eq!(prefetch(&s), 0);
@@ -653,13 +653,35 @@ fn batch_mode_budgets_one_call_after_the_batch_fills() {
         "{low:?}"
     );
     assert!(codes_of(&s, Some(&facts(queue(18)))).is_empty());
-    // Defaults: 10 items, 1s.
+    // Defaults: 10 items, 1s, 10 calls, no mean declared: up to half the calls' worth (5 × 10) may
+    // be received ahead and wait for a running call (p99 2s) before their own.
     let d: QueueConsumerSpec = serde_saphyr::from_str(
         "queue: {url: https://sqs.us-east-1.amazonaws.com/1/q}\nhandler: {http: {}, batch: {}}\nprocessing: {p99: 2s}\n",
     )
     .expect("test spec parses");
-    assert_eq!(in_flight_per_replica(&d), 100);
-    assert_eq!(budget(&d), Duration::from_secs(1 + 2 + 5));
+    assert_eq!(prefetch(&d), 50);
+    assert_eq!(in_flight_per_replica(&d), 150);
+    assert_eq!(message_slots(&d), 100);
+    assert_eq!(budget(&d), Duration::from_secs(2 + 2 + 5));
+    // maxWait longer than a call: the wait for the batch to fill is the longer one.
+    let mut long_wait = d.clone();
+    if let Some(b) = long_wait.handler.batch.as_mut() {
+        b.max_wait = Duration::from_secs(4);
+    }
+    assert_eq!(budget(&long_wait), Duration::from_secs(4 + 2 + 5));
+    // Nothing ahead on a FIFO queue or without heartbeats.
+    let mut fifo = d.clone();
+    fifo.queue.url = "https://sqs.us-east-1.amazonaws.com/1/q.fifo".into();
+    assert_eq!(prefetch(&fifo), 0);
+    assert_eq!(budget(&fifo), Duration::from_secs(1 + 2 + 5));
+    let mut no_hb = d.clone();
+    no_hb.processing.heartbeat.enabled = false;
+    assert_eq!(prefetch(&no_hb), 0);
+    assert_eq!(in_flight_per_replica(&no_hb), 100);
+    // One call: one call's worth ahead.
+    let mut one = d.clone();
+    one.processing.concurrency = 1;
+    assert_eq!(prefetch(&one), 10);
 }
 
 #[test]

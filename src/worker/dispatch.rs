@@ -51,6 +51,9 @@ pub struct BatchSettings {
     pub max_items: usize,
     /// A call starts once `max_items` wait or the oldest has waited this long.
     pub max_wait: Duration,
+    /// The most calls' worth of messages received ahead while calls run
+    /// (`worker::batch_prefetch_calls`), held only while prefetch pays.
+    pub prefetch_calls: usize,
 }
 
 /// Pending messages of each FIFO group that has a chain running, in queue order.
@@ -115,22 +118,35 @@ impl Dispatcher {
             // Messages wait locally for a slot only once handler time and round trip are measured
             // and a round trip is a noticeable share of a handler call (`worker::prefetch_pays`):
             // for slow handlers a batch held ahead buys nothing and spends visibility.
-            let prefetch = match (latency_ewma, receive_ewma) {
-                (Some(mean), Some(rtt))
-                    if s.prefetch > 0
-                        && s.batch.is_none()
-                        && crate::worker::prefetch_pays(
-                            Duration::from_secs_f64(mean),
-                            Duration::from_secs_f64(rtt),
-                            s.heartbeat,
-                        ) =>
-                {
-                    s.prefetch
+            // Batch mode: a call's time is the mean, and whole calls' worth wait ahead.
+            let pays = match (latency_ewma, receive_ewma) {
+                (Some(mean), Some(rtt)) => crate::worker::prefetch_pays(
+                    Duration::from_secs_f64(mean),
+                    Duration::from_secs_f64(rtt),
+                    s.heartbeat,
+                ),
+                _ => false,
+            };
+            let prefetch = if pays && s.batch.is_none() {
+                s.prefetch
+            } else {
+                0
+            };
+            // Batch mode: as many calls' worth as are expected to end during one round trip.
+            let ahead_calls = match (s.batch, latency_ewma, receive_ewma) {
+                (Some(b), Some(mean), Some(rtt)) if pays && b.prefetch_calls > 0 => {
+                    let ending = if mean > 0.0 {
+                        (rtt * s.concurrency as f64 / mean).ceil() as usize
+                    } else {
+                        b.prefetch_calls
+                    };
+                    ending.clamp(1, b.prefetch_calls)
                 }
                 _ => 0,
             };
-            if s.prefetch > 0 && prefetching != (prefetch > 0) {
-                prefetching = prefetch > 0;
+            let may_prefetch = s.prefetch > 0 || s.batch.is_some_and(|b| b.prefetch_calls > 0);
+            if may_prefetch && prefetching != (prefetch + ahead_calls > 0) {
+                prefetching = prefetch + ahead_calls > 0;
                 tracing::info!(
                     mean_handler_ms = latency_ewma.map(|l| (l * 1000.0) as u64),
                     receive_round_trip_ms = receive_ewma.map(|r| (r * 1000.0) as u64),
@@ -156,7 +172,8 @@ impl Dispatcher {
                 // received message always has a call to go into once its batch is due.
                 Some(b) if !s.fifo => {
                     let in_calls = in_flight.saturating_sub(waiting.len());
-                    in_calls + s.concurrency.saturating_sub(tasks.len()) * b.max_items
+                    in_calls
+                        + (s.concurrency.saturating_sub(tasks.len()) + ahead_calls) * b.max_items
                 }
                 Some(b) => s.concurrency * b.max_items,
                 None => s.concurrency + prefetch + early,
@@ -613,9 +630,7 @@ async fn run_group_batches(
             }
         }
         // Waiting for a call slot: every lease kept alive meanwhile.
-        for l in &mut batch {
-            l.beat_in_background();
-        }
+        Lease::beat_together(batch.iter_mut());
         let Ok(_permit) = calls.acquire().await else {
             return;
         };

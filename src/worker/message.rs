@@ -142,14 +142,7 @@ impl Lease {
             let processor = self.processor.clone();
             let rh = self.msg.receipt_handle.clone();
             let id = self.msg.id.clone();
-            let mut beat = Beat {
-                next: self.beat.next,
-                failures: self.beat.failures,
-                made: self.beat.made,
-                received_at: self.beat.received_at,
-                lease_until: self.beat.lease_until,
-                lost: self.beat.lost,
-            };
+            let mut beat = self.beat.clone();
             let task = tokio::spawn(async move {
                 tokio::pin!(stopped);
                 while let Some(at) = beat.next {
@@ -160,17 +153,95 @@ impl Lease {
                 }
                 beat
             });
-            self.background = Some(Heartbeat { stop, task });
+            self.background = Some(Heartbeat::Own { stop, task });
+        }
+    }
+
+    /// `beat_in_background` for several leases with one task between them (a batch call's): their
+    /// beats falling due together go out together. Each lease is taken back by `beat_inline`, or all
+    /// at once by `beat_inline_all`, after any beat in flight. A lease already kept in the background
+    /// stays as it is.
+    pub fn beat_together<'a>(leases: impl IntoIterator<Item = &'a mut Lease>) {
+        let (asks, inbox) = mpsc::unbounded_channel();
+        let mut beats = Vec::new();
+        let mut processor = None;
+        for lease in leases {
+            if lease.background.is_some() || lease.beat.next.is_none() {
+                continue;
+            }
+            lease.background = Some(Heartbeat::Shared {
+                asks: asks.clone(),
+                at: beats.len(),
+            });
+            beats.push(Some(SharedBeat {
+                beat: lease.beat.clone(),
+                receipt_handle: lease.msg.receipt_handle.clone(),
+                message_id: lease.msg.id.clone(),
+            }));
+            processor.get_or_insert_with(|| lease.processor.clone());
+        }
+        if let Some(p) = processor {
+            tokio::spawn(beat_shared(p, beats, inbox));
         }
     }
 
     /// Takes the heartbeat back from the background task, waiting for a call it has in flight.
     async fn beat_inline(&mut self) {
-        if let Some(hb) = self.background.take() {
-            let _ = hb.stop.send(());
-            if let Ok(beat) = hb.task.await {
-                self.beat = beat;
+        match self.background.take() {
+            None => {}
+            Some(Heartbeat::Own { stop, task }) => {
+                let _ = stop.send(());
+                if let Ok(beat) = task.await {
+                    self.beat = beat;
+                }
             }
+            Some(Heartbeat::Shared { asks, at }) => {
+                let (reply, answer) = oneshot::channel();
+                if asks.send(Ask::Take(vec![at], reply)).is_ok()
+                    && let Ok(mut beats) = answer.await
+                    && let Some((_, beat)) = beats.pop()
+                {
+                    self.beat = beat;
+                }
+            }
+        }
+    }
+
+    /// `beat_inline` for every lease, with one request to a shared task for the leases it beats.
+    async fn beat_inline_all(leases: &mut [&mut Lease]) {
+        let mut shared: Option<mpsc::UnboundedSender<Ask>> = None;
+        let mut ats = Vec::new();
+        for lease in leases.iter_mut() {
+            if let Some(Heartbeat::Shared { asks, at }) = &lease.background
+                && shared.as_ref().is_none_or(|s| s.same_channel(asks))
+            {
+                shared.get_or_insert_with(|| asks.clone());
+                ats.push(*at);
+            }
+        }
+        if let Some(asks) = shared {
+            let (reply, answer) = oneshot::channel();
+            let beats = if asks.send(Ask::Take(ats, reply)).is_ok() {
+                answer.await.unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            let mut beats = beats.into_iter().peekable();
+            for lease in leases.iter_mut() {
+                if let Some(Heartbeat::Shared { asks: a, at }) = &lease.background
+                    && a.same_channel(&asks)
+                {
+                    let at = *at;
+                    lease.background = None;
+                    if let Some((_, beat)) = beats.next_if(|(i, _)| *i == at) {
+                        lease.beat = beat;
+                    }
+                }
+            }
+        }
+        // Leases with a task of their own, or of another shared task.
+        for lease in leases.iter_mut() {
+            lease.beat_inline().await;
         }
     }
 
@@ -248,8 +319,14 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if let Some(hb) = self.background.take() {
-            let _ = hb.stop.send(());
+        match self.background.take() {
+            Some(Heartbeat::Own { stop, .. }) => {
+                let _ = stop.send(());
+            }
+            Some(Heartbeat::Shared { asks, at }) => {
+                let _ = asks.send(Ask::Forget(at));
+            }
+            None => {}
         }
         if !self.settled {
             // Aborted mid-way (shutdown deadline) or a panic: hand the message back at once.
@@ -264,12 +341,83 @@ impl Drop for Lease {
     }
 }
 
-struct Heartbeat {
-    stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Beat>,
+/// Who keeps a lease alive while its message task does something else.
+enum Heartbeat {
+    /// A task of its own (a message waiting for a slot or behind its FIFO group).
+    Own {
+        stop: oneshot::Sender<()>,
+        task: tokio::task::JoinHandle<Beat>,
+    },
+    /// One task for the leases of a batch call (`Lease::beat_together`); `at` is its place there.
+    Shared {
+        asks: mpsc::UnboundedSender<Ask>,
+        at: usize,
+    },
+}
+
+/// What a lease asks of the shared heartbeat task.
+enum Ask {
+    /// Hand these beats back (after any beat in flight), in the order asked.
+    Take(Vec<usize>, oneshot::Sender<Vec<(usize, Beat)>>),
+    /// Stop beating this one: its lease is gone.
+    Forget(usize),
+}
+
+/// One lease's beat inside the shared task.
+struct SharedBeat {
+    beat: Beat,
+    receipt_handle: String,
+    message_id: String,
+}
+
+/// The shared heartbeat task: beats every lease given to it when due (those due together at once,
+/// so the coalescer sends them in one call) until each has been taken back or forgotten.
+async fn beat_shared(
+    p: Arc<Processor>,
+    mut beats: Vec<Option<SharedBeat>>,
+    mut inbox: mpsc::UnboundedReceiver<Ask>,
+) {
+    while beats.iter().any(Option::is_some) {
+        let due = beats.iter().flatten().filter_map(|b| b.beat.next).min();
+        tokio::select! {
+            ask = inbox.recv() => match ask {
+                // Every lease is gone.
+                None => return,
+                Some(Ask::Take(ats, reply)) => {
+                    let taken = ats
+                        .into_iter()
+                        .filter_map(|at| beats.get_mut(at).and_then(Option::take).map(|b| (at, b.beat)))
+                        .collect();
+                    let _ = reply.send(taken);
+                }
+                Some(Ask::Forget(at)) => {
+                    if let Some(b) = beats.get_mut(at) {
+                        *b = None;
+                    }
+                }
+            },
+            () = async {
+                match due {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                let now = Instant::now();
+                futures::future::join_all(
+                    beats
+                        .iter_mut()
+                        .flatten()
+                        .filter(|b| b.beat.next.is_some_and(|n| n <= now))
+                        .map(|b| b.beat.run(&p, &b.receipt_handle, &b.message_id)),
+                )
+                .await;
+            }
+        }
+    }
 }
 
 /// Heartbeat schedule of one message.
+#[derive(Clone)]
 struct Beat {
     next: Option<Instant>,
     failures: u32,
@@ -784,17 +932,8 @@ impl Processor {
     pub async fn process(&self, mut lease: Lease) -> Ended {
         let m = &self.metrics;
         lease.beat_inline().await;
-        if self.on_poison != OnPoison::Delete && self.known_poison(&lease.msg.id) {
-            // Already judged poison here: skip the handler; leave it cycling towards the DLQ, or
-            // try the dead-letter send again.
-            m.outcome(OutcomeLabel::Poison);
-            if self.on_poison == OnPoison::DeadLetter {
-                let reason = "handler answered poison on an earlier receive".to_string();
-                return self.poison(&mut lease, reason).await;
-            }
-            let delay = retry_delay(self.retry_base, self.retry_max, lease.msg.receive_count);
-            lease.back_off(delay).await;
-            return Ended::Kept;
+        if let Some(ended) = self.end_known_poison(&mut lease).await {
+            return ended;
         }
         // What the handler gets: an SNS notification unwrapped (`--unwrap-sns`); the queue's own
         // message is what a retry, the DLQ and the idempotency claim's lease work on.
@@ -838,6 +977,60 @@ impl Processor {
         }
     }
 
+    /// A message already judged poison here (unless `--on-poison delete`) gets no handler call: it is
+    /// left cycling towards the DLQ, or the dead-letter send is tried again. None for any other.
+    async fn end_known_poison(&self, lease: &mut Lease) -> Option<Ended> {
+        if self.on_poison == OnPoison::Delete || !self.known_poison(&lease.msg.id) {
+            return None;
+        }
+        self.metrics.outcome(OutcomeLabel::Poison);
+        if self.on_poison == OnPoison::DeadLetter {
+            let reason = "handler answered poison on an earlier receive".to_string();
+            return Some(self.poison(lease, reason).await);
+        }
+        let delay = retry_delay(self.retry_base, self.retry_max, lease.msg.receive_count);
+        lease.back_off(delay).await;
+        Some(Ended::Kept)
+    }
+
+    /// What the idempotency claim of `key` decides: the claim's token when acquired, else how the
+    /// message ended without a call (a key already done is deleted, one in progress elsewhere hidden
+    /// until that claim ends, a store that does not answer backs the message off and pauses receives).
+    async fn claim_outcome(
+        &self,
+        lease: &mut Lease,
+        key: &str,
+        claimed: Result<Claim, IdempotencyError>,
+    ) -> Result<String, Ended> {
+        let m = &self.metrics;
+        // Each end takes the heartbeat back first (a batch item's runs in the background).
+        Err(match claimed {
+            Ok(Claim::Acquired { token }) => return Ok(token),
+            Ok(Claim::Done) => {
+                lease.beat_inline().await;
+                tracing::info!(message_id = %lease.msg.id, key = %key, "idempotency key already done; deleting without calling the handler");
+                m.outcome(OutcomeLabel::Duplicate);
+                lease.delete().await
+            }
+            Ok(Claim::InProgress { remaining }) => {
+                lease.beat_inline().await;
+                m.outcome(OutcomeLabel::InProgressElsewhere);
+                self.hide_in_progress(lease, key, remaining).await;
+                Ended::Kept
+            }
+            Err(e) => {
+                lease.beat_inline().await;
+                m.idempotency_errors.inc();
+                tracing::warn!(message_id = %lease.msg.id, error = %e, "idempotency store unavailable; retrying the message later and pausing receives until the store answers");
+                lease.store_down = true;
+                m.outcome(OutcomeLabel::Transient);
+                let delay = retry_delay(self.retry_base, self.retry_max, lease.msg.receive_count);
+                lease.back_off(delay).await;
+                Ended::Kept
+            }
+        })
+    }
+
     /// One handler call (with its idempotency claim); a transient failure is returned for
     /// `process` to hold or back off. `view`: what the handler gets, when not the message itself.
     async fn attempt(&self, lease: &mut Lease, pass: Pass<'_>, view: Option<&Message>) -> Attempt {
@@ -874,39 +1067,22 @@ impl Processor {
                     m.idempotency_key_missing.inc();
                     tracing::warn!(message_id = %lease.msg.id, key_source = %self.key, error = %e, "no idempotency key; handling the message without de-duplication");
                 }
-                Ok(key) => match lease
-                    .beat
-                    .until(
-                        self,
-                        &lease.msg,
-                        Instant::now() + self.claim_lease(),
-                        Box::pin(store.claim(&key, self.claim_lease())),
-                    )
-                    .await
-                    .unwrap_or(Err(IdempotencyError::TimedOut))
-                {
-                    Ok(Claim::Acquired { token }) => claimed = Some((key, token)),
-                    Ok(Claim::Done) => {
-                        tracing::info!(message_id = %lease.msg.id, key = %key, "idempotency key already done; deleting without calling the handler");
-                        m.outcome(OutcomeLabel::Duplicate);
-                        return Attempt::Ended(lease.delete().await);
+                Ok(key) => {
+                    let claim = lease
+                        .beat
+                        .until(
+                            self,
+                            &lease.msg,
+                            Instant::now() + self.claim_lease(),
+                            Box::pin(store.claim(&key, self.claim_lease())),
+                        )
+                        .await
+                        .unwrap_or(Err(IdempotencyError::TimedOut));
+                    match self.claim_outcome(lease, &key, claim).await {
+                        Ok(token) => claimed = Some((key, token)),
+                        Err(ended) => return Attempt::Ended(ended),
                     }
-                    Ok(Claim::InProgress { remaining }) => {
-                        m.outcome(OutcomeLabel::InProgressElsewhere);
-                        self.hide_in_progress(lease, &key, remaining).await;
-                        return Attempt::Ended(Ended::Kept);
-                    }
-                    Err(e) => {
-                        m.idempotency_errors.inc();
-                        tracing::warn!(message_id = %lease.msg.id, error = %e, "idempotency store unavailable; retrying the message later and pausing receives until the store answers");
-                        lease.store_down = true;
-                        m.outcome(OutcomeLabel::Transient);
-                        let delay =
-                            retry_delay(self.retry_base, self.retry_max, lease.msg.receive_count);
-                        lease.back_off(delay).await;
-                        return Attempt::Ended(Ended::Kept);
-                    }
-                },
+                }
             }
         }
 

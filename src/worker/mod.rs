@@ -307,6 +307,19 @@ pub fn prefetch(batch_size: u32, heartbeat: bool, fifo: bool) -> u32 {
     }
 }
 
+/// Batch mode's prefetch (`--batch-max-items` > 1): whole calls' worth of messages (`maxItems` each)
+/// one worker may hold ahead, waiting for a running call to end, while heartbeats keep their leases
+/// on a standard queue: at most half its calls, rounded up (the worker asks for as many as it
+/// expects to end during one receive round trip, at least one, while prefetch pays). None on FIFO
+/// queues (a message already waits behind its group) or without heartbeats.
+pub fn batch_prefetch_calls(calls: u32, heartbeat: bool, fifo: bool) -> u32 {
+    if heartbeat && !fifo {
+        calls.max(1).div_ceil(2)
+    } else {
+        0
+    }
+}
+
 /// Prefetch pays while one receive round trip is more than this share of a handler call: below it a
 /// slot that waits a round trip for its next message loses less than 2 % of its time, and holding
 /// messages ahead would only spend their visibility.
@@ -538,6 +551,8 @@ pub async fn run(
         batch: (config.batch_max_items > 1).then(|| dispatch::BatchSettings {
             max_items: config.batch_max_items as usize,
             max_wait: config.batch_max_wait.as_std(),
+            prefetch_calls: batch_prefetch_calls(config.concurrency, heartbeat.is_some(), info.fifo)
+                as usize,
         }),
     };
     metrics.set_readiness(Readiness::Ready);
@@ -857,6 +872,17 @@ mod tests {
             mutate(&mut c);
             assert_eq!(flag_of(&c), Some(flag));
         }
+    }
+
+    #[test]
+    fn batch_mode_receives_at_most_half_its_calls_ahead() {
+        assert_eq!(batch_prefetch_calls(1, true, false), 1);
+        assert_eq!(batch_prefetch_calls(10, true, false), 5);
+        assert_eq!(batch_prefetch_calls(7, true, false), 4);
+        // Never none for a worker with calls, nothing without heartbeats or on FIFO.
+        assert_eq!(batch_prefetch_calls(0, true, false), 1);
+        assert_eq!(batch_prefetch_calls(10, false, false), 0);
+        assert_eq!(batch_prefetch_calls(10, true, true), 0);
     }
 
     #[test]

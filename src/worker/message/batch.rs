@@ -19,7 +19,7 @@ use super::{Ended, Lease, Payload, Processor, STOP_BACKSTOP, breaker_outcome, fi
 use crate::worker::backoff::{retry_delay, visibility_secs};
 use crate::worker::breaker::{Denied, Outcome, Pass};
 use crate::worker::handler::{BatchVerdict, Cause, Verdict};
-use crate::worker::idempotency::{Claim, IdempotencyError, key_of};
+use crate::worker::idempotency::{IdempotencyError, key_of};
 use crate::worker::metrics::OutcomeLabel;
 use crate::worker::sqs::Message;
 
@@ -47,8 +47,10 @@ impl Processor {
         // FIFO groups of which an item stays on the queue: their later items must not run ahead.
         let mut stopped: HashSet<String> = HashSet::new();
         let mut items = Vec::with_capacity(leases.len());
+        let mut leases = leases;
+        // Kept alive by one shared task while waiting for a FIFO call slot: taken back at once.
+        Lease::beat_inline_all(&mut leases.iter_mut().collect::<Vec<_>>()).await;
         for (at, mut lease) in leases.into_iter().enumerate() {
-            lease.beat_inline().await;
             if let Some(ended) = self.before_call(&mut lease, fifo, &stopped).await {
                 stop_group(&mut stopped, fifo, &lease, ended);
                 results[at].1 = Some(ended);
@@ -82,9 +84,7 @@ impl Processor {
 
         let mut failed_before = false;
         while !items.is_empty() {
-            for item in &mut items {
-                item.lease.beat_in_background();
-            }
+            Lease::beat_together(items.iter_mut().map(|i| &mut i.lease));
             let Some(pass) = self
                 .batch_gate(&mut items, failed_before, &mut results)
                 .await
@@ -98,9 +98,8 @@ impl Processor {
                 break;
             }
             let verdicts = self.call(&mut items, pass).await;
-            for item in &mut items {
-                item.lease.beat_inline().await;
-            }
+            Lease::beat_inline_all(&mut items.iter_mut().map(|i| &mut i.lease).collect::<Vec<_>>())
+                .await;
             // A failed call while the breaker holds: keep the items for its next probe (their
             // claims were given up) instead of spending their receives.
             let whole_failed = verdicts.iter().all(|v| !matches!(v, Verdict::Success));
@@ -184,15 +183,8 @@ impl Processor {
             lease.release_in_place().await;
             return Some(Ended::Kept);
         }
-        if self.on_poison != crate::api::OnPoison::Delete && self.known_poison(&lease.msg.id) {
-            self.metrics.outcome(OutcomeLabel::Poison);
-            if self.on_poison == crate::api::OnPoison::DeadLetter {
-                let reason = "handler answered poison on an earlier receive".to_string();
-                return Some(self.poison(lease, reason).await);
-            }
-            let delay = retry_delay(self.retry_base, self.retry_max, lease.msg.receive_count);
-            lease.back_off(delay).await;
-            return Some(Ended::Kept);
+        if let Some(ended) = self.end_known_poison(lease).await {
+            return Some(ended);
         }
         None
     }
@@ -289,39 +281,13 @@ impl Processor {
                 tokio::time::timeout(self.claim_lease(), store.claim(&key, self.claim_lease()))
                     .await
                     .unwrap_or(Err(IdempotencyError::TimedOut));
-            let ended = match claimed {
-                Ok(Claim::Acquired { token }) => {
+            let ended = match self.claim_outcome(&mut item.lease, &key, claimed).await {
+                Ok(token) => {
                     item.claim = Some((key, token));
                     kept.push(item);
                     continue;
                 }
-                Ok(Claim::Done) => {
-                    item.lease.beat_inline().await;
-                    tracing::info!(message_id = %item.lease.msg.id, key = %key, "idempotency key already done; deleting without calling the handler");
-                    m.outcome(OutcomeLabel::Duplicate);
-                    item.lease.delete().await
-                }
-                Ok(Claim::InProgress { remaining }) => {
-                    item.lease.beat_inline().await;
-                    m.outcome(OutcomeLabel::InProgressElsewhere);
-                    self.hide_in_progress(&mut item.lease, &key, remaining)
-                        .await;
-                    Ended::Kept
-                }
-                Err(e) => {
-                    item.lease.beat_inline().await;
-                    m.idempotency_errors.inc();
-                    tracing::warn!(message_id = %item.lease.msg.id, error = %e, "idempotency store unavailable; retrying the message later and pausing receives until the store answers");
-                    item.lease.store_down = true;
-                    m.outcome(OutcomeLabel::Transient);
-                    let delay = retry_delay(
-                        self.retry_base,
-                        self.retry_max,
-                        item.lease.msg.receive_count,
-                    );
-                    item.lease.back_off(delay).await;
-                    Ended::Kept
-                }
+                Err(ended) => ended,
             };
             stop_group(stopped, fifo, &item.lease, ended);
             results[item.at].1 = Some(ended);
