@@ -9,6 +9,8 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 // The worker tests' probe and port helpers (and `common`, which they build on).
+#[path = "reference/consumer.rs"]
+mod reference;
 #[path = "../tests/worker/support.rs"]
 mod support;
 
@@ -72,6 +74,10 @@ const BBC_MODES: [&str; 4] = ["batch1", "batch10", "handleMessageBatch", "bulk"]
 const BATCH_ITEMS: usize = 10;
 
 fn main() {
+    if std::env::args().any(|a| a == "--reference-consumer") {
+        reference::main();
+        return;
+    }
     if !std::env::args().any(|a| a == "--bench") {
         eprintln!(
             "worker benchmark: run `bash scripts/bench-worker` (skipped outside `cargo bench`)"
@@ -121,8 +127,15 @@ fn main() {
             consumers.push(Consumer::WorkerBatch(
                 env!("CARGO_BIN_EXE_qc-worker").to_string(),
             ));
+            // The rig's own limit, in the same run (#31 item 2).
+            consumers.push(Consumer::Reference);
             if let Some(script) = &bbc {
                 consumers.extend(BBC_MODES.map(|m| Consumer::Bbc(script.clone(), m)));
+            }
+            // QC_BENCH_ONLY: run only the consumers whose name contains one of these.
+            if let Ok(only) = std::env::var("QC_BENCH_ONLY") {
+                let wanted: Vec<&str> = only.split(',').map(str::trim).collect();
+                consumers.retain(|c| wanted.iter().any(|w| c.name().contains(w)));
             }
             for consumer in consumers {
                 let run = bench_one(&client, &proxy, &handler, &consumer, c, n).await;
@@ -147,6 +160,8 @@ enum Consumer {
     WorkerBatch(String),
     /// The bench script of bbc/sqs-consumer and its mode.
     Bbc(String, &'static str),
+    /// The reference consumer (`benches/reference/consumer.rs`): this bench binary run again.
+    Reference,
 }
 
 impl Consumer {
@@ -155,6 +170,7 @@ impl Consumer {
             Consumer::Worker(_, label) => label.clone(),
             Consumer::WorkerBatch(_) => format!("qc-worker batch {BATCH_ITEMS}"),
             Consumer::Bbc(_, mode) => format!("sqs-consumer {mode}"),
+            Consumer::Reference => "reference loop".to_string(),
         }
     }
 
@@ -195,6 +211,15 @@ impl Consumer {
                     .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
                     .args(["--http-url", handler_url])
                     .env("RUST_LOG", "warn");
+                cmd
+            }
+            Consumer::Reference => {
+                let mut cmd = Command::new(std::env::current_exe().unwrap());
+                cmd.arg("--reference-consumer")
+                    .env("QC_REF_QUEUE_URL", url)
+                    .env("QC_REF_ENDPOINT", endpoint)
+                    .env("QC_REF_HANDLER_URL", handler_url)
+                    .env("QC_REF_CONCURRENCY", concurrency.to_string());
                 cmd
             }
             Consumer::Bbc(script, mode) => {

@@ -6,8 +6,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use aws_runtime::invocation_id::InvocationIdInterceptor;
+use aws_runtime::request_info::RequestInfoInterceptor;
 use aws_sdk_sqs::config::StalledStreamProtectionConfig;
-use aws_sdk_sqs::config::interceptors::BeforeTransmitInterceptorContextRef;
+use aws_sdk_sqs::config::interceptors::{
+    BeforeSerializationInterceptorContextRef, BeforeTransmitInterceptorContextRef,
+};
 use aws_sdk_sqs::config::timeout::TimeoutConfig;
 use aws_sdk_sqs::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_sdk_sqs::error::BuildError;
@@ -19,12 +23,43 @@ use aws_sdk_sqs::types::{
     DeleteMessageBatchRequestEntry, DeleteMessageBatchResultEntry, MessageSystemAttributeName,
     QueueAttributeName,
 };
+use aws_smithy_runtime_api::client::interceptors::disable_interceptor;
 use aws_smithy_runtime_api::client::orchestrator::Metadata;
 use futures::future::BoxFuture;
 
 use super::errors::{Action, ErrorKind, SqsError, classify, invalid_request};
 use super::wire::{Entry, EntryFailure, Message, QueueInfo, batch_failures, parse_queue_info};
 use crate::worker::metrics::Metrics;
+
+/// Turns off two of the SDK's optional interceptors for the worker's calls (#31 item 4): the
+/// `amz-sdk-invocation-id` header (a random id per call, for the SDK's own tracing of retries) and
+/// the `amz-sdk-request` header (attempt and retry limit), neither of which SQS acts on. The SDK
+/// offers no client-wide switch for them, so this runs first in every call and disables them for
+/// it (as `benches/sqs_calls.rs` measured). The user agent stays: AWS uses it to tell SDK versions
+/// apart when a user asks for help (docs/decisions.md).
+#[derive(Debug)]
+struct Trims;
+
+impl Intercept for Trims {
+    fn name(&self) -> &'static str {
+        "Trims"
+    }
+
+    fn read_before_execution(
+        &self,
+        _context: &BeforeSerializationInterceptorContextRef<'_>,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let state = cfg.interceptor_state();
+        state.store_put(disable_interceptor::<InvocationIdInterceptor>(
+            "qc-worker: SQS does not use it",
+        ));
+        state.store_put(disable_interceptor::<RequestInfoInterceptor>(
+            "qc-worker: SQS does not use it",
+        ));
+        Ok(())
+    }
+}
 
 /// The SDK client bound to one queue; cheap to clone (one client, one connection pool per process).
 #[derive(Clone)]
@@ -74,6 +109,7 @@ impl Sqs {
                 metrics: metrics.clone(),
                 endpoint: endpoint.clone(),
             })
+            .interceptor(Trims)
             .build();
         Ok(Sqs {
             client: aws_sdk_sqs::Client::from_conf(conf),
@@ -444,6 +480,63 @@ mod tests {
         assert_eq!(lease_start(sent, sent), sent);
         // Long-polled 15 s before a message came: from shortly before the answer, not the send.
         assert_eq!(lease_start(sent, sent + ms(15_000)), sent + ms(14_500));
+    }
+
+    /// The trims reach the wire: a call to a loopback endpoint carries the user agent but neither
+    /// `amz-sdk-invocation-id` nor `amz-sdk-request`.
+    #[tokio::test]
+    async fn calls_carry_the_user_agent_but_not_the_trimmed_headers() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = sock.read(&mut buf).await.unwrap();
+                assert!(n > 0, "request cut short");
+                got.extend_from_slice(&buf[..n]);
+            }
+            let body = b"{}";
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/x-amz-json-1.0\r\ncontent-length: {}\r\n\r\n",
+                body.len()
+            );
+            sock.write_all(head.as_bytes()).await.unwrap();
+            sock.write_all(body).await.unwrap();
+            String::from_utf8_lossy(&got).to_ascii_lowercase()
+        });
+        let sdk = aws_types::SdkConfig::builder()
+            .behavior_version(aws_config::BehaviorVersion::latest())
+            .region(aws_types::region::Region::new("us-east-1"))
+            .endpoint_url(format!("http://{addr}"))
+            .credentials_provider(
+                aws_credential_types::provider::SharedCredentialsProvider::new(
+                    aws_credential_types::Credentials::new(
+                        "AKIDTEST", "secret", None, None, "test",
+                    ),
+                ),
+            )
+            .http_client(crate::aws::http_client())
+            .build();
+        let sqs = Sqs::new(
+            &sdk,
+            &format!("http://{addr}/000000000000/q"),
+            Arc::new(Metrics::default()),
+        )
+        .unwrap();
+        let got = sqs.receive(10, Duration::ZERO).await.unwrap();
+        assert!(got.is_empty());
+        let head = server.await.unwrap();
+        assert!(head.contains("\r\nuser-agent: "), "{head}");
+        assert!(head.contains("\r\nx-amz-user-agent: "), "{head}");
+        assert!(
+            head.contains("\r\nauthorization: aws4-hmac-sha256"),
+            "{head}"
+        );
+        assert!(!head.contains("amz-sdk-invocation-id"), "{head}");
+        assert!(!head.contains("amz-sdk-request"), "{head}");
     }
 
     #[test]
