@@ -1,8 +1,10 @@
 //! CPU per SQS call through aws-sdk-sqs as the worker makes them: ReceiveMessage of 10 and
 //! DeleteMessageBatch of 10 against a loopback server (its own thread) that answers at once with
 //! SQS-shaped JSON, so every microsecond counted is the client's. Rows: the worker's calls
-//! (`qc::worker::sqs::Sqs`), the same requests made directly on its SDK client, and that client with
-//! the SDK's optional interceptors turned off (user agent, invocation id, request info): what trimming them would save. Only the calling thread's CPU is counted
+//! (`qc::worker::sqs::Sqs`), the same requests made directly on its SDK client, an SDK client
+//! configured the same but without the worker's trims (invocation id and request info headers on:
+//! what the trims save), and the worker's client with the user agent off too (what the rest of the
+//! optional interceptors would save). Only the calling thread's CPU is counted
 //! (`/proc/thread-self/schedstat`). Run with
 //! `cargo bench --bench sqs_calls`; knob `QC_BENCH_CALLS` (calls per row, 5000).
 
@@ -161,11 +163,24 @@ fn main() {
                 .interceptor(DisableOptional)
                 .build(),
         );
+        // The SDK client as qc-worker configures it, without its trims (#31 item 4): the
+        // invocation id and request info headers still on.
+        let untrimmed = aws_sdk_sqs::Client::from_conf(
+            aws_sdk_sqs::config::Builder::from(&sdk)
+                .stalled_stream_protection(
+                    aws_sdk_sqs::config::StalledStreamProtectionConfig::disabled(),
+                )
+                .build(),
+        );
         let rows = [
             ("qc-worker's calls", Caller::Worker(sqs.clone())),
             ("its SDK client, direct", Caller::Sdk(sqs.client())),
             (
-                "its SDK client, optional interceptors off",
+                "the same SDK client without qc-worker's trims",
+                Caller::Sdk(untrimmed),
+            ),
+            (
+                "its SDK client, the user agent off too",
                 Caller::Sdk(trimmed),
             ),
         ];
@@ -217,8 +232,8 @@ fn main() {
                 v[0]
             );
         }
-        // The last row's requests, and only those, went out without the trimmed headers.
-        let trimmed_calls = (rounds + 1) * block * 2;
+        // Every row's requests but the untrimmed client's went out without the invocation id.
+        let trimmed_calls = 3 * (rounds + 1) * block * 2;
         assert_eq!(TRIMMED.load(Ordering::Relaxed), trimmed_calls as u64);
     });
 }

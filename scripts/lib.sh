@@ -149,9 +149,16 @@ wait_http() { # url, seconds
 }
 
 # moto on a free loopback port; exports QC_TEST_SQS_ENDPOINT and AWS_* for the SDK.
+# QC_MOTO_RECORDING=FILE: moto records every request into FILE (emptied first), one JSON line each;
+# tests/iam_policy.rs reads it to compare the documented IAM policies with the calls made.
 start_moto() {
   local port; port=$(free_port)
-  "$QC_VENV/bin/moto_server" -H 127.0.0.1 -p "$port" >"$QC_CACHE/moto.log" 2>&1 &
+  local recording=()
+  if [ -n "${QC_MOTO_RECORDING:-}" ]; then
+    : >"$QC_MOTO_RECORDING"
+    recording=(env MOTO_ENABLE_RECORDING=1 MOTO_RECORDER_FILEPATH="$QC_MOTO_RECORDING")
+  fi
+  "${recording[@]}" "$QC_VENV/bin/moto_server" -H 127.0.0.1 -p "$port" >"$QC_CACHE/moto.log" 2>&1 &
   QC_PIDS+=($!)
   wait_http "http://127.0.0.1:$port/moto-api/" 30
   export QC_TEST_SQS_ENDPOINT="http://127.0.0.1:$port"

@@ -217,9 +217,15 @@ async fn standard_dlq_of_25_goes_back_whole_with_attributes() {
     let sent = SentBatches::default();
     let watched =
         aws_sdk_sqs::Client::from_conf(sqs.config().to_builder().interceptor(sent.clone()).build());
-    let done = redrive::redrive_queue(&watched, &src, None, 1000, "t1")
-        .await
-        .unwrap();
+    let done = redrive::redrive_queue(
+        &qc::aws::operator_sqs(watched.clone()),
+        &src,
+        None,
+        1000,
+        "t1",
+    )
+    .await
+    .unwrap();
     assert_eq!(done.moved, 25);
     assert_eq!(done.route.dlq_url, dlq);
     assert_eq!(count(&sqs, &dlq).await, (0, 0), "the DLQ is empty");
@@ -261,7 +267,7 @@ async fn fifo_dlq_of_12_in_3_groups_goes_back_in_group_order() {
     // dead-lettering of FIFO messages does not keep their group order (it moved 7, 8, 9, 0, 3, ...).
     let (sqs, src, dlq) = queues(true).await;
     send(&sqs, &dlq, 12, 3).await;
-    let done = redrive::redrive_queue(&sqs, &src, None, 1000, "t1")
+    let done = redrive::redrive_queue(&qc::aws::operator_sqs(sqs.clone()), &src, None, 1000, "t1")
         .await
         .unwrap();
     assert_eq!(done.moved, 12);
@@ -309,7 +315,7 @@ async fn a_fifo_move_interrupted_after_its_send_does_not_duplicate_when_run_agai
         .send()
         .await
         .unwrap();
-    let done = redrive::redrive_queue(&sqs, &src, None, 1000, "t1")
+    let done = redrive::redrive_queue(&qc::aws::operator_sqs(sqs.clone()), &src, None, 1000, "t1")
         .await
         .unwrap();
     assert_eq!(done.moved, 3);
@@ -465,9 +471,15 @@ async fn a_shared_dlq_holding_another_queues_messages_is_not_redriven_into_ours(
     send_to_dlq(&sqs, &dlq, "theirs-worker", Some(&theirs_arn)).await;
     send_to_dlq(&sqs, &dlq, "unmarked", None).await;
 
-    let done = redrive::redrive_queue(&sqs, &ours, None, 1000, "shared")
-        .await
-        .unwrap();
+    let done = redrive::redrive_queue(
+        &qc::aws::operator_sqs(sqs.clone()),
+        &ours,
+        None,
+        1000,
+        "shared",
+    )
+    .await
+    .unwrap();
     assert_eq!((done.moved, done.skipped), (2, 4), "{done:?}");
     assert_eq!(
         sorted_bodies(&drain(&sqs, &ours).await),
@@ -495,9 +507,15 @@ async fn a_dlq_of_ours_alone_moves_unmarked_messages_but_not_marked_foreign_ones
         Some("arn:aws:sqs:us-east-1:999999999999:team-b-orders"),
     )
     .await;
-    let done = redrive::redrive_queue(&sqs, &src, None, 1000, "sole")
-        .await
-        .unwrap();
+    let done = redrive::redrive_queue(
+        &qc::aws::operator_sqs(sqs.clone()),
+        &src,
+        None,
+        1000,
+        "sole",
+    )
+    .await
+    .unwrap();
     assert_eq!((done.moved, done.skipped), (1, 1), "{done:?}");
     assert_eq!(sorted_bodies(&drain(&sqs, &src).await), ["unmarked"]);
     assert_eq!(count(&sqs, &dlq).await, (0, 1), "the foreign one stays");

@@ -443,6 +443,7 @@ impl CloudWatchAlarms {
                 Box::pin(call(c.clone(), l.clone(), keys))
             })
         }
+        let client = super::operator_cloudwatch(client);
         let alarms = batcher(
             &options,
             ALARMS_PER_CALL,

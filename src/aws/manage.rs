@@ -59,7 +59,9 @@ pub struct SdkQueueWriter {
 
 impl SdkQueueWriter {
     pub fn new(client: aws_sdk_sqs::Client) -> Self {
-        SdkQueueWriter { client }
+        SdkQueueWriter {
+            client: super::operator_sqs(client),
+        }
     }
 }
 

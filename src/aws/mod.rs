@@ -125,7 +125,45 @@ pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 pub const ATTEMPT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 pub const OPERATION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(12);
 
-/// `sdk_config` with the controller's deadlines (the worker's long polls need longer reads).
+/// The app name in the user agent of the worker's AWS calls (`app/qc-worker`): CloudTrail's
+/// `userAgent` tells the worker's calls from the controller's and from anything else using the same
+/// identity, and the IAM policy test tells them apart in moto's recording (tests/iam_policy.rs).
+pub const WORKER_APP_NAME: &str = "qc-worker";
+/// The app name in the user agent of the controller's AWS calls (`app/qc-operator`).
+pub const OPERATOR_APP_NAME: &str = "qc-operator";
+
+/// `conf` whose calls carry `app/<name>` in their user agent.
+pub fn with_app_name(conf: aws_config::SdkConfig, name: &str) -> aws_config::SdkConfig {
+    match aws_config::AppName::new(name.to_string()) {
+        Ok(app) => conf.into_builder().app_name(app).build(),
+        // A constant of ours: valid (tested); never worth failing a call over.
+        Err(_) => conf,
+    }
+}
+
+/// `client` whose calls carry the controller's app name, whoever built it: the controller's SQS
+/// readers and writers take their clients through this.
+pub fn operator_sqs(client: aws_sdk_sqs::Client) -> aws_sdk_sqs::Client {
+    match aws_config::AppName::new(OPERATOR_APP_NAME) {
+        Ok(app) => {
+            aws_sdk_sqs::Client::from_conf(client.config().to_builder().app_name(app).build())
+        }
+        Err(_) => client,
+    }
+}
+
+/// [`operator_sqs`] for the controller's CloudWatch client.
+pub fn operator_cloudwatch(client: aws_sdk_cloudwatch::Client) -> aws_sdk_cloudwatch::Client {
+    match aws_config::AppName::new(OPERATOR_APP_NAME) {
+        Ok(app) => aws_sdk_cloudwatch::Client::from_conf(
+            client.config().to_builder().app_name(app).build(),
+        ),
+        Err(_) => client,
+    }
+}
+
+/// `sdk_config` with the controller's deadlines (the worker's long polls need longer reads) and its
+/// app name in the user agent.
 pub async fn controller_sdk_config(
     region: Option<&str>,
     endpoint: Option<&str>,
@@ -136,11 +174,12 @@ pub async fn controller_sdk_config(
         .operation_attempt_timeout(ATTEMPT_TIMEOUT)
         .operation_timeout(OPERATION_TIMEOUT)
         .build();
-    sdk_config(region, endpoint)
+    let conf = sdk_config(region, endpoint)
         .await
         .into_builder()
         .timeout_config(timeouts)
-        .build()
+        .build();
+    with_app_name(conf, OPERATOR_APP_NAME)
 }
 
 /// Text as tenants may read it (status conditions, Events): the ARNs of IAM principals (`arn:…:iam:…`
@@ -201,6 +240,17 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::without_principals;
+
+    #[test]
+    fn the_app_names_are_valid_and_set() {
+        for name in [super::WORKER_APP_NAME, super::OPERATOR_APP_NAME] {
+            let conf = super::with_app_name(aws_config::SdkConfig::builder().build(), name);
+            assert_eq!(
+                conf.app_name().map(ToString::to_string),
+                Some(name.to_string())
+            );
+        }
+    }
 
     #[test]
     fn principal_arns_are_hidden_and_resource_arns_kept() {

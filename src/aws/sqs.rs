@@ -202,7 +202,7 @@ impl SqsReader {
     /// A reader whose calls share `limiter` with other readers.
     pub fn with_limiter(client: aws_sdk_sqs::Client, limiter: Arc<Limiter>) -> Self {
         SqsReader {
-            client,
+            client: super::operator_sqs(client),
             limiter,
             urls: Arc::default(),
         }

@@ -544,7 +544,7 @@ fn redrive(args: RedriveArgs) -> ExitCode {
         let region = qc::aws::facts::queue_region(args.region.as_deref(), url);
         let result = rt.block_on(async {
             let conf = qc::aws::sdk_config(region.as_deref(), args.endpoint_url.as_deref()).await;
-            let client = aws_sdk_sqs::Client::new(&conf);
+            let client = qc::aws::operator_sqs(aws_sdk_sqs::Client::new(&conf));
             qc::aws::redrive::redrive_queue(&client, url, args.max, args.rate, &token).await
         });
         return match result {

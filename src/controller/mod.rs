@@ -365,7 +365,12 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     // redrive: never fails the reconcile (its errors are in its status and Events); a refused
     // endpoint gets no client here either
     let redrive_client = match &clients {
-        Ok(_) => ctx.aws.redrive_client(&target).await,
+        // Tagged as the controller's calls (`app/qc-operator`), whoever built the client.
+        Ok(_) => ctx
+            .aws
+            .redrive_client(&target)
+            .await
+            .map(crate::aws::operator_sqs),
         Err(_) => None,
     };
     let redrive = redrive::step(

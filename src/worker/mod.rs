@@ -401,12 +401,15 @@ pub async fn run(
 
     let region = crate::aws::facts::queue_region(config.region.as_deref(), &config.queue_url);
     log_roots(&config.roots);
-    let mut sdk = crate::aws::sdk_config_trusting(
-        region.as_deref(),
-        config.endpoint_url.as_deref(),
-        &config.roots,
-    )
-    .await;
+    let mut sdk = crate::aws::with_app_name(
+        crate::aws::sdk_config_trusting(
+            region.as_deref(),
+            config.endpoint_url.as_deref(),
+            &config.roots,
+        )
+        .await,
+        crate::aws::WORKER_APP_NAME,
+    );
     if let Some(role) = &config.role {
         sdk = crate::aws::identity::assume(sdk, role).await;
     }
