@@ -56,6 +56,8 @@ pub mod reason {
     pub const SCALING: &str = "Scaling";
     pub const SCALED_TO_ZERO: &str = "ScaledToZero";
     pub const AT_MAX_REPLICAS: &str = "AtMaxReplicas";
+    /// Replicas held at what `processing.maxRate` keeps busy (`scaling::rate::replica_cap`).
+    pub const AT_MAX_RATE: &str = "AtMaxRate";
     pub const METRICS_UNAVAILABLE: &str = "MetricsUnavailable";
     pub const HELD_BY_VALIDATION: &str = "HeldByValidation";
     /// `spec.suspend` is true: replicas are 0 and the scaler is paused.

@@ -259,6 +259,7 @@ impl AwsSpec {
 #[x_kube(validation = Rule::new("duration(self.waitTime) <= duration('20s')").message("processing.waitTime must be at most 20s (the SQS long-poll maximum)").reason(Reason::FieldValueInvalid))]
 #[x_kube(validation = Rule::new("self.batchSize >= 1 && self.batchSize <= 10").message("processing.batchSize must be between 1 and 10 (SQS MaxNumberOfMessages)").reason(Reason::FieldValueInvalid))]
 #[x_kube(validation = Rule::new("self.concurrency >= 1").message("processing.concurrency must be at least 1").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("!has(self.maxRate) || (self.maxRate >= 1 && self.maxRate <= 1000000)").message("processing.maxRate must be a whole number of messages per second from 1 to 1000000 (leave it out for no limit)").reason(Reason::FieldValueInvalid))]
 #[x_kube(validation = Rule::new("self.concurrency <= 10000").message("processing.concurrency must be at most 10000 (the worker's limit: each slot holds a message and its buffers); add replicas instead").reason(Reason::FieldValueInvalid))]
 pub struct ProcessingSpec {
     /// Declared P99 time to handle ONE message, a duration such as 2s (units ms, s, m, h). Sizes
@@ -314,6 +315,15 @@ pub struct ProcessingSpec {
     /// opens at 50% failures of the last 20 outcomes or 10 in a row, probes 1s doubling to 30s.
     #[serde(default)]
     pub breaker: BreakerSpec,
+    /// Most messages per second started across all replicas together, a whole number from 1 to
+    /// 1000000 (e.g. 200 for a downstream API allowed 200 calls a second). Each worker pod takes its
+    /// share (maxRate / replicas, from the controller through a pod annotation, without a restart) and
+    /// paces its receives with a token bucket; in batch mode messages count, not handler calls. The
+    /// scaler adds no replica the rate cannot use (ScalingActive reason AtMaxRate). Default: none
+    /// (unlimited).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_RATE))]
+    pub max_rate: Option<u32>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
@@ -904,6 +914,9 @@ pub struct ValidationSpec {
 /// `qc-worker --concurrency` has the same bound (`worker::MAX_CONCURRENCY` is this constant), so a
 /// spec the API server admits never makes a worker that refuses to start.
 pub const MAX_CONCURRENCY: u32 = 10_000;
+/// The highest `processing.maxRate` (messages per second across all replicas): a million a second is
+/// beyond what any one SQS queue is consumed at; the bound keeps the shares' arithmetic finite.
+pub const MAX_RATE: u32 = 1_000_000;
 
 /// The `qc-worker` container: its resources, so namespaces with a ResourceQuota admit the pods.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

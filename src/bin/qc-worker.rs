@@ -166,6 +166,15 @@ struct Cli {
     #[arg(long, env = "QC_OUTAGE_TOLERANCE")]
     outage_tolerance: Option<Duration>,
 
+    /// Messages per second this worker starts at most (its share of processing.maxRate), until
+    /// --max-rate-file holds a share. Default: unlimited.
+    #[arg(long, env = "QC_MAX_RATE", value_parser = parse_rate)]
+    max_rate: Option<f64>,
+    /// A file holding this worker's share in messages per second (the controller's pod annotation
+    /// through a downward-API volume); re-read every 2s, an unreadable value keeps the last good one.
+    #[arg(long, env = "QC_MAX_RATE_FILE", requires = "max_rate")]
+    max_rate_file: Option<PathBuf>,
+
     /// HTTP handler: POST each message here (CloudEvents binary mode).
     #[arg(long, env = "QC_HTTP_URL", conflicts_with = "exec")]
     http_url: Option<String>,
@@ -175,6 +184,10 @@ struct Cli {
     /// The exec handler's command and arguments (after `--`).
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<String>,
+}
+
+fn parse_rate(s: &str) -> Result<f64, String> {
+    qc::worker::rate::parse_share(s)
 }
 
 fn parse_unwrap_sns(s: &str) -> Result<UnwrapSns, String> {
@@ -279,6 +292,8 @@ fn config(cli: Cli) -> anyhow::Result<Config> {
             tolerance: cli.outage_tolerance.map(|t| t.as_std()),
             concurrency: cli.concurrency as usize,
         },
+        max_rate: cli.max_rate,
+        max_rate_file: cli.max_rate_file,
         handler,
         // Chosen in main, once the environment is checked.
         roots: qc::roots::Roots::System,

@@ -19,6 +19,8 @@ pub struct Metrics {
     pub scale_writes: AtomicU64,
     /// Writes of `controller.kubernetes.io/pod-deletion-cost` before scale-downs.
     pub deletion_cost_writes: AtomicU64,
+    /// Writes of the `processing.maxRate` share annotation on worker pods.
+    pub rate_share_writes: AtomicU64,
     pub status_writes: AtomicU64,
     /// Per-QueueConsumer series, from each consumer's last computed status.
     pub consumers: series::Consumers,
@@ -82,6 +84,11 @@ impl Metrics {
                 "qc_deletion_cost_writes_total",
                 "Pod deletion costs written before scale-downs.",
                 &self.deletion_cost_writes,
+            ),
+            (
+                "qc_rate_share_writes_total",
+                "Worker pod annotations written with a new share of processing.maxRate.",
+                &self.rate_share_writes,
             ),
         ] {
             e.counter(name, help, &[(&[], count(counter))]);

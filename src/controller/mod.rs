@@ -352,6 +352,23 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     )
     .await?;
 
+    // maxRate: the running pods' shares, for the replicas before and after this decision
+    if deployment.is_some() {
+        let (current, target) = match &replicas {
+            ReplicaDecision::Scale { current, decision } => (*current, decision.replicas),
+            ReplicaDecision::Suspended { current } => (*current, 0),
+            ReplicaDecision::Keep => {
+                let n = deployment
+                    .as_ref()
+                    .and_then(|d| d.spec.replicas)
+                    .and_then(|r| u32::try_from(r).ok())
+                    .unwrap_or(0);
+                (n, n)
+            }
+        };
+        pods::set_rate_shares(qc, ctx, &ns, pods.as_deref(), current, target).await;
+    }
+
     // The alarm is a step of its own: a CloudWatch failure is reported in its condition and an Event,
     // and never fails the reconcile, so scaling keeps its poll interval.
     let alarm::AlarmOutcome {

@@ -114,6 +114,57 @@ pub(super) async fn set_deletion_costs(
     }
 }
 
+/// `processing.maxRate`: each running worker pod's share (`scaling::rate::SHARE_ANNOTATION`),
+/// maxRate / the pods that may start messages ([`crate::scaling::rate::share_count`]), written as
+/// field manager `qc-operator-scaler` where it differs; the worker reads it through its downward-API
+/// file, without a restart. A merge patch (it never recreates a pod gone meanwhile); a failure is
+/// logged and retried at the next reconcile. Pods created by this reconcile's scale-up are
+/// annotated at the next one and run at maxRate / maxReplicas until then.
+pub(super) async fn set_rate_shares(
+    qc: &QueueConsumer,
+    ctx: &Context,
+    ns: &str,
+    pods: Option<&[Pod]>,
+    current: u32,
+    target: u32,
+) {
+    let (Some(max_rate), Some(pods)) = (qc.spec.processing.max_rate, pods) else {
+        return;
+    };
+    let running: Vec<&Pod> = pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .is_none_or(|phase| phase != "Succeeded" && phase != "Failed")
+        })
+        .collect();
+    let n = crate::scaling::rate::share_count(current, target, running.len());
+    let text = crate::scaling::rate::share_text(crate::scaling::rate::share(max_rate, n));
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let params = PatchParams {
+        field_manager: Some(SCALER_FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    };
+    for pod in running {
+        if pod.annotations().get(crate::scaling::rate::SHARE_ANNOTATION) == Some(&text) {
+            continue;
+        }
+        let name = pod.name_any();
+        let patch = json!({"metadata": {"annotations": {crate::scaling::rate::SHARE_ANNOTATION: &text}}});
+        match api.patch(&name, &params, &Patch::Merge(&patch)).await {
+            Ok(_) => {
+                ctx.metrics.rate_share_writes.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                tracing::warn!(queueconsumer = %name_of(qc), pod = %name, error = %e, "cannot write the pod's rate share");
+            }
+        }
+    }
+}
+
 /// `scaleDownStabilization: auto` holds for the pods' start-up: now and then ([`scale::STARTUP_REFRESH`])
 /// keep the median creation → Ready of the recent worker pods, from this reconcile's pod list. A failed
 /// list (e.g. an install whose role cannot list pods) keeps what was known, 30s until then: the hold

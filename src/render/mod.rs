@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
     HTTPGetAction, Lifecycle, LifecycleHandler, ObjectFieldSelector, PodSecurityContext, PodSpec,
     PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector,
-    SecurityContext, SleepAction, Volume, VolumeMount,
+    SecurityContext, SleepAction, Volume, VolumeMount, DownwardAPIVolumeFile, DownwardAPIVolumeSource,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -32,6 +32,12 @@ pub const WORKER_VOLUME: &str = "qc-worker-bin";
 pub const WORKER_BINARY: &str = "/usr/local/bin/qc-worker";
 pub const WORKER_VOLUME_MOUNT: &str = "/qc/bin";
 pub const COPIED_WORKER_BINARY: &str = "/qc/bin/qc-worker";
+/// `processing.maxRate`: a downward-API volume of the pod's share annotation
+/// (`scaling::rate::SHARE_ANNOTATION`), mounted read-only into the worker's container; the kubelet
+/// rewrites the file when the controller changes the annotation.
+pub const RATE_VOLUME: &str = "qc-rate-share";
+pub const RATE_MOUNT: &str = "/etc/qc/rate";
+pub const RATE_SHARE_FILE: &str = "/etc/qc/rate/share";
 /// The worker's /metrics, /healthz and /readyz port, unless the pod already uses it.
 pub const DEFAULT_METRICS_PORT: u16 = 9090;
 pub const METRICS_PORT_NAME: &str = "qc-metrics";
@@ -91,9 +97,9 @@ pub enum RenderError {
         name: String,
     },
     #[error(
-        "spec.template.spec.volumes[{index}].name {WORKER_VOLUME:?} is reserved for the worker binary: rename that volume"
+        "spec.template.spec.volumes[{index}].name {name:?} is reserved for the worker: rename that volume"
     )]
-    ReservedVolumeName { index: usize },
+    ReservedVolumeName { index: usize, name: &'static str },
     #[error(
         "spec.template.spec.{field}[{index}].volumeMounts[{mount}] mounts {WORKER_VOLUME:?}, the worker binary's volume: only the worker may mount it; remove that mount"
     )]
@@ -199,6 +205,7 @@ pub fn deployment(qc: &QueueConsumer, opts: &RenderOptions) -> Result<Deployment
         });
     }
     let metrics_port = pick_metrics_port(&pod, &handler);
+    let exec = matches!(handler, Handler::Exec(_));
     let env = worker_env(spec);
     let resources = worker_resources(spec)?;
 
@@ -265,6 +272,10 @@ pub fn deployment(qc: &QueueConsumer, opts: &RenderOptions) -> Result<Deployment
                 .push(worker_mount(true));
             add_health(c, metrics_port);
         }
+    }
+
+    if qc.spec.processing.max_rate.is_some() {
+        add_rate_share(&mut pod, exec);
     }
 
     // qc-worker never calls the Kubernetes API, so the pods get no API token unless the user's template
@@ -358,13 +369,10 @@ fn check_reserved_names(pod: &PodSpec) -> Result<(), RenderError> {
             }
         }
     }
-    if let Some(index) = pod
-        .volumes
-        .iter()
-        .flatten()
-        .position(|v| v.name == WORKER_VOLUME)
-    {
-        return Err(RenderError::ReservedVolumeName { index });
+    for name in [WORKER_VOLUME, RATE_VOLUME] {
+        if let Some(index) = pod.volumes.iter().flatten().position(|v| v.name == name) {
+            return Err(RenderError::ReservedVolumeName { index, name });
+        }
     }
     Ok(())
 }
@@ -444,6 +452,44 @@ fn plain_env(name: &str, value: &str) -> EnvVar {
 fn merge_env(env: &mut Vec<EnvVar>, ours: Vec<EnvVar>) {
     env.retain(|e| !ours.iter().any(|o| o.name == e.name));
     env.extend(ours);
+}
+
+/// The share file of `processing.maxRate`: the pod's annotation through a downward-API volume, in the
+/// container that runs the worker (the worker's own, or the exec handler's first container).
+fn add_rate_share(pod: &mut PodSpec, exec: bool) {
+    pod.volumes.get_or_insert_default().push(Volume {
+        name: RATE_VOLUME.into(),
+        downward_api: Some(DownwardAPIVolumeSource {
+            items: Some(vec![DownwardAPIVolumeFile {
+                path: "share".into(),
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: format!(
+                        "metadata.annotations['{}']",
+                        crate::scaling::rate::SHARE_ANNOTATION
+                    ),
+                    ..ObjectFieldSelector::default()
+                }),
+                ..DownwardAPIVolumeFile::default()
+            }]),
+            ..DownwardAPIVolumeSource::default()
+        }),
+        ..Volume::default()
+    });
+    let container = if exec {
+        pod.containers.first_mut()
+    } else {
+        pod.containers
+            .iter_mut()
+            .find(|c| c.name == WORKER_CONTAINER)
+    };
+    if let Some(c) = container {
+        c.volume_mounts.get_or_insert_default().push(VolumeMount {
+            name: RATE_VOLUME.into(),
+            mount_path: RATE_MOUNT.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+    }
 }
 
 fn worker_mount(read_only: bool) -> VolumeMount {

@@ -97,6 +97,18 @@ pub fn worker_args(
             b.max_wait.to_string(),
         ]);
     }
+    // maxRate: until the controller has annotated the pod with its share, a pod paces itself to
+    // maxRate / maxReplicas, a share that can never add up to more than maxRate; the annotation's
+    // file then gives maxRate / replicas without a restart.
+    if let Some(max_rate) = p.max_rate {
+        let floor = crate::scaling::rate::share(max_rate, spec.scaling.max_replicas);
+        args.extend([
+            "--max-rate".into(),
+            crate::scaling::rate::share_text(floor),
+            "--max-rate-file".into(),
+            super::RATE_SHARE_FILE.into(),
+        ]);
+    }
     // Unset means held up to SQS's 12 hours: the worker's own default, so no flag.
     if let Some(tolerance) = p.outage_tolerance {
         args.extend(["--outage-tolerance".into(), tolerance.to_string()]);

@@ -4,6 +4,7 @@
 //! The controller keeps one [`History`] per QueueConsumer and pushes a [`Sample`] every `pollInterval`; the
 //! simulator (`sim`) drives the same function from a simulated queue. See docs/scaling.md.
 
+pub mod rate;
 pub mod sim;
 
 use std::collections::VecDeque;
@@ -332,6 +333,8 @@ pub enum Limit {
     /// The oldest visible message has less than a start-up plus P left before maxBacklogAge: a replica let
     /// go now could not come back in time.
     OldestAge,
+    /// `processing.maxRate`: no more replicas than the rate keeps busy ([`rate::replica_cap`]).
+    MaxRate,
 }
 
 impl Limit {
@@ -345,6 +348,7 @@ impl Limit {
             Limit::Activation => "Activation",
             Limit::Starting => "Starting",
             Limit::OldestAge => "OldestAge",
+            Limit::MaxRate => "MaxRate",
         }
     }
 }
@@ -400,6 +404,8 @@ impl Decision {
             condition_reason::SCALED_TO_ZERO
         } else if self.limited_by == Some(Limit::MaxReplicas) {
             condition_reason::AT_MAX_REPLICAS
+        } else if self.limited_by == Some(Limit::MaxRate) {
+            condition_reason::AT_MAX_RATE
         } else {
             condition_reason::SCALING
         }
@@ -479,7 +485,7 @@ pub fn decide_for(
         now,
     );
     if !downstream.failing() {
-        return queue;
+        return with_rate_cap(spec, queue, current);
     }
     let min = spec.scaling.min_replicas.min(spec.scaling.max_replicas);
     let replicas = current.clamp(min, spec.scaling.max_replicas);
@@ -494,6 +500,34 @@ pub fn decide_for(
         },
         terms: queue.terms,
     }
+}
+
+/// `processing.maxRate` caps the decision at the replicas the rate keeps busy
+/// ([`rate::replica_cap`], at least minReplicas: the user's floor wins); the reason follows the
+/// capped count.
+fn with_rate_cap(spec: &QueueConsumerSpec, mut d: Decision, current: u32) -> Decision {
+    let Some(max_rate) = spec.processing.max_rate else {
+        return d;
+    };
+    let per_message = spec.processing.mean.unwrap_or(spec.processing.p99);
+    let cap = rate::replica_cap(
+        max_rate,
+        crate::validate::message_slots(spec),
+        per_message,
+    )
+    .max(spec.scaling.min_replicas.min(spec.scaling.max_replicas));
+    if d.replicas <= cap || d.reason == Reason::MetricsUnavailable {
+        return d;
+    }
+    d.replicas = cap;
+    d.limited_by = Some(Limit::MaxRate);
+    d.reason = match cap.cmp(&current) {
+        std::cmp::Ordering::Greater if current == 0 => Reason::Activate,
+        std::cmp::Ordering::Greater => Reason::ScaleUp,
+        std::cmp::Ordering::Less => Reason::ScaleDown,
+        std::cmp::Ordering::Equal => Reason::Hold,
+    };
+    d
 }
 
 /// Replicas for a queue consumer (docs/scaling.md, "The algorithm"):
@@ -886,4 +920,78 @@ impl Model {
 
 fn saturate_u32(v: u64) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod rate_cap_tests {
+    use super::*;
+
+    fn spec(yaml: &str) -> QueueConsumerSpec {
+        let handler = if yaml.contains("handler:") {
+            ""
+        } else {
+            "handler: {http: {}}\n"
+        };
+        let base = "queue: {url: https://sqs.us-east-1.amazonaws.com/1/q}\n";
+        serde_saphyr::from_str(&format!("{base}{handler}{yaml}")).expect("test spec parses")
+    }
+
+    fn busy(visible: u64) -> (History, Timestamp) {
+        let mut h = History::new(Duration::from_secs(600));
+        for t in [0u64, 15] {
+            h.push(Sample {
+                visible,
+                in_flight: 0,
+                delayed: 0,
+                deleted: None,
+                oldest_age: None,
+                at: Timestamp::from_secs(t),
+            })
+            .expect("in order");
+        }
+        (h, Timestamp::from_secs(15))
+    }
+
+    #[test]
+    fn the_rate_caps_replicas_at_what_it_keeps_busy() {
+        // 10 slots at a mean of 1s: 10/s a replica, so 30/s keeps 3 busy; the backlog alone asks for 20.
+        let s = spec(
+            "processing: {p99: 2s, mean: 1s, maxRate: 30}\nscaling: {maxReplicas: 20, maxBacklogAge: 10s}",
+        );
+        let (h, now) = busy(100_000);
+        let up = decide_for(&s, &h, 1, Downstream::default(), now);
+        assert_eq!(up.replicas, 3);
+        assert_eq!(up.limited_by, Some(Limit::MaxRate));
+        assert_eq!(up.reason, Reason::ScaleUp);
+        assert_eq!(up.condition_reason(), "AtMaxRate");
+        // Above the cap (maxRate lowered): down to it.
+        let down = decide_for(&s, &h, 8, Downstream::default(), now);
+        assert_eq!((down.replicas, down.reason), (3, Reason::ScaleDown));
+        // At the cap: held.
+        let held = decide_for(&s, &h, 3, Downstream::default(), now);
+        assert_eq!((held.replicas, held.reason), (3, Reason::Hold));
+        // Without maxRate the backlog's answer stands.
+        let free = spec("processing: {p99: 2s, mean: 1s}\nscaling: {maxReplicas: 20, maxBacklogAge: 10s}");
+        assert_eq!(decide_for(&free, &h, 1, Downstream::default(), now).replicas, 20);
+    }
+
+    #[test]
+    fn min_replicas_wins_over_the_rate_cap() {
+        let s = spec(
+            "processing: {p99: 1s, maxRate: 1}\nscaling: {minReplicas: 4, maxReplicas: 20, maxBacklogAge: 10s}",
+        );
+        let (h, now) = busy(100_000);
+        let d = decide_for(&s, &h, 4, Downstream::default(), now);
+        assert_eq!(d.replicas, 4);
+    }
+
+    #[test]
+    fn batch_mode_counts_messages_per_call() {
+        // 2 calls × 10 items at P99 2s: 10 messages/s a replica; 25/s keeps 3.
+        let s = spec(
+            "processing: {p99: 2s, concurrency: 2, maxRate: 25}\nhandler: {http: {}, batch: {maxItems: 10}}\nscaling: {maxReplicas: 50, maxBacklogAge: 10s}",
+        );
+        let (h, now) = busy(100_000);
+        assert_eq!(decide_for(&s, &h, 1, Downstream::default(), now).replicas, 3);
+    }
 }

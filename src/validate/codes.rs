@@ -22,6 +22,7 @@ pub const ALARM_ACTION_IN_ANOTHER_REGION: &str = "AlarmActionInAnotherRegion";
 pub const BREAKER_DISABLED: &str = "BreakerDisabled";
 pub const OUTAGE_HOLD_BEYOND_RETENTION: &str = "OutageHoldBeyondRetention";
 pub const POD_NOT_RESTRICTED: &str = "PodNotRestricted";
+pub const MAX_RATE_BELOW_BACKLOG: &str = "MaxRateBelowBacklog";
 
 /// Rules that need only the spec.
 pub const OFFLINE_RULES: &[&str] = &[
@@ -32,6 +33,7 @@ pub const OFFLINE_RULES: &[&str] = &[
     QUEUE_REGION_CONTRADICTS_URL,
     ALARM_ACTION_IN_ANOTHER_REGION,
     POD_NOT_RESTRICTED,
+    MAX_RATE_BELOW_BACKLOG,
 ];
 
 /// Rules that need the source queue's attributes.
@@ -79,4 +81,5 @@ pub const ALL: &[&str] = &[
     QUEUE_REGION_CONTRADICTS_URL,
     ALARM_ACTION_IN_ANOTHER_REGION,
     POD_NOT_RESTRICTED,
+    MAX_RATE_BELOW_BACKLOG,
 ];

@@ -243,6 +243,11 @@ fn finding(code: &str, severity: Severity, message: String, recommendation: Stri
 pub fn evaluate(spec: &QueueConsumerSpec, facts: Option<&Facts>) -> Report {
     let mut report = Report::default();
     offline_rules(spec, &mut report.findings);
+    rate_rule(
+        spec,
+        facts.and_then(|f| f.queue.visible),
+        &mut report.findings,
+    );
     match facts {
         None => {
             report
@@ -269,6 +274,54 @@ pub fn evaluate(spec: &QueueConsumerSpec, facts: Option<&Facts>) -> Report {
         }
     }
     report
+}
+
+/// MaxRateBelowBacklog: `processing.maxRate` drains maxRate × maxBacklogAge messages within
+/// `scaling.maxBacklogAge` whatever the replicas; a backlog above that waits longer. The backlog is the
+/// queue's visible count when known (rounded up to two significant digits, so the finding's text
+/// holds still while a busy queue's count moves), else the one the spec declares: activationBacklog,
+/// the backlog a consumer at zero lets build before it starts.
+fn rate_rule(spec: &QueueConsumerSpec, visible: Option<i64>, out: &mut Vec<Finding>) {
+    let Some(max_rate) = spec.processing.max_rate else {
+        return;
+    };
+    let age = spec.scaling.max_backlog_age;
+    let drains = u64::from(max_rate).saturating_mul(age.as_millis_u64()) / 1000;
+    let (backlog, what) = match visible.and_then(|v| u64::try_from(v).ok()) {
+        Some(v) => (two_digits_up(v), "the queue's visible backlog, about"),
+        None => (
+            u64::from(spec.scaling.activation_backlog),
+            "scaling.activationBacklog, the backlog a consumer at zero replicas waits for,",
+        ),
+    };
+    if backlog <= drains {
+        return;
+    }
+    let takes = backlog.div_ceil(u64::from(max_rate).max(1));
+    let rate_needed = backlog
+        .saturating_mul(1000)
+        .div_ceil(age.as_millis_u64().max(1));
+    out.push(finding(
+        codes::MAX_RATE_BELOW_BACKLOG,
+        Severity::Warning,
+        format!(
+            "processing.maxRate {max_rate}/s drains at most {drains} messages within scaling.maxBacklogAge {}, but {what} {backlog} messages takes {}s at that rate: messages will wait longer than maxBacklogAge however many replicas run",
+            secs(age),
+            takes
+        ),
+        format!(
+            "raise processing.maxRate to at least {rate_needed}, or scaling.maxBacklogAge to at least {takes}s if the downstream cannot take more"
+        ),
+    ));
+}
+
+/// Rounded up to two significant digits (7 → 7, 1234 → 1300).
+fn two_digits_up(v: u64) -> u64 {
+    let mut unit = 1u64;
+    while v / unit >= 100 {
+        unit = unit.saturating_mul(10);
+    }
+    v.div_ceil(unit).saturating_mul(unit)
 }
 
 /// What in a pod template the restricted Pod Security Standard forbids (the checks a namespace

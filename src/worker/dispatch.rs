@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use super::backoff::error_backoff;
 use super::message::{Ended, Freed, Lease, Processor};
 use super::metrics::Readiness;
+use super::rate::{Grant, Limiter};
 use super::sqs::{Entry, Message, SqsError};
 
 /// Parallel receives at most; more only while the queue keeps returning messages.
@@ -43,6 +44,8 @@ pub struct Settings {
     pub drain_budget: Duration,
     /// Batch mode (`--batch-max-items` > 1): messages go to the handler in calls of up to this many.
     pub batch: Option<BatchSettings>,
+    /// `processing.maxRate`: this pod's share in messages per second (`worker::rate`); None: unlimited.
+    pub rate: Option<tokio::sync::watch::Receiver<f64>>,
 }
 
 /// Batch mode: `concurrency` counts handler calls, each with up to `max_items` messages.
@@ -113,6 +116,12 @@ impl Dispatcher {
         let mut draining = false;
         let mut drain_deadline = Instant::now();
         let mut breaker_state = p.breaker.subscribe();
+        // maxRate: a receive takes its messages' tokens before it goes out (`worker::rate`).
+        let mut limiter = s
+            .rate
+            .clone()
+            .map(|share| Limiter::new(share, s.batch_size, metrics.clone(), Instant::now()));
+        let mut rate_wake: Option<Instant>;
 
         loop {
             // Messages wait locally for a slot only once handler time and round trip are measured
@@ -194,6 +203,7 @@ impl Dispatcher {
             // Message slots: batch mode's calls each take up to max_items.
             let slots = s.concurrency * s.batch.map_or(1, |b| b.max_items);
             let max_parallel = slots.div_ceil(full).clamp(1, MAX_PARALLEL_RECEIVES);
+            rate_wake = None;
             if !draining && paused.is_none() && backoff_until.is_none() {
                 loop {
                     let free = capacity.saturating_sub(in_flight + reserved);
@@ -220,6 +230,14 @@ impl Dispatcher {
                         }
                         break;
                     }
+                    let want = match limiter.as_mut().map(|l| l.grant(want, Instant::now())) {
+                        None => want,
+                        Some(Grant::Take(n)) => n,
+                        Some(Grant::At(at)) => {
+                            rate_wake = Some(at);
+                            break;
+                        }
+                    };
                     reserved += want;
                     fill_at = None;
                     fill_ready = false;
@@ -306,12 +324,21 @@ impl Dispatcher {
                         Err(e) => {
                             // Only a bug panics a receive task; its slots are given back.
                             tracing::error!(error = %e, "receive task failed");
-                            reserved -= asked.remove(&e.id()).unwrap_or(0);
+                            let want = asked.remove(&e.id()).unwrap_or(0);
+                            reserved -= want;
+                            if let Some(l) = limiter.as_mut() {
+                                l.refund(want, Instant::now());
+                            }
                             continue;
                         }
                     };
                     let want = asked.remove(&id).unwrap_or(0);
                     reserved -= want;
+                    if let Some(l) = limiter.as_mut() {
+                        // Tokens of messages not received go back (all of them after an error).
+                        let got = result.as_ref().map_or(0, Vec::len);
+                        l.refund(want.saturating_sub(got), Instant::now());
+                    }
                     match result {
                         Ok(mut messages) => {
                             if messages.len() > want {
@@ -397,6 +424,12 @@ impl Dispatcher {
                     // A probe falls due (a message to probe with may be needed) or the outage
                     // tolerance ends.
                     p.breaker.tick(Instant::now());
+                }
+                () = sleep_until_opt(rate_wake), if rate_wake.is_some() => {
+                    // The rate's tokens for the next receive are there.
+                }
+                () = async { if let Some(l) = limiter.as_mut() { l.changed().await } }, if limiter.is_some() => {
+                    // A new share: the next receive is paced by it.
                 }
                 () = sleep_until_opt(fill_at), if fill_at.is_some() && !fill_ready => {
                     fill_ready = true;

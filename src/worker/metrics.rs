@@ -132,6 +132,10 @@ pub struct Metrics {
     /// Milliseconds of open episodes that have ended; the current one is added when rendered.
     pub breaker_open_millis: Counter,
     breaker_open_since: Mutex<Option<std::time::Instant>>,
+    /// This pod's share of `processing.maxRate` in thousandths of a message per second (0: unlimited).
+    pub rate_share_millis: Gauge,
+    /// Time receives waited for the rate's tokens, in microseconds.
+    pub rate_throttled_micros: Counter,
     readiness: Mutex<Readiness>,
 }
 
@@ -167,6 +171,8 @@ impl Default for Metrics {
             breaker_holds: Counter::default(),
             breaker_open_millis: Counter::default(),
             breaker_open_since: Mutex::new(None),
+            rate_share_millis: Gauge::default(),
+            rate_throttled_micros: Counter::default(),
             readiness: Mutex::new(Readiness::Starting("reading queue attributes".into())),
         }
     }
@@ -211,6 +217,11 @@ impl Metrics {
             .and_then(|s| s.map(|s| s.elapsed().as_secs_f64()))
             .unwrap_or(0.0);
         self.breaker_open_millis.get() as f64 / 1000.0 + current
+    }
+
+    /// The share of `processing.maxRate` this pod now paces itself to, messages per second.
+    pub fn set_rate_share(&self, rate: f64) {
+        self.rate_share_millis.set((rate * 1000.0).round() as i64);
     }
 
     /// Total SQS requests of every action.
@@ -391,6 +402,19 @@ impl Metrics {
                 (&[("result", "failure")], self.breaker_probes[1].get()),
             ],
         );
+        let share = self.rate_share_millis.get();
+        if share > 0 {
+            e.gauge_f64(
+                "qc_worker_rate_share",
+                "This pod's share of processing.maxRate (maxRate / replicas, from the controller), messages per second started at most.",
+                &[(&[], share as f64 / 1000.0)],
+            );
+            e.counter_f64(
+                "qc_worker_rate_throttled_seconds_total",
+                "Seconds the worker held a receive back for its rate share (messages were wanted but the share was spent).",
+                &[(&[], self.rate_throttled_micros.get() as f64 / 1e6)],
+            );
+        }
         let ready = i64::from(self.readiness() == Readiness::Ready);
         e.gauge(
             "qc_worker_ready",

@@ -13,6 +13,7 @@ pub mod idempotency;
 pub mod invoke;
 pub mod message;
 pub mod metrics;
+pub mod rate;
 pub mod s3;
 pub mod sns;
 pub mod sqs;
@@ -109,6 +110,12 @@ pub struct Config {
     pub shutdown_timeout: Option<Duration>,
     /// The outage breaker (`--breaker*`, `--outage-tolerance`); its `concurrency` is `concurrency`.
     pub breaker: breaker::Settings,
+    /// `--max-rate`: messages per second this worker starts at most, until `max_rate_file` says
+    /// otherwise (`worker::rate`). None: unlimited.
+    pub max_rate: Option<f64>,
+    /// `--max-rate-file`: where the controller's share appears (a downward-API file of a pod
+    /// annotation); re-read every `rate::SHARE_POLL`.
+    pub max_rate_file: Option<std::path::PathBuf>,
     pub handler: HandlerConfig,
     /// CA roots of the SQS and redis clients: the system's, else the bundle beside qc-worker
     /// ([`crate::roots`]).
@@ -261,6 +268,18 @@ impl Config {
             return bad(
                 "--outage-tolerance",
                 "must be greater than 0s; leave it unset to hold messages up to SQS's 12 hours, or use --breaker false",
+            );
+        }
+        if self.max_rate.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
+            return bad(
+                "--max-rate",
+                "must be a positive number of messages per second, e.g. 6.5 (leave it out for no limit)",
+            );
+        }
+        if self.max_rate_file.is_some() && self.max_rate.is_none() {
+            return bad(
+                "--max-rate-file",
+                "needs --max-rate, the share to use until the file holds one (e.g. maxRate / maxReplicas)",
             );
         }
         if self.idempotency_store != IdempotencyStore::None && self.idempotency_ttl.is_zero() {
@@ -557,6 +576,9 @@ pub async fn run(
             prefetch_calls: batch_prefetch_calls(config.concurrency, heartbeat.is_some(), info.fifo)
                 as usize,
         }),
+        rate: config
+            .max_rate
+            .map(|r| rate::watch_share(config.max_rate_file.clone(), r, rate::SHARE_POLL)),
     };
     metrics.set_readiness(Readiness::Ready);
     tracing::info!("consuming");
@@ -730,6 +752,8 @@ fn log_start(config: &Config, info: &QueueInfo, heartbeat: Option<StdDuration>) 
         idempotency_store = config.idempotency_store.as_str(),
         breaker = config.breaker.enabled,
         outage_tolerance_s = config.breaker.tolerance.map(|t| t.as_secs()),
+        max_rate = config.max_rate,
+        max_rate_file = config.max_rate_file.as_ref().map(|p| p.display().to_string()),
         shutdown_timeout_ms = config.shutdown_timeout().as_millis() as u64,
         "queue read"
     );
@@ -787,6 +811,8 @@ mod tests {
             max_request_head: handler::DEFAULT_MAX_HEAD,
             shutdown_timeout: None,
             breaker: breaker::Settings::default(),
+            max_rate: None,
+            max_rate_file: None,
             handler: HandlerConfig::Http {
                 url: "http://127.0.0.1:8080/messages".into(),
             },

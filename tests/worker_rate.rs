@@ -1,0 +1,170 @@
+//! `processing.maxRate` (#31 item 3, docs/worker.md "The rate share") against moto, with real
+//! `qc-worker` processes and a loopback HTTP handler that records when each call starts: the
+//! aggregate rate holds within 10 % across a scale from 1 to 3 workers whose share files are
+//! rewritten as the kubelet does, and pacing never loses or double-handles a message on SIGTERM.
+
+#[path = "common/mod.rs"]
+mod common;
+#[path = "worker/support.rs"]
+mod support;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use support::*;
+
+const SECS: fn(u64) -> Duration = Duration::from_secs;
+
+/// Calls that started in [from, from + len).
+fn started_in(h: &HttpHandler, from: Instant, len: Duration) -> usize {
+    h.calls()
+        .iter()
+        .filter(|c| c.started >= from && c.started < from + len)
+        .count()
+}
+
+/// Calls per second from `from` for `secs` seconds, for the log.
+fn per_second(h: &HttpHandler, from: Instant, secs: u64) -> Vec<usize> {
+    (0..secs)
+        .map(|i| started_in(h, from + SECS(i), SECS(1)))
+        .collect()
+}
+
+fn write_share(path: &Path, share: &str) {
+    // As the kubelet does: a new file moved into place, never a half-written one.
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, share).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// The test: maxRate 20/s. One worker with the share 20, then three with 20/3 each (the
+/// first one's file rewritten, the two new ones started with it): the handled rate stays within
+/// 10 % of 20/s over each measured window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_rate_holds_within_ten_percent_across_a_scale_from_one_to_three() {
+    const MAX_RATE: f64 = 20.0;
+    const PHASE1: u64 = 10;
+    const PHASE2: u64 = 15;
+    let q = TestQueue::new("rate", 30, 5, false).await;
+    // Enough for both phases and the transitions between them, with a backlog to the end.
+    let bodies = numbered(1000);
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(5))).await;
+    let dir = tempfile::tempdir().unwrap();
+    let files: Vec<_> = (0..3).map(|i| dir.path().join(format!("share-{i}"))).collect();
+    let start = |i: usize, initial: &str| {
+        Worker::start(&q.args(&[
+            "--http-url",
+            &h.url,
+            "--max-rate",
+            initial,
+            "--max-rate-file",
+            files[i].to_str().unwrap(),
+        ]))
+    };
+
+    // Phase 1: one replica, the whole rate.
+    write_share(&files[0], "20");
+    let mut w0 = start(0, "6.666");
+    eventually(SECS(30), "the first call", || async { !h.calls().is_empty() }).await;
+    tokio::time::sleep(SECS(3)).await;
+    let p1 = Instant::now();
+    tokio::time::sleep(SECS(PHASE1)).await;
+    let phase1 = started_in(&h, p1, SECS(PHASE1)) as f64 / PHASE1 as f64;
+
+    // Scale to three: the controller writes maxRate / 3 on the running pod (the kubelet rewrites its
+    // file), and the new pods start with the file already annotated (their flag is maxRate /
+    // maxReplicas, here 3).
+    let share = qc::scaling::rate::share_text(qc::scaling::rate::share(20, 3));
+    write_share(&files[0], &share);
+    write_share(&files[1], &share);
+    write_share(&files[2], &share);
+    let transition = Instant::now();
+    let mut w1 = start(1, &share);
+    let mut w2 = start(2, &share);
+    w1.wait_ready(SECS(30)).await;
+    w2.wait_ready(SECS(30)).await;
+    // The old worker reads its file within 2 s; the new ones have started their buckets.
+    tokio::time::sleep(SECS(4)).await;
+    let p2 = Instant::now();
+    tokio::time::sleep(SECS(PHASE2)).await;
+    let phase2 = started_in(&h, p2, SECS(PHASE2)) as f64 / PHASE2 as f64;
+    let transition_rate = started_in(&h, transition, p2 - transition) as f64
+        / (p2 - transition).as_secs_f64();
+
+    println!(
+        "maxRate {MAX_RATE}/s: 1 worker {phase1:.2}/s over {PHASE1} s {:?}; transition {transition_rate:.2}/s over {:.1} s; 3 workers {phase2:.2}/s over {PHASE2} s {:?}",
+        per_second(&h, p1, PHASE1),
+        (p2 - transition).as_secs_f64(),
+        per_second(&h, p2, PHASE2),
+    );
+    for (w, name) in [(&w0, "w0"), (&w1, "w1"), (&w2, "w2")] {
+        let share = w.metric("qc_worker_rate_share").await;
+        let throttled = w.metric("qc_worker_rate_throttled_seconds_total").await;
+        println!("{name}: share {share:?}, throttled {throttled:?} s");
+        assert_eq!(share, Some(6.666), "{name} paces to its new share");
+        assert!(throttled.unwrap_or(0.0) > 1.0, "{name} was throttled");
+    }
+    for w in [&w0, &w1, &w2] {
+        w.assert_no_lease_lost().await;
+    }
+    assert!(!q.is_empty().await, "the backlog lasted the whole test");
+    w0.stop().await;
+    w1.stop().await;
+    w2.stop().await;
+    for (rate, what) in [(phase1, "one worker"), (phase2, "three workers")] {
+        assert!(
+            (rate - MAX_RATE).abs() <= MAX_RATE * 0.1,
+            "{what}: {rate:.2}/s is not within 10 % of {MAX_RATE}/s"
+        );
+    }
+    // Never well over the rate while the shares change hands.
+    assert!(
+        transition_rate <= MAX_RATE * 1.1,
+        "transition: {transition_rate:.2}/s"
+    );
+}
+
+/// Pacing happens before a receive, so no message waits for a token: SIGTERM finds nothing held
+/// for the rate, the worker exits at once, and with a second worker draining the rest every
+/// message is handled exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_paced_loses_and_repeats_nothing() {
+    let q = TestQueue::new("rate-term", 30, 5, false).await;
+    let bodies = numbered(100);
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(5))).await;
+    let mut w = Worker::start(&q.args(&["--http-url", &h.url, "--max-rate", "5"]));
+    eventually(SECS(30), "paced calls", || async { h.calls().len() >= 10 }).await;
+    let before = Instant::now();
+    w.stop_within(SECS(10)).await;
+    let took = before.elapsed();
+    let handled = h.calls().len();
+    assert!(
+        handled < 50,
+        "paced at 5/s, yet {handled} calls before SIGTERM"
+    );
+    // Nothing is held waiting for tokens: nothing to release, nothing left invisible.
+    let log = w.log_text();
+    let stopped = w.log_lines("stopped");
+    assert_eq!(
+        stopped.first().and_then(|l| l["released"].as_u64()),
+        Some(0),
+        "released on SIGTERM; log:\n{log}"
+    );
+    assert!(took < SECS(5), "drain took {took:?}; log:\n{log}");
+    let (_, invisible, _) = q.counts().await;
+    assert_eq!(invisible, 0, "messages left in flight after the drain");
+
+    // One receive at a time (concurrency = batch size, as in tests/worker.rs): moto can hand a
+    // message to two concurrent receives.
+    let mut rest = Worker::start(&q.args(&["--concurrency", "10", "--http-url", &h.url]));
+    rest.wait_deleted(100 - handled, SECS(60)).await;
+    eventually(SECS(30), "the queue empty", || async { q.is_empty().await }).await;
+    rest.stop().await;
+    let counts: HashMap<String, usize> = h.counts_by_body();
+    for b in &bodies {
+        assert_eq!(counts.get(b), Some(&1), "{b} handled once: {counts:?}");
+    }
+}
