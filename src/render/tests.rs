@@ -569,7 +569,7 @@ fn plan_without_uid_has_no_owner() {
 
 #[test]
 fn bad_templates_name_the_field() {
-    let cases: [(&str, Value, &str); 7] = [
+    let cases: [(&str, Value, &str); 8] = [
         (
             "no containers",
             json!({"spec": {"containers": []}}),
@@ -594,6 +594,11 @@ fn bad_templates_name_the_field() {
             "reserved volume",
             json!({"spec": {"containers": [{"name": "a"}], "volumes": [{"name": "qc-worker-bin", "emptyDir": {}}]}}),
             "spec.template.spec.volumes[0].name",
+        ),
+        (
+            "the rate share's volume",
+            json!({"spec": {"containers": [{"name": "a"}], "volumes": [{"name": "x", "emptyDir": {}}, {"name": "qc-rate-share", "emptyDir": {}}]}}),
+            "spec.template.spec.volumes[1].name \"qc-rate-share\" is reserved for the worker",
         ),
         (
             "reserved port name on a sidecar",
@@ -801,4 +806,70 @@ fn the_worker_assumes_the_consumers_role_in_both_layouts() {
         let at = args.iter().position(|a| a == "--role-arn").unwrap();
         assert!(at < dashdash, "{args:?}");
     }
+}
+
+/// The downward-API volume of the rate share and the mount in the container that runs the worker.
+fn rate_volume_and_mount(d: &Deployment, container: &str) -> (Volume, VolumeMount) {
+    let p = pod(d);
+    let v = p
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == RATE_VOLUME)
+        .cloned()
+        .expect("the rate volume");
+    let c = p.containers.iter().find(|c| c.name == container).unwrap();
+    let m = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == RATE_VOLUME)
+        .cloned()
+        .expect("the rate mount");
+    (v, m)
+}
+
+#[test]
+fn max_rate_renders_the_share_flags_and_the_annotation_file() {
+    for (mut spec, container) in [(http_spec(), "qc-worker"), (exec_spec(), "app")] {
+        spec["processing"]["maxRate"] = json!(20);
+        spec["scaling"] = json!({"maxReplicas": 3});
+        let d = render(spec);
+        let args = worker_command_line(&d);
+        // Until annotated: maxRate / maxReplicas, rounded down to the thousandth.
+        assert_eq!(arg_after(&args, "--max-rate"), Some("6.666"), "{container}");
+        assert_eq!(arg_after(&args, "--max-rate-file"), Some("/etc/qc/rate/share"));
+        let (v, m) = rate_volume_and_mount(&d, container);
+        let items = v.downward_api.unwrap().items.unwrap();
+        assert_eq!(items.len(), 1);
+        assert_eq!(items[0].path, "share");
+        assert_eq!(
+            items[0].field_ref.as_ref().unwrap().field_path,
+            "metadata.annotations['sqs.consumers.dev/rate-share']"
+        );
+        assert_eq!(m.mount_path, "/etc/qc/rate");
+        assert_eq!(m.read_only, Some(true));
+        // Only the worker's container reads it.
+        let others = pod(&d)
+            .containers
+            .iter()
+            .filter(|c| c.name != container)
+            .filter(|c| c.volume_mounts.iter().flatten().any(|m| m.name == RATE_VOLUME))
+            .count();
+        assert_eq!(others, 0);
+    }
+}
+
+#[test]
+fn without_max_rate_no_share_flag_nor_volume() {
+    let d = render(http_spec());
+    let args = worker_command_line(&d);
+    assert!(!args.iter().any(|a| a.starts_with("--max-rate")), "{args:?}");
+    assert!(
+        !pod(&d)
+            .volumes
+            .iter()
+            .flatten()
+            .any(|v| v.name == RATE_VOLUME)
+    );
 }
