@@ -185,6 +185,21 @@ fn flag_rows() -> Vec<FlagRow> {
             vec!["--timeout"],
         ),
         row(
+            "max rate 0",
+            with(&["--max-rate", "0"]),
+            vec!["--max-rate", "positive number"],
+        ),
+        row(
+            "max rate not a number",
+            with(&["--max-rate", "fast"]),
+            vec!["--max-rate", "positive number", "e.g."],
+        ),
+        row(
+            "max rate file without a max rate",
+            with(&["--max-rate-file", "/etc/qc/rate/share"]),
+            vec!["--max-rate-file", "needs --max-rate"],
+        ),
+        row(
             "retry max below retry base",
             with(&["--retry-base", "10s", "--retry-max", "1s"]),
             vec!["--retry-max", "--retry-base"],

@@ -172,7 +172,7 @@ struct Cli {
     max_rate: Option<f64>,
     /// A file holding this worker's share in messages per second (the controller's pod annotation
     /// through a downward-API volume); re-read every 2s, an unreadable value keeps the last good one.
-    #[arg(long, env = "QC_MAX_RATE_FILE", requires = "max_rate")]
+    #[arg(long, env = "QC_MAX_RATE_FILE")]
     max_rate_file: Option<PathBuf>,
 
     /// HTTP handler: POST each message here (CloudEvents binary mode).
