@@ -179,7 +179,8 @@ async fn the_share_annotation_follows_the_replicas() {
             .iter()
             .any(|f| f.contains("rate-share")),
         "{:?}",
-        e.fake.owned_fields(PODS, NS, "orders-a", "qc-operator-scaler")
+        e.fake
+            .owned_fields(PODS, NS, "orders-a", "qc-operator-scaler")
     );
     rbac::assert_granted(&["config/rbac/role.yaml"], &e.fake.requests());
 }
@@ -203,5 +204,9 @@ async fn replicas_are_held_at_what_the_rate_keeps_busy() {
     let scaling = fake_kube::condition_of(e.qc(), "ScalingActive");
     assert_eq!(scaling.status, "True");
     assert_eq!(scaling.reason, "AtMaxRate", "{}", scaling.message);
-    assert!(scaling.message.contains("limited by MaxRate"), "{}", scaling.message);
+    assert!(
+        scaling.message.contains("limited by MaxRate"),
+        "{}",
+        scaling.message
+    );
 }

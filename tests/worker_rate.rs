@@ -3,6 +3,8 @@
 //! aggregate rate holds within 10 % across a scale from 1 to 3 workers whose share files are
 //! rewritten as the kubelet does, and pacing never loses or double-handles a message on SIGTERM.
 
+#![allow(clippy::float_cmp)]
+
 #[path = "common/mod.rs"]
 mod common;
 #[path = "worker/support.rs"]
@@ -46,12 +48,13 @@ async fn the_rate_holds_within_ten_percent_across_a_scale_from_one_to_three() {
     const MAX_RATE: f64 = 20.0;
     const PHASE1: u64 = 10;
     const PHASE2: u64 = 15;
+    // The backlog is kept near this many messages (see the producer below).
+    const BACKLOG: usize = 150;
     let q = TestQueue::new("rate", 30, 5, false).await;
     let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(5))).await;
     // A backlog to the end, kept near BACKLOG messages: moto's ReceiveMessage slows with the queue's
     // length (about 1 s at 1000 messages on a busy machine, 0.1 s at 100), and a receive slower than
     // the rate's pace would measure moto instead of the bucket.
-    const BACKLOG: usize = 150;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let producer = {
         let (client, url, h, stop) = (q.client.clone(), q.url.clone(), h.clone(), stop.clone());
@@ -82,7 +85,9 @@ async fn the_rate_holds_within_ten_percent_across_a_scale_from_one_to_three() {
     })
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let files: Vec<_> = (0..3).map(|i| dir.path().join(format!("share-{i}"))).collect();
+    let files: Vec<_> = (0..3)
+        .map(|i| dir.path().join(format!("share-{i}")))
+        .collect();
     let start = |i: usize, initial: &str| {
         // Concurrency 40: up to four receives at once, so an unpaced worker outruns 20/s even
         // when moto answers a receive in half a second (one at a time would not).
@@ -101,7 +106,10 @@ async fn the_rate_holds_within_ten_percent_across_a_scale_from_one_to_three() {
     // Phase 1: one replica, the whole rate.
     write_share(&files[0], "20");
     let mut w0 = start(0, "6.666");
-    eventually(SECS(30), "the first call", || async { !h.calls().is_empty() }).await;
+    eventually(SECS(30), "the first call", || async {
+        !h.calls().is_empty()
+    })
+    .await;
     tokio::time::sleep(SECS(3)).await;
     let p1 = Instant::now();
     tokio::time::sleep(SECS(PHASE1)).await;
@@ -124,8 +132,8 @@ async fn the_rate_holds_within_ten_percent_across_a_scale_from_one_to_three() {
     let p2 = Instant::now();
     tokio::time::sleep(SECS(PHASE2)).await;
     let phase2 = started_in(&h, p2, SECS(PHASE2)) as f64 / PHASE2 as f64;
-    let transition_rate = started_in(&h, transition, p2 - transition) as f64
-        / (p2 - transition).as_secs_f64();
+    let transition_rate =
+        started_in(&h, transition, p2 - transition) as f64 / (p2 - transition).as_secs_f64();
 
     println!(
         "maxRate {MAX_RATE}/s: 1 worker {phase1:.2}/s over {PHASE1} s {:?}; transition {transition_rate:.2}/s over {:.1} s; 3 workers {phase2:.2}/s over {PHASE2} s {:?}",

@@ -149,14 +149,21 @@ pub(super) async fn set_rate_shares(
         ..PatchParams::default()
     };
     for pod in running {
-        if pod.annotations().get(crate::scaling::rate::SHARE_ANNOTATION) == Some(&text) {
+        if pod
+            .annotations()
+            .get(crate::scaling::rate::SHARE_ANNOTATION)
+            == Some(&text)
+        {
             continue;
         }
         let name = pod.name_any();
-        let patch = json!({"metadata": {"annotations": {crate::scaling::rate::SHARE_ANNOTATION: &text}}});
+        let patch =
+            json!({"metadata": {"annotations": {crate::scaling::rate::SHARE_ANNOTATION: &text}}});
         match api.patch(&name, &params, &Patch::Merge(&patch)).await {
             Ok(_) => {
-                ctx.metrics.rate_share_writes.fetch_add(1, Ordering::Relaxed);
+                ctx.metrics
+                    .rate_share_writes
+                    .fetch_add(1, Ordering::Relaxed);
             }
             Err(e) => {
                 tracing::warn!(queueconsumer = %name_of(qc), pod = %name, error = %e, "cannot write the pod's rate share");

@@ -838,7 +838,10 @@ fn max_rate_renders_the_share_flags_and_the_annotation_file() {
         let args = worker_command_line(&d);
         // Until annotated: maxRate / maxReplicas, rounded down to the thousandth.
         assert_eq!(arg_after(&args, "--max-rate"), Some("6.666"), "{container}");
-        assert_eq!(arg_after(&args, "--max-rate-file"), Some("/etc/qc/rate/share"));
+        assert_eq!(
+            arg_after(&args, "--max-rate-file"),
+            Some("/etc/qc/rate/share")
+        );
         let (v, m) = rate_volume_and_mount(&d, container);
         let items = v.downward_api.unwrap().items.unwrap();
         assert_eq!(items.len(), 1);
@@ -854,7 +857,12 @@ fn max_rate_renders_the_share_flags_and_the_annotation_file() {
             .containers
             .iter()
             .filter(|c| c.name != container)
-            .filter(|c| c.volume_mounts.iter().flatten().any(|m| m.name == RATE_VOLUME))
+            .filter(|c| {
+                c.volume_mounts
+                    .iter()
+                    .flatten()
+                    .any(|m| m.name == RATE_VOLUME)
+            })
             .count();
         assert_eq!(others, 0);
     }
@@ -864,7 +872,10 @@ fn max_rate_renders_the_share_flags_and_the_annotation_file() {
 fn without_max_rate_no_share_flag_nor_volume() {
     let d = render(http_spec());
     let args = worker_command_line(&d);
-    assert!(!args.iter().any(|a| a.starts_with("--max-rate")), "{args:?}");
+    assert!(
+        !args.iter().any(|a| a.starts_with("--max-rate")),
+        "{args:?}"
+    );
     assert!(
         !pod(&d)
             .volumes

@@ -510,12 +510,8 @@ fn with_rate_cap(spec: &QueueConsumerSpec, mut d: Decision, current: u32) -> Dec
         return d;
     };
     let per_message = spec.processing.mean.unwrap_or(spec.processing.p99);
-    let cap = rate::replica_cap(
-        max_rate,
-        crate::validate::message_slots(spec),
-        per_message,
-    )
-    .max(spec.scaling.min_replicas.min(spec.scaling.max_replicas));
+    let cap = rate::replica_cap(max_rate, crate::validate::message_slots(spec), per_message)
+        .max(spec.scaling.min_replicas.min(spec.scaling.max_replicas));
     if d.replicas <= cap || d.reason == Reason::MetricsUnavailable {
         return d;
     }
@@ -971,8 +967,12 @@ mod rate_cap_tests {
         let held = decide_for(&s, &h, 3, Downstream::default(), now);
         assert_eq!((held.replicas, held.reason), (3, Reason::Hold));
         // Without maxRate the backlog's answer stands.
-        let free = spec("processing: {p99: 2s, mean: 1s}\nscaling: {maxReplicas: 20, maxBacklogAge: 10s}");
-        assert_eq!(decide_for(&free, &h, 1, Downstream::default(), now).replicas, 20);
+        let free =
+            spec("processing: {p99: 2s, mean: 1s}\nscaling: {maxReplicas: 20, maxBacklogAge: 10s}");
+        assert_eq!(
+            decide_for(&free, &h, 1, Downstream::default(), now).replicas,
+            20
+        );
     }
 
     #[test]
@@ -992,6 +992,9 @@ mod rate_cap_tests {
             "processing: {p99: 2s, concurrency: 2, maxRate: 25}\nhandler: {http: {}, batch: {maxItems: 10}}\nscaling: {maxReplicas: 50, maxBacklogAge: 10s}",
         );
         let (h, now) = busy(100_000);
-        assert_eq!(decide_for(&s, &h, 1, Downstream::default(), now).replicas, 3);
+        assert_eq!(
+            decide_for(&s, &h, 1, Downstream::default(), now).replicas,
+            3
+        );
     }
 }

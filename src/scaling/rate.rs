@@ -48,6 +48,7 @@ pub fn replica_cap(max_rate: u32, slots: u32, per_message: Duration) -> u32 {
 }
 
 #[cfg(test)]
+#[allow(clippy::float_cmp)] // exact values
 mod tests {
     use super::*;
 
@@ -61,7 +62,10 @@ mod tests {
         assert_eq!(share_text(share(1, 1_000_000)), "0.001");
         for (rate, n) in [(20u32, 3u32), (7, 6), (1_000_000, 7), (1, 3)] {
             let each: f64 = share_text(share(rate, n)).parse().expect("a number");
-            assert!(each * f64::from(n) <= f64::from(rate) + 1e-9, "{rate} over {n}");
+            assert!(
+                each * f64::from(n) <= f64::from(rate) + 1e-9,
+                "{rate} over {n}"
+            );
         }
     }
 

@@ -726,7 +726,9 @@ fn max_rate_below_backlog_fires_on_a_backlog_the_rate_cannot_drain_in_time() {
     let s = spec("processing: {p99: 2s, maxRate: 20}\nscaling: {maxBacklogAge: 1m}");
     let mut q = queue(30);
     q.visible = Some(1200);
-    assert!(!codes_of(&s, Some(&facts(q.clone()))).contains(&codes::MAX_RATE_BELOW_BACKLOG.to_string()));
+    assert!(
+        !codes_of(&s, Some(&facts(q.clone()))).contains(&codes::MAX_RATE_BELOW_BACKLOG.to_string())
+    );
     q.visible = Some(4987);
     let report = evaluate(&s, Some(&facts(q)));
     let f = report
@@ -735,11 +737,20 @@ fn max_rate_below_backlog_fires_on_a_backlog_the_rate_cannot_drain_in_time() {
         .find(|f| f.code == codes::MAX_RATE_BELOW_BACKLOG)
         .expect("fires");
     assert_eq!(f.severity, Severity::Warning);
-    assert!(f.message.contains("about 5000 messages takes 250s"), "{}", f.message);
-    assert!(f.message.contains("processing.maxRate 20/s"), "{}", f.message);
     assert!(
-        f.recommendation
-            .contains("raise processing.maxRate to at least 84, or scaling.maxBacklogAge to at least 250s"),
+        f.message.contains("about 5000 messages takes 250s"),
+        "{}",
+        f.message
+    );
+    assert!(
+        f.message.contains("processing.maxRate 20/s"),
+        "{}",
+        f.message
+    );
+    assert!(
+        f.recommendation.contains(
+            "raise processing.maxRate to at least 84, or scaling.maxBacklogAge to at least 250s"
+        ),
         "{}",
         f.recommendation
     );
@@ -750,10 +761,16 @@ fn max_rate_below_backlog_offline_uses_the_activation_backlog() {
     let fires = |yaml: &str| {
         codes_of(&spec(yaml), None).contains(&codes::MAX_RATE_BELOW_BACKLOG.to_string())
     };
-    assert!(!fires("processing: {p99: 2s, maxRate: 1}\nscaling: {maxBacklogAge: 1m, activationBacklog: 60}"));
-    assert!(fires("processing: {p99: 2s, maxRate: 1}\nscaling: {maxBacklogAge: 1m, activationBacklog: 61}"));
+    assert!(!fires(
+        "processing: {p99: 2s, maxRate: 1}\nscaling: {maxBacklogAge: 1m, activationBacklog: 60}"
+    ));
+    assert!(fires(
+        "processing: {p99: 2s, maxRate: 1}\nscaling: {maxBacklogAge: 1m, activationBacklog: 61}"
+    ));
     // No maxRate: never.
-    assert!(!fires("processing: {p99: 2s}\nscaling: {activationBacklog: 100000}"));
+    assert!(!fires(
+        "processing: {p99: 2s}\nscaling: {activationBacklog: 100000}"
+    ));
 }
 
 #[test]

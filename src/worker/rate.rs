@@ -151,7 +151,7 @@ pub fn watch_share(path: Option<PathBuf>, initial: f64, poll: Duration) -> watch
                 tokio::time::sleep(poll).await;
                 let before = current;
                 apply_file(&path, &mut current, &mut bad);
-                if current != before && tx.send(current).is_err() {
+                if current.to_bits() != before.to_bits() && tx.send(current).is_err() {
                     return;
                 }
                 if tx.is_closed() {
@@ -167,7 +167,8 @@ fn apply_file(path: &Path, current: &mut f64, bad: &mut Option<String>) {
     match read_share_file(path) {
         ShareFile::Share(v) => {
             *bad = None;
-            if v != *current {
+            // Exactly the value written: any change is news.
+            if v.to_bits() != current.to_bits() {
                 tracing::info!(from = *current, to = v, file = %path.display(), "rate share changed");
                 *current = v;
             }
@@ -245,6 +246,7 @@ impl Limiter {
 }
 
 #[cfg(test)]
+#[allow(clippy::float_cmp)] // exact values: the bucket's arithmetic is exact on these
 mod tests {
     use super::*;
     use proptest::prelude::*;
@@ -378,7 +380,7 @@ mod tests {
                 }
                 log.push((now_ms, net));
             }
-            let max_rate = rates.iter().cloned().fold(0.0, f64::max);
+            let max_rate = rates.iter().copied().fold(0.0, f64::max);
             let max_burst = burst(max_rate, batch);
             // From the start (an empty bucket): at most max rate × t.
             let mut total = 0.0;
