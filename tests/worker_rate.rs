@@ -211,3 +211,71 @@ async fn sigterm_while_paced_loses_and_repeats_nothing() {
         assert_eq!(counts.get(b), Some(&1), "{b} handled once: {counts:?}");
     }
 }
+
+/// Batch mode: the rate counts messages, not handler calls (the downstream sees messages). At
+/// maxRate 5/s with calls of up to 10 items, the messages handled stay within 10 % of 5/s over
+/// 20 s; a rate of calls would let 50 through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_mode_counts_messages_not_calls() {
+    const RATE: f64 = 5.0;
+    const WINDOW: u64 = 20;
+    let q = TestQueue::new("rate-batch", 30, 5, false).await;
+    q.send_all(&numbered(150), |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::answer(Duration::from_millis(5), "")).await;
+    let mut w = Worker::start(&q.args(&[
+        "--http-url",
+        &h.url,
+        "--batch-max-items",
+        "10",
+        "--batch-max-wait",
+        "300ms",
+        "--max-rate",
+        "5",
+    ]));
+    eventually(SECS(30), "the first call", || async {
+        !h.calls().is_empty()
+    })
+    .await;
+    tokio::time::sleep(SECS(2)).await;
+    let from = Instant::now();
+    tokio::time::sleep(SECS(WINDOW)).await;
+    let calls: Vec<_> = h
+        .calls()
+        .into_iter()
+        .filter(|c| c.started >= from && c.started < from + SECS(WINDOW))
+        .collect();
+    let messages: usize = calls
+        .iter()
+        .map(|c| {
+            serde_json::from_slice::<serde_json::Value>(&c.body)
+                .expect("a JSON array of events")
+                .as_array()
+                .map_or(0, Vec::len)
+        })
+        .sum();
+    let empty = w.metric("qc_worker_empty_receives_total").await;
+    let shape: Vec<(u128, usize)> = calls
+        .iter()
+        .map(|c| {
+            (
+                (c.started - from).as_millis(),
+                serde_json::from_slice::<serde_json::Value>(&c.body)
+                    .ok()
+                    .and_then(|v| v.as_array().map(Vec::len))
+                    .unwrap_or(0),
+            )
+        })
+        .collect();
+    println!("empty receives {empty:?}; calls (ms, items) {shape:?}");
+    w.stop().await;
+    let rate = messages as f64 / WINDOW as f64;
+    println!(
+        "batch mode at maxRate {RATE}/s: {rate:.2} messages/s in {} calls over {WINDOW} s",
+        calls.len()
+    );
+    assert!(
+        (rate - RATE).abs() <= RATE * 0.1,
+        "{rate:.2} messages/s is not within 10 % of {RATE}/s"
+    );
+    assert!(messages > calls.len(), "calls of several messages each");
+}
