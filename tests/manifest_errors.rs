@@ -53,6 +53,14 @@ const BAD_FIELDS: &[(&str, &str)] = &[
         "processing.concurrency must be at least 1",
     ),
     (
+        "  handler: {http: {}}\n  processing: {p99: 1s, maxRate: 0}\n",
+        "processing.maxRate must be a whole number of messages per second from 1 to 1000000",
+    ),
+    (
+        "  handler: {http: {}}\n  processing: {p99: 1s, maxRate: 2.5}\n",
+        "spec.processing.maxRate: invalid type: floating point `2.5`",
+    ),
+    (
         "  handler: {}\n  processing: {p99: 1s}\n",
         "spec.handler: handler must set exactly one of http or exec",
     ),
