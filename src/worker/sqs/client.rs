@@ -6,12 +6,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use aws_runtime::invocation_id::InvocationIdInterceptor;
-use aws_runtime::request_info::RequestInfoInterceptor;
 use aws_sdk_sqs::config::StalledStreamProtectionConfig;
-use aws_sdk_sqs::config::interceptors::{
-    BeforeSerializationInterceptorContextRef, BeforeTransmitInterceptorContextRef,
-};
+use aws_sdk_sqs::config::interceptors::BeforeTransmitInterceptorContextRef;
 use aws_sdk_sqs::config::timeout::TimeoutConfig;
 use aws_sdk_sqs::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_sdk_sqs::error::BuildError;
@@ -23,43 +19,12 @@ use aws_sdk_sqs::types::{
     DeleteMessageBatchRequestEntry, DeleteMessageBatchResultEntry, MessageSystemAttributeName,
     QueueAttributeName,
 };
-use aws_smithy_runtime_api::client::interceptors::disable_interceptor;
 use aws_smithy_runtime_api::client::orchestrator::Metadata;
 use futures::future::BoxFuture;
 
 use super::errors::{Action, ErrorKind, SqsError, classify, invalid_request};
 use super::wire::{Entry, EntryFailure, Message, QueueInfo, batch_failures, parse_queue_info};
 use crate::worker::metrics::Metrics;
-
-/// Turns off two of the SDK's optional interceptors for the worker's calls (#31 item 4): the
-/// `amz-sdk-invocation-id` header (a random id per call, for the SDK's own tracing of retries) and
-/// the `amz-sdk-request` header (attempt and retry limit), neither of which SQS acts on. The SDK
-/// offers no client-wide switch for them, so this runs first in every call and disables them for
-/// it (as `benches/sqs_calls.rs` measured). The user agent stays: AWS uses it to tell SDK versions
-/// apart when a user asks for help (docs/decisions.md).
-#[derive(Debug)]
-struct Trims;
-
-impl Intercept for Trims {
-    fn name(&self) -> &'static str {
-        "Trims"
-    }
-
-    fn read_before_execution(
-        &self,
-        _context: &BeforeSerializationInterceptorContextRef<'_>,
-        cfg: &mut ConfigBag,
-    ) -> Result<(), BoxError> {
-        let state = cfg.interceptor_state();
-        state.store_put(disable_interceptor::<InvocationIdInterceptor>(
-            "qc-worker: SQS does not use it",
-        ));
-        state.store_put(disable_interceptor::<RequestInfoInterceptor>(
-            "qc-worker: SQS does not use it",
-        ));
-        Ok(())
-    }
-}
 
 /// The SDK client bound to one queue; cheap to clone (one client, one connection pool per process).
 #[derive(Clone)]
@@ -109,7 +74,6 @@ impl Sqs {
                 metrics: metrics.clone(),
                 endpoint: endpoint.clone(),
             })
-            .interceptor(Trims)
             .build();
         Ok(Sqs {
             client: aws_sdk_sqs::Client::from_conf(conf),
@@ -482,10 +446,11 @@ mod tests {
         assert_eq!(lease_start(sent, sent + ms(15_000)), sent + ms(14_500));
     }
 
-    /// The trims reach the wire: a call to a loopback endpoint carries the user agent but neither
-    /// `amz-sdk-invocation-id` nor `amz-sdk-request`.
+    /// The worker's calls carry the SDK's user agent with the app name the worker sets
+    /// (`app/qc-worker`, what CloudTrail and tests/iam_policy.rs tell the worker's calls by), and
+    /// are signed.
     #[tokio::test]
-    async fn calls_carry_the_user_agent_but_not_the_trimmed_headers() {
+    async fn calls_carry_the_user_agent_with_the_worker_app_name() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -507,19 +472,22 @@ mod tests {
             sock.write_all(body).await.unwrap();
             String::from_utf8_lossy(&got).to_ascii_lowercase()
         });
-        let sdk = aws_types::SdkConfig::builder()
-            .behavior_version(aws_config::BehaviorVersion::latest())
-            .region(aws_types::region::Region::new("us-east-1"))
-            .endpoint_url(format!("http://{addr}"))
-            .credentials_provider(
-                aws_credential_types::provider::SharedCredentialsProvider::new(
-                    aws_credential_types::Credentials::new(
-                        "AKIDTEST", "secret", None, None, "test",
+        let sdk = crate::aws::with_app_name(
+            aws_types::SdkConfig::builder()
+                .behavior_version(aws_config::BehaviorVersion::latest())
+                .region(aws_types::region::Region::new("us-east-1"))
+                .endpoint_url(format!("http://{addr}"))
+                .credentials_provider(
+                    aws_credential_types::provider::SharedCredentialsProvider::new(
+                        aws_credential_types::Credentials::new(
+                            "AKIDTEST", "secret", None, None, "test",
+                        ),
                     ),
-                ),
-            )
-            .http_client(crate::aws::http_client())
-            .build();
+                )
+                .http_client(crate::aws::http_client())
+                .build(),
+            crate::aws::WORKER_APP_NAME,
+        );
         let sqs = Sqs::new(
             &sdk,
             &format!("http://{addr}/000000000000/q"),
@@ -535,8 +503,7 @@ mod tests {
             head.contains("\r\nauthorization: aws4-hmac-sha256"),
             "{head}"
         );
-        assert!(!head.contains("amz-sdk-invocation-id"), "{head}");
-        assert!(!head.contains("amz-sdk-request"), "{head}");
+        assert!(head.contains(" app/qc-worker"), "{head}");
     }
 
     #[test]
