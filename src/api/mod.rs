@@ -1255,7 +1255,9 @@ pub struct ObservedStatus {
     /// Pods whose /metrics answered at the last scrape.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pods: Option<i32>,
-    /// Ready pods whose /metrics did not answer at the last scrape.
+    /// Ready pods whose /metrics could not be read at the last scrape: no answer within 2s, a status
+    /// other than 200, an answer over 1 MiB, or no handler histogram (each is logged with its pod).
+    /// Scraped once a poll interval, never retried sooner.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pods_unreachable: Option<i32>,
     /// Of the pods that answered, those whose outage breaker was open at the last scrape (intake

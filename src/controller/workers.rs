@@ -47,6 +47,14 @@ impl Breaker {
 
 /// Pods scraped at once per QueueConsumer.
 pub const SCRAPE_CONCURRENCY: usize = 16;
+/// Pods scraped at once by the whole controller, whatever the number of reconciles running: each
+/// scrape holds at most 1 MiB of answer, so the scrapes never hold more than this many MiB together
+/// (1,000 consumers whose workers answer 64 MiB bodies: benches/scrape_memory.rs), and a thousand
+/// scrapes at once cannot starve each other into timeouts that would report healthy pods unreachable.
+pub const GLOBAL_SCRAPE_CONCURRENCY: usize = 32;
+/// The controller's scrape slots (`GLOBAL_SCRAPE_CONCURRENCY`).
+static SCRAPE_SLOTS: tokio::sync::Semaphore =
+    tokio::sync::Semaphore::const_new(GLOBAL_SCRAPE_CONCURRENCY);
 /// Connecting to a pod, and the whole exchange with it: a pod that takes longer counts as unreachable.
 pub const CONNECT_TIMEOUT: StdDuration = StdDuration::from_secs(1);
 pub const SCRAPE_TIMEOUT: StdDuration = StdDuration::from_secs(2);
@@ -587,13 +595,17 @@ impl Windows {
     }
 }
 
-/// Scrape every target, `SCRAPE_CONCURRENCY` at a time, each within `SCRAPE_TIMEOUT`: one slow or
+/// Scrape every target, `SCRAPE_CONCURRENCY` at a time (and at most `GLOBAL_SCRAPE_CONCURRENCY` in
+/// the whole controller), each within `SCRAPE_TIMEOUT` once it has its slot: one slow or
 /// failing pod never holds the others back.
 pub async fn scrape(targets: &[Target], at: Timestamp) -> (Round, Vec<ScrapeError>) {
     let results: Vec<(String, Result<PodMetrics, ScrapeError>)> =
         futures::stream::iter(targets.iter().cloned())
             .map(|t| async move {
                 let pod = t.pod.clone();
+                // A slot of the controller's (waiting for one is not the pod's time: the timeout
+                // starts once the slot is ours). The semaphore is never closed.
+                let _slot = SCRAPE_SLOTS.acquire().await.ok();
                 let r = match tokio::time::timeout(SCRAPE_TIMEOUT, fetch(&t)).await {
                     Ok(r) => r,
                     Err(_) => Err(ScrapeError::Timeout { pod: pod.clone() }),
@@ -649,6 +661,63 @@ async fn fetch(t: &Target) -> Result<PodMetrics, ScrapeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// However many reconciles scrape at once, no more than `GLOBAL_SCRAPE_CONCURRENCY` pods are
+    /// read at a time in the whole controller (each answer holds up to 1 MiB).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn scrapes_across_all_consumers_are_bounded_together() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let open = std::sync::Arc::new(AtomicUsize::new(0));
+        let most = std::sync::Arc::new(AtomicUsize::new(0));
+        let (o, m) = (open.clone(), most.clone());
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let (o, m) = (o.clone(), m.clone());
+                tokio::spawn(async move {
+                    let now = o.fetch_add(1, Ordering::SeqCst) + 1;
+                    m.fetch_max(now, Ordering::SeqCst);
+                    let mut req = [0u8; 1024];
+                    let _ = s.read(&mut req).await;
+                    tokio::time::sleep(StdDuration::from_millis(100)).await;
+                    let body = "qc_worker_handler_duration_seconds_count 1\n";
+                    let _ = s
+                        .write_all(
+                            format!(
+                                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                                body.len()
+                            )
+                            .as_bytes(),
+                        )
+                        .await;
+                    o.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        // Six reconciles at once, each with 16 pods: 96 scrapes.
+        let rounds = futures::future::join_all((0..6).map(|c| async move {
+            let targets: Vec<Target> = (0..SCRAPE_CONCURRENCY)
+                .map(|i| Target {
+                    pod: format!("qc-{c}-{i}"),
+                    ip: "127.0.0.1".into(),
+                    port,
+                })
+                .collect();
+            scrape(&targets, Timestamp::from_millis(0)).await
+        }))
+        .await;
+        let answered: usize = rounds.iter().map(|(r, e)| r.pods.len() + e.len()).sum();
+        assert_eq!(answered, 6 * SCRAPE_CONCURRENCY, "every pod scraped");
+        let most = most.load(Ordering::SeqCst);
+        assert!(most <= 32, "{most} pods read at once, above 32");
+        assert!(
+            most > SCRAPE_CONCURRENCY,
+            "reconciles did scrape side by side: {most}"
+        );
+    }
 
     /// #29 item 1: the scrape goes to the worker's own container, never to a port of the same name
     /// that a user's container declares (ahead of the worker's, or in the exec layout beside it).
