@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the eight benchmark traces (CSV `second,arrivals`) into traces/ next to this script.
+"""Writes the ten benchmark traces (CSV `second,arrivals`) into traces/ next to this script.
 
 Deterministic: a fixed seed per trace, Python's Mersenne Twister (stable across Python versions).
 The committed CSVs are what the benchmark reads; rerun this only to change the traffic on purpose.
@@ -121,6 +121,17 @@ def night():
     return counts
 
 
+def sawtooth(seed, cycles, period, low, high):
+    """Sawtooth load: the rate climbs linearly from low to high over each period, then drops straight back
+    to low; `cycles` times with no pause between them, then 10 min idle."""
+    rng = random.Random(seed)
+    counts = []
+    for _ in range(cycles):
+        counts += [poisson(rng, low + (high - low) * s / period) for s in range(period)]
+    counts += [0] * 600
+    return counts
+
+
 if __name__ == "__main__":
     os.makedirs(HERE, exist_ok=True)
     write("step", step(), "step: idle 10 min, 30/s for 15 min, 150/s for 15 min, 30/s for 15 min, idle 20 min")
@@ -131,3 +142,7 @@ if __name__ == "__main__":
     write("surge", surge(), "surge: 5/s, at 20 min a 20x spike (100/s for 2 min) with a tail back to 5/s over ~20 min, 80 min; idle 10 min")
     write("ramps", ramps(), "ramps: five times 0 to 80/s over 10 min then a sudden stop and 3 min idle; idle 10 min")
     write("night", night(), "night: 8 h with single messages every ~4 min (exponential gaps)")
+    write("sawtooth", sawtooth(9, 12, 300, 5.0, 60.0),
+          "sawtooth: 5/s climbing to 60/s over 5 min then back to 5/s at once, twelve times (60 min); idle 10 min")
+    write("sawtooth-slow", sawtooth(10, 6, 900, 10.0, 80.0),
+          "sawtooth-slow: 10/s climbing to 80/s over 15 min then back to 10/s at once, six times (90 min); idle 10 min")
