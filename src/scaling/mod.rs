@@ -262,6 +262,10 @@ pub fn measured_startup(pods: &[(Timestamp, Timestamp)]) -> Option<Duration> {
 /// a replica from adding and removing it on every wobble (docs/scaling.md, "Damping churn").
 pub const SCALE_DOWN_UTILIZATION: u32 = 90;
 
+/// The ramp lead reads the counted arrivals of this many consecutive poll intervals: it needs the rate to
+/// have risen at each of the `RAMP_INTERVALS - 1` polls between them (docs/scaling.md, "Calm on ramps").
+pub const RAMP_INTERVALS: usize = 4;
+
 /// A sample older than this many poll intervals is stale: the policy holds rather than act on it.
 pub const STALE_AFTER_POLLS: u32 = 3;
 
@@ -335,6 +339,9 @@ pub enum Limit {
     OldestAge,
     /// `processing.maxRate`: no more replicas than the rate keeps busy ([`rate::replica_cap`]).
     MaxRate,
+    /// A scale-up waits for the next poll: the visible backlog is younger than maxBacklogAge less a poll, a
+    /// start-up and P, so replicas asked for a poll later are still in time for it.
+    Deferred,
 }
 
 impl Limit {
@@ -349,6 +356,7 @@ impl Limit {
             Limit::Starting => "Starting",
             Limit::OldestAge => "OldestAge",
             Limit::MaxRate => "MaxRate",
+            Limit::Deferred => "Deferred",
         }
     }
 }
@@ -378,6 +386,8 @@ pub struct Terms {
     /// Highest recommendation of the stabilization window (samples newer than now − window, and the latest),
     /// when a scale-down consulted it.
     pub window_max: Option<u32>,
+    /// Replicas a scale-up added for a rising ramp of arrivals (the ramp lead), when it added any.
+    pub ramp_replicas: Option<u32>,
 }
 
 /// The policy's answer.
@@ -456,6 +466,9 @@ impl fmt::Display for Decision {
         }
         if let Some(w) = t.window_max {
             write!(f, "; stabilization window peak {w}")?;
+        }
+        if let Some(r) = t.ramp_replicas {
+            write!(f, "; {r} more for the rising arrivals")?;
         }
         if let Some(l) = self.limited_by {
             write!(f, "; limited by {}", l.as_str())?;
@@ -630,13 +643,33 @@ pub fn decide_with_waiting(
     }
 
     if rec.clamped >= current {
-        let reason = if rec.clamped > current {
+        let startup = history.startup().unwrap_or(DEFAULT_STARTUP);
+        if rec.clamped > current && current >= model.min && model.can_defer(&samples, spec, startup)
+        {
+            return Decision {
+                replicas: current,
+                recommended: rec.clamped,
+                reason: Reason::Hold,
+                limited_by: Some(Limit::Deferred),
+                terms: Some(terms),
+            };
+        }
+        let mut replicas = rec.clamped;
+        if replicas > current {
+            let lead = model.ramp_lead(&samples, poll_interval(spec).saturating_add(startup));
+            let led = replicas.saturating_add(lead).min(model.max);
+            if led > replicas {
+                terms.ramp_replicas = Some(led - replicas);
+                replicas = led;
+            }
+        }
+        let reason = if replicas > current {
             Reason::ScaleUp
         } else {
             Reason::Hold
         };
         return Decision {
-            replicas: rec.clamped,
+            replicas,
             recommended: rec.clamped,
             reason,
             limited_by: rec.limit,
@@ -778,6 +811,65 @@ impl Model {
         (new, seen)
     }
 
+    /// Whether a scale-up may wait for the next poll (docs/scaling.md, "Calm on ramps"): the visible
+    /// backlog is younger than maxBacklogAge less a poll, a start-up and P, so the replicas the next poll
+    /// asks for are still in time for it. The backlog's age is read from the counted arrivals of the last
+    /// interval (the visible messages are the latest ones: visible / arrival rate), and from CloudWatch's
+    /// oldest age when the sample has one (whichever is older: CloudWatch's lags, so it alone could say a
+    /// backlog is young when it is not). Without a counted arrivals figure nothing waits.
+    fn can_defer(&self, samples: &[&Sample], spec: &ScalingSpec, startup: Duration) -> bool {
+        let [.., prev, latest] = samples else {
+            return false;
+        };
+        let spare = spec
+            .max_backlog_age
+            .as_millis()
+            .saturating_sub(poll_interval(spec).as_millis())
+            .saturating_sub(startup.as_millis())
+            .saturating_sub(self.p99_ms);
+        if spare == 0 || latest.oldest_age.is_some_and(|age| age.as_millis() > spare) {
+            return false;
+        }
+        let Some((arrived, dt)) = arrivals(prev, latest) else {
+            return false;
+        };
+        // visible / (arrived / dt) ≤ spare, in integers
+        u128::from(latest.visible) * u128::from(dt) <= u128::from(arrived) * spare
+    }
+
+    /// Replicas a scale-up adds for a ramp (docs/scaling.md, "Calm on ramps"): when the arrival rate rose
+    /// at each of the last [`RAMP_INTERVALS`] − 1 polls, the smallest of those rises per poll, continued
+    /// for `ahead` (a poll and a start-up: until the replicas the next poll could ask for are ready),
+    /// at the mean's (else P's) slots per message. A spike rises once and a steady load wobbles, so
+    /// neither rises at every poll; 0 without counted arrivals.
+    fn ramp_lead(&self, samples: &[&Sample], ahead: Duration) -> u32 {
+        if samples.len() <= RAMP_INTERVALS {
+            return 0;
+        }
+        // arrival rates in messages per 1000 s, oldest first
+        let mut rates = Vec::with_capacity(RAMP_INTERVALS);
+        let mut last_dt = 1u64;
+        for w in samples[samples.len() - RAMP_INTERVALS - 1..].windows(2) {
+            let Some((arrived, dt)) = arrivals(w[0], w[1]) else {
+                return 0;
+            };
+            rates.push(u128::from(arrived) * 1_000_000 / u128::from(dt));
+            last_dt = dt;
+        }
+        let rise = rates
+            .windows(2)
+            .map(|r| r[1].saturating_sub(r[0]))
+            .min()
+            .unwrap_or(0);
+        // slots = rise per poll × (ahead / poll) × seconds per message; the rates' unit and the ms of the
+        // mean make the numerator a million times the slots
+        let slots_x = rise
+            .saturating_mul(ahead.as_millis())
+            .saturating_mul(self.seen_drain_ms);
+        let per_replica = u128::from(last_dt) * u128::from(self.concurrency) * 1_000_000;
+        u32::try_from(slots_x.div_ceil(per_replica)).unwrap_or(u32::MAX)
+    }
+
     /// The recommendation of `samples[i]`. Refinements inside the base formula, all pure functions of the
     /// samples (docs/scaling.md, "Recommendation"): the in-flight term uses the mean in-flight count of
     /// the samples within maxBacklogAge up to this one, because one reading of a busy queue jitters by
@@ -909,9 +1001,23 @@ impl Model {
                 backlog_per_replica: per_new,
                 seen_backlog_per_replica: per_seen,
                 window_max: None,
+                ramp_replicas: None,
             },
         }
     }
+}
+
+/// Messages sent between two samples, counted: Δ(visible + in flight) + the workers' deletes, with the
+/// interval in ms; None without a deleted count or when the samples are not in time order.
+fn arrivals(prev: &Sample, s: &Sample) -> Option<(u64, u64)> {
+    let deleted = s.deleted?;
+    let dt = s.at.as_millis().checked_sub(prev.at.as_millis())?;
+    if dt == 0 {
+        return None;
+    }
+    let work = |x: &Sample| i128::from(x.visible) + i128::from(x.in_flight);
+    let arrived = (work(s) - work(prev) + i128::from(deleted)).max(0);
+    Some((u64::try_from(arrived).unwrap_or(u64::MAX), dt))
 }
 
 fn saturate_u32(v: u64) -> u32 {
