@@ -262,6 +262,11 @@ pub fn measured_startup(pods: &[(Timestamp, Timestamp)]) -> Option<Duration> {
 /// a replica from adding and removing it on every wobble (docs/scaling.md, "Damping churn").
 pub const SCALE_DOWN_UTILIZATION: u32 = 90;
 
+/// A scale-up by more replicas than this never waits for the next poll ([`Limit::Deferred`]): a step that
+/// large comes with a backlog that needs the whole of maxBacklogAge to drain (a burst), not a load edging
+/// past a replica.
+pub const DEFER_MAX_STEP: u32 = 3;
+
 /// The ramp lead reads the counted arrivals of this many consecutive poll intervals: it needs the rate to
 /// have risen at each of the `RAMP_INTERVALS - 1` polls between them (docs/scaling.md, "Calm on ramps").
 pub const RAMP_INTERVALS: usize = 4;
@@ -339,8 +344,9 @@ pub enum Limit {
     OldestAge,
     /// `processing.maxRate`: no more replicas than the rate keeps busy ([`rate::replica_cap`]).
     MaxRate,
-    /// A scale-up waits for the next poll: the visible backlog is younger than maxBacklogAge less a poll, a
-    /// start-up and P, so replicas asked for a poll later are still in time for it.
+    /// A scale-up of at most [`DEFER_MAX_STEP`] replicas waits for the next poll: the visible backlog is
+    /// younger than maxBacklogAge less a poll, a start-up and P, so replicas asked for a poll later are still
+    /// in time for it.
     Deferred,
 }
 
@@ -644,7 +650,10 @@ pub fn decide_with_waiting(
 
     if rec.clamped >= current {
         let startup = history.startup().unwrap_or(DEFAULT_STARTUP);
-        if rec.clamped > current && current >= model.min && model.can_defer(&samples, spec, startup)
+        if rec.clamped > current
+            && rec.clamped - current <= DEFER_MAX_STEP
+            && current >= model.min
+            && model.can_defer(&samples, spec, startup)
         {
             return Decision {
                 replicas: current,
