@@ -988,3 +988,116 @@ fn most_breakers_open_hold_replicas_against_the_growing_backlog() {
         );
     }
 }
+
+/// T 60 s, P 2 s, poll 15 s, start-up 30 s (auto, unmeasured): a scale-up of at most three replicas waits
+/// for the next poll while the visible backlog is at most 60 − 15 − 30 − 2 = 13 s old, read as visible /
+/// the last interval's counted arrival rate (Δ(visible + in flight) + deleted), or CloudWatch's oldest age
+/// when that is older. From 1 replica with 10 in flight at both samples, 15 s apart.
+#[test]
+fn a_small_scale_up_waits_a_poll_while_the_backlog_is_young() {
+    // (visible, deleted, CloudWatch age s, minReplicas) → (replicas, limited by)
+    let cases = [
+        // 260 + 40 arrived in 15 s (20/s): the 260 visible are 13 s of arrivals; 2 asked (+1): waits
+        (260, Some(40), 0, 0, 1, Some(Limit::Deferred)),
+        // 261 visible of 300 arrivals: 13.05 s, too old to wait
+        (261, Some(39), 0, 0, 2, None),
+        // CloudWatch says the oldest is 14 s old: it lags, but an older reading is believed
+        (260, Some(40), 14, 0, 2, None),
+        // without the workers' deleted count the arrivals are not counted: nothing waits
+        (260, None, 0, 0, 2, None),
+        // 900 visible need 3 more (4 in all, +3) and are 1.35 s of arrivals: the largest step that waits
+        (900, Some(9100), 0, 0, 1, Some(Limit::Deferred)),
+        // 1200 visible need 4 more (+4): a step that large is a burst, taken at once however young
+        (1200, Some(10_000), 0, 0, 5, None),
+        // below minReplicas (raised by the user): taken at once
+        (260, Some(40), 0, 3, 3, Some(Limit::MinReplicas)),
+    ];
+    for (visible, deleted, age, min, want, limit) in cases {
+        let s = ScalingSpec {
+            min_replicas: min,
+            ..spec()
+        };
+        let samples = [
+            counted(0, 0, 10, Some(0), 0),
+            counted(15, visible, 10, deleted, age),
+        ];
+        let d = decide_samples(&s, None, &samples, 1);
+        assert_eq!(
+            (d.replicas, d.limited_by),
+            (want, limit),
+            "{visible} visible, {deleted:?} deleted, CloudWatch age {age} s, min {min}: {d}"
+        );
+        if limit == Some(Limit::Deferred) {
+            assert_eq!(d.reason, Reason::Hold, "{d}");
+            assert!(d.recommended > 1, "{d}");
+            assert!(d.to_string().contains("limited by Deferred"), "{d}");
+        }
+    }
+    // a poll later the same backlog has doubled with the same 20/s arrivals: 26 s old, no longer waits
+    let samples = [
+        counted(0, 0, 10, Some(0), 0),
+        counted(15, 260, 10, Some(40), 0),
+        counted(30, 520, 10, Some(40), 0),
+    ];
+    let d = decide_samples(&spec(), None, &samples, 1);
+    assert_eq!((d.replicas, d.reason), (3, Reason::ScaleUp), "{d}");
+}
+
+/// Five samples 15 s apart, nothing visible, 20 in flight then 30 (2 replicas → the in-flight mean 22.5
+/// asks for 3); the workers' deletes set the arrival rate of each interval. CloudWatch's age of 20 s (a stale
+/// reading: nothing is visible) keeps the +1 from waiting, so the scale-up happens and the lead shows.
+/// When the rate rose at each of the last three polls, the smallest rise continues for a poll plus a start-up
+/// (45 s, three polls) at P (2 s) per message: rates 10, 11, 12, 13/s rise 1/s a poll, so 3/s more,
+/// 6 slots: one replica more.
+#[test]
+fn a_scale_up_on_a_rising_ramp_adds_the_rise_continued_for_a_poll_and_a_start_up() {
+    // deletes in each interval (the last also has the 10 more in flight as arrivals) → (replicas, lead)
+    let cases = [
+        ([150, 165, 180, 185], 4, Some(1)), // 10, 11, 12, 13/s
+        ([150, 195, 240, 275], 5, Some(2)), // 10, 13, 16, 19/s: 9/s more, 18 slots
+        ([150, 300, 300, 290], 3, None),    // 10, 20, 20, 20/s: a step, then flat (a spike's shape)
+        ([150, 165, 180, 160], 3, None),    // 10, 11, 12, 11.3/s: the last poll fell
+        ([150, 120, 180, 185], 3, None),    // 10, 8, 12, 13/s: not a rise at every poll
+    ];
+    for (deletes, want, lead) in cases {
+        let mut samples = vec![counted(0, 0, 20, Some(0), 20)];
+        for (i, d) in deletes.iter().enumerate() {
+            let in_flight = if i == 3 { 30 } else { 20 };
+            samples.push(counted(15 * (i as u64 + 1), 0, in_flight, Some(*d), 20));
+        }
+        let d = decide_samples(&spec(), None, &samples, 2);
+        assert_eq!(d.recommended, 3, "{deletes:?}: {d}");
+        assert_eq!(
+            (d.replicas, d.terms.unwrap().ramp_replicas),
+            (want, lead),
+            "{deletes:?}: {d}"
+        );
+        if let Some(n) = lead {
+            assert!(
+                d.to_string()
+                    .contains(&format!("{n} more for the rising arrivals")),
+                "{d}"
+            );
+        }
+    }
+    // a missing deleted count in any of the intervals: the rise is unknown, no lead
+    let mut samples = vec![counted(0, 0, 20, Some(0), 20)];
+    for (i, d) in [Some(150), None, Some(180), Some(185)].iter().enumerate() {
+        let in_flight = if i == 3 { 30 } else { 20 };
+        samples.push(counted(15 * (i as u64 + 1), 0, in_flight, *d, 20));
+    }
+    let d = decide_samples(&spec(), None, &samples, 2);
+    assert_eq!(d.replicas, 3, "{d}");
+    // the lead never goes past maxReplicas
+    let s = ScalingSpec {
+        max_replicas: 3,
+        ..spec()
+    };
+    let mut samples = vec![counted(0, 0, 20, Some(0), 20)];
+    for (i, d) in [150, 195, 240, 275].iter().enumerate() {
+        let in_flight = if i == 3 { 30 } else { 20 };
+        samples.push(counted(15 * (i as u64 + 1), 0, in_flight, Some(*d), 20));
+    }
+    let d = decide_samples(&s, None, &samples, 2);
+    assert_eq!(d.replicas, 3, "{d}");
+}
