@@ -559,6 +559,11 @@ fn with_rate_cap(spec: &QueueConsumerSpec, mut d: Decision, current: u32) -> Dec
 /// maxBacklogAge − P, new ones keep P over maxBacklogAge; while a backlog waits the in-flight term takes
 /// the arrivals' share; and replicas still starting while a backlog waits are not removed
 /// ([`Limit::Starting`]). Without a mean the formula above applies exactly.
+///
+/// With the workers' deleted count (counted arrivals, docs/scaling.md "Calm on ramps"), a scale-up of at
+/// most [`DEFER_MAX_STEP`] replicas waits for the next poll while the visible backlog is young enough for
+/// the replicas that poll would ask for ([`Limit::Deferred`]), and a scale-up after the arrival rate rose
+/// at each of the last polls adds that rise continued for a poll and a start-up (`Terms::ramp_replicas`).
 pub fn decide(
     spec: &ScalingSpec,
     p99: Duration,
