@@ -5,8 +5,8 @@
 
 use qc::api::{Duration, ScalingSpec, Stabilization};
 use qc::scaling::{
-    Decision, History, Limit, MAX_SAMPLES, MAX_STARTUP, Reason, Sample, ScalingError, Timestamp,
-    decide, decide_with_waiting, measured_startup,
+    DEFER_MAX_STEP, Decision, History, Limit, MAX_SAMPLES, MAX_STARTUP, Reason, Sample,
+    ScalingError, Timestamp, decide, decide_with_waiting, measured_startup,
 };
 
 const P99: Duration = Duration::from_secs(2);
@@ -876,8 +876,17 @@ mod properties {
             if current > 0 {
                 prop_assert!(d.replicas >= current.min(busy).min(s.max_replicas), "{}", d);
                 if d.recommended > current {
-                    prop_assert_eq!(d.replicas, d.recommended);
-                    prop_assert_eq!(d.reason, Reason::ScaleUp);
+                    if d.limited_by == Some(Limit::Deferred) {
+                        // a small step waits one poll (docs/scaling.md, "Calm on ramps")
+                        prop_assert_eq!(d.replicas, current);
+                        prop_assert!(d.recommended - current <= DEFER_MAX_STEP, "{}", d);
+                        prop_assert_eq!(d.reason, Reason::Hold);
+                    } else {
+                        // at once, plus the ramp lead if any
+                        let lead = d.terms.and_then(|t| t.ramp_replicas).unwrap_or(0);
+                        prop_assert_eq!(d.replicas, d.recommended + lead);
+                        prop_assert_eq!(d.reason, Reason::ScaleUp);
+                    }
                 }
                 if d.replicas < current {
                     prop_assert!(d.replicas >= d.recommended, "{}", d);
