@@ -520,6 +520,22 @@ async fn a_downstream_outage_opens_the_breaker_for_batches_without_filling_the_d
     w.stop().await;
 }
 
+/// One call at a time of up to five messages, started after 100 ms at most.
+fn one_call_of_five(q: &TestQueue, handler_url: &str) -> Vec<String> {
+    q.args(&[
+        "--http-url",
+        handler_url,
+        "--batch-max-items",
+        "5",
+        "--batch-max-wait",
+        "100ms",
+        "--concurrency",
+        "1",
+        "--timeout",
+        "10s",
+    ])
+}
+
 /// Fast calls (a round trip is a noticeable share of one): while a call runs the next call's worth
 /// is received and waits, never more (one call: one batch ahead). On SIGTERM the batch waiting
 /// ahead goes back to the queue unhandled: nothing lost, nothing handled twice.
@@ -529,18 +545,7 @@ async fn fast_calls_get_one_batch_ahead_which_sigterm_hands_back() {
     let bodies = numbered(60);
     q.send_all(&bodies, |_| String::new()).await;
     let h = HttpHandler::start(|_| Reply::answer(MS(100), "")).await;
-    let mut w = Worker::start(&q.args(&[
-        "--http-url",
-        &h.url,
-        "--batch-max-items",
-        "5",
-        "--batch-max-wait",
-        "100ms",
-        "--concurrency",
-        "1",
-        "--timeout",
-        "10s",
-    ]));
+    let mut w = Worker::start(&one_call_of_five(&q, &h.url));
     let mut most = 0.0f64;
     let deadline = std::time::Instant::now() + SECS(60);
     while h.calls().len() < 8 {
@@ -593,18 +598,7 @@ async fn slow_calls_get_no_batch_ahead() {
     let bodies = numbered(10);
     q.send_all(&bodies, |_| String::new()).await;
     let h = HttpHandler::start(|_| Reply::answer(SECS(2), "")).await;
-    let mut w = Worker::start(&q.args(&[
-        "--http-url",
-        &h.url,
-        "--batch-max-items",
-        "5",
-        "--batch-max-wait",
-        "100ms",
-        "--concurrency",
-        "1",
-        "--timeout",
-        "10s",
-    ]));
+    let mut w = Worker::start(&one_call_of_five(&q, &h.url));
     let mut most = 0.0f64;
     let mut hidden = 0u64;
     let deadline = std::time::Instant::now() + SECS(60);

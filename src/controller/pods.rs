@@ -93,25 +93,31 @@ pub(super) async fn set_deletion_costs(
     let window = ctx.workers.get(&ConsumerKey::of(qc));
     let busy = i64::from(qc.spec.processing.concurrency);
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    for (pod, cost) in workers::deletion_costs(pods, window.as_ref().and_then(|w| w.latest()), busy)
+    {
+        if annotate(&api, &pod, workers::DELETION_COST, &cost.to_string())
+            .await
+            .map_err(|e| tracing::warn!(queueconsumer = %name_of(qc), pod, error = %e, "cannot set the pod deletion cost"))
+            .is_ok()
+        {
+            ctx.metrics
+                .deletion_cost_writes
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Sets one annotation on a worker pod, as field manager `qc-operator-scaler`, with a merge patch:
+/// it can never create a pod that went away meanwhile.
+async fn annotate(api: &Api<Pod>, pod: &str, key: &str, value: &str) -> Result<(), kube::Error> {
     let params = PatchParams {
         field_manager: Some(SCALER_FIELD_MANAGER.to_string()),
         ..PatchParams::default()
     };
-    for (pod, cost) in workers::deletion_costs(pods, window.as_ref().and_then(|w| w.latest()), busy)
-    {
-        let patch =
-            json!({"metadata": {"annotations": {workers::DELETION_COST: cost.to_string()}}});
-        match api.patch(&pod, &params, &Patch::Merge(&patch)).await {
-            Ok(_) => {
-                ctx.metrics
-                    .deletion_cost_writes
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-            Err(e) => {
-                tracing::warn!(queueconsumer = %name_of(qc), pod, error = %e, "cannot set the pod deletion cost");
-            }
-        }
-    }
+    let patch = json!({"metadata": {"annotations": {key: value}}});
+    api.patch(pod, &params, &Patch::Merge(&patch))
+        .await
+        .map(drop)
 }
 
 /// `processing.maxRate`: each running worker pod's share (`scaling::rate::SHARE_ANNOTATION`),
@@ -144,10 +150,6 @@ pub(super) async fn set_rate_shares(
     let n = crate::scaling::rate::share_count(current, target, running.len());
     let text = crate::scaling::rate::share_text(crate::scaling::rate::share(max_rate, n));
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let params = PatchParams {
-        field_manager: Some(SCALER_FIELD_MANAGER.to_string()),
-        ..PatchParams::default()
-    };
     for pod in running {
         if pod
             .annotations()
@@ -157,17 +159,14 @@ pub(super) async fn set_rate_shares(
             continue;
         }
         let name = pod.name_any();
-        let patch =
-            json!({"metadata": {"annotations": {crate::scaling::rate::SHARE_ANNOTATION: &text}}});
-        match api.patch(&name, &params, &Patch::Merge(&patch)).await {
-            Ok(_) => {
-                ctx.metrics
-                    .rate_share_writes
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-            Err(e) => {
-                tracing::warn!(queueconsumer = %name_of(qc), pod = %name, error = %e, "cannot write the pod's rate share");
-            }
+        if annotate(&api, &name, crate::scaling::rate::SHARE_ANNOTATION, &text)
+            .await
+            .map_err(|e| tracing::warn!(queueconsumer = %name_of(qc), pod = %name, error = %e, "cannot write the pod's rate share"))
+            .is_ok()
+        {
+            ctx.metrics
+                .rate_share_writes
+                .fetch_add(1, Ordering::Relaxed);
         }
     }
 }
