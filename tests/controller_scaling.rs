@@ -314,7 +314,7 @@ async fn depth_rises_and_replicas_rise_through_the_scalers_own_apply() {
 
     // The Deployment controller reports the pods: status.replicas comes from the Deployment's status.
     e.fake.update(DEPLOYMENTS, NS, "orders", |d| {
-        d["status"] = json!({"replicas": 3, "readyReplicas": 3, "availableReplicas": 3,
+        d["status"] = json!({"replicas": 3, "updatedReplicas": 3, "readyReplicas": 3, "availableReplicas": 3,
             "conditions": [{"type": "Available", "status": "True"}]});
     });
     e.reconcile().await.unwrap();
@@ -681,4 +681,151 @@ async fn the_history_goes_with_the_queueconsumer() {
     e.reconcile().await.unwrap();
     assert!(!e.ctx.scaling.contains(&key), "dropped on deletion");
     assert!(e.ctx.scaling.is_empty());
+}
+
+/// What the Deployment controller reports: it has seen the current generation (or not), `total`
+/// pods of which `updated` run the current template and `available` serve, and its own conditions
+/// (Available per its minimum, Progressing as given).
+fn report(
+    e: &Env,
+    observed: bool,
+    (total, updated, available): (i32, i32, i32),
+    progressing: Value,
+) {
+    e.fake.update(DEPLOYMENTS, NS, "orders", |d| {
+        let generation = d["metadata"]["generation"].as_i64().unwrap();
+        let want = d["spec"]["replicas"].as_i64().unwrap();
+        let minimum = i64::from(available) >= want - want / 4;
+        d["status"] = json!({
+            "observedGeneration": if observed { generation } else { generation - 1 },
+            "replicas": total, "updatedReplicas": updated,
+            "readyReplicas": available, "availableReplicas": available,
+            "conditions": [
+                {"type": "Available", "status": if minimum { "True" } else { "False" },
+                 "reason": if minimum { "MinimumReplicasAvailable" } else { "MinimumReplicasUnavailable" }},
+                progressing]});
+    });
+}
+
+fn ready(e: &Env) -> (String, String, String) {
+    let c = e.condition("Ready");
+    (c.status, c.reason, c.message)
+}
+
+/// #34 item 2: Ready follows a rollout of a new pod template until every replica runs it and is
+/// available, and a stalled one says why in the Deployment's words; the scaler's replica writes
+/// (which leave observedGeneration behind just the same) never take Ready away.
+#[tokio::test]
+async fn ready_follows_a_template_rollout_but_not_a_scale_write() {
+    let e = env(60).await;
+    // A dead-letter queue, so that no Error finding (NoRedrivePolicy) holds Ready.
+    let dlq = common::create_queue(&e.sqs, &common::unique_name("dlq"), &[]).await;
+    let policy = json!({"deadLetterTargetArn": common::queue_arn(&e.sqs, &dlq).await,
+        "maxReceiveCount": 5});
+    e.sqs
+        .set_queue_attributes()
+        .queue_url(&e.url)
+        .attributes(QueueAttributeName::RedrivePolicy, policy.to_string())
+        .send()
+        .await
+        .unwrap();
+    scaled_to_three(&e).await;
+    let done = json!({"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"});
+    let moving = json!({"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"});
+    report(&e, true, (3, 3, 3), done.clone());
+    e.reconcile().await.unwrap();
+    assert_eq!(ready(&e).1, "Available");
+
+    // Two more messages: the scaler writes 5 replicas. The Deployment's generation moves on and
+    // its status lags (as on a real cluster, where it also reports Available=False until 4 serve):
+    // Ready stays True, at each step, with no Event.
+    e.send(2).await;
+    e.next_poll().await;
+    let generation = e.deployment().metadata.generation;
+    let mark = e.mark();
+    e.reconcile().await.unwrap();
+    assert_eq!(e.replicas(), Some(5));
+    assert!(e.deployment().metadata.generation > generation);
+    assert_eq!(ready(&e).0, "True", "{:?}", ready(&e));
+    report(&e, true, (5, 5, 3), moving.clone());
+    e.reconcile().await.unwrap();
+    assert_eq!(ready(&e).0, "True", "{:?}", ready(&e));
+    let reasons: Vec<_> = events(&e.requests_since(mark))
+        .into_iter()
+        .map(|(_, r, _)| r)
+        .collect();
+    assert_eq!(reasons, ["Scaled"], "{reasons:?}");
+    report(&e, true, (5, 5, 5), done.clone());
+    e.reconcile().await.unwrap();
+
+    // A spec change that changes the pod template: a rollout. Not Ready until the Deployment
+    // controller has seen it and every replica runs the new template and is available.
+    e.fake.update(QUEUE_CONSUMERS, NS, "orders", |q| {
+        q["spec"]["processing"]["batchSize"] = json!(5);
+    });
+    let mark = e.mark();
+    e.reconcile().await.unwrap();
+    let (status, reason, message) = ready(&e);
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "RollingOut"),
+        "{message}"
+    );
+    assert!(
+        events(&e.requests_since(mark))
+            .iter()
+            .any(|(t, r, _)| t == "Warning" && r == "RollingOut")
+    );
+    assert_eq!(e.replicas(), Some(5), "a rollout is no scaling event");
+    // Reconciled again before the Deployment controller has looked (its counts are the last
+    // template's): still rolling out.
+    e.reconcile().await.unwrap();
+    let (_, reason, message) = ready(&e);
+    assert_eq!(reason, "RollingOut");
+    assert!(
+        message.contains("waiting for the Deployment controller to observe generation"),
+        "{message}"
+    );
+    report(&e, true, (6, 2, 4), moving.clone());
+    e.reconcile().await.unwrap();
+    let (_, reason, message) = ready(&e);
+    assert_eq!(reason, "RollingOut");
+    assert!(
+        message.contains(
+            "2 of 5 replica(s) run the current pod template, 4 pod(s) of an older one still running"
+        ),
+        "{message}"
+    );
+    // Stuck: the Deployment controller gave up waiting for progress.
+    report(
+        &e,
+        true,
+        (6, 2, 4),
+        json!({"type": "Progressing", "status": "False",
+        "reason": "ProgressDeadlineExceeded",
+        "message": "ReplicaSet \"orders-5d8c7b\" has timed out progressing."}),
+    );
+    e.reconcile().await.unwrap();
+    let (status, reason, message) = ready(&e);
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "RolloutStalled")
+    );
+    assert!(
+        message.contains("ReplicaSet \"orders-5d8c7b\" has timed out progressing."),
+        "{message}"
+    );
+    // Unstuck (the image arrived): the old pods are gone, one new pod is not available yet.
+    report(&e, true, (5, 5, 4), moving);
+    e.reconcile().await.unwrap();
+    assert_eq!(ready(&e).1, "RollingOut", "{:?}", ready(&e));
+    report(&e, true, (5, 5, 5), done);
+    e.reconcile().await.unwrap();
+    let (status, reason, message) = ready(&e);
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "Available"),
+        "{message}"
+    );
+    assert_managers_apart(&e);
 }

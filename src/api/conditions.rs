@@ -43,6 +43,10 @@ pub mod reason {
     pub const CONFIG_INVALID: &str = "ConfigInvalid";
     /// The Deployment's progress deadline passed, or its pods crash-loop.
     pub const ROLLOUT_STALLED: &str = "RolloutStalled";
+    /// A new pod template is rolling out: not yet observed by the Deployment controller, pods of an
+    /// older template still running, or new ones not yet all available. A change of replicas alone is
+    /// no rollout.
+    pub const ROLLING_OUT: &str = "RollingOut";
     // QueueReachable
     pub const QUEUE_ATTRIBUTES_READ: &str = "QueueAttributesRead";
     // ConfigValid

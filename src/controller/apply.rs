@@ -22,7 +22,11 @@ pub const RENDERED_HASH: &str = "sqs.consumers.dev/rendered-hash";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Applied {
     Created,
-    Updated,
+    /// `new_template`: the pod template changed, so the Deployment controller rolls out new pods (a
+    /// change of labels, annotations or other Deployment fields alone replaces no pod).
+    Updated {
+        new_template: bool,
+    },
 }
 
 impl Applied {
@@ -30,7 +34,18 @@ impl Applied {
     pub fn verb(self) -> &'static str {
         match self {
             Applied::Created => "Created",
-            Applied::Updated => "Updated",
+            Applied::Updated { .. } => "Updated",
+        }
+    }
+
+    /// What the apply of `written` over `before` (both as the API server returned them, defaults
+    /// included, so their templates compare field by field) was.
+    pub fn of(before: Option<&Deployment>, written: &Deployment) -> Applied {
+        match before {
+            None => Applied::Created,
+            Some(b) => Applied::Updated {
+                new_template: b.spec.template != written.spec.template,
+            },
         }
     }
 }

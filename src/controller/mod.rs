@@ -410,6 +410,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         report: &decision.report,
         rollout: &decision.rollout,
         deployment: deployment.as_ref(),
+        applied,
         alarm: alarm_status.clone(),
         replicas: &replicas,
         scaled_at: scaled.as_ref().map(|_| observe::now()),
@@ -626,11 +627,6 @@ async fn apply_deployment(
     if !apply::needs_apply(&desired, deployment.as_ref()) {
         return Ok(None);
     }
-    let verb = if deployment.is_some() {
-        Applied::Updated
-    } else {
-        Applied::Created
-    };
     let written = deployments
         .patch(
             name,
@@ -642,8 +638,9 @@ async fn apply_deployment(
     ctx.metrics
         .deployment_applies
         .fetch_add(1, Ordering::Relaxed);
+    let applied = Applied::of(deployment.as_ref(), &written);
     *deployment = Some(written);
-    Ok(Some(verb))
+    Ok(Some(applied))
 }
 
 /// Writes `spec.replicas` when the decision changes it, as the scaler's own field manager; before a

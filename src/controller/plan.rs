@@ -62,6 +62,7 @@ pub fn plan(
         rollout: &decision.rollout,
         deployment: deployment.as_ref(),
         alarm,
+        applied: None,
         // plan has no sample history: it shows the Deployment, not a scaling decision.
         replicas: &ReplicaDecision::Keep,
         scaled_at: None,

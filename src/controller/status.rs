@@ -12,6 +12,7 @@ use crate::aws::{DeadLetterFacts, Facts, ObserveError};
 use crate::render;
 use crate::validate::Report;
 
+use super::apply::Applied;
 use super::pipeline::{Observation, ReplicaDecision, Rollout};
 use super::workers::{MIN_MESSAGES, Stats, TOLERANCE};
 
@@ -62,6 +63,9 @@ pub struct StatusInputs<'a> {
     pub rollout: &'a Rollout,
     /// The live Deployment after apply (None when it does not exist).
     pub deployment: Option<&'a Deployment>,
+    /// What this reconcile's apply wrote (None: nothing). A new pod template starts a rollout, which
+    /// the Deployment's status cannot show yet.
+    pub applied: Option<Applied>,
     pub alarm: AlarmStatus,
     /// The scaling step's answer for the Deployment as it is after apply.
     pub replicas: &'a ReplicaDecision,
@@ -593,15 +597,38 @@ fn ready(i: &StatusInputs<'_>, queue: &Cond, config: &Cond, name: &str) -> Cond 
             ),
         );
     }
-    if let Some(d) = i.deployment
-        && let Some(why) = rollout_stalled(d, i.workers)
-    {
-        return Cond::new(
-            t,
-            Status::False,
-            reason::ROLLOUT_STALLED,
-            format!("the rollout of Deployment {name} is stalled: {why}"),
-        );
+    if let Some(d) = i.deployment {
+        let new_template = matches!(i.applied, Some(Applied::Updated { new_template: true }));
+        // A new template starts a new rollout: the Deployment's Progressing condition and the
+        // crash-looping pods are the last template's until the Deployment controller acts on it.
+        let stalled = if new_template {
+            None
+        } else {
+            rollout_stalled(d, i.workers)
+        };
+        if let Some(why) = stalled {
+            return Cond::new(
+                t,
+                Status::False,
+                reason::ROLLOUT_STALLED,
+                format!("the rollout of Deployment {name} is stalled: {why}"),
+            );
+        }
+        let was_rolling_out =
+            i.qc.status
+                .as_ref()
+                .and_then(|s| s.conditions.iter().find(|c| c.type_ == t))
+                .is_some_and(|c| {
+                    c.reason == reason::ROLLING_OUT || c.reason == reason::ROLLOUT_STALLED
+                });
+        if let Some(why) = rolling_out(d, new_template, was_rolling_out) {
+            return Cond::new(
+                t,
+                Status::False,
+                reason::ROLLING_OUT,
+                format!("Deployment {name} is rolling out: {why}"),
+            );
+        }
     }
     match i.deployment {
         None => Cond::new(
@@ -631,6 +658,52 @@ fn ready(i: &StatusInputs<'_>, queue: &Cond, config: &Cond, name: &str) -> Cond 
             format!("Deployment {name} has no available replica yet"),
         ),
     }
+}
+
+/// How far a rollout of a new pod template is from done, while it is not (docs/controller.md, "Ready
+/// follows the rollout"). A change of replicas alone (the scaler's write) is no rollout: the pods that
+/// serve keep serving, and new ones join, all of the current template. So the Deployment's status is
+/// read for a template change only: the one this reconcile applied (`new_template`; the status cannot
+/// show it yet), pods of an older template still running, or, once `RollingOut` or `RolloutStalled`
+/// was reported (`was_rolling_out`), until the Deployment controller has observed the latest generation and every
+/// replica runs the new template and is available. Scaled to zero, there is nothing to roll out.
+fn rolling_out(d: &Deployment, new_template: bool, was_rolling_out: bool) -> Option<String> {
+    let want = d.spec.replicas.unwrap_or(1);
+    if want <= 0 {
+        return None;
+    }
+    if new_template {
+        return Some(format!(
+            "a new pod template was applied just now; waiting for the Deployment controller to replace the pods ({want} replica(s))"
+        ));
+    }
+    let s = d.status.clone().unwrap_or_default();
+    let n = |v: Option<i32>| v.unwrap_or(0);
+    let (total, updated, available) = (
+        n(s.replicas),
+        n(s.updated_replicas),
+        n(s.available_replicas),
+    );
+    let old = total - updated;
+    if old > 0 {
+        return Some(format!(
+            "{updated} of {want} replica(s) run the current pod template, {old} pod(s) of an older one still running"
+        ));
+    }
+    if !was_rolling_out {
+        return None;
+    }
+    let generation = d.metadata.generation.unwrap_or(0);
+    if s.observed_generation.unwrap_or(0) < generation {
+        return Some(format!(
+            "waiting for the Deployment controller to observe generation {generation}"
+        ));
+    }
+    (updated < want || available < want).then(|| {
+        format!(
+            "{updated} of {want} replica(s) run the current pod template, {available} available"
+        )
+    })
 }
 
 /// Why the rollout is stuck, if it is: the Deployment controller gave up waiting for progress
@@ -953,17 +1026,21 @@ fn observed_block(w: &Workers) -> Option<crate::api::ObservedStatus> {
     })
 }
 
-/// Available per the Deployment controller, or scaled to zero on purpose.
+/// Serving: at least one replica available, or scaled to zero on purpose. Not the Deployment's own
+/// `Available` condition alone: that one measures availability against `spec.replicas`, so it goes
+/// False during any large enough scale-up (5 asked, 2 available) while the 2 still consume.
 pub fn deployment_available(d: &Deployment) -> bool {
     if d.spec.replicas == Some(0) {
         return true;
     }
-    d.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .into_iter()
-        .flatten()
-        .any(|c| c.type_.as_deref() == Some("Available") && c.status.as_deref() == Some("True"))
+    let Some(s) = d.status.as_ref() else {
+        return false;
+    };
+    s.available_replicas.unwrap_or(0) > 0
+        || s.conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_.as_deref() == Some("Available") && c.status.as_deref() == Some("True"))
 }
 
 fn queue_block(f: &Facts, sampled_at: Option<Time>, old: Option<&QueueStatus>) -> QueueStatus {

@@ -64,7 +64,8 @@ fn available_deployment(replicas: i32) -> Deployment {
     serde_json::from_value(json!({
         "metadata": {"name": "orders"},
         "spec": {"replicas": replicas, "selector": {}, "template": {}},
-        "status": {"replicas": replicas, "readyReplicas": replicas,
+        "status": {"replicas": replicas, "updatedReplicas": replicas, "readyReplicas": replicas,
+                   "availableReplicas": replicas,
                    "conditions": [{"type": "Available", "status": "True"}]}
     }))
     .unwrap()
@@ -111,6 +112,7 @@ fn build_with(
             report,
             rollout: &rollout,
             deployment,
+            applied: None,
             alarm: AlarmStatus::default(),
             replicas: &ReplicaDecision::Keep,
             scaled_at: None,
@@ -388,6 +390,7 @@ fn scaling_active_and_desired_replicas_follow_the_decision() {
             report: &report,
             rollout: &apply(),
             deployment: Some(&d),
+            applied: None,
             alarm: AlarmStatus::default(),
             replicas,
             scaled_at,
@@ -437,6 +440,7 @@ fn scaling_active_and_desired_replicas_follow_the_decision() {
         report: &report,
         rollout: &apply(),
         deployment: Some(&d),
+        applied: None,
         alarm: AlarmStatus::default(),
         replicas: &rd,
         scaled_at: None,
@@ -532,6 +536,7 @@ fn running(q: &QueueConsumer, w: &Workers, now_secs: i64) -> QueueConsumerStatus
         report: &report,
         rollout: &apply(),
         deployment: Some(&d),
+        applied: None,
         alarm: AlarmStatus::default(),
         replicas: &ReplicaDecision::Keep,
         scaled_at: None,
@@ -730,6 +735,7 @@ fn counted(q: &QueueConsumer, visible: u64, dlq_visible: i64, secs: i64) -> Queu
         report: &Report::default(),
         rollout: &apply(),
         deployment: Some(&d),
+        applied: None,
         alarm: AlarmStatus::default(),
         replicas: &rd,
         scaled_at: None,
@@ -1089,4 +1095,180 @@ fn a_denial_with_a_role_names_the_role_and_its_external_id() {
         m.contains("the role in spec.aws.roleArn") && m.contains("ExternalId qc:shop"),
         "{m}"
     );
+}
+
+/// A Deployment as the Deployment controller reports it: `generation` of its spec, `observed` by the
+/// controller, `total` pods of which `updated` run the current template and `available` serve.
+fn rolling(
+    want: i32,
+    generation: i64,
+    observed: i64,
+    (total, updated, available): (i32, i32, i32),
+) -> Deployment {
+    let minimum = available >= want - want / 4;
+    serde_json::from_value(json!({
+        "metadata": {"name": "orders", "generation": generation},
+        "spec": {"replicas": want, "selector": {}, "template": {}},
+        "status": {"observedGeneration": observed, "replicas": total, "updatedReplicas": updated,
+                   "readyReplicas": available, "availableReplicas": available,
+                   "conditions": [
+                       {"type": "Available", "status": if minimum { "True" } else { "False" },
+                        "reason": if minimum { "MinimumReplicasAvailable" } else { "MinimumReplicasUnavailable" }},
+                       {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"}]}
+    }))
+    .unwrap()
+}
+
+/// One reconcile's status over `d`, after the last one's (`q.status`), then kept as the next one's.
+fn next_ready(q: &mut QueueConsumer, d: &Deployment, applied: Option<Applied>) -> Condition {
+    let f = facts(dlq(0, None));
+    let status = build(&StatusInputs {
+        qc: q,
+        facts: Observation::Read(&f),
+        report: &Report::default(),
+        rollout: &apply(),
+        deployment: Some(d),
+        applied,
+        alarm: AlarmStatus::default(),
+        replicas: &ReplicaDecision::Keep,
+        scaled_at: None,
+        sampled_at: None,
+        redrive: None,
+        workers: None,
+        now: at(1),
+    });
+    q.status = Some(status.clone());
+    status
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap()
+}
+
+const NEW_TEMPLATE: Option<Applied> = Some(Applied::Updated { new_template: true });
+
+#[test]
+fn a_new_pod_template_is_not_ready_until_every_replica_runs_it_and_is_available() {
+    let mut q = qc(false);
+    let r = next_ready(&mut q, &rolling(3, 5, 5, (3, 3, 3)), None);
+    assert_eq!(
+        (r.status.as_str(), r.reason.as_str()),
+        ("True", "Available")
+    );
+
+    // The spec changed the template: applied as generation 6, which the status cannot show yet.
+    let r = next_ready(&mut q, &rolling(3, 6, 5, (3, 3, 3)), NEW_TEMPLATE);
+    assert_eq!(
+        (r.status.as_str(), r.reason.as_str()),
+        ("False", "RollingOut")
+    );
+    assert!(
+        r.message.contains("Deployment orders is rolling out"),
+        "{}",
+        r.message
+    );
+    // The next reconcile before the Deployment controller has looked: the counts are the old
+    // generation's (all "updated"), so they say nothing; still rolling out.
+    let r = next_ready(&mut q, &rolling(3, 6, 5, (3, 3, 3)), None);
+    assert_eq!(r.reason, "RollingOut");
+    assert!(r.message.contains("observe generation 6"), "{}", r.message);
+    // Observed: one new pod surged, three old ones serve.
+    let r = next_ready(&mut q, &rolling(3, 6, 6, (4, 1, 3)), None);
+    assert_eq!(r.reason, "RollingOut");
+    assert!(
+        r.message
+            .contains("1 of 3 replica(s) run the current pod template, 3 pod(s) of an older one"),
+        "{}",
+        r.message
+    );
+    // The old pods are gone but the last new one is not available yet.
+    let r = next_ready(&mut q, &rolling(3, 6, 6, (3, 3, 2)), None);
+    assert_eq!(r.reason, "RollingOut");
+    assert!(
+        r.message
+            .contains("3 of 3 replica(s) run the current pod template, 2 available"),
+        "{}",
+        r.message
+    );
+    // Done.
+    let r = next_ready(&mut q, &rolling(3, 6, 6, (3, 3, 3)), None);
+    assert_eq!(
+        (r.status.as_str(), r.reason.as_str()),
+        ("True", "Available")
+    );
+}
+
+#[test]
+fn a_scale_write_alone_keeps_ready_true() {
+    let mut q = qc(false);
+    let r = next_ready(&mut q, &rolling(2, 3, 3, (2, 2, 2)), None);
+    assert_eq!(r.status, "True");
+    // The scaler wrote 5 replicas (generation 4) in this reconcile: not yet observed.
+    let r = next_ready(&mut q, &rolling(5, 4, 3, (2, 2, 2)), None);
+    assert_eq!(
+        (r.status.as_str(), r.reason.as_str()),
+        ("True", "Available"),
+        "{}",
+        r.message
+    );
+    // Observed: 5 pods of the current template, 2 available; the Deployment's own Available
+    // condition is False (MinimumReplicasUnavailable) until 4 are.
+    let d = rolling(5, 4, 4, (5, 5, 2));
+    assert!(
+        d.status.as_ref().unwrap().conditions.as_ref().unwrap()[0]
+            .status
+            .as_deref()
+            == Some("False")
+    );
+    let r = next_ready(&mut q, &d, None);
+    assert_eq!(
+        (r.status.as_str(), r.reason.as_str()),
+        ("True", "Available"),
+        "{}",
+        r.message
+    );
+    // An apply that changed no template (a label, the progress deadline) is no rollout either.
+    let r = next_ready(
+        &mut q,
+        &rolling(5, 5, 4, (5, 5, 5)),
+        Some(Applied::Updated {
+            new_template: false,
+        }),
+    );
+    assert_eq!(r.status, "True");
+    // A scale-down: pods of the current template go away.
+    let r = next_ready(&mut q, &rolling(1, 6, 6, (1, 1, 1)), None);
+    assert_eq!(r.status, "True");
+    // A new template while scaled to zero replaces no pod.
+    let r = next_ready(&mut q, &rolling(0, 7, 6, (0, 0, 0)), NEW_TEMPLATE);
+    assert_eq!(
+        (r.status.as_str(), r.reason.as_str()),
+        ("True", "Available")
+    );
+}
+
+#[test]
+fn a_stalled_rollout_is_not_ready_with_the_deployments_message() {
+    let mut q = qc(false);
+    let mut d = rolling(3, 6, 6, (4, 1, 3));
+    d.status.as_mut().unwrap().conditions.as_mut().unwrap()[1] = serde_json::from_value(json!({
+        "type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+        "message": "ReplicaSet \"orders-7d9f\" has timed out progressing."}))
+    .unwrap();
+    let r = next_ready(&mut q, &d, None);
+    assert_eq!(
+        (r.status.as_str(), r.reason.as_str()),
+        ("False", "RolloutStalled")
+    );
+    assert!(
+        r.message
+            .contains("ReplicaSet \"orders-7d9f\" has timed out progressing."),
+        "{}",
+        r.message
+    );
+    // A fixed template applied over the stalled rollout starts a new one: rolling out, not stalled
+    // (the deadline is the last template's).
+    d.metadata.generation = Some(7);
+    let r = next_ready(&mut q, &d, NEW_TEMPLATE);
+    assert_eq!(r.reason, "RollingOut");
 }
