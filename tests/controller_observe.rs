@@ -470,7 +470,7 @@ async fn crash_looping_pods_make_ready_false_until_they_recover() {
     reconcile(Arc::new(e.qc()), e.ctx.clone()).await.unwrap();
     // The Deployment controller's view: available.
     e.fake.update(DEPLOYMENTS, NS, NAME, |d| {
-        d["status"] = json!({"replicas": 1, "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1,
+        d["status"] = json!({"observedGeneration": d["metadata"]["generation"], "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1,
             "conditions": [{"type": "Available", "status": "True"},
                            {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}]});
     });

@@ -304,7 +304,7 @@ async fn create_applies_the_rendered_deployment_with_owner_and_status() {
 
     // The Deployment controller reports it available: Ready flips, with one Event.
     e.fake.update(DEPLOYMENTS, NS, "orders", |d| {
-        d["status"] = json!({"replicas": 1, "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1,
+        d["status"] = json!({"observedGeneration": d["metadata"]["generation"], "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1,
             "conditions": [{"type": "Available", "status": "True"}]});
     });
     e.fake.clear_requests();

@@ -314,7 +314,7 @@ async fn depth_rises_and_replicas_rise_through_the_scalers_own_apply() {
 
     // The Deployment controller reports the pods: status.replicas comes from the Deployment's status.
     e.fake.update(DEPLOYMENTS, NS, "orders", |d| {
-        d["status"] = json!({"replicas": 3, "updatedReplicas": 3, "readyReplicas": 3, "availableReplicas": 3,
+        d["status"] = json!({"observedGeneration": d["metadata"]["generation"], "replicas": 3, "updatedReplicas": 3, "readyReplicas": 3, "availableReplicas": 3,
             "conditions": [{"type": "Available", "status": "True"}]});
     });
     e.reconcile().await.unwrap();

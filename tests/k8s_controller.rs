@@ -249,7 +249,7 @@ async fn status_is_applied_by_qc_operator_merging_conditions_by_type() {
     // stay (timestamps have second precision: wait past the second).
     tokio::time::sleep(Duration::from_millis(1100)).await;
     fake.update(DEPLOYMENTS, &real.namespace, "orders", |d| {
-        d["status"] = json!({"replicas": 1, "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1,
+        d["status"] = json!({"observedGeneration": d["metadata"]["generation"], "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1,
             "conditions": [{"type": "Available", "status": "True"}]});
     });
     reconcile(Arc::new(again), ctx.clone()).await.unwrap();
