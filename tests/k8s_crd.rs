@@ -502,3 +502,474 @@ async fn the_server_refuses_alarm_actions_cloudwatch_would_not_take() {
         assert!(msg.contains(says), "deadLetter: {dead_letter}: {msg}");
     }
 }
+
+/// #34 item 3: every rule `check` applies to the spec alone (schema, structural limits, CEL rules, the
+/// template's containers) as (rule, JSON pointer, bad value, the field the API server names, words of its
+/// refusal). A null value removes the field. Each row is refused by the real API server, naming the
+/// field, and by `check`.
+const SPEC_RULES: &[(&str, &str, &str, &str, &str)] = &[
+    (
+        "queue.url required",
+        "/spec/queue/url",
+        r#""""#,
+        "spec.queue.url",
+        "queue.url",
+    ),
+    (
+        "queue.url is http(s)",
+        "/spec/queue/url",
+        r#""ftp://q""#,
+        "spec.queue",
+        "queue.url must be an http(s) URL",
+    ),
+    (
+        "queue.region is a region",
+        "/spec/queue/region",
+        r#""east""#,
+        "spec.queue",
+        "queue.region must be an AWS region",
+    ),
+    (
+        "queue.endpoint is http(s)",
+        "/spec/queue/endpoint",
+        r#""localhost:4566""#,
+        "spec.queue",
+        "queue.endpoint must be an http(s) URL",
+    ),
+    (
+        "queue.manage is a mode",
+        "/spec/queue/manage",
+        r#""always""#,
+        "spec.queue.manage",
+        "Unsupported value",
+    ),
+    (
+        "aws.roleArn is a role",
+        "/spec/aws/roleArn",
+        r#""orders""#,
+        "spec.aws",
+        "aws.roleArn must be an IAM role ARN",
+    ),
+    (
+        "processing required",
+        "/spec/processing",
+        "null",
+        "spec.processing",
+        "Required value",
+    ),
+    (
+        "processing.p99 is a duration",
+        "/spec/processing/p99",
+        r#""2x""#,
+        "spec.processing.p99",
+        "should match",
+    ),
+    (
+        "p99 <= timeout",
+        "/spec/processing/p99",
+        r#""40s""#,
+        "spec.processing",
+        "processing.p99 must not exceed processing.timeout",
+    ),
+    (
+        "waitTime <= 20s",
+        "/spec/processing/waitTime",
+        r#""21s""#,
+        "spec.processing",
+        "processing.waitTime must be at most 20s",
+    ),
+    (
+        "batchSize >= 1",
+        "/spec/processing/batchSize",
+        "0",
+        "spec.processing",
+        "processing.batchSize must be between 1 and 10",
+    ),
+    (
+        "batchSize <= 10",
+        "/spec/processing/batchSize",
+        "11",
+        "spec.processing",
+        "processing.batchSize must be between 1 and 10",
+    ),
+    (
+        "concurrency >= 1",
+        "/spec/processing/concurrency",
+        "0",
+        "spec.processing",
+        "processing.concurrency must be at least 1",
+    ),
+    (
+        "concurrency <= 10000",
+        "/spec/processing/concurrency",
+        "10001",
+        "spec.processing",
+        "processing.concurrency must be at most 10000",
+    ),
+    (
+        "maxRate >= 1",
+        "/spec/processing/maxRate",
+        "0",
+        "spec.processing",
+        "processing.maxRate must be a whole number",
+    ),
+    (
+        "maxRate is whole",
+        "/spec/processing/maxRate",
+        "2.5",
+        "spec.processing.maxRate",
+        "integer",
+    ),
+    (
+        "onPoison is a mode",
+        "/spec/processing/onPoison",
+        r#""drop""#,
+        "spec.processing.onPoison",
+        "Unsupported value",
+    ),
+    (
+        "no unknown field",
+        "/spec/processing/bogus",
+        "1",
+        "spec.processing.bogus",
+        "bogus",
+    ),
+    (
+        "heartbeat.interval is auto or a duration",
+        "/spec/processing/heartbeat",
+        r#"{"interval": "sometimes"}"#,
+        "spec.processing.heartbeat.interval",
+        "should match",
+    ),
+    (
+        "breaker.failurePercent 1..100",
+        "/spec/processing/breaker",
+        r#"{"failurePercent": 0}"#,
+        "spec.processing.breaker",
+        "processing.breaker.failurePercent must be between 1 and 100",
+    ),
+    (
+        "breaker.window 2..1000",
+        "/spec/processing/breaker",
+        r#"{"window": 1}"#,
+        "spec.processing.breaker",
+        "processing.breaker.window must be between 2 and 1000",
+    ),
+    (
+        "breaker.consecutiveFailures >= 1",
+        "/spec/processing/breaker",
+        r#"{"consecutiveFailures": 0}"#,
+        "spec.processing.breaker",
+        "processing.breaker.consecutiveFailures must be between 1 and 1000",
+    ),
+    (
+        "probeBackoff.base <= max",
+        "/spec/processing/breaker",
+        r#"{"probeBackoff": {"base": "1m", "max": "30s"}}"#,
+        "spec.processing.breaker.probeBackoff",
+        "probeBackoff.base must not exceed",
+    ),
+    (
+        "probeBackoff.base >= 100ms",
+        "/spec/processing/breaker",
+        r#"{"probeBackoff": {"base": "10ms"}}"#,
+        "spec.processing.breaker.probeBackoff",
+        "probeBackoff.base must be at least 100ms",
+    ),
+    (
+        "exactly one handler: none",
+        "/spec/handler",
+        "{}",
+        "spec.handler",
+        "handler must set exactly one of http or exec",
+    ),
+    (
+        "exactly one handler: both",
+        "/spec/handler",
+        r#"{"http": {}, "exec": {"command": ["/h"]}}"#,
+        "spec.handler",
+        "handler must set exactly one of http or exec",
+    ),
+    (
+        "http.port >= 1",
+        "/spec/handler",
+        r#"{"http": {"port": 0}}"#,
+        "spec.handler.http.port",
+        "greater than or equal to 1",
+    ),
+    (
+        "http.port <= 65535",
+        "/spec/handler",
+        r#"{"http": {"port": 70000}}"#,
+        "spec.handler.http.port",
+        "less than or equal to 65535",
+    ),
+    (
+        "http.path starts with /",
+        "/spec/handler",
+        r#"{"http": {"path": "messages"}}"#,
+        "spec.handler.http",
+        "handler.http.path must start with /",
+    ),
+    (
+        "exec.command not empty",
+        "/spec/handler",
+        r#"{"exec": {"command": []}}"#,
+        "spec.handler.exec.command",
+        "at least 1 items",
+    ),
+    (
+        "exec.command names a program",
+        "/spec/handler",
+        r#"{"exec": {"command": [""]}}"#,
+        "spec.handler.exec",
+        "handler.exec.command must name a program",
+    ),
+    (
+        "batch.maxItems 1..100",
+        "/spec/handler/batch",
+        r#"{"maxItems": 0}"#,
+        "spec.handler.batch",
+        "handler.batch.maxItems must be between 1 and 100",
+    ),
+    (
+        "batch.maxWait <= 5m",
+        "/spec/handler/batch",
+        r#"{"maxWait": "10m"}"#,
+        "spec.handler.batch",
+        "handler.batch.maxWait must be at most 5m",
+    ),
+    (
+        "unwrapSns is a mode",
+        "/spec/handler/unwrapSns",
+        r#""yes""#,
+        "spec.handler.unwrapSns",
+        "Unsupported value",
+    ),
+    (
+        "redis store needs its Secret",
+        "/spec/idempotency",
+        r#"{"store": "redis"}"#,
+        "spec.idempotency",
+        "idempotency.store redis needs idempotency.redis.urlSecretRef",
+    ),
+    (
+        "redis Secret name",
+        "/spec/idempotency",
+        r#"{"store": "redis", "redis": {"urlSecretRef": {"name": "", "key": "url"}}}"#,
+        "spec.idempotency.redis.urlSecretRef.name",
+        "at least 1 chars long",
+    ),
+    (
+        "redis Secret key",
+        "/spec/idempotency",
+        r#"{"store": "redis", "redis": {"urlSecretRef": {"name": "r", "key": ""}}}"#,
+        "spec.idempotency.redis.urlSecretRef.key",
+        "at least 1 chars long",
+    ),
+    (
+        "idempotency.key form",
+        "/spec/idempotency",
+        r#"{"key": "jsonPointer:orderId"}"#,
+        "spec.idempotency.key",
+        "should match",
+    ),
+    (
+        "idempotency.ttl is a duration",
+        "/spec/idempotency",
+        r#"{"ttl": "a day"}"#,
+        "spec.idempotency.ttl",
+        "should match",
+    ),
+    (
+        "minReplicas <= maxReplicas",
+        "/spec/scaling",
+        r#"{"minReplicas": 3, "maxReplicas": 2}"#,
+        "spec.scaling",
+        "scaling.minReplicas must not exceed scaling.maxReplicas",
+    ),
+    (
+        "maxReplicas >= 1",
+        "/spec/scaling",
+        r#"{"maxReplicas": 0}"#,
+        "spec.scaling",
+        "scaling.maxReplicas must be at least 1",
+    ),
+    (
+        "maxReplicas is an int32",
+        "/spec/scaling",
+        r#"{"maxReplicas": 2147483648}"#,
+        "spec.scaling",
+        "2147483647",
+    ),
+    (
+        "maxBacklogAge > 0s",
+        "/spec/scaling",
+        r#"{"maxBacklogAge": "0s"}"#,
+        "spec.scaling",
+        "scaling.maxBacklogAge must be greater than 0s",
+    ),
+    (
+        "pollInterval >= 1s",
+        "/spec/scaling",
+        r#"{"pollInterval": "500ms"}"#,
+        "spec.scaling",
+        "scaling.pollInterval must be at least 1s",
+    ),
+    (
+        "alarmActions are SNS topics",
+        "/spec/deadLetter",
+        r#"{"alarmActions": ["arn:aws:sqs:us-east-1:123456789012:q"]}"#,
+        "spec.deadLetter",
+        "deadLetter.alarmActions must list SNS topic ARNs",
+    ),
+    (
+        "at most 5 alarmActions",
+        "/spec/deadLetter",
+        r#"{"alarmActions": ["arn:aws:sns:us-east-1:123456789012:a", "arn:aws:sns:us-east-1:123456789012:b", "arn:aws:sns:us-east-1:123456789012:c", "arn:aws:sns:us-east-1:123456789012:d", "arn:aws:sns:us-east-1:123456789012:e", "arn:aws:sns:us-east-1:123456789012:f"]}"#,
+        "spec.deadLetter.alarmActions",
+        "must have at most 5 items",
+    ),
+    (
+        "alarmActions need the alarm",
+        "/spec/deadLetter",
+        r#"{"alarm": false, "alarmActions": ["arn:aws:sns:us-east-1:123456789012:a"]}"#,
+        "spec.deadLetter",
+        "deadLetter.alarmActions needs deadLetter.alarm: true",
+    ),
+    (
+        "worker resources are quantities",
+        "/spec/worker",
+        r#"{"resources": {"requests": {"cpu": "lots"}}}"#,
+        "spec.worker.resources.requests.cpu",
+        "should match",
+    ),
+    (
+        "template.spec lists a container",
+        "/spec/template",
+        r#"{"spec": {"containers": []}}"#,
+        "spec.template.spec",
+        "template.spec.containers lists no container: add the handler's container",
+    ),
+    (
+        "template.spec has containers",
+        "/spec/template",
+        r#"{"spec": {"serviceAccountName": "orders"}}"#,
+        "spec.template.spec",
+        "template.spec.containers lists no container: add the handler's container",
+    ),
+];
+
+/// `check`'s rules the API server cannot apply, and why: the template's containers, volumes and ports
+/// stay open in the schema (the full PodSpec schema would push the CRD past the size of kubectl's
+/// last-applied annotation), so their names are not visible to CEL. The controller reports each as
+/// ConfigValid=False, reason ReservedName, and applies nothing.
+const CHECK_ONLY_RULES: &[&str] = &[
+    "template.spec.containers[*].name and initContainers[*].name are not qc-worker or qc-worker-install",
+    "template.spec.volumes[*].name is not qc-worker-bin or the rate-share volume",
+    "template.spec.*containers[*].volumeMounts do not mount qc-worker-bin",
+    "template.spec.*containers[*].ports[*].name is not qc-metrics",
+];
+
+fn valid_spec_document(namespace: &str) -> Value {
+    json!({"apiVersion": "sqs.consumers.dev/v1alpha1", "kind": "QueueConsumer",
+        "metadata": {"name": "rules", "namespace": namespace},
+        "spec": {"queue": {"url": "https://sqs.us-east-1.amazonaws.com/123456789012/orders"},
+                 "processing": {"p99": "2s"}, "handler": {"http": {}},
+                 "template": {"spec": {"containers": [{"name": "app", "image": "shop/orders:1"}]}}}})
+}
+
+/// `doc` with the value at `pointer` replaced (null: removed), parents created as objects.
+fn with(mut doc: Value, pointer: &str, value: Value) -> Value {
+    let (parent, key) = pointer.rsplit_once('/').unwrap();
+    let mut node = &mut doc;
+    for part in parent.split('/').skip(1) {
+        if node.get(part).is_none() {
+            node[part] = json!({});
+        }
+        node = node.get_mut(part).unwrap();
+    }
+    let map = node.as_object_mut().unwrap();
+    if value.is_null() {
+        map.remove(key);
+    } else {
+        map.insert(key.to_string(), value);
+    }
+    doc
+}
+
+#[tokio::test]
+async fn every_spec_rule_of_check_is_the_api_servers_too() {
+    let test = "every_spec_rule_of_check_is_the_api_servers_too";
+    // `check` side first: it needs no server.
+    let mut failures = Vec::new();
+    let valid = valid_spec_document("default");
+    let text = serde_json::to_string(&valid).unwrap();
+    assert!(
+        matches!(load_str(&text).unwrap()[0], Document::Valid(_)),
+        "the base document is valid"
+    );
+    for (rule, pointer, value, field, _) in SPEC_RULES {
+        let doc = with(valid.clone(), pointer, serde_json::from_str(value).unwrap());
+        match &load_str(&serde_json::to_string(&doc).unwrap()).unwrap()[0] {
+            Document::Invalid { errors, .. } => {
+                // The same field, one inside it, or (for a CEL rule the server reports on its struct)
+                // the struct around it; never just `spec`.
+                let named = errors.iter().any(|e| {
+                    // serde names a missing field by its parent: `spec: missing field `processing``
+                    let path = match e.message.strip_prefix("missing field `") {
+                        Some(rest) => {
+                            format!("{}.{}", e.path, rest.split('`').next().unwrap_or(""))
+                        }
+                        None => e.path.clone(),
+                    };
+                    let path = path.trim_start_matches('.');
+                    let within = |outer: &str, inner: &str| {
+                        inner == outer
+                            || inner.starts_with(&format!("{outer}."))
+                            || inner.starts_with(&format!("{outer}["))
+                    };
+                    within(field, path) || (path != "spec" && within(path, field))
+                });
+                if !named {
+                    failures.push(format!("check, {rule}: names {errors:?}, not {field}"));
+                }
+            }
+            other => failures.push(format!("check accepts {rule}: {other:?}")),
+        }
+    }
+    let Some(real) = k8s::connect(test).await else {
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+        return;
+    };
+    let api = real.queue_consumers();
+    let valid = valid_spec_document(&real.namespace);
+    k8s::kubectl_dry_apply(&api, "rules", &valid)
+        .await
+        .expect("the base document is valid");
+    for (rule, pointer, value, field, says) in SPEC_RULES {
+        let doc = with(valid.clone(), pointer, serde_json::from_str(value).unwrap());
+        match k8s::kubectl_dry_apply(&api, "rules", &doc).await {
+            Ok(_) => failures.push(format!("the server accepts {rule} ({pointer}: {value})")),
+            Err(kube::Error::Api(status)) => {
+                let fields: Vec<&str> = status
+                    .details
+                    .iter()
+                    .flat_map(|d| d.causes.iter())
+                    .map(|c| c.field.as_str())
+                    .collect();
+                let names_field = fields.contains(field) || status.message.contains(field);
+                if !names_field || !status.message.contains(says) {
+                    failures.push(format!(
+                        "{rule}: the server's refusal should name {field} and say {says:?}: fields {fields:?}, {}",
+                        status.message
+                    ));
+                }
+            }
+            Err(e) => panic!("{rule}: {e}"),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // The list of what only `check` and the controller see stays short and explained.
+    assert_eq!(CHECK_ONLY_RULES.len(), 4, "{CHECK_ONLY_RULES:?}");
+}

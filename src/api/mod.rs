@@ -160,11 +160,38 @@ fn kubernetes_integers(schema: &mut Schema) {
 /// The pod template is kept open in the CRD schema: the full PodTemplateSpec schema would push the CRD
 /// past the 256 KiB annotation limit of client-side `kubectl apply`. The rendered Deployment is validated
 /// by the API server when the controller applies it, and `check`/`plan` parse it as a PodTemplateSpec.
+///
+/// Only `spec.containers` is declared (its items stay open), for the one rule the API server can apply
+/// here as `check` does: a template that has a pod spec lists at least one container. A manifest without
+/// a template, or with only its metadata, is left to the controller (ConfigValid=False,
+/// NoHandlerContainer), as `check` leaves it to the rules.
 fn pod_template_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "object",
         "x-kubernetes-preserve-unknown-fields": true,
-        "description": "PodTemplateSpec of the user's containers (the handler); the controller adds the qc-worker container. Set spec.serviceAccountName to the account whose IAM role may use the queue. Default: empty (no container: the QueueConsumer is reported as invalid)."
+        "description": "PodTemplateSpec of the user's containers (the handler); the controller adds the qc-worker container. Set spec.serviceAccountName to the account whose IAM role may use the queue. Default: empty (no container: the QueueConsumer is reported as invalid).",
+        "properties": {
+            "spec": {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": true,
+                "description": "PodSpec of the worker pods (Kubernetes' own fields); the controller adds the qc-worker container to it.",
+                "properties": {
+                    "containers": {
+                        "type": "array",
+                        "description": "The user's containers: at least one, the handler (the exec handler runs in the first).",
+                        "items": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": true
+                        }
+                    }
+                },
+                "x-kubernetes-validations": [{
+                    "rule": "has(self.containers) && size(self.containers) > 0",
+                    "message": "template.spec.containers lists no container: add the handler's container (with handler.http the one serving it, with handler.exec the one whose image holds the command), e.g. [{name: app, image: shop/orders:1}]; the controller adds the qc-worker container",
+                    "reason": "FieldValueRequired"
+                }]
+            }
+        }
     })
 }
 
@@ -666,8 +693,9 @@ pub struct HttpHandler {
     pub path: String,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("size(self.command) == 0 || size(self.command[0]) > 0").message("handler.exec.command must name a program: its first item is the program, e.g. [\"/app/handle\"]").reason(Reason::FieldValueInvalid))]
 pub struct ExecHandler {
     /// Command and arguments run per message (no shell), body on stdin, metadata in QC_* environment
     /// variables. Required.
@@ -1003,13 +1031,21 @@ impl ResourceAmounts {
 }
 
 /// A quantity is an integer or a string, as in Kubernetes' own schemas (without their page-long
-/// description); its grammar is checked by `is_quantity` (`check`, render) and by the API server.
+/// description); its grammar is checked by `is_quantity` (`check`, render) and, through the pattern,
+/// by the API server.
 fn quantity_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "x-kubernetes-int-or-string": true,
+        "anyOf": [{"type": "integer"}, {"type": "string"}],
+        "pattern": QUANTITY_PATTERN,
         "description": "Kubernetes quantity, e.g. 50m, 0.5, 128Mi."
     })
 }
+
+/// Kubernetes' quantity grammar as a pattern (applied to strings only): sign, decimal number, then a
+/// binary suffix (Ki..Ei), a decimal one (n, u, m, k, M..E) or a decimal exponent.
+pub const QUANTITY_PATTERN: &str =
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?[0-9]+))?$";
 
 /// Observed state, written by the controller.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -1096,7 +1132,7 @@ fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
     let item = generator.subschema_for::<Condition>();
     json_schema!({
         "type": "array",
-        "description": "Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive, ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced, QueueManaged (Kubernetes conditions: type, status, reason, message, lastTransitionTime). HandlerHealthy is False (DownstreamFailing) while workers report their outage breaker open, with the share in the message; while more than half do, ScalingActive is False (DownstreamFailing) and replicas are held. QueueManaged (only with spec.queue.manage on) says whether the queue's settings are what the rules ask for, what was changed, or why nothing was (ManageConflict, Suspended). Only QueueReachable, ConfigValid and the Deployment gate Ready.",
+        "description": "Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive, ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced, QueueManaged (Kubernetes conditions: type, status, reason, message, lastTransitionTime). HandlerHealthy is False (DownstreamFailing) while workers report their outage breaker open, with the share in the message; while more than half do, ScalingActive is False (DownstreamFailing) and replicas are held. QueueManaged (only with spec.queue.manage on) says whether the queue's settings are what the rules ask for, what was changed, or why nothing was (ManageConflict, Suspended). Only QueueReachable, ConfigValid and the Deployment gate Ready: it is False while a new pod template rolls out (RollingOut) or the rollout is stalled (RolloutStalled, with the Deployment's message); the scaler's replica changes keep it.",
         "items": item,
         "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["type"]

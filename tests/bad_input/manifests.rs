@@ -245,8 +245,8 @@ fn manifest_rows() -> Vec<Row> {
             "containers_empty",
             vec![("/spec/template", json!({"spec": {"containers": []}}))],
             &[
-                "spec.template.spec.containers is empty",
-                "add the container that serves the http handler",
+                "spec.template.spec: template.spec.containers lists no container",
+                "with handler.http the one serving it",
             ],
         ),
         row(
@@ -259,8 +259,8 @@ fn manifest_rows() -> Vec<Row> {
                 ("/spec/template", json!({"spec": {"containers": []}})),
             ],
             &[
-                "spec.template.spec.containers is empty",
-                "exec handler's command",
+                "spec.template.spec: template.spec.containers lists no container",
+                "with handler.exec the one whose image holds the command",
             ],
         ),
         row(
@@ -621,7 +621,7 @@ fn check_exits_2_naming_the_field() {
         (
             "check_containers_empty",
             vec![("/spec/template", json!({"spec": {"containers": []}}))],
-            "spec.template.spec.containers is empty",
+            "spec.template.spec: template.spec.containers lists no container",
         ),
         (
             "check_region_with_crlf",
