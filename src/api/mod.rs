@@ -179,10 +179,12 @@ fn pod_template_schema(_: &mut SchemaGenerator) -> Schema {
                     "containers": {
                         "type": "array",
                         "description": "The user's containers: at least one, the handler (the exec handler runs in the first).",
-                        "items": {
-                            "type": "object",
-                            "x-kubernetes-preserve-unknown-fields": true
-                        }
+                        "items": user_container_schema()
+                    },
+                    "initContainers": {
+                        "type": "array",
+                        "description": "The user's init containers, if any (Kubernetes' own fields).",
+                        "items": user_container_schema()
                     }
                 },
                 "x-kubernetes-validations": [{
@@ -192,6 +194,28 @@ fn pod_template_schema(_: &mut SchemaGenerator) -> Schema {
                 }]
             }
         }
+    })
+}
+
+/// A container of the pod template: open, but for its name, which must not be one of the worker's
+/// (render's `check_reserved_names`). 63 is Kubernetes' own limit for a container name (a DNS label); it
+/// bounds the rule's cost estimate.
+fn user_container_schema() -> serde_json::Value {
+    serde_json::json!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+        "properties": {
+            "name": {
+                "type": "string",
+                "maxLength": 63,
+                "description": "The container's name (a DNS label); qc-worker and qc-worker-install are the worker's."
+            }
+        },
+        "x-kubernetes-validations": [{
+            "rule": "!has(self.name) || (self.name != 'qc-worker' && self.name != 'qc-worker-install')",
+            "message": "the container names qc-worker and qc-worker-install are reserved for the worker: rename this container",
+            "reason": "FieldValueInvalid"
+        }]
     })
 }
 

@@ -270,8 +270,8 @@ fn manifest_rows() -> Vec<Row> {
                 json!([{"name": "qc-worker", "image": "x"}]),
             )],
             &[
-                "spec.template.spec.containers[0].name \"qc-worker\" is reserved",
-                "rename that container",
+                "spec.template.spec.containers[0]: the container names qc-worker and qc-worker-install are reserved",
+                "rename this container",
             ],
         ),
         row(
@@ -283,7 +283,9 @@ fn manifest_rows() -> Vec<Row> {
                     json!([{"name": "app", "image": "x"}, {"name": "qc-worker", "image": "y"}]),
                 ),
             ],
-            &["containers[1].name \"qc-worker\" is reserved"],
+            &[
+                "spec.template.spec.containers[1]: the container names qc-worker and qc-worker-install are reserved",
+            ],
         ),
         row(
             "init_container_named_install",
@@ -291,7 +293,9 @@ fn manifest_rows() -> Vec<Row> {
                 "/spec/template/spec/initContainers",
                 json!([{"name": "qc-worker-install", "image": "x"}]),
             )],
-            &["initContainers[0].name \"qc-worker-install\" is reserved"],
+            &[
+                "spec.template.spec.initContainers[0]: the container names qc-worker and qc-worker-install are reserved",
+            ],
         ),
         row(
             "volume_named_worker_bin",
@@ -634,7 +638,7 @@ fn check_exits_2_naming_the_field() {
                 "/spec/template/spec/containers",
                 json!([{"name": "qc-worker", "image": "x"}]),
             )],
-            "is reserved for the worker",
+            "spec.template.spec.containers[0]: the container names qc-worker and qc-worker-install are reserved for the worker",
         ),
     ];
     for (name, edits, expect) in rows {
