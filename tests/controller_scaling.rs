@@ -774,7 +774,7 @@ async fn ready_follows_a_template_rollout_but_not_a_scale_write() {
     assert!(
         events(&e.requests_since(mark))
             .iter()
-            .any(|(t, r, _)| t == "Warning" && r == "RollingOut")
+            .any(|(t, r, _)| t == "Normal" && r == "RollingOut")
     );
     assert_eq!(e.replicas(), Some(5), "a rollout is no scaling event");
     // Reconciled again before the Deployment controller has looked (its counts are the last

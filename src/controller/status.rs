@@ -1323,7 +1323,8 @@ pub fn transitions(old: &[Condition], new: &[Condition]) -> Vec<Transition> {
                 status: c.status.clone(),
                 reason,
                 message: c.message.clone(),
-                warning: c.status != Status::True.as_str(),
+                // A rollout after a spec change is expected news, not a warning; a stalled one is.
+                warning: c.status != Status::True.as_str() && c.reason != reason::ROLLING_OUT,
             })
         })
         .collect()

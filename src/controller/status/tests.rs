@@ -1157,7 +1157,12 @@ fn a_new_pod_template_is_not_ready_until_every_replica_runs_it_and_is_available(
     );
 
     // The spec changed the template: applied as generation 6, which the status cannot show yet.
+    let before = q.status.clone().unwrap().conditions;
     let r = next_ready(&mut q, &rolling(3, 6, 5, (3, 3, 3)), NEW_TEMPLATE);
+    // Expected news: a Normal Event, not a Warning.
+    let t = transitions(&before, &q.status.clone().unwrap().conditions);
+    assert_eq!(t.len(), 1, "{t:?}");
+    assert_eq!((t[0].reason.as_str(), t[0].warning), ("RollingOut", false));
     assert_eq!(
         (r.status.as_str(), r.reason.as_str()),
         ("False", "RollingOut")
