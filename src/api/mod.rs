@@ -178,13 +178,26 @@ fn pod_template_schema(_: &mut SchemaGenerator) -> Schema {
                 "properties": {
                     "containers": {
                         "type": "array",
-                        "description": "The user's containers: at least one, the handler (the exec handler runs in the first).",
+                        "description": "The user's containers: at least one, the handler (the exec handler runs in the first); at most 64.",
+                        "maxItems": 64,
                         "items": user_container_schema()
                     },
                     "initContainers": {
                         "type": "array",
-                        "description": "The user's init containers, if any (Kubernetes' own fields).",
+                        "description": "The user's init containers, if any (Kubernetes' own fields); at most 64.",
+                        "maxItems": 64,
                         "items": user_container_schema()
+                    },
+                    "volumes": {
+                        "type": "array",
+                        "description": "The pod's volumes (Kubernetes' own fields); qc-worker-bin and qc-rate-share are the worker's; at most 256.",
+                        "maxItems": 256,
+                        "items": named_item_schema(
+                            "The volume's name (a DNS label); qc-worker-bin and qc-rate-share are the worker's.",
+                            63,
+                            "!has(self.name) || (self.name != 'qc-worker-bin' && self.name != 'qc-rate-share')",
+                            "the volume names qc-worker-bin and qc-rate-share are reserved for the worker: rename this volume"
+                        )
                     }
                 },
                 "x-kubernetes-validations": [{
@@ -197,25 +210,52 @@ fn pod_template_schema(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
-/// A container of the pod template: open, but for its name, which must not be one of the worker's
-/// (render's `check_reserved_names`). 63 is Kubernetes' own limit for a container name (a DNS label); it
-/// bounds the rule's cost estimate.
+/// A container of the pod template: open, but for the names render's `check_reserved_names` keeps for
+/// the worker: the container's own, its volume mounts' (the worker binary's volume) and its ports' (the
+/// metrics port). Each length cap is Kubernetes' own for that name (a DNS label, an IANA service name);
+/// with the lists' caps (64 containers, 256 volumes, mounts or ports: far beyond any real pod) they keep
+/// the rules' cost estimates within the API server's budget for a CRD.
 fn user_container_schema() -> serde_json::Value {
+    let mut c = named_item_schema(
+        "The container's name (a DNS label); qc-worker and qc-worker-install are the worker's.",
+        63,
+        "!has(self.name) || (self.name != 'qc-worker' && self.name != 'qc-worker-install')",
+        "the container names qc-worker and qc-worker-install are reserved for the worker: rename this container",
+    );
+    c["properties"]["volumeMounts"] = serde_json::json!({
+        "type": "array",
+        "description": "The container's volume mounts (Kubernetes' own fields); only the worker mounts qc-worker-bin; at most 256.",
+        "maxItems": 256,
+        "items": named_item_schema(
+            "The name of the volume mounted.",
+            63,
+            "!has(self.name) || self.name != 'qc-worker-bin'",
+            "qc-worker-bin is the worker binary's volume: only the worker may mount it; remove this mount"
+        )
+    });
+    c["properties"]["ports"] = serde_json::json!({
+        "type": "array",
+        "description": "The container's ports (Kubernetes' own fields); the port name qc-metrics is the worker's; at most 256.",
+        "maxItems": 256,
+        "items": named_item_schema(
+            "The port's name (an IANA service name).",
+            15,
+            "!has(self.name) || self.name != 'qc-metrics'",
+            "the port name qc-metrics is reserved for the worker's metrics port: rename this port"
+        )
+    });
+    c
+}
+
+/// An open object of the pod template whose `name` (declared, capped at `max`) must pass `rule`.
+fn named_item_schema(description: &str, max: u32, rule: &str, message: &str) -> serde_json::Value {
     serde_json::json!({
         "type": "object",
         "x-kubernetes-preserve-unknown-fields": true,
         "properties": {
-            "name": {
-                "type": "string",
-                "maxLength": 63,
-                "description": "The container's name (a DNS label); qc-worker and qc-worker-install are the worker's."
-            }
+            "name": {"type": "string", "maxLength": max, "description": description}
         },
-        "x-kubernetes-validations": [{
-            "rule": "!has(self.name) || (self.name != 'qc-worker' && self.name != 'qc-worker-install')",
-            "message": "the container names qc-worker and qc-worker-install are reserved for the worker: rename this container",
-            "reason": "FieldValueInvalid"
-        }]
+        "x-kubernetes-validations": [{"rule": rule, "message": message, "reason": "FieldValueInvalid"}]
     })
 }
 

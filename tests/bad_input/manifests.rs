@@ -304,8 +304,8 @@ fn manifest_rows() -> Vec<Row> {
                 json!([{"name": "qc-worker-bin", "emptyDir": {}}]),
             )],
             &[
-                "volumes[0].name \"qc-worker-bin\" is reserved",
-                "rename that volume",
+                "spec.template.spec.volumes[0]: the volume names qc-worker-bin and qc-rate-share are reserved",
+                "rename this volume",
             ],
         ),
         row(
