@@ -665,8 +665,9 @@ fn ready(i: &StatusInputs<'_>, queue: &Cond, config: &Cond, name: &str) -> Cond 
 /// serve keep serving, and new ones join, all of the current template. So the Deployment's status is
 /// read for a template change only: the one this reconcile applied (`new_template`; the status cannot
 /// show it yet), pods of an older template still running, or, once `RollingOut` or `RolloutStalled`
-/// was reported (`was_rolling_out`), until the Deployment controller has observed the latest generation and every
-/// replica runs the new template and is available. Scaled to zero, there is nothing to roll out.
+/// was reported (`was_rolling_out`), until the Deployment controller has observed the latest
+/// generation and every replica runs the new template and is available. Scaled to zero, there is
+/// nothing to roll out.
 fn rolling_out(d: &Deployment, new_template: bool, was_rolling_out: bool) -> Option<String> {
     let want = d.spec.replicas.unwrap_or(1);
     if want <= 0 {
