@@ -1138,6 +1138,18 @@ fn chart_admission_policy_lets_the_controller_touch_only_its_own() {
         before.clone(),
         pod(Some("3"), &[("team", "a")], labels.clone(), "qc:1")
     ));
+    // processing.maxRate's share, set or changed: allowed.
+    assert!(allowed(
+        "UPDATE",
+        "pods",
+        pod(
+            None,
+            &[("team", "a"), ("sqs.consumers.dev/rate-share", "6.667")],
+            labels.clone(),
+            "qc:1"
+        ),
+        before.clone()
+    ));
     // Anything else: denied.
     assert!(!allowed(
         "UPDATE",
