@@ -1,4 +1,5 @@
-//! The IAM policies the README and docs/security.md document are exactly what the code calls.
+//! The IAM policies docs/security.md documents are exactly what the code calls. The README holds no
+//! copy of them (it links there), so there is one policy per side to keep right.
 //!
 //! The list of calls is derived from the source, not written down here: every SDK fluent call
 //! (`.get_queue_attributes()`, `.put_metric_alarm()`, ...) in the non-test code of `src/` is an
@@ -193,6 +194,9 @@ fn called_actions() -> (BTreeSet<String>, BTreeSet<String>) {
     (controller, worker)
 }
 
+/// Where the policies are documented, one controller policy and one worker policy.
+const POLICY_DOC: &str = "docs/security.md";
+
 /// The ```json blocks of a document that hold an `"Action"`: identity policies. A trust or resource
 /// policy (one naming a `"Principal"`) grants nothing to the operator's own code and is left out.
 fn json_blocks(doc: &str) -> Vec<String> {
@@ -318,22 +322,36 @@ fn the_code_calls_the_operations_this_test_expects_to_find() {
 fn documented_iam_policies_allow_exactly_what_the_code_calls() {
     let (controller, worker) = called_actions();
     let mut problems = Vec::new();
-    for doc in ["README.md", "docs/security.md"] {
-        let (c, w) = documented(doc);
-        diff(
-            &format!("{doc}: the controller policy"),
-            &controller,
-            &c,
-            &mut problems,
-        );
-        diff(
-            &format!("{doc}: the worker policy"),
-            &worker,
-            &w,
-            &mut problems,
-        );
-    }
+    let doc = POLICY_DOC;
+    let (c, w) = documented(doc);
+    diff(
+        &format!("{doc}: the controller policy"),
+        &controller,
+        &c,
+        &mut problems,
+    );
+    diff(
+        &format!("{doc}: the worker policy"),
+        &worker,
+        &w,
+        &mut problems,
+    );
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_readme_links_to_the_policies_instead_of_copying_them() {
+    // A copy in the README would be a second policy per side that nothing here checks.
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("read README.md");
+    assert!(
+        json_blocks(&readme).is_empty(),
+        "README.md holds an IAM policy: link to {POLICY_DOC} instead, where this test checks it"
+    );
+    assert!(
+        readme.contains("](docs/security.md#aws-iam)"),
+        "README.md should link to the policies in {POLICY_DOC}#aws-iam"
+    );
 }
 
 #[test]
@@ -563,20 +581,19 @@ fn documented_iam_policies_allow_exactly_the_calls_recorded_during_the_tests() {
     }
     eprintln!("recorded: controller {controller:?}\nrecorded: worker {worker:?}");
     let mut problems = Vec::new();
-    for doc in ["README.md", "docs/security.md"] {
-        let (c, w) = documented(doc);
-        diff(
-            &format!("{doc}: the controller policy (against the recording)"),
-            &controller,
-            &c,
-            &mut problems,
-        );
-        diff(
-            &format!("{doc}: the worker policy (against the recording)"),
-            &worker,
-            &w,
-            &mut problems,
-        );
-    }
+    let doc = POLICY_DOC;
+    let (c, w) = documented(doc);
+    diff(
+        &format!("{doc}: the controller policy (against the recording)"),
+        &controller,
+        &c,
+        &mut problems,
+    );
+    diff(
+        &format!("{doc}: the worker policy (against the recording)"),
+        &worker,
+        &w,
+        &mut problems,
+    );
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
