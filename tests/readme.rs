@@ -431,3 +431,54 @@ fn anchors_are_made_as_github_makes_them() {
     }
     assert!(!got.contains("not-a-heading"), "{got:?}");
 }
+
+/// The README's QueueConsumer is one the API accepts: `qc-operator check` (schema and CEL rules,
+/// client-side) finds it valid and without an Error finding.
+#[test]
+fn the_readmes_queueconsumer_is_valid() {
+    let readme = read("README.md");
+    let mut blocks = Vec::new();
+    let mut current: Option<String> = None;
+    for line in readme.lines() {
+        match (&mut current, line.trim_start()) {
+            (None, "```yaml") => current = Some(String::new()),
+            (Some(block), "```") => {
+                blocks.push(std::mem::take(block));
+                current = None;
+            }
+            (Some(block), _) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+            (None, _) => {}
+        }
+    }
+    let manifests: Vec<&String> = blocks
+        .iter()
+        .filter(|b| b.contains("kind: QueueConsumer"))
+        .collect();
+    assert_eq!(
+        manifests.len(),
+        1,
+        "one QueueConsumer in README.md: {blocks:?}"
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("readme.yaml");
+    std::fs::write(&file, manifests[0]).expect("write manifest");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_qc-operator"))
+        .arg("check")
+        .arg(&file)
+        .output()
+        .expect("run qc-operator check");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "qc-operator check refuses the README's QueueConsumer:\n{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("1 QueueConsumer(s) checked: 0 error(s)"),
+        "{stdout}"
+    );
+}
