@@ -122,6 +122,39 @@ ensure_promtool() {
   fi
 }
 
+# The dashboard's JSON against Grafana's own dashboard types: @grafana/schema (the types Grafana
+# generates from its dashboard schema) and the TypeScript compiler, from npm, once into the cache;
+# node and npm from Debian when missing.
+QC_DASHBOARD_SCHEMA_PACKAGES=(typescript@5.9 @grafana/schema@13.2.3)
+ensure_dashboard_schema() {
+  if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    log "installing nodejs and npm (for the dashboard's schema check)"
+    if [ ! -f "$QC_CACHE/apt-updated" ]; then apt-get update -qq && touch "$QC_CACHE/apt-updated"; fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+  fi
+  local dir="$QC_CACHE/dashboard-schema"
+  if [ ! -x "$dir/node_modules/.bin/tsc" ] || [ ! -f "$dir/node_modules/@grafana/schema/package.json" ]; then
+    log "installing ${QC_DASHBOARD_SCHEMA_PACKAGES[*]} into $dir"
+    mkdir -p "$dir"
+    npm install --prefix "$dir" --no-audit --no-fund --silent "${QC_DASHBOARD_SCHEMA_PACKAGES[@]}"
+  fi
+}
+
+# dashboard_typecheck JSON OUT.ts: writes the dashboard as an object literal typed as Grafana's
+# Dashboard (so unknown keys are refused too, not only wrong types) and runs tsc --strict on it.
+dashboard_typecheck() {
+  local dir="$QC_CACHE/dashboard-schema"
+  python3 - "$1" "$dir/$2" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+with open(sys.argv[2], "w") as f:
+    f.write("import type { Dashboard } from '@grafana/schema';\n")
+    f.write("export const dashboard: Dashboard = " + json.dumps(d, indent=1) + ";\n")
+PY
+  (cd "$dir" && node_modules/.bin/tsc --noEmit --strict --skipLibCheck --moduleResolution node \
+    --target es2020 --module commonjs "$2")
+}
+
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }
