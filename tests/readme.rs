@@ -56,18 +56,22 @@ fn normalize(text: &str) -> String {
         .collect()
 }
 
+/// The lines of a page outside its fenced code blocks (the fences themselves left out).
+fn outside_fences(markdown: &str) -> impl Iterator<Item = &str> {
+    let mut fenced = false;
+    markdown.lines().filter(move |line| {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            return false;
+        }
+        !fenced
+    })
+}
+
 /// The text a reader takes as claims: no fenced code blocks, no code spans, no link targets.
 fn prose(markdown: &str) -> String {
     let mut out = String::new();
-    let mut fenced = false;
-    for line in markdown.lines() {
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
-            continue;
-        }
-        if fenced {
-            continue;
-        }
+    for line in outside_fences(markdown) {
         let mut rest = line;
         let mut kept = String::new();
         while !rest.is_empty() {
@@ -286,12 +290,7 @@ fn the_readme_stays_a_front_page() {
 fn anchors(markdown: &str) -> BTreeSet<String> {
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     let mut out = BTreeSet::new();
-    let mut fenced = false;
-    for line in markdown.lines() {
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
-            continue;
-        }
+    for line in outside_fences(markdown) {
         let Some(title) = line
             .strip_prefix('#')
             .map(|t| t.trim_start_matches('#'))
@@ -299,9 +298,6 @@ fn anchors(markdown: &str) -> BTreeSet<String> {
         else {
             continue;
         };
-        if fenced {
-            continue;
-        }
         // The rendered text: code spans keep their text, links their text only.
         let mut title = title.to_owned();
         while let Some(start) = title.find("](") {
@@ -335,15 +331,7 @@ fn anchors(markdown: &str) -> BTreeSet<String> {
 /// The targets of the inline links of a page's prose and tables (not of its code blocks).
 fn link_targets(markdown: &str) -> Vec<String> {
     let mut out = Vec::new();
-    let mut fenced = false;
-    for line in markdown.lines() {
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
-            continue;
-        }
-        if fenced {
-            continue;
-        }
+    for line in outside_fences(markdown) {
         let mut rest = line;
         while let Some(start) = rest.find("](") {
             let after = &rest[start + 2..];
