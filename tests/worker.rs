@@ -1722,7 +1722,7 @@ async fn a_busy_queue_is_received_in_whole_batches_while_a_batch_waits() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let bound = 1 + 5 + qc::worker::early_receive_max(5);
+    let bound = 1 + 5 + qc::worker::early_receive_max(5, 1);
     assert!(
         most <= f64::from(bound),
         "at most concurrency + batchSize + early_receive_max = {bound} held, saw {most}"
@@ -1748,6 +1748,53 @@ async fn a_busy_queue_is_received_in_whole_batches_while_a_batch_waits() {
         w.log_text()
     );
     assert_eq!(up_to_5 - up_to_4, 4.0, "four receives of 5");
+    h.assert_each_handled_once(&bodies);
+    assert!(q.is_empty().await);
+    w.stop().await;
+}
+
+/// #31 items 1-2: with many slots, what is held ahead grows to cover a receive round trip. C = 30,
+/// batches of 10, 500 ms handlers, every ReceiveMessage 300 ms late (a proxy): the slots take some
+/// 20 messages during one round trip, so the next batches are asked for while up to
+/// `early_receive_max(10, 30)` = 20 still wait or are on their way, and more receives run at once
+/// than the slots hold batches (3, the most before, when receives in flight were capped by the
+/// slots alone); never more than C + max(15, C) = 60 held, which is what validation counts; each
+/// message handled once (the proxy sends the receives to moto one at a time: moto may hand a
+/// message to two receives it serves at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_slots_hold_ahead_what_a_slow_round_trip_needs_and_no_more() {
+    let q = TestQueue::new("ahead-many", 60, 5, false).await;
+    let bodies = numbered(300);
+    q.send_all(&bodies, |_| String::new()).await;
+    let proxy = FaultProxy::start().await;
+    proxy.set(Fault::DelayAction("ReceiveMessage", 300)).await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(500))).await;
+    let a = q.args_via(
+        &proxy.endpoint,
+        &["--concurrency", "30", "--http-url", &h.url],
+    );
+    let mut w = Worker::start(&a);
+    let mut most = 0.0f64;
+    let deadline = std::time::Instant::now() + SECS(120);
+    while w.metric("qc_worker_messages_deleted_total").await != Some(300.0) {
+        assert!(std::time::Instant::now() < deadline, "300 deleted");
+        if let Some(n) = w.metric("qc_worker_in_flight").await {
+            most = most.max(n);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let bound = 30 + qc::worker::prefetch(10, 30, true, false);
+    assert_eq!(bound, 60);
+    assert!(
+        most <= f64::from(bound),
+        "at most concurrency + max(15, concurrency) = {bound} held, saw {most}"
+    );
+    let receives = most_delayed_at_once();
+    assert!(
+        receives > 3,
+        "more receives in flight at once than the slots hold batches (3) while a round trip takes most of a handler call: saw {receives}; log:\n{}",
+        w.log_text()
+    );
     h.assert_each_handled_once(&bodies);
     assert!(q.is_empty().await);
     w.stop().await;

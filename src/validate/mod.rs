@@ -107,7 +107,7 @@ pub fn prefetch(spec: &QueueConsumerSpec) -> u32 {
         return crate::worker::batch_prefetch_calls(p.concurrency, p.heartbeat.enabled, fifo)
             .saturating_mul(b.max_items.max(1));
     }
-    crate::worker::prefetch(p.batch_size, p.heartbeat.enabled, fifo)
+    crate::worker::prefetch(p.batch_size, p.concurrency, p.heartbeat.enabled, fifo)
 }
 
 /// Time to work through what one replica holds: P × ceil(in-flight / C). In batch mode P is a

@@ -452,16 +452,22 @@ fn dead_letter_queue_missing() {
 #[test]
 fn in_flight_ceiling_reachable() {
     let c = codes::IN_FLIGHT_CEILING_REACHABLE;
-    // 100 running + a waiting batch of 10 + 5 still waiting at the next receive = 115 per replica;
-    // 1043 × 115 = 119,945.
-    let at = spec("processing: {p99: 2s, concurrency: 100}\nscaling: {maxReplicas: 1043}");
-    assert!(find(&at, None, c).is_none(), "boundary: under 120,000");
-    let over = spec("processing: {p99: 2s, concurrency: 100}\nscaling: {maxReplicas: 1044}");
+    // 100 running + up to one message a slot held ahead (a waiting batch of 10 and 90 still
+    // waiting or on their way when the next receive goes out) = 200 per replica; 600 × 200 = 120,000.
+    let at = spec("processing: {p99: 2s, concurrency: 100}\nscaling: {maxReplicas: 600}");
+    assert!(find(&at, None, c).is_none(), "boundary: exactly 120,000");
+    let over = spec("processing: {p99: 2s, concurrency: 100}\nscaling: {maxReplicas: 601}");
     let f = find(&over, None, c).expect("fires offline");
     assert_eq!(f.severity, Severity::Warning);
     assert_eq!(
         f.recommendation,
-        "set scaling.maxReplicas to at most 1043, or lower processing.concurrency"
+        "set scaling.maxReplicas to at most 600, or lower processing.concurrency"
+    );
+    // C = 10: 10 + 15 = 25 per replica, 4800 × 25 = 120,000.
+    let ten = spec("processing: {p99: 2s, concurrency: 10}\nscaling: {maxReplicas: 4801}");
+    assert_eq!(
+        find(&ten, None, c).expect("fires offline").recommendation,
+        "set scaling.maxReplicas to at most 4800, or lower processing.concurrency"
     );
     // Without the heartbeat nothing waits: exactly 120,000 at 1200 replicas.
     let no_hb = spec(

@@ -1,8 +1,8 @@
 //! The receive loop. At most `concurrency` messages run at once. With heartbeats on (standard
 //! queues), one more batch may wait locally, kept alive by heartbeats: the next receive is then in
 //! flight before slots free up, and a busy queue is received in whole batches. That next whole batch
-//! is asked for while a few messages still wait (as many slots as free during a receive's round trip,
-//! at most half a batch), so slots that free meanwhile find it already there; not once handlers
+//! is asked for while a few messages still wait (as many as slots take during a receive's round
+//! trip, at most half a batch or, with more slots, one message a slot in all), so slots that free meanwhile find it already there; not once handlers
 //! take longer than the heartbeat interval on average (a waiting message would cost heartbeats and
 //! be kept from other consumers for a whole handler time). Without heartbeats the worker receives
 //! only into free slots. FIFO groups run in order, one chain per MessageGroupId.
@@ -171,9 +171,12 @@ impl Dispatcher {
             // are expected to free during one receive round trip (C × round trip / mean handler
             // time), at most `early_max`; else slots that free before it returns idle that long.
             let early = match (prefetch, receive_ewma, latency_ewma) {
-                (1.., Some(rtt), Some(mean)) if mean > 0.0 => {
-                    ((rtt * s.concurrency as f64 / mean).ceil() as usize).min(s.early_max)
-                }
+                (1.., Some(rtt), Some(mean)) => crate::worker::early_receive(
+                    s.concurrency,
+                    Duration::from_secs_f64(rtt),
+                    Duration::from_secs_f64(mean),
+                    s.early_max,
+                ),
                 _ => 0,
             };
             let mut capacity = match s.batch {
@@ -200,9 +203,14 @@ impl Dispatcher {
                 };
             }
             let full = s.batch_size.min(capacity).max(1);
-            // Message slots: batch mode's calls each take up to max_items.
+            // Message slots (batch mode's calls each take up to max_items), and what may be held
+            // ahead of them: as many receives at once as whole batches fit in both, so a round trip
+            // longer than a handler call is covered by several receives in flight.
             let slots = s.concurrency * s.batch.map_or(1, |b| b.max_items);
-            let max_parallel = slots.div_ceil(full).clamp(1, MAX_PARALLEL_RECEIVES);
+            let ahead = prefetch + early + ahead_calls * s.batch.map_or(0, |b| b.max_items);
+            let max_parallel = (slots + ahead)
+                .div_ceil(full)
+                .clamp(1, MAX_PARALLEL_RECEIVES);
             rate_wake = None;
             if !draining && paused.is_none() && backoff_until.is_none() {
                 loop {

@@ -313,14 +313,17 @@ pub struct Summary {
     pub sqs_requests: u64,
 }
 
-/// Messages one worker may hold beyond its `concurrency` slots, waiting for a slot: one batch, plus
-/// at most `early_receive_max` still waiting when the next whole batch is asked for, while heartbeats
-/// keep their leases, on a standard queue (a FIFO message already waits behind its group); none
-/// without heartbeats, whose leases would run out while they wait. The worker holds them only while
-/// prefetch pays (`prefetch_pays`); `validate::prefetch` predicts with this function and that one.
-pub fn prefetch(batch_size: u32, heartbeat: bool, fifo: bool) -> u32 {
+/// Messages one worker may hold beyond its `concurrency` slots, waiting for a slot or in a receive
+/// in flight: one batch, plus at most `early_receive_max` still waiting when the next whole batch is
+/// asked for, while heartbeats keep their leases, on a standard queue (a FIFO message already waits
+/// behind its group); none without heartbeats, whose leases would run out while they wait. That is
+/// max(`batch_size` + ceil(`batch_size` / 2), `concurrency`): with many slots, up to one message per
+/// slot, so what is held ahead never takes longer than one handler time per slot to start. The
+/// worker holds them only while prefetch pays (`prefetch_pays`), and only as many as one receive
+/// round trip needs; `validate::prefetch` predicts with this function and that one.
+pub fn prefetch(batch_size: u32, concurrency: u32, heartbeat: bool, fifo: bool) -> u32 {
     if heartbeat && !fifo {
-        batch_size.saturating_add(early_receive_max(batch_size))
+        batch_size.saturating_add(early_receive_max(batch_size, concurrency))
     } else {
         0
     }
@@ -363,11 +366,37 @@ pub fn prefetch_pays(
     heartbeat.is_some_and(|hb| mean < hb) && rtt > mean.as_secs_f64() * PREFETCH_ROUND_TRIP_SHARE
 }
 
-/// The most messages that may still wait locally when the next whole-batch receive goes out: half a
-/// batch, rounded up. The worker asks that early by the slots it expects to free during one receive
-/// round trip (concurrency × round trip / mean handler time), within this cap (docs/worker.md).
-pub fn early_receive_max(batch_size: u32) -> u32 {
-    batch_size.div_ceil(2)
+/// The most messages that may still wait locally (or be on their way in receives already sent) when
+/// the next whole-batch receive goes out: half a batch, rounded up, or with more slots than a batch
+/// and a half, `concurrency` − `batch_size` (so the whole held ahead is at most one message per slot).
+/// The worker asks that early by the messages its slots are expected to take during one receive
+/// round trip (concurrency × round trip / mean handler time), within this cap (docs/worker.md): at
+/// C = 100 and a 25 ms handler that is some 60 messages, several receives in flight at once.
+pub fn early_receive_max(batch_size: u32, concurrency: u32) -> u32 {
+    batch_size
+        .div_ceil(2)
+        .max(concurrency.saturating_sub(batch_size))
+}
+
+/// How many messages may still wait (or be on their way) when the next whole batch is asked for:
+/// those `concurrency` slots are expected to take during one receive round trip,
+/// ceil(C × round trip / mean handler time), at most `max` (`early_receive_max`). A mean of zero
+/// (handlers faster than the clock) asks for the most.
+pub fn early_receive(
+    concurrency: usize,
+    round_trip: StdDuration,
+    mean: StdDuration,
+    max: usize,
+) -> usize {
+    if mean.is_zero() {
+        return max;
+    }
+    let taken = concurrency as f64 * round_trip.as_secs_f64() / mean.as_secs_f64();
+    if taken >= max as f64 {
+        max
+    } else {
+        taken.ceil() as usize
+    }
 }
 
 /// Says where the TLS clients' roots come from when they are not the system's.
@@ -564,10 +593,20 @@ pub async fn run(
         batch_size: config.batch_size as usize,
         wait_time: config.wait_time.as_std(),
         fifo: info.fifo,
-        prefetch: prefetch(config.batch_size, heartbeat.is_some(), info.fifo).min(config.batch_size)
-            as usize,
-        early_max: prefetch(config.batch_size, heartbeat.is_some(), info.fifo)
-            .saturating_sub(config.batch_size) as usize,
+        prefetch: prefetch(
+            config.batch_size,
+            config.concurrency,
+            heartbeat.is_some(),
+            info.fifo,
+        )
+        .min(config.batch_size) as usize,
+        early_max: prefetch(
+            config.batch_size,
+            config.concurrency,
+            heartbeat.is_some(),
+            info.fifo,
+        )
+        .saturating_sub(config.batch_size) as usize,
         heartbeat,
         drain_budget: total.saturating_sub(flush_reserve),
         batch: (config.batch_max_items > 1).then(|| dispatch::BatchSettings {
@@ -912,6 +951,45 @@ mod tests {
         assert_eq!(batch_prefetch_calls(0, true, false), 1);
         assert_eq!(batch_prefetch_calls(10, false, false), 0);
         assert_eq!(batch_prefetch_calls(10, true, true), 0);
+    }
+
+    #[test]
+    fn what_is_held_ahead_grows_with_the_slots_to_one_message_a_slot() {
+        // #31 item 1: one batch plus half a batch while that is more than the slots...
+        assert_eq!(early_receive_max(10, 1), 5);
+        assert_eq!(early_receive_max(10, 10), 5);
+        assert_eq!(early_receive_max(10, 15), 5);
+        assert_eq!(prefetch(10, 1, true, false), 15);
+        assert_eq!(prefetch(10, 15, true, false), 15);
+        // ...then one message a slot in all, so what waits starts within one handler time a slot.
+        assert_eq!(early_receive_max(10, 16), 6);
+        assert_eq!(early_receive_max(10, 100), 90);
+        assert_eq!(prefetch(10, 100, true, false), 100);
+        assert_eq!(prefetch(1, 1, true, false), 2);
+        assert_eq!(prefetch(1, 50, true, false), 50);
+        // Nothing ahead without heartbeats or on FIFO queues, whatever the slots.
+        assert_eq!(prefetch(10, 100, false, false), 0);
+        assert_eq!(prefetch(10, 100, true, true), 0);
+    }
+
+    #[test]
+    fn the_early_receive_covers_what_the_slots_take_during_one_round_trip() {
+        let ms = StdDuration::from_millis;
+        // C = 100, 25 ms handlers, a 15 ms round trip: 60 messages go in one round trip.
+        assert_eq!(early_receive(100, ms(15), ms(25), 90), 60);
+        // Rounded up: a slot that frees during the round trip finds a message.
+        assert_eq!(early_receive(10, ms(15), ms(25), 5), 5);
+        assert_eq!(early_receive(1, ms(15), ms(25), 5), 1);
+        assert_eq!(early_receive(1, ms(1), ms(2000), 5), 1);
+        // Never past the cap, however fast the handler or slow the round trip.
+        assert_eq!(early_receive(100, ms(40), ms(1), 90), 90);
+        assert_eq!(early_receive(100, ms(15), StdDuration::ZERO, 90), 90);
+        assert_eq!(
+            early_receive(100, StdDuration::from_hours(1), ms(1), 90),
+            90
+        );
+        // A round trip too short to measure: none held back for it.
+        assert_eq!(early_receive(100, StdDuration::ZERO, ms(25), 90), 0);
     }
 
     #[test]

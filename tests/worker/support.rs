@@ -722,6 +722,9 @@ pub enum Fault {
     /// Pass requests through, but in the first one for exactly this action spoil the first
     /// `ReceiptHandle` of the JSON body, so the server refuses that entry alone (once per proxy).
     SpoilFirstHandle(&'static str),
+    /// Pass requests through, each one for exactly this action this many milliseconds late: a
+    /// longer round trip (a far region, a congested path).
+    DelayAction(&'static str, u64),
 }
 
 /// A TCP proxy in front of the moto server that can refuse connections or answer with AWS errors.
@@ -827,6 +830,10 @@ impl FaultProxy {
                             })
                             .await;
                         }
+                        Fault::DelayAction(action, ms) => {
+                            relay_delaying(client, &upstream, action, Duration::from_millis(ms))
+                                .await;
+                        }
                         Fault::Refuse => {}
                     }
                 });
@@ -897,6 +904,61 @@ async fn relay_hanging(mut client: tokio::net::TcpStream, upstream: &str, action
         let Some(resp) = read_message(&mut server, &mut sbuf).await else {
             return;
         };
+        if client.write_all(&resp).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// moto may hand one message to two ReceiveMessage calls it serves at once (a race in its server;
+/// 5 duplicates in 1,500 messages with 8 threads receiving): `relay_delaying` sends the delayed
+/// action to it one call at a time, so a test of parallel receives sees each message once.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// Calls of the delayed action in the proxy now, and the most at once (one test uses the delay).
+static DELAYED_NOW: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static DELAYED_MOST: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The most calls `Fault::DelayAction` held in the proxy at once: the client's calls in flight.
+pub fn most_delayed_at_once() -> usize {
+    DELAYED_MOST.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Relays requests one by one to the upstream, those for exactly `action` after `delay` (the waits
+/// overlap; the calls reach moto one at a time, `ONE_AT_A_TIME`).
+async fn relay_delaying(
+    mut client: tokio::net::TcpStream,
+    upstream: &str,
+    action: &str,
+    delay: Duration,
+) {
+    let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else {
+        return;
+    };
+    let target = format!("x-amz-target: amazonsqs.{}\r\n", action.to_lowercase());
+    let (mut cbuf, mut sbuf) = (Vec::new(), Vec::new());
+    while let Some(req) = read_message(&mut client, &mut cbuf).await {
+        let delayed = String::from_utf8_lossy(&req)
+            .to_lowercase()
+            .contains(&target);
+        if delayed {
+            use std::sync::atomic::Ordering::SeqCst;
+            let now = DELAYED_NOW.fetch_add(1, SeqCst) + 1;
+            DELAYED_MOST.fetch_max(now, SeqCst);
+            tokio::time::sleep(delay).await;
+            DELAYED_NOW.fetch_sub(1, SeqCst);
+        }
+        let turn = if delayed {
+            Some(ONE_AT_A_TIME.lock().await)
+        } else {
+            None
+        };
+        if server.write_all(&req).await.is_err() {
+            return;
+        }
+        let Some(resp) = read_message(&mut server, &mut sbuf).await else {
+            return;
+        };
+        drop(turn);
         if client.write_all(&resp).await.is_err() {
             return;
         }
