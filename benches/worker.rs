@@ -127,8 +127,10 @@ fn main() {
             consumers.push(Consumer::WorkerBatch(
                 env!("CARGO_BIN_EXE_qc-worker").to_string(),
             ));
-            // The rig's own limit, in the same run (#31 item 2).
-            consumers.push(Consumer::Reference);
+            // The rig's own limit, in the same run (#31 item 2), and its batch-mode twin: what
+            // the SDK calls alone cost a message when one handler call carries ten (#32 item 4).
+            consumers.push(Consumer::Reference(1));
+            consumers.push(Consumer::Reference(BATCH_ITEMS));
             if let Some(script) = &bbc {
                 consumers.extend(BBC_MODES.map(|m| Consumer::Bbc(script.clone(), m)));
             }
@@ -160,8 +162,9 @@ enum Consumer {
     WorkerBatch(String),
     /// The bench script of bbc/sqs-consumer and its mode.
     Bbc(String, &'static str),
-    /// The reference consumer (`benches/reference/consumer.rs`): this bench binary run again.
-    Reference,
+    /// The reference consumer (`benches/reference/consumer.rs`): this bench binary run again, with
+    /// this many messages a handler call (1, or `BATCH_ITEMS` like qc-worker's batch row).
+    Reference(usize),
 }
 
 impl Consumer {
@@ -170,7 +173,8 @@ impl Consumer {
             Consumer::Worker(_, label) => label.clone(),
             Consumer::WorkerBatch(_) => format!("qc-worker batch {BATCH_ITEMS}"),
             Consumer::Bbc(_, mode) => format!("sqs-consumer {mode}"),
-            Consumer::Reference => "reference loop".to_string(),
+            Consumer::Reference(1) => "reference loop".to_string(),
+            Consumer::Reference(items) => format!("reference loop batch {items}"),
         }
     }
 
@@ -178,6 +182,7 @@ impl Consumer {
     fn per_call(&self) -> usize {
         match self {
             Consumer::WorkerBatch(_) | Consumer::Bbc(_, "bulk") => BATCH_ITEMS,
+            Consumer::Reference(items) => *items,
             _ => 1,
         }
     }
@@ -213,13 +218,14 @@ impl Consumer {
                     .env("RUST_LOG", "warn");
                 cmd
             }
-            Consumer::Reference => {
+            Consumer::Reference(items) => {
                 let mut cmd = Command::new(std::env::current_exe().unwrap());
                 cmd.arg("--reference-consumer")
                     .env("QC_REF_QUEUE_URL", url)
                     .env("QC_REF_ENDPOINT", endpoint)
                     .env("QC_REF_HANDLER_URL", handler_url)
-                    .env("QC_REF_CONCURRENCY", concurrency.to_string());
+                    .env("QC_REF_CONCURRENCY", concurrency.to_string())
+                    .env("QC_REF_BATCH_ITEMS", items.to_string());
                 cmd
             }
             Consumer::Bbc(script, mode) => {

@@ -10,6 +10,13 @@
 //! after 20 ms. No heartbeats, no leases, no retries, no idempotency, no metrics, no shutdown
 //! drain: a failed call leaves its message to come back after the visibility timeout. It is a
 //! yardstick, not a consumer to run.
+//!
+//! With `QC_REF_BATCH_ITEMS` = N > 1 it is batch mode's yardstick (#32 item 4): ceil(C / N) tasks
+//! each take up to N messages (the first, then as many as come within 50 ms, qc-worker's
+//! `--batch-max-wait` in the bench) and POST them to the handler as one JSON array
+//! (`application/cloudevents-batch+json`, one handler time a call); their handles go to the deleter
+//! together on a 2xx. What it costs a message is then the SDK's receive and delete calls and a tenth
+//! of a handler call: the floor under qc-worker's batch mode.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +27,8 @@ use tokio::sync::{Mutex, mpsc};
 use tokio::time::Instant;
 
 /// Runs the reference consumer from `QC_REF_QUEUE_URL`, `QC_REF_ENDPOINT`, `QC_REF_HANDLER_URL` and
-/// `QC_REF_CONCURRENCY` until it is killed.
+/// `QC_REF_CONCURRENCY` (messages at once), with `QC_REF_BATCH_ITEMS` messages a handler call (1 when
+/// unset), until it is killed.
 ///
 /// # Panics
 /// When one of them is missing or malformed (a bench, not a product: it stops loudly).
@@ -30,22 +38,33 @@ pub fn main() {
     let endpoint = var("QC_REF_ENDPOINT");
     let handler = var("QC_REF_HANDLER_URL");
     let concurrency: usize = var("QC_REF_CONCURRENCY").parse().expect("a count");
+    let items: usize = std::env::var("QC_REF_BATCH_ITEMS")
+        .map_or(1, |v| v.parse().expect("QC_REF_BATCH_ITEMS: a count"))
+        .max(1);
     // The same runtime as qc-worker's: two worker threads.
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap()
-        .block_on(run(url, endpoint, handler, concurrency));
+        .block_on(run(url, endpoint, handler, concurrency, items));
 }
 
-async fn run(url: String, endpoint: String, handler: String, concurrency: usize) {
+/// How long a batch call waits for its batch to fill after its first message.
+const BATCH_FILL: Duration = Duration::from_millis(50);
+
+async fn run(url: String, endpoint: String, handler: String, concurrency: usize, items: usize) {
     let conf = qc::aws::sdk_config(Some("us-east-1"), Some(&endpoint)).await;
     let client = aws_sdk_sqs::Client::new(&conf);
     let uri: hyper::Uri = handler.parse().expect("handler URL");
     let authority = uri.authority().expect("host:port").to_string();
+    let content_type = if items > 1 {
+        "application/cloudevents-batch+json"
+    } else {
+        "application/json"
+    };
     let head = format!(
-        "POST {} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\ncontent-length: ",
+        "POST {} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: {content_type}\r\ncontent-length: ",
         uri.path()
     );
     let pool = Arc::new(Pool::new(
@@ -93,7 +112,7 @@ async fn run(url: String, endpoint: String, handler: String, concurrency: usize)
     let receivers = concurrency.div_ceil(10).max(1);
     let (to_tasks, from_receivers) = mpsc::channel::<(String, String)>(10 * receivers);
     let from_receivers = Arc::new(Mutex::new(from_receivers));
-    for _ in 0..concurrency {
+    for _ in 0..concurrency.div_ceil(items) {
         let (rx, pool, done, head) = (
             from_receivers.clone(),
             pool.clone(),
@@ -102,13 +121,33 @@ async fn run(url: String, endpoint: String, handler: String, concurrency: usize)
         );
         tokio::spawn(async move {
             loop {
-                let next = rx.lock().await.recv().await;
-                let Some((body, handle)) = next else { return };
+                let batch = {
+                    let mut rx = rx.lock().await;
+                    let Some(first) = rx.recv().await else { return };
+                    let mut batch = vec![first];
+                    let deadline = Instant::now() + BATCH_FILL;
+                    while batch.len() < items {
+                        match tokio::time::timeout_at(deadline, rx.recv()).await {
+                            Ok(Some(m)) => batch.push(m),
+                            _ => break,
+                        }
+                    }
+                    batch
+                };
+                let body = if items > 1 {
+                    // A JSON array of the bodies (each one JSON already).
+                    let bodies: Vec<&str> = batch.iter().map(|(b, _)| b.as_str()).collect();
+                    format!("[{}]", bodies.join(","))
+                } else {
+                    batch[0].0.clone()
+                };
                 let head = format!("{head}{}\r\n\r\n", body.len());
                 if let Ok(answer) = pool.send(head.as_bytes(), body.as_bytes(), false).await
                     && (200..300).contains(&answer.status)
                 {
-                    let _ = done.send(handle);
+                    for (_, handle) in batch {
+                        let _ = done.send(handle);
+                    }
                 }
             }
         });
