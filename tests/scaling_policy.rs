@@ -1056,14 +1056,15 @@ fn a_small_scale_up_waits_a_poll_while_the_backlog_is_young() {
 /// asks for 3); the workers' deletes set the arrival rate of each interval. CloudWatch's age of 20 s (a stale
 /// reading: nothing is visible) keeps the +1 from waiting, so the scale-up happens and the lead shows.
 /// When the rate rose at each of the last three polls, the smallest rise continues for a poll plus a start-up
-/// (45 s, three polls) at P (2 s) per message: rates 10, 11, 12, 13/s rise 1/s a poll, so 3/s more,
-/// 6 slots: one replica more.
+/// (45 s, three polls) at P (2 s) per message, plus the economic step √(2 · start-up · slope · C) slots
+/// (docs/scaling.md, "Calm on ramps"): rates 10, 11, 12, 13/s rise 1/s a poll (0.13 slots/s), so 3/s
+/// more, 6 slots, and a step of √80 = 8.9 slots: 14.9 slots, two replicas more.
 #[test]
-fn a_scale_up_on_a_rising_ramp_adds_the_rise_continued_for_a_poll_and_a_start_up() {
+fn a_scale_up_on_a_rising_ramp_adds_the_rise_for_a_poll_and_a_start_up_and_the_economic_step() {
     // deletes in each interval (the last also has the 10 more in flight as arrivals) → (replicas, lead)
     let cases = [
-        ([150, 165, 180, 185], 4, Some(1)), // 10, 11, 12, 13/s
-        ([150, 195, 240, 275], 5, Some(2)), // 10, 13, 16, 19/s: 9/s more, 18 slots
+        ([150, 165, 180, 185], 5, Some(2)), // 10, 11, 12, 13/s
+        ([150, 195, 240, 275], 7, Some(4)), // 10, 13, 16, 19/s: 9/s more, 18 slots, + √240 = 15.5
         ([150, 300, 300, 290], 3, None),    // 10, 20, 20, 20/s: a step, then flat (a spike's shape)
         ([150, 165, 180, 160], 3, None),    // 10, 11, 12, 11.3/s: the last poll fell
         ([150, 120, 180, 185], 3, None),    // 10, 8, 12, 13/s: not a rise at every poll

@@ -191,7 +191,11 @@ fn a_shorter_stabilization_window_scales_in_sooner_and_costs_less() {
     };
     let one = sim::run(&one_minute, &trace, Policy::Ours);
     assert!(one.replica_seconds < five.replica_seconds);
-    assert!(one.scale_events >= five.scale_events);
+    // about as many scale events: the 5 m window's scale-down lands on the tail (5 + s % 7 a second, whose
+    // 15 s counts rise by one at six polls of seven) while its rate rose at each of the last three polls,
+    // and a scale-down goes no lower than a scale-up there would ask for (docs/scaling.md, "Calm on
+    // ramps"), so it takes two steps (5 events against 4)
+    assert!(one.scale_events + 1 >= five.scale_events);
 }
 
 #[test]
@@ -259,7 +263,7 @@ fn ours_never_scales_below_the_in_flight_replicas_even_with_no_window() {
 
 /// The benchmark's fast sawtooth without its noise, at the API defaults (15 s poll, `auto` window): 5/s
 /// climbing to 60/s over 5 min then back at once, twelve times. Following each climb one replica at a
-/// time cost about five scale events a climb; the ramp lead takes it in about two steps, at under a third
+/// time cost about five scale events a climb; the ramp lead takes it in about one step, at under a third
 /// of KEDA's replica-seconds (KEDA holds its peak through every drop).
 #[test]
 fn on_a_sawtooth_ours_climbs_in_few_steps_and_still_costs_less_than_keda() {
@@ -278,8 +282,10 @@ fn on_a_sawtooth_ours_climbs_in_few_steps_and_still_costs_less_than_keda() {
     let msgs = trace.messages(&cfg.service_time(), cfg.seed);
     let ours = sim::run_messages(&cfg, trace.duration_secs(), &msgs, Policy::Ours);
     let keda = sim::run_messages(&cfg, trace.duration_secs(), &msgs, Policy::Keda);
-    // 36 events with the ramp lead, 59 without it (61 with neither rule): one down and about two up a climb
-    assert!(ours.scale_events <= 45, "{ours:?}");
+    // 25 events: one down and about one up a climb, with the lead's economic step and no scale-down while
+    // the ramp rises; 36 with a lead of a poll and a start-up only, 59 without a lead (61 with neither
+    // rule of "Calm on ramps")
+    assert!(ours.scale_events <= 30, "{ours:?}");
     assert!(
         ours.replica_seconds < keda.replica_seconds / 3.0,
         "{ours:?} {keda:?}"

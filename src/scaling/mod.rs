@@ -392,7 +392,8 @@ pub struct Terms {
     /// Highest recommendation of the stabilization window (samples newer than now − window, and the latest),
     /// when a scale-down consulted it.
     pub window_max: Option<u32>,
-    /// Replicas a scale-up added for a rising ramp of arrivals (the ramp lead), when it added any.
+    /// Replicas a scale-up added for a rising ramp of arrivals (the ramp lead), or a scale-down kept for it,
+    /// when it added or kept any.
     pub ramp_replicas: Option<u32>,
 }
 
@@ -562,8 +563,10 @@ fn with_rate_cap(spec: &QueueConsumerSpec, mut d: Decision, current: u32) -> Dec
 ///
 /// With the workers' deleted count (counted arrivals, docs/scaling.md "Calm on ramps"), a scale-up of at
 /// most [`DEFER_MAX_STEP`] replicas waits for the next poll while the visible backlog is young enough for
-/// the replicas that poll would ask for ([`Limit::Deferred`]), and a scale-up after the arrival rate rose
-/// at each of the last polls adds that rise continued for a poll and a start-up (`Terms::ramp_replicas`).
+/// the replicas that poll would ask for ([`Limit::Deferred`]); after the arrival rate rose at each of the
+/// last polls, a scale-up adds that rise continued for a poll and a start-up plus the economic step
+/// √(2 · start-up · slope) (`Terms::ramp_replicas`), and a scale-down goes no lower than such a scale-up
+/// would ask for.
 pub fn decide(
     spec: &ScalingSpec,
     p99: Duration,
@@ -670,7 +673,7 @@ pub fn decide_with_waiting(
         }
         let mut replicas = rec.clamped;
         if replicas > current {
-            let lead = model.ramp_lead(&samples, poll_interval(spec).saturating_add(startup));
+            let lead = model.ramp_lead(&samples, poll_interval(spec), startup);
             let led = replicas.saturating_add(lead).min(model.max);
             if led > replicas {
                 terms.ramp_replicas = Some(led - replicas);
@@ -711,6 +714,17 @@ pub fn decide_with_waiting(
         limited_by = Some(Limit::ShortHistory);
         current
     };
+    // on a ramp that still rises, a scale-down would take back what the lead asked for and the next poll
+    // would ask for it again: go no lower than the scale-down's own sizing plus the lead
+    if target < current {
+        let startup = history.startup().unwrap_or(DEFAULT_STARTUP);
+        let lead = model.ramp_lead(&samples, poll_interval(spec), startup);
+        let keep = rec.keep.saturating_add(lead).min(current);
+        if lead > 0 && keep > target {
+            target = keep;
+            terms.ramp_replicas = Some(lead);
+        }
+    }
     // with a mean, new messages are sized for a start-up and seen ones are not: keep the replicas asked for
     // until they are busy, or the sizing would shrink before they could help
     if model.mean_ms.is_some()
@@ -852,11 +866,14 @@ impl Model {
     }
 
     /// Replicas a scale-up adds for a ramp (docs/scaling.md, "Calm on ramps"): when the arrival rate rose
-    /// at each of the last [`RAMP_INTERVALS`] − 1 polls, the smallest of those rises per poll, continued
-    /// for `ahead` (a poll and a start-up: until the replicas the next poll could ask for are ready),
-    /// at the mean's (else P's) slots per message. A spike rises once and a steady load wobbles, so
-    /// neither rises at every poll; 0 without counted arrivals.
-    fn ramp_lead(&self, samples: &[&Sample], ahead: Duration) -> u32 {
+    /// at each of the last [`RAMP_INTERVALS`] − 1 polls, the smallest of those rises per poll is the ramp's
+    /// slope, at the mean's (else P's) slots per message. The lead is that slope continued for a poll and
+    /// a start-up (until the replicas the next poll could ask for are ready), plus the economic step on
+    /// top: with a scale event priced at one start-up S of a replica (what `auto` prices an idle hold at)
+    /// and a replica added x seconds before the ramp needs it costing x replica-seconds, steps of
+    /// √(2 · S · slope) replicas (the economic order quantity) cost least per second of ramp. A spike rises
+    /// once and a steady load wobbles, so neither rises at every poll; 0 without counted arrivals.
+    fn ramp_lead(&self, samples: &[&Sample], poll: Duration, startup: Duration) -> u32 {
         if samples.len() <= RAMP_INTERVALS {
             return 0;
         }
@@ -875,13 +892,28 @@ impl Model {
             .map(|r| r[1].saturating_sub(r[0]))
             .min()
             .unwrap_or(0);
+        if rise == 0 {
+            return 0;
+        }
         // slots = rise per poll × (ahead / poll) × seconds per message; the rates' unit and the ms of the
-        // mean make the numerator a million times the slots
+        // mean make the numerator a million × last_dt times the slots
+        let ahead_ms = poll.as_millis().saturating_add(startup.as_millis());
         let slots_x = rise
-            .saturating_mul(ahead.as_millis())
+            .saturating_mul(ahead_ms)
             .saturating_mul(self.seen_drain_ms);
+        // the economic step in slots: √(2 · S · slope · C), the slope in slots per second being
+        // rise × mean / (last_dt × 1000) in these units; scaled like slots_x, √(2 · S_ms · rise · mean_ms
+        // · C · last_dt · 10⁶)
+        let step_x = 2u128
+            .saturating_mul(startup.as_millis())
+            .saturating_mul(rise)
+            .saturating_mul(self.seen_drain_ms)
+            .saturating_mul(u128::from(self.concurrency))
+            .saturating_mul(u128::from(last_dt))
+            .saturating_mul(1_000_000)
+            .isqrt();
         let per_replica = u128::from(last_dt) * u128::from(self.concurrency) * 1_000_000;
-        u32::try_from(slots_x.div_ceil(per_replica)).unwrap_or(u32::MAX)
+        u32::try_from(slots_x.saturating_add(step_x).div_ceil(per_replica)).unwrap_or(u32::MAX)
     }
 
     /// The recommendation of `samples[i]`. Refinements inside the base formula, all pure functions of the
@@ -1116,5 +1148,117 @@ mod rate_cap_tests {
             decide_for(&s, &h, 1, Downstream::default(), now).replicas,
             3
         );
+    }
+}
+
+#[cfg(test)]
+mod ramp_tests {
+    use super::*;
+
+    fn spec() -> ScalingSpec {
+        ScalingSpec {
+            max_replicas: 20,
+            ..ScalingSpec::default()
+        }
+    }
+
+    /// Five samples 15 s apart with `in_flight` in flight and nothing visible, whose workers deleted
+    /// `deletes` in the four intervals: the counted arrival rates are deletes / 15 s.
+    fn ramp(deletes: [u64; 4], in_flight: u64) -> Vec<Sample> {
+        let mut samples = vec![Sample {
+            visible: 0,
+            in_flight,
+            delayed: 0,
+            deleted: Some(0),
+            oldest_age: None,
+            at: Timestamp::from_secs(0),
+        }];
+        for (i, d) in deletes.iter().enumerate() {
+            samples.push(Sample {
+                deleted: Some(*d),
+                at: Timestamp::from_secs(15 * (i as u64 + 1)),
+                ..samples[0]
+            });
+        }
+        samples
+    }
+
+    fn lead(mean: Option<Duration>, deletes: [u64; 4], startup: Duration) -> u32 {
+        let model = Model::new(&spec(), Duration::from_secs(2), mean, 10);
+        let samples = ramp(deletes, 20);
+        let refs: Vec<&Sample> = samples.iter().collect();
+        model.ramp_lead(&refs, Duration::from_secs(15), startup)
+    }
+
+    /// A ramp rising r msg/s a poll needs slope = r / 15 s × mean slots more each second. The lead is that
+    /// slope continued for a poll and a start-up, plus the economic step √(2 · S · slope · C) slots (a scale
+    /// event priced at one start-up S of a replica, a replica added early at its idle seconds): the step
+    /// grows as the square root of the slope, so a steeper ramp takes fewer, larger steps.
+    #[test]
+    fn the_ramp_lead_adds_the_economic_step_to_a_poll_and_a_start_up_of_the_rise() {
+        let mean = Some(Duration::from_millis(800));
+        let s30 = Duration::from_secs(30);
+        // rise (msg/s a poll) → deletes; slope 0.16 slots/s: 0.16 × 45 = 7.2 slots, + √(2 · 30 · 0.16 · 10)
+        // = 9.8: 17 slots, 2 replicas (the rise alone: 1)
+        assert_eq!(lead(mean, [150, 195, 240, 285], s30), 2);
+        // four times as steep, 0.64 slots/s: 28.8 + √384 = 19.6: 48.4 slots, 5 replicas (the rise alone: 3)
+        assert_eq!(lead(mean, [150, 330, 510, 690], s30), 5);
+        // a 60 s start-up: the slope runs 75 s (12 slots) and an event costs twice as much, √192 = 13.9:
+        // 25.9 slots, 3 replicas
+        assert_eq!(lead(mean, [150, 195, 240, 285], Duration::from_secs(60)), 3);
+        // without a mean, P (2 s) per message: 0.4 slots/s, 18 + √240 = 15.5: 33.5 slots, 4 replicas
+        assert_eq!(lead(None, [150, 195, 240, 285], s30), 4);
+        // a flat rate, a step then flat (a spike), a fall at the last poll: no ramp, no lead
+        assert_eq!(lead(mean, [285, 285, 285, 285], s30), 0);
+        assert_eq!(lead(mean, [150, 300, 300, 300], s30), 0);
+        assert_eq!(lead(mean, [150, 195, 240, 200], s30), 0);
+    }
+
+    /// 9 replicas with 20 in flight and nothing visible (P 2 s, no mean, C 10): the in-flight term asks for
+    /// 2, the band for ceil(20 / 9) = 3. With flat arrivals that is where the scale-down goes; with arrivals
+    /// rising 3/s at each poll, replicas the lead would ask for again (4: 18 slots for the rise over a poll
+    /// and a start-up, 15.5 for the economic step) are kept: down to 3 + 4 = 7, not 3.
+    #[test]
+    fn no_scale_down_below_the_ramp_lead_while_the_arrivals_still_rise() {
+        let s = spec();
+        let decide_on = |deletes: [u64; 4], current: u32| {
+            let mut h = History::new(Duration::from_secs(600));
+            for sample in ramp(deletes, 20) {
+                h.push(sample).expect("in order");
+            }
+            decide(
+                &s,
+                Duration::from_secs(2),
+                None,
+                10,
+                &h,
+                current,
+                Timestamp::from_secs(60),
+            )
+        };
+        let flat = decide_on([285, 285, 285, 285], 9);
+        assert_eq!(
+            (flat.replicas, flat.reason),
+            (3, Reason::ScaleDown),
+            "{flat}"
+        );
+        assert_eq!(flat.terms.and_then(|t| t.ramp_replicas), None, "{flat}");
+
+        let rising = decide_on([150, 195, 240, 285], 9);
+        assert_eq!(
+            (rising.replicas, rising.reason),
+            (7, Reason::ScaleDown),
+            "{rising}"
+        );
+        assert_eq!(rising.terms.and_then(|t| t.ramp_replicas), Some(4));
+        assert!(
+            rising
+                .to_string()
+                .contains("4 more for the rising arrivals"),
+            "{rising}"
+        );
+        // at or below what the lead keeps, a rising ramp holds
+        let held = decide_on([150, 195, 240, 285], 6);
+        assert_eq!((held.replicas, held.reason), (6, Reason::Hold), "{held}");
     }
 }
