@@ -64,8 +64,8 @@ fn attributes_file_runs_queue_rules_and_exits_1_on_errors() {
         "tests/data/attributes_risky.json",
     ]);
     assert_eq!(code, 1, "stdout:\n{out}\nstderr:\n{err}");
-    // p99 2s, concurrency 20, batchSize 10, heartbeat on: 35 in flight (a batch waits for a slot, and
-    // up to 5 more when the next batch is received),
+    // p99 2s, concurrency 20, batchSize 10, heartbeat on: 40 in flight (20 running and up to one
+    // message a slot held ahead: a waiting batch and up to 10 more on their way),
     // budget 2s × 2 + 5s = 9s > VT 5s (Warning); auto heartbeat 1s66 >= 5s - 5s (Error)
     for code in [
         "VisibilityTimeoutBelowBudget",
@@ -78,7 +78,7 @@ fn attributes_file_runs_queue_rules_and_exits_1_on_errors() {
     }
     assert!(
         out.contains(
-            "below the budget 9s (p99 2s × ceil(35 in flight / concurrency 20) + margin 5s)"
+            "below the budget 9s (p99 2s × ceil(40 in flight / concurrency 20) + margin 5s)"
         ),
         "{out}"
     );

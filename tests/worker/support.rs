@@ -349,6 +349,21 @@ impl Worker {
         parse_metric(&text, name)
     }
 
+    /// The most messages the worker held at once (`qc_worker_in_flight`, read every `every`) until it
+    /// has deleted `n`; panics if that takes longer than `within`.
+    pub async fn most_held_until_deleted(&self, n: f64, every: Duration, within: Duration) -> f64 {
+        let mut most = 0.0f64;
+        let deadline = std::time::Instant::now() + within;
+        while self.metric("qc_worker_messages_deleted_total").await != Some(n) {
+            assert!(std::time::Instant::now() < deadline, "{n} deleted");
+            if let Some(held) = self.metric("qc_worker_in_flight").await {
+                most = most.max(held);
+            }
+            tokio::time::sleep(every).await;
+        }
+        most
+    }
+
     /// The count of SQS requests of one action (`qc_worker_sqs_requests_total{action=...}`).
     pub async fn sqs_requests(&self, action: &str) -> Option<f64> {
         self.metric(&format!(
