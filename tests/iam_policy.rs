@@ -265,6 +265,31 @@ fn documented(path: &str) -> (BTreeSet<String>, BTreeSet<String>) {
     )
 }
 
+/// The controller and worker policies of `POLICY_DOC` allow exactly these actions; `source` ends
+/// each problem's name (where the actions came from).
+fn assert_policies_allow_exactly(
+    controller: &BTreeSet<String>,
+    worker: &BTreeSet<String>,
+    source: &str,
+) {
+    let mut problems = Vec::new();
+    let doc = POLICY_DOC;
+    let (c, w) = documented(doc);
+    diff(
+        &format!("{doc}: the controller policy{source}"),
+        controller,
+        &c,
+        &mut problems,
+    );
+    diff(
+        &format!("{doc}: the worker policy{source}"),
+        worker,
+        &w,
+        &mut problems,
+    );
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
 fn diff(
     what: &str,
     called: &BTreeSet<String>,
@@ -321,22 +346,7 @@ fn the_code_calls_the_operations_this_test_expects_to_find() {
 #[test]
 fn documented_iam_policies_allow_exactly_what_the_code_calls() {
     let (controller, worker) = called_actions();
-    let mut problems = Vec::new();
-    let doc = POLICY_DOC;
-    let (c, w) = documented(doc);
-    diff(
-        &format!("{doc}: the controller policy"),
-        &controller,
-        &c,
-        &mut problems,
-    );
-    diff(
-        &format!("{doc}: the worker policy"),
-        &worker,
-        &w,
-        &mut problems,
-    );
-    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    assert_policies_allow_exactly(&controller, &worker, "");
 }
 
 #[test]
@@ -580,20 +590,5 @@ fn documented_iam_policies_allow_exactly_the_calls_recorded_during_the_tests() {
         };
     }
     eprintln!("recorded: controller {controller:?}\nrecorded: worker {worker:?}");
-    let mut problems = Vec::new();
-    let doc = POLICY_DOC;
-    let (c, w) = documented(doc);
-    diff(
-        &format!("{doc}: the controller policy (against the recording)"),
-        &controller,
-        &c,
-        &mut problems,
-    );
-    diff(
-        &format!("{doc}: the worker policy (against the recording)"),
-        &worker,
-        &w,
-        &mut problems,
-    );
-    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    assert_policies_allow_exactly(&controller, &worker, " (against the recording)");
 }

@@ -391,12 +391,9 @@ pub fn early_receive(
     if mean.is_zero() {
         return max;
     }
+    // A float past usize's range converts to usize::MAX: the cap still holds.
     let taken = concurrency as f64 * round_trip.as_secs_f64() / mean.as_secs_f64();
-    if taken >= max as f64 {
-        max
-    } else {
-        taken.ceil() as usize
-    }
+    (taken.ceil() as usize).min(max)
 }
 
 /// Says where the TLS clients' roots come from when they are not the system's.
@@ -588,25 +585,20 @@ pub async fn run(
     let total = config.shutdown_timeout();
     // Room after the handlers for the last deletes and releases.
     let flush_reserve = (total / 4).min(StdDuration::from_secs(3));
+    // What may be held ahead: the waiting batch, and the rest for the early receive.
+    let ahead = prefetch(
+        config.batch_size,
+        config.concurrency,
+        heartbeat.is_some(),
+        info.fifo,
+    );
     let settings = dispatch::Settings {
         concurrency: config.concurrency as usize,
         batch_size: config.batch_size as usize,
         wait_time: config.wait_time.as_std(),
         fifo: info.fifo,
-        prefetch: prefetch(
-            config.batch_size,
-            config.concurrency,
-            heartbeat.is_some(),
-            info.fifo,
-        )
-        .min(config.batch_size) as usize,
-        early_max: prefetch(
-            config.batch_size,
-            config.concurrency,
-            heartbeat.is_some(),
-            info.fifo,
-        )
-        .saturating_sub(config.batch_size) as usize,
+        prefetch: ahead.min(config.batch_size) as usize,
+        early_max: ahead.saturating_sub(config.batch_size) as usize,
         heartbeat,
         drain_budget: total.saturating_sub(flush_reserve),
         batch: (config.batch_max_items > 1).then(|| dispatch::BatchSettings {

@@ -899,6 +899,16 @@ async fn read_message(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> Optio
     Some(buf.drain(..header_end + len).collect())
 }
 
+/// Sends one request on to the upstream and reads its answer; None once either side is gone.
+async fn forward(
+    server: &mut tokio::net::TcpStream,
+    sbuf: &mut Vec<u8>,
+    req: &[u8],
+) -> Option<Vec<u8>> {
+    server.write_all(req).await.ok()?;
+    read_message(server, sbuf).await
+}
+
 /// Relays requests one by one to the upstream; the first request for `action` is swallowed and the
 /// connection held open without an answer.
 async fn relay_hanging(mut client: tokio::net::TcpStream, upstream: &str, action: &str) {
@@ -913,10 +923,7 @@ async fn relay_hanging(mut client: tokio::net::TcpStream, upstream: &str, action
             tokio::time::sleep(Duration::from_hours(1)).await;
             return;
         }
-        if server.write_all(&req).await.is_err() {
-            return;
-        }
-        let Some(resp) = read_message(&mut server, &mut sbuf).await else {
+        let Some(resp) = forward(&mut server, &mut sbuf, &req).await else {
             return;
         };
         if client.write_all(&resp).await.is_err() {
@@ -967,10 +974,7 @@ async fn relay_delaying(
         } else {
             None
         };
-        if server.write_all(&req).await.is_err() {
-            return;
-        }
-        let Some(resp) = read_message(&mut server, &mut sbuf).await else {
+        let Some(resp) = forward(&mut server, &mut sbuf, &req).await else {
             return;
         };
         drop(turn);
@@ -999,10 +1003,7 @@ async fn relay_failing(
         let resp = if head.contains(&target) {
             error_response(status, code).into_bytes()
         } else {
-            if server.write_all(&req).await.is_err() {
-                return;
-            }
-            let Some(resp) = read_message(&mut server, &mut sbuf).await else {
+            let Some(resp) = forward(&mut server, &mut sbuf, &req).await else {
                 return;
             };
             resp
@@ -1040,10 +1041,7 @@ async fn relay_once(
                 }
             }
         }
-        if server.write_all(&req).await.is_err() {
-            return;
-        }
-        let Some(resp) = read_message(&mut server, &mut sbuf).await else {
+        let Some(resp) = forward(&mut server, &mut sbuf, &req).await else {
             return;
         };
         if client.write_all(&resp).await.is_err() {
