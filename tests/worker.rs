@@ -30,10 +30,13 @@ async fn drains_500_messages_each_handled_and_deleted() {
     let bodies = numbered(500);
     q.send_all(&bodies, |_| String::new()).await;
     let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(5))).await;
-    let mut a = base_args(&q);
-    // One receive at a time (concurrency = batch size): moto does not lock a queue between concurrent
-    // receives and can hand one message to two of them, which would break the exactly-once count below.
-    // Parallel receives are exercised by the benchmark, against a server without that race.
+    // moto does not lock a queue between concurrent receives and can hand one message to two of
+    // them, which would break the exactly-once count below: the worker's receives (up to 3 at once
+    // at C = 10) reach moto one at a time through the proxy. Parallel receives against a server
+    // without that race are exercised by the benchmark.
+    let proxy = FaultProxy::start().await;
+    proxy.set(Fault::DelayAction("ReceiveMessage", 0)).await;
+    let mut a = q.args_via(&proxy.endpoint, &[]);
     a.extend(args(&["--concurrency", "10", "--http-url", &h.url]));
     let mut w = Worker::start(&a);
 
@@ -249,24 +252,29 @@ async fn handler_running_three_visibility_timeouts_is_heartbeated_and_handled_on
 /// Batched heartbeats: 20 messages in flight at once (10 running, 10 received ahead and waiting for a slot),
 /// each handler running more than two visibility timeouts: every heartbeat goes out in a
 /// ChangeMessageVisibilityBatch (none as a single ChangeMessageVisibility), several messages a call,
-/// and each message is handled exactly once. One receive at a time (concurrency = batch size): moto
-/// can hand one message to two concurrent receives.
+/// and each message is handled exactly once. The receives reach moto one at a time through the
+/// proxy: moto can hand one message to two concurrent receives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_long_messages_are_kept_alive_by_batched_heartbeats_and_handled_once() {
     let q = TestQueue::new("hb-batch", 3, 3, false).await;
     let bodies = numbered(20);
     q.send_all(&bodies, |_| String::new()).await;
     let h = HttpHandler::start(|_| Reply::ok(SECS(7))).await;
-    let a = q.args(&[
-        "--concurrency",
-        "10",
-        "--batch-size",
-        "10",
-        "--timeout",
-        "20s",
-        "--http-url",
-        &h.url,
-    ]);
+    let proxy = FaultProxy::start().await;
+    proxy.set(Fault::DelayAction("ReceiveMessage", 0)).await;
+    let a = q.args_via(
+        &proxy.endpoint,
+        &[
+            "--concurrency",
+            "10",
+            "--batch-size",
+            "10",
+            "--timeout",
+            "20s",
+            "--http-url",
+            &h.url,
+        ],
+    );
     let mut w = Worker::start(&a);
     w.wait_deleted(20, SECS(90)).await;
     // Longer than one more visibility timeout: a lapsed lease would show as a second call by now.

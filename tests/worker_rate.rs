@@ -200,9 +200,14 @@ async fn sigterm_while_paced_loses_and_repeats_nothing() {
     let (_, invisible, _) = q.counts().await;
     assert_eq!(invisible, 0, "messages left in flight after the drain");
 
-    // One receive at a time (concurrency = batch size, as in tests/worker.rs): moto can hand a
-    // message to two concurrent receives.
-    let mut rest = Worker::start(&q.args(&["--concurrency", "10", "--http-url", &h.url]));
+    // The receives reach moto one at a time through the proxy (as in tests/worker.rs): moto can
+    // hand a message to two concurrent receives.
+    let proxy = FaultProxy::start().await;
+    proxy.set(Fault::DelayAction("ReceiveMessage", 0)).await;
+    let mut rest = Worker::start(&q.args_via(
+        &proxy.endpoint,
+        &["--concurrency", "10", "--http-url", &h.url],
+    ));
     rest.wait_deleted(100 - handled, SECS(60)).await;
     eventually(SECS(30), "the queue empty", || async { q.is_empty().await }).await;
     rest.stop().await;
