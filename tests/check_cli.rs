@@ -71,7 +71,7 @@ fn attributes_file_runs_queue_rules_and_exits_1_on_errors() {
         "VisibilityTimeoutBelowBudget",
         "HeartbeatIntervalTooLong",
         "MaxReceiveCountTooLow",
-        // retention 1h below the breaker's 12h hold
+        // retention 1h, not above the breaker's default 1h hold
         "OutageHoldBeyondRetention",
     ] {
         assert!(out.contains(code), "{code} missing from:\n{out}");

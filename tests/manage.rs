@@ -194,8 +194,8 @@ async fn queue_with_dlq(sqs: &aws_sdk_sqs::Client, attrs: &[(A, &str)], r: u32) 
 #[tokio::test]
 async fn attributes_are_raised_to_the_rules_values_and_drift_is_corrected() {
     let e = env().await;
-    // VT 5s (budget 7s, timeout needs 15s), maxReceiveCount 1, retention 1 minute (the breaker's hold
-    // of up to 12h outlives it)
+    // VT 5s (budget 7s, timeout needs 15s), maxReceiveCount 1, retention 1 minute (the breaker's
+    // default hold of 1h outlives it)
     let url = queue_with_dlq(
         &e.sqs,
         &[
@@ -212,13 +212,13 @@ async fn attributes_are_raised_to_the_rules_values_and_drift_is_corrected() {
     let attrs = e.attrs(&url).await;
     assert_eq!(attrs["VisibilityTimeout"], "15");
     assert_eq!(max_receive_count(&attrs), 3);
-    assert_eq!(attrs["MessageRetentionPeriod"], (13 * 3600).to_string());
+    assert_eq!(attrs["MessageRetentionPeriod"], (2 * 3600).to_string());
     assert_eq!(
         e.changes("orders"),
         vec![
             ("VisibilityTimeout".into(), "5s".into(), "15s".into()),
             ("MaxReceiveCount".into(), "1".into(), "3".into()),
-            ("MessageRetentionPeriod".into(), "1m".into(), "13h".into()),
+            ("MessageRetentionPeriod".into(), "1m".into(), "2h".into()),
         ]
     );
     let (status, reason, _) = e.condition("orders");

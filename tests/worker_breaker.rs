@@ -500,3 +500,57 @@ async fn a_held_message_whose_lease_is_lost_is_not_probed_with() {
     assert_eq!(q.dlq_visible().await, 0);
     w.stop().await;
 }
+
+/// #40: a burst of 20 messages failing for their own reasons (HTTP 500) ahead of 200 healthy ones
+/// opens the breaker (10 failures in a row); its fresh probes find the dependency fine, so it closes
+/// and the healthy messages flow while the bad ones take their normal retries to the DLQ. On main
+/// 98389f7 the breaker probed only with the held bad messages: 5 of the 200 were handled in 90 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_failing_messages_does_not_stall_healthy_traffic() {
+    let q = TestQueue::new("burst", 10, 3, false).await;
+    let bad: Vec<String> = (0..20).map(|i| format!("{{\"bad\":{i}}}")).collect();
+    let good = numbered(200);
+    q.send_all(&bad, |_| String::new()).await;
+    q.send_all(&good, |_| String::new()).await;
+    let h = HttpHandler::start(|c| {
+        if c.body.starts_with(b"{\"bad\"") {
+            Reply::status(500)
+        } else {
+            Reply::ok(Duration::from_millis(20))
+        }
+    })
+    .await;
+    let mut w = Worker::start(&q.args(&["--retry-base", "1s", "--http-url", &h.url]));
+    let started = Instant::now();
+    eventually(
+        SECS(90),
+        "190 of the 200 healthy messages handled",
+        || async {
+            good.iter()
+                .filter(|b| successes(&h).contains_key(*b))
+                .count()
+                >= 190
+        },
+    )
+    .await;
+    let took = started.elapsed();
+    assert!(
+        times_opened(&w).await >= 1.0,
+        "the burst must have opened the breaker for this test to mean anything"
+    );
+    // No failed message deleted: every bad one ends in the DLQ, none succeeded.
+    eventually(SECS(90), "the 20 failing messages in the DLQ", || async {
+        q.dlq_visible().await == 20
+    })
+    .await;
+    let s = successes(&h);
+    assert!(bad.iter().all(|b| !s.contains_key(b)), "{s:?}");
+    w.wait_deleted(200, SECS(60)).await;
+    each_succeeded_once(&h, &good);
+    println!(
+        "190 of 200 healthy messages handled in {:.1} s beside 20 failing ones; breaker opened {} times",
+        took.as_secs_f64(),
+        times_opened(&w).await
+    );
+    w.stop().await;
+}

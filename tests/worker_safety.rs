@@ -10,6 +10,7 @@ mod common;
 #[path = "worker/support.rs"]
 mod support;
 
+use std::collections::HashMap;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -896,6 +897,84 @@ async fn a_poison_reason_without_room_is_logged_under_the_copys_id_and_counted()
     assert!(
         v["reason"].as_str().unwrap_or_default().contains("400"),
         "{line}"
+    );
+    w.stop().await;
+}
+
+/// #40 item 3: SQS (and moto) may hand one message to two receives. Here every message of every
+/// receive comes twice (same id, through the fault proxy): each receive of a message starts one
+/// handler call, a failed message is never deleted through its copy (all 20 reach the DLQ after
+/// maxReceiveCount), and each healthy one is handled and deleted once. On main 98389f7 both copies
+/// started a call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_received_twice_starts_once_and_a_failed_copy_is_never_deleted() {
+    let q = TestQueue::new("twice", 30, 2, false).await;
+    let bodies = numbered(60);
+    q.send_all(&bodies, |_| String::new()).await;
+    let failing = |body: &[u8]| {
+        let text = String::from_utf8_lossy(body);
+        let n: usize = text
+            .trim_start_matches("{\"n\":")
+            .trim_end_matches('}')
+            .parse()
+            .unwrap();
+        n.is_multiple_of(3)
+    };
+    let h = HttpHandler::start(move |c| {
+        if failing(&c.body) {
+            Reply::status(500)
+        } else {
+            Reply::ok(Duration::from_millis(50))
+        }
+    })
+    .await;
+    let proxy = FaultProxy::start().await;
+    proxy.set(Fault::DuplicateReceived).await;
+    let a = q.args_via(
+        &proxy.endpoint,
+        &[
+            "--breaker",
+            "false",
+            "--retry-base",
+            "1s",
+            "--concurrency",
+            "10",
+            "--http-url",
+            &h.url,
+        ],
+    );
+    let mut w = Worker::start(&a);
+    eventually(SECS(90), "40 deleted and 20 in the DLQ", || async {
+        w.metric("qc_worker_messages_deleted_total")
+            .await
+            .unwrap_or(0.0)
+            >= 40.0
+            && q.dlq_visible().await == 20
+    })
+    .await;
+    // One call per receive of each message: never two for the same receive count.
+    let mut per_receive: HashMap<(String, u32), usize> = HashMap::new();
+    for c in h.calls() {
+        *per_receive
+            .entry((
+                String::from_utf8_lossy(&c.body).to_string(),
+                c.receive_count,
+            ))
+            .or_default() += 1;
+    }
+    let twice: Vec<_> = per_receive.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "started twice in one receive: {twice:?}");
+    let counts = h.counts_by_body();
+    for (n, b) in bodies.iter().enumerate() {
+        let want = if n % 3 == 0 { 2 } else { 1 };
+        assert_eq!(counts.get(b), Some(&want), "{b}: {counts:?}");
+    }
+    assert!(
+        w.metric("qc_worker_duplicate_receives_total")
+            .await
+            .unwrap_or(0.0)
+            >= 60.0,
+        "every copy counted"
     );
     w.stop().await;
 }

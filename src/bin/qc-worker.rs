@@ -162,7 +162,7 @@ struct Cli {
     #[arg(long, env = "QC_BREAKER_PROBE_MAX", default_value = "30s")]
     breaker_probe_max: Duration,
     /// After the breaker has been open this long, held messages follow the normal retries toward
-    /// the DLQ (default: held up to SQS's 12 hours of visibility).
+    /// the DLQ (default: 1h, `worker::breaker::DEFAULT_OUTAGE_TOLERANCE`).
     #[arg(long, env = "QC_OUTAGE_TOLERANCE")]
     outage_tolerance: Option<Duration>,
 
@@ -289,7 +289,12 @@ fn config(cli: Cli) -> anyhow::Result<Config> {
             consecutive: cli.breaker_consecutive,
             probe_base: cli.breaker_probe_base.as_std(),
             probe_max: cli.breaker_probe_max.as_std(),
-            tolerance: cli.outage_tolerance.map(|t| t.as_std()),
+            tolerance: Some(
+                cli.outage_tolerance
+                    .map_or(qc::worker::breaker::DEFAULT_OUTAGE_TOLERANCE, |t| {
+                        t.as_std()
+                    }),
+            ),
             concurrency: cli.concurrency as usize,
         },
         max_rate: cli.max_rate,

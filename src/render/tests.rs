@@ -260,7 +260,7 @@ fn command_line_carries_every_setting() {
 
 #[test]
 fn the_breaker_and_outage_tolerance_reach_the_worker() {
-    // Defaults: on, spelled out; no tolerance flag (the worker holds up to SQS's 12 hours).
+    // Defaults: on, spelled out; no tolerance flag (the worker's own default, 1h, applies).
     let d = render(http_spec());
     let args = pod(&d).containers[1].args.clone().unwrap();
     for (flag, value) in [

@@ -147,7 +147,7 @@ pub fn budget(spec: &QueueConsumerSpec) -> Duration {
 /// The worker's own function, so the rules predict exactly what it does.
 pub fn backoff(spec: &QueueConsumerSpec, receive_count: u32) -> Duration {
     let b = &spec.processing.retry_backoff;
-    Duration::from_std(crate::worker::backoff::retry_delay(
+    Duration::from_std(crate::worker::core::backoff::retry_delay(
         b.base.as_std(),
         b.max.as_std(),
         receive_count,
@@ -213,12 +213,15 @@ pub fn receive_count_for_outage(spec: &QueueConsumerSpec, vt: Duration) -> Optio
     )
 }
 
-/// How long the breaker may hold a message through an outage (OutageHoldBeyondRetention), when it is on.
+/// How long the breaker may hold a message through an outage (OutageHoldBeyondRetention), when it is
+/// on: `outageTolerance`, else the worker's own default (`worker::breaker::DEFAULT_OUTAGE_TOLERANCE`).
 pub fn outage_hold(spec: &QueueConsumerSpec) -> Option<Duration> {
     let p = &spec.processing;
-    p.breaker
-        .enabled
-        .then(|| p.outage_tolerance.unwrap_or(VISIBILITY_MAXIMUM))
+    p.breaker.enabled.then(|| {
+        p.outage_tolerance.unwrap_or(Duration::from_std(
+            crate::worker::breaker::DEFAULT_OUTAGE_TOLERANCE,
+        ))
+    })
 }
 
 fn secs(d: Duration) -> String {
@@ -635,7 +638,7 @@ fn queue_rules(spec: &QueueConsumerSpec, q: &QueueFacts, out: &mut Vec<Finding>)
             format!("processing.outageTolerance {}", secs(hold))
         } else {
             format!(
-                "up to SQS's visibility limit {} (no processing.outageTolerance)",
+                "the worker's default hold {} (no processing.outageTolerance)",
                 secs(hold)
             )
         };

@@ -580,10 +580,12 @@ fn backoff_doubles_and_caps() {
 fn outage_hold_beyond_retention() {
     let c = codes::OUTAGE_HOLD_BEYOND_RETENTION;
     let mut q = with_receive_count(60, 5);
-    // The default retention (4 days) outlives the 12 h hold.
+    // The default retention (4 days) outlives the worker's default hold (1 h); so does 2 h.
     assert!(find(&default_spec(), Some(&facts(q.clone())), c).is_none());
-    q.retention = Duration::from_secs(12 * 3600);
-    let f = find(&default_spec(), Some(&facts(q.clone())), c).expect("12 h hold, 12 h retention");
+    q.retention = Duration::from_secs(2 * 3600);
+    assert!(find(&default_spec(), Some(&facts(q.clone())), c).is_none());
+    q.retention = Duration::from_secs(3600);
+    let f = find(&default_spec(), Some(&facts(q.clone())), c).expect("1 h hold, 1 h retention");
     assert_eq!(f.severity, Severity::Warning);
     assert!(
         f.message.contains("no processing.outageTolerance"),
@@ -592,16 +594,16 @@ fn outage_hold_beyond_retention() {
     );
     assert!(
         f.recommendation
-            .contains("set processing.outageTolerance below 12h"),
+            .contains("set processing.outageTolerance below 1h"),
         "{}",
         f.recommendation
     );
-    let short = spec("processing: {p99: 2s, outageTolerance: 11h}");
+    let short = spec("processing: {p99: 2s, outageTolerance: 59m}");
     assert!(
         find(&short, Some(&facts(q.clone())), c).is_none(),
         "a tolerance below retention"
     );
-    let long = spec("processing: {p99: 2s, outageTolerance: 12h}");
+    let long = spec("processing: {p99: 2s, outageTolerance: 1h}");
     assert!(
         find(&long, Some(&facts(q.clone())), c).is_some(),
         "boundary: hold == retention"

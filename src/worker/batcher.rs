@@ -12,7 +12,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::backoff::error_backoff;
+use super::core::backoff::error_backoff;
 use super::metrics::Metrics;
 use super::sqs::{Entry, ErrorKind, Sqs};
 

@@ -30,6 +30,17 @@ pub const WINDOW_AGE: Duration = Duration::from_mins(1);
 pub const RECOVERY_FAILURES: u32 = 2;
 /// Longest pause a handler's Retry-After may ask for (a typo of a few digits must not pause for hours).
 pub const MAX_EXPLICIT_PAUSE: Duration = Duration::from_mins(15);
+/// While open, fresh messages are received to probe with only while fewer than this many times the
+/// concurrency wait at the gate: a dependency that stays down is then probed with held ones alone.
+pub const FRESH_PROBE_HOLD_LIMIT: usize = 2;
+/// A fresh turn's probe waits this long past its due time for the messages received for it; then
+/// (nothing came: an empty queue, or the slots cannot take them) a message already waiting probes.
+pub const FRESH_TURN_WAIT: Duration = Duration::from_secs(5);
+/// How long the breaker holds messages when `--outage-tolerance` is not given: long enough to ride
+/// out most dependency incidents without spending receives, short enough that a breaker misled by
+/// failures it blames on the dependency cannot keep messages from other consumers and from the DLQ
+/// for SQS's whole 12 hours (docs/worker.md, "Bounds").
+pub const DEFAULT_OUTAGE_TOLERANCE: Duration = Duration::from_hours(1);
 
 /// The breaker's configuration (`--breaker*`, `--outage-tolerance`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -116,6 +127,31 @@ impl State {
     }
 }
 
+/// A message at the breaker's gate, for the choice of the next probe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// It failed here before (in this receive) and is held.
+    Held,
+    /// It has not failed here. The best witness of whether the dependency works is one on its first
+    /// receive (a redelivered one may be a message that fails by itself), sent last (`sent_ms`:
+    /// the messages that opened the breaker were sent before it, and a burst of bad ones is sent
+    /// together).
+    Fresh { first_receive: bool, sent_ms: u64 },
+}
+
+impl Kind {
+    /// How good a witness it is for a fresh probe (higher is better).
+    fn witness(self) -> Option<(bool, u64)> {
+        match self {
+            Kind::Held => None,
+            Kind::Fresh {
+                first_receive,
+                sent_ms,
+            } => Some((first_receive, sent_ms)),
+        }
+    }
+}
+
 /// A change of state, with what caused it, for the log and metrics.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Transition {
@@ -124,11 +160,13 @@ pub struct Transition {
 }
 
 /// Leave to call the handler. `probe`: the one call allowed while open; `limited`: counted against
-/// the slow start's slots until its outcome is recorded.
+/// the slow start's slots until its outcome is recorded; `suspect`: it waited at the gate while the
+/// breaker was open and a fresh probe then succeeded, so its failure is its own (not counted, not held).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Ticket {
     pub probe: bool,
     pub limited: bool,
+    pub suspect: bool,
 }
 
 /// The gate's answer to a message that wants to call the handler.
@@ -170,9 +208,22 @@ pub struct Detector {
     last_success: Option<Instant>,
     /// Calls admitted in slow start whose outcome is not recorded yet.
     running: usize,
-    /// Messages waiting at the gate, in arrival order: the probe goes to the first, who then goes to
-    /// the back, so a message that always fails cannot keep the breaker open by itself.
-    waiters: VecDeque<u64>,
+    /// Messages waiting at the gate, in arrival order, each with whether it failed here before (is
+    /// held): the probe goes to the first of the kind whose turn it is, who then goes to the back, so
+    /// a message that always fails cannot keep the breaker open by itself.
+    waiters: VecDeque<(u64, Kind)>,
+    /// Probes alternate between a fresh message (never failed here; received for the probe when none
+    /// waits) and a held one: a burst of messages that fail for their own reasons cannot keep the
+    /// breaker open while the dependency is fine, and a dependency that is down is not probed only
+    /// with new messages, each then held too.
+    fresh_next: bool,
+    /// The probe running now is a held message's.
+    probing_held: bool,
+    /// On this fresh turn, fresh messages arrived at the gate (or the receive for them found none):
+    /// the probe goes to the best of those waiting.
+    fresh_arrived: bool,
+    /// Waiters at the gate when a probe succeeded: while recovering their failures are their own.
+    suspects: std::collections::HashSet<u64>,
 }
 
 impl Detector {
@@ -185,6 +236,10 @@ impl Detector {
             last_success: None,
             running: 0,
             waiters: VecDeque::new(),
+            fresh_next: true,
+            probing_held: false,
+            fresh_arrived: false,
+            suspects: std::collections::HashSet::new(),
         }
     }
 
@@ -216,12 +271,120 @@ impl Detector {
         }
     }
 
-    /// Open, a probe due and no message held to probe with: the dispatcher receives one.
-    pub fn wants_message(&self, now: Instant) -> bool {
+    /// Open, a probe due, every message in hand (`in_flight`) waiting at the gate, and none to probe
+    /// with (or it is a fresh message's turn and none on its first receive waits, while the gate has
+    /// room): the dispatcher receives messages to probe with.
+    pub fn wants_message(&self, now: Instant, in_flight: usize) -> bool {
         match self.phase {
             Phase::Open {
                 probe_at, probing, ..
-            } => !probing && now >= probe_at && self.waiters.is_empty(),
+            } => {
+                !probing
+                    && now >= probe_at
+                    && self.waiters.len() >= in_flight
+                    && self.fresh_wanted()
+            }
+            _ => false,
+        }
+    }
+
+    /// Nothing waits, or it is a fresh turn and its receive has not been made: a batch is received
+    /// (newer messages than the ones at the gate), while fewer than `FRESH_PROBE_HOLD_LIMIT` ×
+    /// concurrency messages wait (held ones only call as probes, one at a time, so fresh ones beside
+    /// a full set of held ones run no more calls than the slots).
+    fn fresh_wanted(&self) -> bool {
+        self.waiters.is_empty()
+            || (self.fresh_next
+                && !self.fresh_arrived
+                && self.waiters.len() < FRESH_PROBE_HOLD_LIMIT * self.s.concurrency.max(1))
+    }
+
+    /// A fresh turn's receive is still awaited at `now` (at most `FRESH_TURN_WAIT` past the probe's
+    /// due time).
+    fn fresh_pending(&self, now: Instant) -> bool {
+        match self.phase {
+            Phase::Open { probe_at, .. } => self.fresh_wanted() && now < probe_at + FRESH_TURN_WAIT,
+            _ => false,
+        }
+    }
+
+    /// When a waiter asks again by itself: at the probe's due time, at the end of a fresh turn's wait
+    /// for its receive, and at the end of the outage tolerance; else when woken.
+    fn waiter_wake(&self, now: Instant) -> Option<Instant> {
+        let tolerance = match self.phase {
+            Phase::Open { episode, .. } | Phase::Recovering { episode, .. } => {
+                self.s.tolerance.map(|t| episode + t)
+            }
+            Phase::Closed | Phase::Spent => None,
+        };
+        let probe = match self.phase {
+            Phase::Open {
+                probe_at,
+                probing: false,
+                ..
+            } => {
+                if now < probe_at {
+                    Some(probe_at)
+                } else if self.fresh_pending(now) {
+                    Some(probe_at + FRESH_TURN_WAIT)
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        };
+        [probe, tolerance].into_iter().flatten().min()
+    }
+
+    /// Whose turn the probe is at `now`. On a fresh turn, once its receive is in (or waited for long
+    /// enough): the best fresh witness (on its first receive, sent last); on a held turn the first
+    /// held one. The first waiter of any kind when none of the wanted kind waits.
+    fn probe_candidate(&self, now: Instant) -> Option<u64> {
+        let front = || self.waiters.front().map(|(w, _)| *w);
+        if self.fresh_next {
+            if self.fresh_pending(now) {
+                return None;
+            }
+            // Reversed: of equal witnesses the one waiting longest (max_by_key takes the last).
+            self.waiters
+                .iter()
+                .rev()
+                .filter_map(|(w, k)| k.witness().map(|rank| (rank, *w)))
+                .max_by_key(|(rank, _)| *rank)
+                .map(|(_, w)| w)
+                .or_else(front)
+        } else {
+            self.waiters
+                .iter()
+                .find(|(_, k)| *k == Kind::Held)
+                .map(|(w, _)| *w)
+                .or_else(front)
+        }
+    }
+
+    /// A receive while open found no message: the probe goes to a message already at the gate.
+    pub fn nothing_received(&mut self) {
+        if matches!(self.phase, Phase::Open { .. }) {
+            self.fresh_arrived = true;
+        }
+    }
+
+    /// A failure of a suspect (`Ticket::suspect`) while recovering: the message's own.
+    fn suspected(&self, ticket: Ticket, outcome: Outcome) -> bool {
+        ticket.suspect
+            && matches!(self.phase, Phase::Recovering { .. })
+            && matches!(outcome, Outcome::Failure { .. })
+    }
+
+    /// A failure of a message that first failed `ago` (here, or on an earlier receive) is the
+    /// message's own when a call has succeeded since: it is neither counted nor held.
+    fn blames_message(&self, outcome: Outcome, now: Instant) -> bool {
+        match outcome {
+            Outcome::Failure {
+                first_received: Some(ago),
+            } => self
+                .last_success
+                .is_some_and(|s| now.saturating_duration_since(s) < ago),
             _ => false,
         }
     }
@@ -265,13 +428,27 @@ impl Detector {
         })
     }
 
-    /// Message `waiter` asks to call the handler.
+    /// Message `waiter`, fresh on its first receive, asks to call the handler.
     pub fn admit(&mut self, waiter: u64, now: Instant) -> (Admit, Option<Transition>) {
+        let fresh = Kind::Fresh {
+            first_receive: true,
+            sent_ms: 0,
+        };
+        self.admit_as(waiter, fresh, now)
+    }
+
+    /// Message `waiter`, of this kind, asks to call the handler.
+    pub fn admit_as(
+        &mut self,
+        waiter: u64,
+        kind: Kind,
+        now: Instant,
+    ) -> (Admit, Option<Transition>) {
         let t = self.tick(now);
         let admit = match &mut self.phase {
             Phase::Closed => Admit::Go(Ticket::default()),
             Phase::Spent => {
-                if self.waiters.contains(&waiter) {
+                if self.waiters.iter().any(|(w, _)| *w == waiter) {
                     Admit::GiveUp
                 } else {
                     Admit::Go(Ticket::default())
@@ -280,33 +457,43 @@ impl Detector {
             Phase::Open {
                 probe_at, probing, ..
             } => {
-                if !self.waiters.contains(&waiter) {
-                    self.waiters.push_back(waiter);
+                let (probe_at, probing) = (*probe_at, *probing);
+                if !self.waiters.iter().any(|(w, _)| *w == waiter) {
+                    self.waiters.push_back((waiter, kind));
+                    if kind != Kind::Held && now >= probe_at {
+                        self.fresh_arrived = true;
+                    }
                 }
-                if !*probing && now >= *probe_at && self.waiters.front() == Some(&waiter) {
-                    *probing = true;
-                    self.waiters.pop_front();
+                if !probing && now >= probe_at && self.probe_candidate(now) == Some(waiter) {
+                    if let Phase::Open { probing, .. } = &mut self.phase {
+                        *probing = true;
+                    }
+                    self.probing_held = kind == Kind::Held;
+                    self.fresh_arrived = false;
+                    self.waiters.retain(|(w, _)| *w != waiter);
                     Admit::Go(Ticket {
                         probe: true,
                         limited: false,
+                        suspect: false,
                     })
                 } else {
-                    Admit::Wait(self.next_wake())
+                    Admit::Wait(self.waiter_wake(now))
                 }
             }
             Phase::Recovering { allowed, .. } => {
                 if self.running < *allowed {
                     self.running += 1;
-                    self.waiters.retain(|w| *w != waiter);
+                    self.waiters.retain(|(w, _)| *w != waiter);
                     Admit::Go(Ticket {
                         probe: false,
                         limited: true,
+                        suspect: self.suspects.remove(&waiter),
                     })
                 } else {
-                    if !self.waiters.contains(&waiter) {
-                        self.waiters.push_back(waiter);
+                    if !self.waiters.iter().any(|(w, _)| *w == waiter) {
+                        self.waiters.push_back((waiter, kind));
                     }
-                    Admit::Wait(self.next_wake())
+                    Admit::Wait(self.waiter_wake(now))
                 }
             }
         };
@@ -315,7 +502,8 @@ impl Detector {
 
     /// A waiter left the gate without a call (released on shutdown, given up, its task ended).
     pub fn leave(&mut self, waiter: u64) {
-        self.waiters.retain(|w| *w != waiter);
+        self.waiters.retain(|(w, _)| *w != waiter);
+        self.suspects.remove(&waiter);
     }
 
     fn probe_delay(&self, attempt: u32, jitter: f64) -> Duration {
@@ -350,6 +538,8 @@ impl Detector {
             probing: false,
         };
         self.running = 0;
+        self.fresh_next = true;
+        self.suspects.clear();
         Transition {
             to: State::Open,
             cause: format!(
@@ -361,6 +551,7 @@ impl Detector {
 
     fn close(&mut self, cause: &str) -> Transition {
         self.phase = Phase::Closed;
+        self.suspects.clear();
         self.window.clear();
         self.run = 0;
         self.running = 0;
@@ -384,6 +575,13 @@ impl Detector {
         if !self.s.enabled {
             return None;
         }
+        // A message that failed before and keeps failing while others succeed, or one that waited
+        // through the outage and fails after a fresh probe succeeded: its own fault.
+        let outcome = if self.blames_message(outcome, now) || self.suspected(ticket, outcome) {
+            Outcome::Neutral
+        } else {
+            outcome
+        };
         if outcome == Outcome::Success {
             self.last_success = Some(now);
         }
@@ -401,13 +599,14 @@ impl Detector {
                 }
                 match outcome {
                     Outcome::Success => {
+                        self.suspects = self.waiters.iter().map(|(w, _)| *w).collect();
                         self.phase = Phase::Recovering {
                             episode,
                             allowed: 2.min(self.s.concurrency.max(1)),
                             attempt,
                             failures: 0,
                         };
-                        if self.s.concurrency <= 2 {
+                        if self.s.concurrency <= 2 && self.waiters.is_empty() {
                             return Some(self.close("probes succeed: slots open again"));
                         }
                         Some(Transition {
@@ -426,6 +625,8 @@ impl Detector {
                         None
                     }
                     Outcome::Failure { .. } | Outcome::Overloaded(_) => {
+                        // Alternate: after a held message's probe a fresh one's, and back.
+                        self.fresh_next = self.probing_held;
                         let explicit = match outcome {
                             Outcome::Overloaded(d) => d,
                             _ => None,
@@ -451,8 +652,10 @@ impl Detector {
                 failures,
             } => match outcome {
                 Outcome::Success => {
-                    let allowed = allowed + 1;
-                    if allowed >= self.s.concurrency {
+                    let allowed = (allowed + 1).min(self.s.concurrency.max(1));
+                    // Closed only once nobody waits at the gate: a closed gate lets every waiter
+                    // call at once, and more may wait than the slots (fresh probes beside held ones).
+                    if allowed >= self.s.concurrency && self.waiters.is_empty() {
                         return Some(self.close("slow start done: every slot open again"));
                     }
                     self.phase = Phase::Recovering {
@@ -623,10 +826,20 @@ impl Breaker {
         self.with(|d| d.cap()).flatten()
     }
 
-    pub fn wants_message(&self, now: Instant) -> bool {
+    /// A receive while open found no message (`Detector::nothing_received`).
+    pub fn nothing_received(&self) {
+        if !self.closed.load(Ordering::Acquire) {
+            let _ = self.with(Detector::nothing_received);
+            self.notify.notify_waiters();
+        }
+    }
+
+    pub fn wants_message(&self, now: Instant, in_flight: usize) -> bool {
         !self.closed.load(Ordering::Acquire)
             && !self.shutdown.load(Ordering::Acquire)
-            && self.with(|d| d.wants_message(now)).unwrap_or(false)
+            && self
+                .with(|d| d.wants_message(now, in_flight))
+                .unwrap_or(false)
     }
 
     pub fn next_wake(&self) -> Option<Instant> {
@@ -658,16 +871,18 @@ impl Breaker {
         })
     }
 
-    /// Waits until the message may call the handler. Returns at once while closed.
-    pub async fn admit(&self) -> Result<Pass<'_>, Denied> {
-        self.admit_ticket().await.map(|ticket| Pass {
+    /// Waits until the message may call the handler. Returns at once while closed. `kind`: held
+    /// (it failed here before), or fresh, redelivered or on its first receive (probes alternate
+    /// between held and fresh messages).
+    pub async fn admit(&self, kind: Kind) -> Result<Pass<'_>, Denied> {
+        self.admit_ticket(kind).await.map(|ticket| Pass {
             breaker: self,
             ticket,
             done: false,
         })
     }
 
-    async fn admit_ticket(&self) -> Result<Ticket, Denied> {
+    async fn admit_ticket(&self, kind: Kind) -> Result<Ticket, Denied> {
         if !self.enabled || self.closed.load(Ordering::Acquire) {
             return Ok(Ticket::default());
         }
@@ -680,22 +895,25 @@ impl Breaker {
             if self.shutdown.load(Ordering::Acquire) {
                 return Err(Denied::ShuttingDown);
             }
-            let Some((admit, t, held)) = self.with(|d| {
-                let (a, t) = d.admit(id, Instant::now());
+            let Some((admit, t, waiting)) = self.with(|d| {
+                let (a, t) = d.admit_as(id, kind, Instant::now());
                 (a, t, d.waiters.len())
             }) else {
                 return Ok(Ticket::default());
             };
             self.metrics
                 .breaker_held
-                .set(i64::try_from(held).unwrap_or(i64::MAX));
+                .set(i64::try_from(waiting).unwrap_or(i64::MAX));
             if let Some(t) = t {
                 self.transition(&t);
             }
             match admit {
                 Admit::Go(ticket) => {
                     if ticket.probe {
-                        tracing::info!("probing the handler with one held message");
+                        tracing::info!(
+                            "probing the handler with one {} message",
+                            if kind == Kind::Held { "held" } else { "fresh" }
+                        );
                     }
                     return Ok(ticket);
                 }
@@ -713,25 +931,37 @@ impl Breaker {
         }
     }
 
-    /// Records a call's outcome.
-    fn record(&self, ticket: Ticket, outcome: Outcome) {
+    /// Records a call's outcome; true when the call failed and its message is to be held for the
+    /// next probe (the breaker is open or recovering, and the failure is not the message's own).
+    fn record(&self, ticket: Ticket, outcome: Outcome) -> bool {
         if !self.enabled {
-            return;
+            return false;
         }
         if ticket.probe {
             let label = usize::from(outcome != Outcome::Success);
             self.metrics.breaker_probes[label].inc();
         }
         let now = Instant::now();
-        if let Some(t) = self
-            .with(|d| d.record(ticket, outcome, now, fastrand::f64()))
-            .flatten()
-        {
+        let failed = matches!(outcome, Outcome::Failure { .. } | Outcome::Overloaded(_));
+        let (t, hold) = self
+            .with(|d| {
+                let own = d.blames_message(outcome, now) || d.suspected(ticket, outcome);
+                let t = d.record(ticket, outcome, now, fastrand::f64());
+                (t, failed && !own && d.holds())
+            })
+            .unwrap_or((None, false));
+        if let Some(t) = t {
             self.transition(&t);
         } else if ticket.limited || ticket.probe {
             // A slot or the probe is free again.
             self.notify.notify_waiters();
+            if ticket.probe {
+                // Still open: the dispatcher learns when the next probe falls due (it may have to
+                // receive a fresh message for it).
+                self.state.send_replace(self.state());
+            }
         }
+        hold
     }
 
     fn transition(&self, t: &Transition) {
@@ -776,16 +1006,18 @@ impl Pass<'_> {
         self.ticket.probe
     }
 
-    pub fn record(mut self, outcome: Outcome) {
+    /// Records the call's outcome; true when its message is to be held for the next probe.
+    #[must_use = "a failed message is held only when this says so"]
+    pub fn record(mut self, outcome: Outcome) -> bool {
         self.done = true;
-        self.breaker.record(self.ticket, outcome);
+        self.breaker.record(self.ticket, outcome)
     }
 }
 
 impl Drop for Pass<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.breaker.record(self.ticket, Outcome::Neutral);
+            let _ = self.breaker.record(self.ticket, Outcome::Neutral);
         }
     }
 }
@@ -841,12 +1073,16 @@ mod tests {
         assert_eq!(d.admit(1, t0).0, Admit::Wait(Some(t0 + S(1))));
         assert_eq!(d.admit(2, t0).0, Admit::Wait(Some(t0 + S(1))));
         assert!(matches!(d.admit(2, t0 + S(1)).0, Admit::Wait(_)));
+        // The turn's receive (fresh messages newer than those waiting) found none.
+        d.nothing_received();
+        assert!(matches!(d.admit(2, t0 + S(1)).0, Admit::Wait(_)));
         let (a, _) = d.admit(1, t0 + S(1));
         assert_eq!(
             a,
             Admit::Go(Ticket {
                 probe: true,
-                limited: false
+                limited: false,
+                suspect: false
             })
         );
         // While the probe runs, nobody else goes.
@@ -856,6 +1092,7 @@ mod tests {
             Ticket {
                 probe: true,
                 limited: false,
+                suspect: false,
             },
             fail(),
             t0 + S(2),
@@ -876,6 +1113,7 @@ mod tests {
         d.record(Ticket::default(), Outcome::Overloaded(Some(S(3))), t0, 0.0);
         assert_eq!(d.state(), State::Open);
         assert_eq!(d.admit(1, t0 + S(2)).0, Admit::Wait(Some(t0 + S(3))));
+        d.nothing_received();
         let (Admit::Go(probe), _) = d.admit(1, t0 + S(3)) else {
             panic!("no probe")
         };
@@ -890,6 +1128,8 @@ mod tests {
             tickets.push(t);
         }
         assert!(matches!(d.admit(12, t0 + S(3)).0, Admit::Wait(_)));
+        // It leaves the gate (a closed gate lets every waiter call at once, so none may wait).
+        d.leave(12);
         let mut closed = false;
         for i in 0..20 {
             let t = tickets.pop().unwrap();
@@ -901,9 +1141,164 @@ mod tests {
             while let (Admit::Go(t), _) = d.admit(100 + i, t0 + S(4)) {
                 tickets.push(t);
             }
+            // The last one asked while the slots were full: it comes back with the next slot.
+            d.leave(100 + i);
         }
         assert!(closed);
         assert_eq!(d.cap(), None);
+    }
+
+    #[test]
+    fn a_burst_of_messages_failing_for_their_own_reasons_is_probed_past_with_a_fresh_message() {
+        // C = 10: ten messages of a burst of bad ones fail in a row and open the breaker; they are
+        // held. The first probe of the episode is a fresh message's, received for it.
+        let t0 = Instant::now();
+        let mut d = Detector::new(settings());
+        for _ in 0..10 {
+            d.record(Ticket::default(), fail(), t0, 0.0);
+        }
+        assert_eq!(d.state(), State::Open);
+        for w in 1..=10 {
+            assert!(matches!(d.admit_as(w, Kind::Held, t0).0, Admit::Wait(_)));
+        }
+        assert!(!d.wants_message(t0, 10), "not before the probe is due");
+        assert!(
+            d.wants_message(t0 + S(1), 10),
+            "a fresh message is received"
+        );
+        // The held ones wait for it...
+        assert!(matches!(
+            d.admit_as(1, Kind::Held, t0 + S(1)).0,
+            Admit::Wait(_)
+        ));
+        // ...and it probes.
+        let (Admit::Go(probe), _) = d.admit_as(
+            100,
+            Kind::Fresh {
+                first_receive: true,
+                sent_ms: 0,
+            },
+            t0 + S(1),
+        ) else {
+            panic!("the fresh message probes")
+        };
+        assert!(probe.probe);
+        let t = d.record(probe, Outcome::Success, t0 + S(1), 0.0).unwrap();
+        assert_eq!(t.to, State::Recovering);
+        // A held message fails again after that success: its own fault, neither counted nor held.
+        let (Admit::Go(slot), _) = d.admit_as(1, Kind::Held, t0 + S(2)) else {
+            panic!("a slow-start slot")
+        };
+        let own = Outcome::Failure {
+            first_received: Some(S(2)),
+        };
+        assert!(d.blames_message(own, t0 + S(2)));
+        for _ in 0..5 {
+            assert_eq!(d.record(slot, own, t0 + S(2), 0.0), None);
+        }
+        assert_eq!(d.state(), State::Recovering, "never reopened by them");
+    }
+
+    #[test]
+    fn probes_alternate_between_fresh_and_held_messages_while_the_dependency_is_down() {
+        let t0 = Instant::now();
+        let mut d = Detector::new(settings());
+        d.record(Ticket::default(), Outcome::Overloaded(Some(S(1))), t0, 0.0);
+        d.admit_as(1, Kind::Held, t0);
+        d.admit_as(2, Kind::Held, t0);
+        // Fresh first.
+        assert!(d.wants_message(t0 + S(1), 2));
+        let (Admit::Go(p), _) = d.admit_as(
+            10,
+            Kind::Fresh {
+                first_receive: true,
+                sent_ms: 0,
+            },
+            t0 + S(1),
+        ) else {
+            panic!()
+        };
+        d.record(p, fail(), t0 + S(1), 0.0);
+        // It failed and is held now; the next probe (after 2 s) is a held one's: no receive.
+        d.admit_as(10, Kind::Held, t0 + S(1));
+        assert!(!d.wants_message(t0 + S(3), 3));
+        assert!(matches!(
+            d.admit_as(10, Kind::Held, t0 + S(3)).0,
+            Admit::Wait(_)
+        ));
+        let (Admit::Go(p), _) = d.admit_as(1, Kind::Held, t0 + S(3)) else {
+            panic!("the first held message probes")
+        };
+        d.record(p, fail(), t0 + S(3), 0.0);
+        d.admit_as(1, Kind::Held, t0 + S(3));
+        // Then fresh again (after 4 s).
+        assert!(d.wants_message(t0 + S(7), 3));
+        assert!(matches!(
+            d.admit_as(2, Kind::Held, t0 + S(7)).0,
+            Admit::Wait(_)
+        ));
+    }
+
+    #[test]
+    fn a_fresh_turn_receives_newer_messages_and_probes_with_the_best_witness() {
+        let fresh = |first_receive, sent_ms| Kind::Fresh {
+            first_receive,
+            sent_ms,
+        };
+        let t0 = Instant::now();
+        let mut d = Detector::new(settings());
+        d.record(Ticket::default(), Outcome::Overloaded(Some(S(1))), t0, 0.0);
+        d.admit_as(1, Kind::Held, t0);
+        // Fresh ones from before the turn: a redelivered one, and two first receives.
+        for (w, k) in [
+            (2, fresh(false, 90)),
+            (3, fresh(true, 10)),
+            (4, fresh(true, 20)),
+        ] {
+            assert!(matches!(d.admit_as(w, k, t0).0, Admit::Wait(_)));
+        }
+        // The turn: a receive is made first (a message received is not at the gate yet, so no
+        // second one meanwhile); nobody probes before it is in.
+        assert!(!d.wants_message(t0 + S(1), 5));
+        assert!(d.wants_message(t0 + S(1), 4));
+        for (w, k) in [(1, Kind::Held), (4, fresh(true, 20))] {
+            assert!(matches!(d.admit_as(w, k, t0 + S(1)).0, Admit::Wait(_)));
+        }
+        // It found nothing: the best witness at the gate probes, on its first receive and sent
+        // last; the redelivered one, though sent later, does not.
+        d.nothing_received();
+        assert!(!d.wants_message(t0 + S(1), 4));
+        assert!(matches!(
+            d.admit_as(2, fresh(false, 90), t0 + S(1)).0,
+            Admit::Wait(_)
+        ));
+        assert!(matches!(
+            d.admit_as(3, fresh(true, 10), t0 + S(1)).0,
+            Admit::Wait(_)
+        ));
+        let (Admit::Go(p), _) = d.admit_as(4, fresh(true, 20), t0 + S(1)) else {
+            panic!("the newest first-receive message probes")
+        };
+        assert!(p.probe);
+    }
+
+    #[test]
+    fn no_fresh_message_is_received_once_twice_the_slots_are_held() {
+        let t0 = Instant::now();
+        let mut d = Detector::new(Settings {
+            concurrency: 2,
+            ..settings()
+        });
+        d.record(Ticket::default(), Outcome::Overloaded(Some(S(1))), t0, 0.0);
+        for w in 0..4 {
+            d.admit_as(w, Kind::Held, t0);
+        }
+        assert!(!d.wants_message(t0 + S(1), 4));
+        // The probe then goes to the first held one rather than wait for a fresh one forever.
+        assert!(matches!(
+            d.admit_as(0, Kind::Held, t0 + S(1)).0,
+            Admit::Go(Ticket { probe: true, .. })
+        ));
     }
 
     #[test]

@@ -16,11 +16,11 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::backoff::error_backoff;
+use super::core::backoff::error_backoff;
 use super::message::{Ended, Freed, Lease, Processor};
 use super::metrics::Readiness;
 use super::rate::{Grant, Limiter};
-use super::sqs::{Entry, Message, SqsError};
+use super::sqs::{Message, SqsError};
 
 /// Parallel receives at most; more only while the queue keeps returning messages.
 const MAX_PARALLEL_RECEIVES: usize = 8;
@@ -190,17 +190,28 @@ impl Dispatcher {
                 Some(b) => s.concurrency * b.max_items,
                 None => s.concurrency + prefetch + early,
             };
-            // The outage breaker: no receives while open (but one message to probe with when none
-            // is held), its slow-start slots while recovering.
+            // The outage breaker: no receives while open (but fresh messages to probe with when the
+            // probe wants one), its slow-start slots while recovering.
             if let Some(cap) = p.breaker.cap() {
                 capacity = if cap == 0
-                    && in_flight + reserved == 0
-                    && p.breaker.wants_message(Instant::now())
+                    && reserved == 0
+                    && p.breaker.wants_message(Instant::now(), in_flight)
                 {
-                    1
+                    // Fresh messages beside those held, to probe with (probes alternate between
+                    // them); a batch, so one on its first receive is likely among them.
+                    in_flight + s.batch_size
                 } else {
                     capacity.min(cap)
                 };
+            }
+            // Open: messages waiting for a slot go to the breaker's gate, where they make no call
+            // until admitted (its slow start keeps calls within the slots), so a probe can take them.
+            if p.breaker.cap() == Some(0) && !waiting.is_empty() && !draining {
+                if s.batch.is_some() {
+                    start_batches(&p, &mut tasks, &mut waiting, s, usize::MAX);
+                } else {
+                    start_waiting(&p, &mut tasks, &mut waiting, in_flight, usize::MAX);
+                }
             }
             let full = s.batch_size.min(capacity).max(1);
             // Message slots (batch mode's calls each take up to max_items), and what may be held
@@ -348,22 +359,21 @@ impl Dispatcher {
                         l.refund(want.saturating_sub(got), Instant::now());
                     }
                     match result {
-                        Ok(mut messages) => {
-                            if messages.len() > want {
+                        Ok(messages) => {
+                            let answered = messages.len();
+                            // A copy of a message held here adds no lease (`worker::held`): copies
+                            // are told apart before anything is handed back, so a release never
+                            // makes a message visible that a lease here still holds.
+                            let mut leases = p.admit(messages).await;
+                            in_flight += leases.len();
+                            if leases.len() > want {
                                 // More than asked for (an odd endpoint): keep what the reserved
                                 // slots hold, hand the rest back at once so in-flight never passes
                                 // the capacity and nothing waits unheartbeated.
-                                let extra = messages.split_off(want);
-                                tracing::warn!(asked = want, answered = want + extra.len(), released = extra.len(), "receive answered more messages than asked for; releasing the extra ones");
-                                metrics.received.add(extra.len() as u64);
-                                for m in extra {
-                                    p.releaser
-                                        .send(Entry {
-                                            message_id: m.id,
-                                            receipt_handle: m.receipt_handle,
-                                            lease_until: None,
-                                        })
-                                        .await;
+                                let extra = leases.split_off(want);
+                                tracing::warn!(asked = want, answered, released = extra.len(), "receive answered more messages than asked for; releasing the extra ones");
+                                for lease in extra {
+                                    lease.release().await;
                                 }
                             }
                             if errors > 0 {
@@ -374,20 +384,19 @@ impl Dispatcher {
                                 ready = true;
                             }
                             errors = 0;
-                            if !messages.is_empty() {
+                            if answered > 0 {
                                 let t = took.as_secs_f64();
                                 receive_ewma = Some(receive_ewma.map_or(t, |e| e * 0.8 + t * 0.2));
                             }
-                            metrics.received.add(messages.len() as u64);
-                            metrics.receive_sizes.observe(messages.len() as f64);
-                            tracing::debug!(asked = want, answered = messages.len(), in_flight, waiting = waiting.len(), "received");
-                            last_empty = messages.is_empty();
+                            metrics.received.add(answered as u64);
+                            metrics.receive_sizes.observe(answered as f64);
+                            tracing::debug!(asked = want, answered, in_flight, waiting = waiting.len(), "received");
+                            last_empty = answered == 0;
                             if last_empty {
                                 metrics.empty_receives.inc();
+                                // Open and receiving to probe: the probe takes a held message.
+                                p.breaker.nothing_received();
                             }
-                            in_flight += messages.len();
-                            let leases: Vec<Lease> =
-                                messages.into_iter().map(|m| Lease::new(&p, m)).collect();
                             if draining {
                                 for lease in leases {
                                     lease.release().await;
@@ -446,7 +455,7 @@ impl Dispatcher {
                     backoff_until = None;
                 }
                 () = sleep_until_opt(batch_due), if batch_due.is_some() => {
-                    start_batches(&p, &mut tasks, &mut waiting, s);
+                    start_batches(&p, &mut tasks, &mut waiting, s, s.concurrency);
                 }
                 () = sleep_until_opt(beat_due), if beat_due.is_some() => {
                     for lease in &mut waiting {
@@ -505,22 +514,23 @@ fn start(
     s: &Settings,
 ) {
     if s.batch.is_some() {
-        start_batches(p, tasks, waiting, s);
+        start_batches(p, tasks, waiting, s, s.concurrency);
     } else {
         start_waiting(p, tasks, waiting, in_flight, s.concurrency);
     }
 }
 
-/// Batch mode: while fewer than `concurrency` calls run, starts a call with the oldest waiting
-/// messages when a whole batch waits, or with what there is once the oldest has waited `max_wait`.
+/// Batch mode: while fewer than `calls` calls run, starts a call with the oldest waiting messages
+/// when a whole batch waits, or with what there is once the oldest has waited `max_wait`.
 fn start_batches(
     p: &Arc<Processor>,
     tasks: &mut JoinSet<()>,
     waiting: &mut VecDeque<Lease>,
     s: &Settings,
+    calls: usize,
 ) {
     let Some(b) = s.batch else { return };
-    while tasks.len() < s.concurrency && !waiting.is_empty() {
+    while tasks.len() < calls && !waiting.is_empty() {
         let oldest_due = waiting
             .front()
             .is_some_and(|l| l.msg.received_at.elapsed() >= b.max_wait);

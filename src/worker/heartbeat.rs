@@ -29,8 +29,8 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::backoff::{visibility_secs, within_twelve_hours};
 use super::batcher::MAX_BATCH;
+use super::core::backoff::{visibility_secs, within_twelve_hours};
 use super::metrics::Metrics;
 use super::sqs::{Action, Entry, EntryFailure, ErrorKind, Sqs, SqsError, classify_code};
 
@@ -344,7 +344,7 @@ async fn send(sqs: Sqs, metrics: Arc<Metrics>, margin: Duration, batch: Vec<Requ
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::worker::backoff::VISIBILITY_MAX;
+    use crate::worker::core::backoff::VISIBILITY_MAX;
 
     const MS: fn(u64) -> Duration = Duration::from_millis;
 

@@ -10,12 +10,14 @@ use tokio::time::Instant;
 
 use crate::api::{IdempotencyKey, OnPoison, UnwrapSns};
 
-use super::backoff::{retry_delay, visibility_secs, within_twelve_hours};
 use super::batcher::Batcher;
-use super::breaker::{Breaker, Denied, Outcome, Pass};
+use super::breaker::{Breaker, Denied, Kind, Outcome, Pass};
+use super::core::backoff::visibility_secs;
+use super::core::fate::{Facts, Fate, Happened, Policy, decide};
 use super::dead_letter::DeadLetter;
 use super::handler::{Cause, Handler, Verdict};
 use super::heartbeat::{Heartbeats, Plan, lease_lost};
+use super::held::{Admission, Held, ReceiptHandle};
 use super::idempotency::{Claim, IdempotencyError, Store, key_of};
 use super::metrics::{Metrics, OutcomeLabel};
 use super::sqs::{Entry, Message, Sqs};
@@ -63,6 +65,8 @@ pub struct Processor {
     pub confirm_deletes: bool,
     /// The outage breaker: every handler call passes its gate.
     pub breaker: Arc<Breaker>,
+    /// The messages held here by id, with their newest receipt handles (`worker::held`).
+    pub held: Held,
     poisoned: Mutex<BoundedSet>,
 }
 
@@ -99,6 +103,8 @@ pub struct Lease {
     latency: Option<Duration>,
     unreachable: bool,
     store_down: bool,
+    /// When a handler call for this message first failed in this receive (it is then held, or retried).
+    failed_at: Option<Instant>,
     /// The S3 payload fetched for this message (`--s3-payloads`), deleted after the message with
     /// `--s3-delete-after`.
     s3_payload: Option<super::s3::Pointer>,
@@ -106,8 +112,9 @@ pub struct Lease {
 
 impl Lease {
     /// The lease started at receipt: the first beat is due one interval after it, rounded down onto
-    /// the shared cadence (messages received together share every beat).
-    pub fn new(processor: &Arc<Processor>, msg: Message) -> Lease {
+    /// the shared cadence (messages received together share every beat). `rh`: the message's
+    /// receipt handle as `Held::admit` keeps it (a later copy of the message replaces it).
+    fn new(processor: &Arc<Processor>, msg: Message, rh: Arc<ReceiptHandle>) -> Lease {
         processor.metrics.in_flight.inc();
         let next = processor
             .heartbeat
@@ -118,6 +125,7 @@ impl Lease {
         Lease {
             msg,
             beat: Beat {
+                rh,
                 next,
                 failures: 0,
                 made: 0,
@@ -131,8 +139,16 @@ impl Lease {
             latency: None,
             unreachable: false,
             store_down: false,
+            failed_at: None,
             s3_payload: None,
         }
+    }
+
+    /// How long ago this message first failed: in this receive (held for the breaker's probe), or
+    /// since SQS first delivered it when redelivered. None on a first try.
+    fn first_failed(&self) -> Option<Duration> {
+        let here = self.failed_at.map(|t| t.elapsed());
+        here.max(first_received(&self.msg))
     }
 
     /// Keeps the lease alive while the message waits (behind its FIFO group).
@@ -140,7 +156,6 @@ impl Lease {
         if self.background.is_none() && self.beat.next.is_some() {
             let (stop, stopped) = oneshot::channel();
             let processor = self.processor.clone();
-            let rh = self.msg.receipt_handle.clone();
             let id = self.msg.id.clone();
             let mut beat = self.beat.clone();
             let task = tokio::spawn(async move {
@@ -148,7 +163,7 @@ impl Lease {
                 while let Some(at) = beat.next {
                     tokio::select! {
                         _ = &mut stopped => break,
-                        () = tokio::time::sleep_until(at) => beat.run(&processor, &rh, &id).await,
+                        () = tokio::time::sleep_until(at) => beat.run(&processor, &id).await,
                     }
                 }
                 beat
@@ -175,7 +190,6 @@ impl Lease {
             });
             beats.push(Some(SharedBeat {
                 beat: lease.beat.clone(),
-                receipt_handle: lease.msg.receipt_handle.clone(),
                 message_id: lease.msg.id.clone(),
             }));
             processor.get_or_insert_with(|| lease.processor.clone());
@@ -256,7 +270,7 @@ impl Lease {
     fn entry(&self) -> Entry {
         Entry {
             message_id: self.msg.id.clone(),
-            receipt_handle: self.msg.receipt_handle.clone(),
+            receipt_handle: self.beat.rh.get(),
             lease_until: Some(self.beat.lease_until.into_std()),
         }
     }
@@ -269,8 +283,17 @@ impl Lease {
     /// `release`, for a message task that still owns its lease (the breaker's gate on shutdown).
     async fn release_in_place(&mut self) {
         self.beat_inline().await;
+        // Visible again at once: a copy received from now on is a new delivery.
+        self.processor.held.forget(&self.msg.id);
         self.processor.releaser.send(self.entry()).await;
         self.settled = true;
+    }
+
+    /// `delete` after the handler succeeded (or the key was done): a copy of the message received
+    /// soon after is deleted again without a call (`worker::held`).
+    async fn delete_done(&mut self) -> Ended {
+        self.processor.held.finished(&self.msg.id, Instant::now());
+        self.delete().await
     }
 
     /// Deletes the message: `Deleted`, or with `confirm_deletes` `Kept` if SQS never confirmed it.
@@ -296,22 +319,18 @@ impl Lease {
         Ended::Deleted
     }
 
-    /// Sets the visibility to `delay` so the message comes back then; late in SQS's 12 hours since
-    /// the receive, sooner (a longer change would be refused, and the message would then wait for
-    /// the end of its current lease, however long heartbeats had made it).
-    async fn back_off(&mut self, delay: Duration) {
-        let allowed = within_twelve_hours(delay, self.beat.since_receipt());
-        if allowed < delay {
-            tracing::info!(message_id = %self.msg.id, wanted_s = visibility_secs(delay), retry_in_s = visibility_secs(allowed), "retry delay cut to what is left of SQS's 12 hours since the receive");
-        }
-        let secs = visibility_secs(allowed);
+    /// Sets the visibility to `delay` (already within SQS's 12 hours since the receive: `decide`
+    /// cuts it) so the message comes back then.
+    async fn set_visibility(&mut self, delay: Duration) {
+        let secs = visibility_secs(delay);
+        self.processor.held.forget(&self.msg.id);
         if let Err(e) = self
             .processor
             .sqs
-            .change_visibility(&self.msg.receipt_handle, secs)
+            .change_visibility(&self.beat.rh.get(), secs)
             .await
         {
-            tracing::warn!(message_id = %self.msg.id, reason = e.kind.reason(), error = %e.detail, "cannot set the retry delay; the message reappears when its visibility timeout ends");
+            tracing::warn!(message_id = %self.msg.id, reason = e.kind.reason(), error = %e.detail, "cannot change the message's visibility; it reappears when its visibility timeout ends");
         }
         self.settled = true;
     }
@@ -328,6 +347,7 @@ impl Drop for Lease {
             }
             None => {}
         }
+        self.processor.held.forget(&self.msg.id);
         if !self.settled {
             // Aborted mid-way (shutdown deadline) or a panic: hand the message back at once.
             self.processor.releaser.try_send(self.entry());
@@ -338,6 +358,40 @@ impl Drop for Lease {
             unreachable: self.unreachable,
             store_down: self.store_down,
         });
+    }
+}
+
+impl Processor {
+    /// Leases for the messages of one receive. A copy of a message held here adds no lease (the
+    /// held one takes its newest receipt handle); a copy of one deleted here after a success is
+    /// deleted again without a call (`worker::held`).
+    pub async fn admit(self: &Arc<Self>, messages: Vec<Message>) -> Vec<Lease> {
+        let mut leases = Vec::with_capacity(messages.len());
+        for msg in messages {
+            match self
+                .held
+                .admit(&msg.id, &msg.receipt_handle, Instant::now())
+            {
+                Admission::New(rh) => leases.push(Lease::new(self, msg, rh)),
+                Admission::Held => {
+                    self.metrics.duplicate_receives.inc();
+                    tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, "received a message this worker already holds (another receive got it too): the held one takes its newest receipt handle, no second handler call");
+                }
+                Admission::Done => {
+                    self.metrics.duplicate_receives.inc();
+                    self.metrics.outcome(OutcomeLabel::Duplicate);
+                    tracing::info!(message_id = %msg.id, receive_count = msg.receive_count, "received again a message deleted here after its handler succeeded; deleting this copy without a call");
+                    self.deleter
+                        .send(Entry {
+                            message_id: msg.id,
+                            receipt_handle: msg.receipt_handle,
+                            lease_until: None,
+                        })
+                        .await;
+                }
+            }
+        }
+        leases
     }
 }
 
@@ -366,7 +420,6 @@ enum Ask {
 /// One lease's beat inside the shared task.
 struct SharedBeat {
     beat: Beat,
-    receipt_handle: String,
     message_id: String,
 }
 
@@ -408,7 +461,7 @@ async fn beat_shared(
                         .iter_mut()
                         .flatten()
                         .filter(|b| b.beat.next.is_some_and(|n| n <= now))
-                        .map(|b| b.beat.run(&p, &b.receipt_handle, &b.message_id)),
+                        .map(|b| b.beat.run(&p, &b.message_id)),
                 )
                 .await;
             }
@@ -419,6 +472,8 @@ async fn beat_shared(
 /// Heartbeat schedule of one message.
 #[derive(Clone)]
 struct Beat {
+    /// The message's newest receipt handle (`worker::held`).
+    rh: Arc<ReceiptHandle>,
     next: Option<Instant>,
     failures: u32,
     /// Extensions made so far: the next one is `Plan::extension(made, ..)`.
@@ -473,7 +528,7 @@ impl Beat {
                     if Instant::now() >= deadline {
                         return None;
                     }
-                    self.run(p, &msg.receipt_handle, &msg.id).await;
+                    self.run(p, &msg.id).await;
                     if stop_when_lost && self.lost {
                         return None;
                     }
@@ -487,7 +542,7 @@ impl Beat {
     /// up to the plan's cap), sent by the coalescer in a ChangeMessageVisibilityBatch with the
     /// others due now; schedules the next one on the shared cadence, at the same fraction of the
     /// new lease as the interval is of the visibility timeout.
-    async fn run(&mut self, p: &Processor, receipt_handle: &str, message_id: &str) {
+    async fn run(&mut self, p: &Processor, message_id: &str) {
         let Some(heartbeats) = &p.heartbeats else {
             self.next = None;
             return;
@@ -507,7 +562,7 @@ impl Beat {
         // deadline: a hung call must not outlive the lease it is meant to extend.
         let entry = Entry {
             message_id: message_id.to_string(),
-            receipt_handle: receipt_handle.to_string(),
+            receipt_handle: self.rh.get(),
             lease_until: Some(self.lease_until.into_std()),
         };
         match heartbeats.extend(entry, extension).await {
@@ -576,23 +631,6 @@ const CLAIM_GRACE: Duration = Duration::from_secs(10);
 /// A handler call still not stopped this long after its deadline is dropped (its claim then expires
 /// by itself, `CLAIM_GRACE` after the last renewal).
 const STOP_BACKSTOP: Duration = Duration::from_secs(5);
-/// A message hidden behind another worker's claim comes back this long after the claim's end.
-const HIDE_MARGIN: Duration = Duration::from_secs(2);
-
-/// How long to hide a message whose key is claimed elsewhere for `claim_left`: until the claim ends
-/// plus a margin, never shorter than the visibility timeout (leaving it would hide it that long),
-/// and within SQS's 12 hours from receipt.
-pub fn hide_for(
-    claim_left: Duration,
-    visibility_timeout: Duration,
-    since_receipt: Duration,
-) -> Duration {
-    within_twelve_hours(
-        (claim_left + HIDE_MARGIN).max(visibility_timeout),
-        since_receipt,
-    )
-}
-
 /// How a message ended, for the FIFO group it belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ended {
@@ -652,6 +690,7 @@ impl Processor {
             freed,
             confirm_deletes: false,
             breaker,
+            held: Held::default(),
             poisoned: Mutex::new(BoundedSet {
                 set: HashSet::new(),
                 order: VecDeque::new(),
@@ -670,80 +709,162 @@ impl Processor {
         }
     }
 
-    /// Applies `--on-poison` to a message the handler called poison.
-    async fn poison(&self, lease: &mut Lease, reason: String) -> Ended {
-        let m = &self.metrics;
-        let msg = &lease.msg;
-        match self.on_poison {
-            OnPoison::Delete => {
-                tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, reason = %reason, "poison message; deleting it (--on-poison delete)");
+    /// The fate of `happened` for this message (`core::fate::decide`).
+    fn fate(&self, lease: &Lease, happened: Happened) -> Fate {
+        let policy = Policy {
+            on_poison: self.on_poison,
+            retry_base: self.retry_base,
+            retry_max: self.retry_max,
+            visibility_timeout: self.visibility_timeout,
+        };
+        let facts = Facts {
+            receive_count: lease.msg.receive_count,
+            since_receipt: lease.beat.since_receipt(),
+        };
+        decide(happened, &policy, facts)
+    }
+
+    /// Ends the message as `happened` decides: the fate, then `carry_out`.
+    async fn settle(&self, lease: &mut Lease, happened: Happened, reason: &str) -> Ended {
+        let fate = self.fate(lease, happened.clone());
+        self.carry_out(lease, &happened, fate, reason).await
+    }
+
+    /// Carries a fate out: the one place a message is deleted, dead-lettered, retried, released,
+    /// hidden or left, with its log line. `reason`: what happened. `Hold` is no end (the caller keeps
+    /// the message for the breaker's probe); given here, the message is released, unhandled.
+    async fn carry_out(
+        &self,
+        lease: &mut Lease,
+        happened: &Happened,
+        fate: Fate,
+        reason: &str,
+    ) -> Ended {
+        // A batch item's or waiting message's heartbeat runs in the background: taken back first,
+        // so no beat lands after the end.
+        lease.beat_inline().await;
+        let (id, count) = (lease.msg.id.clone(), lease.msg.receive_count);
+        let mut fate = fate;
+        // The DLQ could not take it: left for the redrive policy instead (`DeadLetterFailed`).
+        if let Fate::DeadLetter(poison) = &fate {
+            if let Some(ended) = self.dead_letter(lease, poison).await {
+                return ended;
+            }
+            fate = self.fate(lease, Happened::DeadLetterFailed);
+        }
+        match fate {
+            Fate::Delete { success: true } => lease.delete_done().await,
+            Fate::Delete { success: false } => {
+                tracing::warn!(message_id = %id, receive_count = count, reason, "poison message; deleting it (--on-poison delete)");
                 lease.delete().await
             }
-            OnPoison::Leave => {
-                tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, reason = %reason, "poison message; leaving it for the redrive policy (--on-poison leave)");
-                self.leave_poison(lease).await
-            }
-            OnPoison::DeadLetter => {
-                let Some(dl) = &self.dead_letter else {
-                    return self.leave_poison(lease).await;
-                };
-                let target = match dl.target().await {
-                    Ok(Some(url)) => url,
-                    Ok(None) => {
-                        tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, reason = %reason, "poison message; the queue has no redrive policy, so it is left on the queue (--on-poison dead-letter acts as leave)");
-                        return self.leave_poison(lease).await;
-                    }
-                    Err(e) => {
-                        m.dead_letter_failures.inc();
-                        tracing::error!(message_id = %msg.id, reason = %reason, error = %e, "poison message; cannot find the dead-letter queue, leaving it for the redrive policy");
-                        return self.leave_poison(lease).await;
-                    }
-                };
-                // Sent under the heartbeat: the lease must outlive the send and the delete.
-                let deadline =
-                    Instant::now() + self.visibility_timeout.max(Duration::from_secs(10));
-                let sent = lease
-                    .beat
-                    .until(
-                        self,
-                        &lease.msg,
-                        deadline,
-                        Box::pin(dl.send(target, &lease.msg, &reason)),
-                    )
-                    .await;
-                let msg = &lease.msg;
-                match sent {
-                    Some(Ok(sent)) => {
-                        m.dead_lettered.inc();
-                        if sent.reason_attached {
-                            tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, reason = %reason, dead_letter_queue = %target, dead_letter_message_id = %sent.copy_id, "poison message; sent to the dead-letter queue and deleted from the source (--on-poison dead-letter)");
-                        } else {
-                            m.dead_letter_reasons_unattached.inc();
-                            tracing::warn!(message_id = %msg.id, receive_count = msg.receive_count, reason = %reason, dead_letter_queue = %target, dead_letter_message_id = %sent.copy_id, "poison message; sent to the dead-letter queue WITHOUT its qc-poison-reason attribute (the message already carries SQS's ten attributes, all kept): the reason is only in this line, under the copy's dead_letter_message_id; deleted from the source");
-                        }
-                        lease.delete().await
-                    }
-                    other => {
-                        m.dead_letter_failures.inc();
-                        let error = match other {
-                            Some(Err(e)) => e.to_string(),
-                            _ => "timed out".to_string(),
-                        };
-                        tracing::error!(message_id = %msg.id, reason = %reason, error = %error, "poison message; cannot send it to the dead-letter queue, leaving it for the redrive policy");
-                        self.leave_poison(lease).await
-                    }
+            Fate::RetryAfter { delay, wanted } => {
+                if let Some(wanted) = wanted {
+                    tracing::info!(message_id = %id, wanted_s = visibility_secs(wanted), retry_in_s = visibility_secs(delay), "retry delay cut to what is left of SQS's 12 hours since the receive");
                 }
+                let what = match happened {
+                    Happened::StoreDown => {
+                        "idempotency store unavailable; retrying the message later and pausing receives until the store answers"
+                    }
+                    Happened::GateGaveUp { .. } => {
+                        "no longer holding the message; retrying it the normal way"
+                    }
+                    _ => "handler failed; retrying later",
+                };
+                tracing::warn!(message_id = %id, receive_count = count, reason, retry_in_s = visibility_secs(delay), "{what}");
+                lease.set_visibility(delay).await;
+                Ended::Kept
+            }
+            Fate::Release | Fate::Hold => {
+                if matches!(fate, Fate::Hold) {
+                    tracing::error!(message_id = %id, reason, "a held message reached its end; releasing it unhandled");
+                } else {
+                    tracing::info!(message_id = %id, reason, "releasing the message unhandled");
+                }
+                lease.release_in_place().await;
+                Ended::Kept
+            }
+            Fate::Hide(delay) => {
+                tracing::info!(message_id = %id, reason, hide_s = visibility_secs(delay), "hiding the message until the claim on its idempotency key ends");
+                lease.set_visibility(delay).await;
+                Ended::Kept
+            }
+            Fate::Leave(delay) => {
+                if matches!(happened, Happened::Poison(_))
+                    && !matches!(self.on_poison, OnPoison::DeadLetter)
+                {
+                    tracing::warn!(message_id = %id, receive_count = count, reason, "poison message; leaving it for the redrive policy (--on-poison leave)");
+                }
+                // Remembered: later receives here skip the handler until the redrive policy moves it.
+                self.remember_poison(&id);
+                lease.set_visibility(delay).await;
+                Ended::Kept
+            }
+            Fate::DeadLetter(_) => {
+                // `decide` never makes DeadLetterFailed a dead-letter again: left, not deleted.
+                tracing::error!(message_id = %id, reason, "poison message; left for the redrive policy");
+                self.remember_poison(&id);
+                Ended::Kept
+            }
+            Fate::Abandon => {
+                tracing::warn!(message_id = %id, receive_count = count, "the lease was lost before the handler call; leaving the message to SQS unhandled rather than risk two calls at once");
+                lease.settled = true;
+                Ended::Kept
             }
         }
     }
 
-    /// Leaves a poison message for the redrive policy: remembered, so later receives here skip the
-    /// handler, and backed off.
-    async fn leave_poison(&self, lease: &mut Lease) -> Ended {
-        self.remember_poison(&lease.msg.id);
-        let delay = retry_delay(self.retry_base, self.retry_max, lease.msg.receive_count);
-        lease.back_off(delay).await;
-        Ended::Kept
+    /// `--on-poison dead-letter`: sends the message to the redrive policy's DLQ with `reason`, then
+    /// deletes it from the source. None without a DLQ, or when the send failed: the caller leaves it
+    /// for the redrive policy (`Happened::DeadLetterFailed`).
+    async fn dead_letter(&self, lease: &mut Lease, reason: &str) -> Option<Ended> {
+        let m = &self.metrics;
+        let dl = self.dead_letter.as_ref()?;
+        let (id, count) = (lease.msg.id.clone(), lease.msg.receive_count);
+        let target = match dl.target().await {
+            Ok(Some(url)) => url,
+            Ok(None) => {
+                tracing::warn!(message_id = %id, receive_count = count, reason = %reason, "poison message; the queue has no redrive policy, so it is left on the queue (--on-poison dead-letter acts as leave)");
+                return None;
+            }
+            Err(e) => {
+                m.dead_letter_failures.inc();
+                tracing::error!(message_id = %id, reason = %reason, error = %e, "poison message; cannot find the dead-letter queue, leaving it for the redrive policy");
+                return None;
+            }
+        };
+        // Sent under the heartbeat: the lease must outlive the send and the delete.
+        let deadline = Instant::now() + self.visibility_timeout.max(Duration::from_secs(10));
+        let sent = lease
+            .beat
+            .until(
+                self,
+                &lease.msg,
+                deadline,
+                Box::pin(dl.send(target, &lease.msg, reason)),
+            )
+            .await;
+        match sent {
+            Some(Ok(sent)) => {
+                m.dead_lettered.inc();
+                if sent.reason_attached {
+                    tracing::warn!(message_id = %id, receive_count = count, reason = %reason, dead_letter_queue = %target, dead_letter_message_id = %sent.copy_id, "poison message; sent to the dead-letter queue and deleted from the source (--on-poison dead-letter)");
+                } else {
+                    m.dead_letter_reasons_unattached.inc();
+                    tracing::warn!(message_id = %id, receive_count = count, reason = %reason, dead_letter_queue = %target, dead_letter_message_id = %sent.copy_id, "poison message; sent to the dead-letter queue WITHOUT its qc-poison-reason attribute (the message already carries SQS's ten attributes, all kept): the reason is only in this line, under the copy's dead_letter_message_id; deleted from the source");
+                }
+                Some(lease.delete().await)
+            }
+            other => {
+                m.dead_letter_failures.inc();
+                let error = match other {
+                    Some(Err(e)) => e.to_string(),
+                    _ => "timed out".to_string(),
+                };
+                tracing::error!(message_id = %id, reason = %reason, error = %error, "poison message; cannot send it to the dead-letter queue, leaving it for the redrive policy");
+                None
+            }
+        }
     }
 
     /// How long an in-progress mark lives: the handler's whole timeout, plus room to record the result.
@@ -820,27 +941,6 @@ impl Processor {
         }
     }
 
-    /// Hides a message whose key another worker is processing until that claim can have ended
-    /// (instead of leaving it to come back each visibility timeout and burn its receives into the DLQ).
-    async fn hide_in_progress(&self, lease: &mut Lease, key: &str, remaining: Option<Duration>) {
-        let remaining = remaining.unwrap_or_else(|| self.claim_lease());
-        let hide = hide_for(
-            remaining,
-            self.visibility_timeout,
-            lease.beat.since_receipt(),
-        );
-        let secs = visibility_secs(hide);
-        tracing::info!(message_id = %lease.msg.id, key = %key, claim_left_ms = remaining.as_millis() as u64, hide_s = secs, "idempotency key in progress elsewhere; hiding the message until that claim ends");
-        if let Err(e) = self
-            .sqs
-            .change_visibility(&lease.msg.receipt_handle, secs)
-            .await
-        {
-            tracing::warn!(message_id = %lease.msg.id, reason = e.kind.reason(), error = %e.detail, "cannot hide the message; it reappears when its visibility timeout ends");
-        }
-        lease.settled = true;
-    }
-
     /// The last moment a message may wait at the breaker's gate and still make a whole handler
     /// call inside its lease: with heartbeats, within SQS's 12 hours since the receive; without,
     /// within the lease it got at the receive.
@@ -849,8 +949,8 @@ impl Processor {
         match self.heartbeat {
             Some(_) => {
                 lease.beat.received_at
-                    + super::backoff::VISIBILITY_MAX
-                        .saturating_sub(super::backoff::TWELVE_HOURS_SLACK)
+                    + super::core::backoff::VISIBILITY_MAX
+                        .saturating_sub(super::core::backoff::TWELVE_HOURS_SLACK)
                         .saturating_sub(call)
             }
             None => lease
@@ -870,7 +970,7 @@ impl Processor {
         failed_before: bool,
     ) -> Result<Pass<'a>, Ended> {
         if lease.beat.lost {
-            return Err(Self::leave_lost(lease));
+            return Err(self.settle(lease, Happened::LeaseLost, "").await);
         }
         if let Some(pass) = self.breaker.try_pass() {
             return Ok(pass);
@@ -883,49 +983,34 @@ impl Processor {
                 &lease.msg,
                 deadline,
                 true,
-                Box::pin(self.breaker.admit()),
+                Box::pin(self.breaker.admit(gate_kind(failed_before, &lease.msg))),
             )
             .await;
         if lease.beat.lost {
             // A pass taken meanwhile goes back unused (dropped: counted neutral, the next waiter
             // probes).
-            return Err(Self::leave_lost(lease));
+            return Err(self.settle(lease, Happened::LeaseLost, "").await);
         }
         match admitted {
             Some(Ok(pass)) => Ok(pass),
-            Some(Err(Denied::ShuttingDown)) => {
-                tracing::info!(message_id = %lease.msg.id, "shutting down while the breaker is open; releasing the held message unhandled");
-                lease.release_in_place().await;
-                Err(Ended::Kept)
-            }
+            Some(Err(Denied::ShuttingDown)) => Err(self
+                .settle(
+                    lease,
+                    Happened::NotStarted,
+                    "shutting down while the breaker is open",
+                )
+                .await),
             other => {
                 let why = if other.is_none() {
                     "held as long as its lease allows"
                 } else {
                     "the breaker has been open longer than the outage tolerance"
                 };
-                if failed_before {
-                    let delay =
-                        retry_delay(self.retry_base, self.retry_max, lease.msg.receive_count);
-                    tracing::warn!(message_id = %lease.msg.id, receive_count = lease.msg.receive_count, why, retry_in_s = visibility_secs(delay), "no longer holding the message; retrying it the normal way");
-                    lease.back_off(delay).await;
-                } else {
-                    tracing::warn!(message_id = %lease.msg.id, why, "no longer holding the message; releasing it unhandled");
-                    lease.release_in_place().await;
-                }
-                Err(Ended::Kept)
+                Err(self
+                    .settle(lease, Happened::GateGaveUp { failed_before }, why)
+                    .await)
             }
         }
-    }
-
-    /// A message whose lease was lost before (another) handler call: SQS may already have handed it
-    /// to another consumer, so calling the handler now could run it twice at once. No call, no
-    /// visibility change (its receipt handle may be stale): it comes back by itself, with at most
-    /// this receive used.
-    fn leave_lost(lease: &mut Lease) -> Ended {
-        tracing::warn!(message_id = %lease.msg.id, receive_count = lease.msg.receive_count, "the lease was lost before the handler call; leaving the message to SQS unhandled rather than risk two calls at once");
-        lease.settled = true;
-        Ended::Kept
     }
 
     /// Runs one message to its end.
@@ -941,7 +1026,9 @@ impl Processor {
             Ok(view) => view,
             Err(reason) => {
                 m.outcome(OutcomeLabel::Poison);
-                return self.poison(&mut lease, reason).await;
+                return self
+                    .settle(&mut lease, Happened::Poison(reason.clone()), &reason)
+                    .await;
             }
         };
         // Failed in this receive and kept for another call (the breaker is open).
@@ -956,22 +1043,19 @@ impl Processor {
                 Attempt::Failed {
                     reason,
                     retry_after,
+                    hold,
                 } => {
-                    if self.breaker.holds() {
-                        failed_before = true;
-                        m.breaker_holds.inc();
-                        tracing::info!(message_id = %lease.msg.id, receive_count = lease.msg.receive_count, reason = %reason, "handler failed while the breaker is open; holding the message for the next probe instead of handing it back");
-                        continue;
+                    let happened = Happened::Failed { retry_after, hold };
+                    match self.fate(&lease, happened.clone()) {
+                        Fate::Hold => {
+                            failed_before = true;
+                            m.breaker_holds.inc();
+                            tracing::info!(message_id = %lease.msg.id, receive_count = lease.msg.receive_count, reason = %reason, "handler failed while the breaker is open; holding the message for the next probe instead of handing it back");
+                        }
+                        fate => {
+                            return self.carry_out(&mut lease, &happened, fate, &reason).await;
+                        }
                     }
-                    // A handler's Retry-After is honoured up to --retry-max: a typo of a few digits
-                    // must not hide the message for 12 hours.
-                    let delay = retry_after.map_or_else(
-                        || retry_delay(self.retry_base, self.retry_max, lease.msg.receive_count),
-                        |d| d.min(self.retry_max),
-                    );
-                    tracing::warn!(message_id = %lease.msg.id, receive_count = lease.msg.receive_count, reason = %reason, retry_in_s = visibility_secs(delay), "handler failed; retrying later");
-                    lease.back_off(delay).await;
-                    return Ended::Kept;
                 }
             }
         }
@@ -984,13 +1068,14 @@ impl Processor {
             return None;
         }
         self.metrics.outcome(OutcomeLabel::Poison);
-        if self.on_poison == OnPoison::DeadLetter {
-            let reason = "handler answered poison on an earlier receive".to_string();
-            return Some(self.poison(lease, reason).await);
-        }
-        let delay = retry_delay(self.retry_base, self.retry_max, lease.msg.receive_count);
-        lease.back_off(delay).await;
-        Some(Ended::Kept)
+        Some(
+            self.settle(
+                lease,
+                Happened::KnownPoison,
+                "handler answered poison on an earlier receive",
+            )
+            .await,
+        )
     }
 
     /// What the idempotency claim of `key` decides: the claim's token when acquired, else how the
@@ -1003,32 +1088,32 @@ impl Processor {
         claimed: Result<Claim, IdempotencyError>,
     ) -> Result<String, Ended> {
         let m = &self.metrics;
-        // Each end takes the heartbeat back first (a batch item's runs in the background).
-        Err(match claimed {
+        let (happened, reason) = match claimed {
             Ok(Claim::Acquired { token }) => return Ok(token),
             Ok(Claim::Done) => {
-                lease.beat_inline().await;
                 tracing::info!(message_id = %lease.msg.id, key = %key, "idempotency key already done; deleting without calling the handler");
                 m.outcome(OutcomeLabel::Duplicate);
-                lease.delete().await
+                (Happened::KeyDone, String::new())
             }
             Ok(Claim::InProgress { remaining }) => {
-                lease.beat_inline().await;
                 m.outcome(OutcomeLabel::InProgressElsewhere);
-                self.hide_in_progress(lease, key, remaining).await;
-                Ended::Kept
+                let claim_left = remaining.unwrap_or_else(|| self.claim_lease());
+                (
+                    Happened::InProgressElsewhere { claim_left },
+                    format!(
+                        "idempotency key {key} in progress elsewhere for {} ms more",
+                        claim_left.as_millis()
+                    ),
+                )
             }
             Err(e) => {
-                lease.beat_inline().await;
                 m.idempotency_errors.inc();
-                tracing::warn!(message_id = %lease.msg.id, error = %e, "idempotency store unavailable; retrying the message later and pausing receives until the store answers");
                 lease.store_down = true;
                 m.outcome(OutcomeLabel::Transient);
-                let delay = retry_delay(self.retry_base, self.retry_max, lease.msg.receive_count);
-                lease.back_off(delay).await;
-                Ended::Kept
+                (Happened::StoreDown, e.to_string())
             }
-        })
+        };
+        Err(self.settle(lease, happened, &reason).await)
     }
 
     /// One handler call (with its idempotency claim); a transient failure is returned for
@@ -1047,16 +1132,21 @@ impl Processor {
             Err(Payload::Poison(reason)) => {
                 m.outcome(OutcomeLabel::Poison);
                 drop(pass);
-                return Attempt::Ended(self.poison(lease, reason).await);
+                let ended = self
+                    .settle(lease, Happened::Poison(reason.clone()), &reason)
+                    .await;
+                return Attempt::Ended(ended);
             }
             Err(Payload::Transient(reason)) => {
                 m.outcome(OutcomeLabel::Transient);
-                pass.record(Outcome::Failure {
-                    first_received: first_received(&lease.msg),
+                let hold = pass.record(Outcome::Failure {
+                    first_received: lease.first_failed(),
                 });
+                lease.failed_at.get_or_insert_with(Instant::now);
                 return Attempt::Failed {
                     reason,
                     retry_after: None,
+                    hold,
                 };
             }
         };
@@ -1134,17 +1224,23 @@ impl Processor {
                 tracing::warn!(message_id = %lease.msg.id, key = %key, error = %e, "cannot record the idempotency result");
             }
         }
-        pass.record(breaker_outcome(&verdict, first_received(&lease.msg)));
+        let hold = pass.record(breaker_outcome(&verdict, lease.first_failed()));
+        if !matches!(verdict, Verdict::Success | Verdict::Poison(_)) {
+            lease.failed_at.get_or_insert_with(Instant::now);
+        }
 
         let msg = &lease.msg;
         match verdict {
             Verdict::Success => {
                 m.outcome(OutcomeLabel::Success);
-                Attempt::Ended(lease.delete().await)
+                Attempt::Ended(self.settle(lease, Happened::Succeeded, "").await)
             }
             Verdict::Poison(reason) => {
                 m.outcome(OutcomeLabel::Poison);
-                Attempt::Ended(self.poison(lease, reason).await)
+                let ended = self
+                    .settle(lease, Happened::Poison(reason.clone()), &reason)
+                    .await;
+                Attempt::Ended(ended)
             }
             Verdict::Transient {
                 reason,
@@ -1159,6 +1255,7 @@ impl Processor {
                 Attempt::Failed {
                     reason,
                     retry_after,
+                    hold,
                 }
             }
             Verdict::Unreachable(reason) => {
@@ -1168,6 +1265,7 @@ impl Processor {
                 Attempt::Failed {
                     reason,
                     retry_after: None,
+                    hold,
                 }
             }
         }
@@ -1216,6 +1314,19 @@ impl Processor {
     }
 }
 
+/// What a message is at the breaker's gate: held when a call for it failed in this receive, else
+/// fresh (with what makes it a good witness for a probe).
+pub fn gate_kind(failed_before: bool, msg: &Message) -> Kind {
+    if failed_before {
+        Kind::Held
+    } else {
+        Kind::Fresh {
+            first_receive: msg.receive_count <= 1,
+            sent_ms: msg.sent_timestamp.unwrap_or(0),
+        }
+    }
+}
+
 /// For a redelivered message, how long ago SQS first delivered it (None on its first receive).
 fn first_received(msg: &Message) -> Option<Duration> {
     if msg.receive_count <= 1 {
@@ -1256,10 +1367,11 @@ pub fn breaker_outcome(verdict: &Verdict, first_received: Option<Duration>) -> O
 enum Attempt {
     /// The message is settled (deleted, dead-lettered, hidden, backed off).
     Ended(Ended),
-    /// A transient failure: hold it for the breaker's probe, or back it off.
+    /// A transient failure: hold it for the breaker's probe (`hold`), or back it off.
     Failed {
         reason: String,
         retry_after: Option<Duration>,
+        hold: bool,
     },
 }
 
@@ -1274,23 +1386,5 @@ where
     match &p.store {
         Some(s) => Box::pin(f(s)).await,
         None => Ok(()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const S: fn(u64) -> Duration = Duration::from_secs;
-
-    #[test]
-    fn a_message_claimed_elsewhere_is_hidden_until_the_claim_ends() {
-        // Until the claim's end plus the margin.
-        assert_eq!(hide_for(S(20), S(2), S(0)), S(22));
-        // Never shorter than leaving it would be.
-        assert_eq!(hide_for(S(1), S(30), S(0)), S(30));
-        // Within 12 hours from receipt, a minute (TWELVE_HOURS_SLACK) to spare.
-        assert_eq!(hide_for(S(13 * 3600), S(30), S(0)), S(12 * 3600 - 60));
-        assert_eq!(hide_for(S(13 * 3600), S(30), S(3600)), S(11 * 3600 - 60));
     }
 }

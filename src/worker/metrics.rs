@@ -106,6 +106,9 @@ pub struct Metrics {
     pub heartbeat_calls: Counter,
     pub in_flight: Gauge,
     pub empty_receives: Counter,
+    /// Received copies of a message this worker already held, or had just deleted after a success
+    /// (`worker::held`): no second handler call was made for them.
+    pub duplicate_receives: Counter,
     /// Messages each answered ReceiveMessage returned (0 to 10).
     pub receive_sizes: Histogram,
     /// Messages per batch handler call (batch mode only; its count is the number of calls).
@@ -154,6 +157,7 @@ impl Default for Metrics {
             heartbeat_calls: Counter::default(),
             in_flight: Gauge::default(),
             empty_receives: Counter::default(),
+            duplicate_receives: Counter::default(),
             receive_sizes: Histogram::new(RECEIVE_SIZE_BUCKETS),
             batch_items: Histogram::new(BATCH_ITEMS_BUCKETS),
             sqs_requests: Default::default(),
@@ -345,6 +349,11 @@ impl Metrics {
             "qc_worker_idempotency_claims_lost_total",
             "Idempotency claims found expired (not ours any more) while their handler still ran: another worker may handle the key too.",
             &[(&[], self.idempotency_claims_lost.get())],
+        );
+        e.counter(
+            "qc_worker_duplicate_receives_total",
+            "Received copies of a message this worker already held (a parallel receive got it too) or had just deleted after a success: no second handler call was made for them.",
+            &[(&[], self.duplicate_receives.get())],
         );
         e.counter(
             "qc_worker_dead_lettered_total",

@@ -1,13 +1,14 @@
 //! The consumer runtime behind `qc-worker`: receive → process → delete with heartbeats, batched deletes,
 //! backoff, FIFO ordering, idempotency and a graceful drain. `run` wires the parts; each part has its module.
 
-pub mod backoff;
 pub mod batcher;
 pub mod breaker;
+pub mod core;
 pub mod dead_letter;
 pub mod dispatch;
 pub mod handler;
 pub mod heartbeat;
+pub mod held;
 pub mod http1;
 pub mod idempotency;
 pub mod invoke;
@@ -30,6 +31,7 @@ use crate::api::{
 };
 use crate::telemetry::{self, TelemetryError};
 
+use self::core::backoff;
 use handler::{ExecHandler, Handler, HandlerError, HttpHandler, QueueContext};
 use idempotency::{IdempotencyError, MemoryStore, RedisStore, Store};
 use message::Processor;

@@ -740,6 +740,9 @@ pub enum Fault {
     /// Pass requests through, each one for exactly this action this many milliseconds late: a
     /// longer round trip (a far region, a congested path).
     DelayAction(&'static str, u64),
+    /// Pass requests through, but every message of every ReceiveMessage answer appears twice (same
+    /// id, same receipt handle): what SQS does when it hands one message to two receives.
+    DuplicateReceived,
 }
 
 /// A TCP proxy in front of the moto server that can refuse connections or answer with AWS errors.
@@ -849,6 +852,7 @@ impl FaultProxy {
                             relay_delaying(client, &upstream, action, Duration::from_millis(ms))
                                 .await;
                         }
+                        Fault::DuplicateReceived => relay_duplicating(client, &upstream).await,
                         Fault::Refuse => {}
                     }
                 });
@@ -1048,6 +1052,62 @@ async fn relay_once(
             return;
         }
     }
+}
+
+/// Relays requests one by one to the upstream; each ReceiveMessage answer goes back with every
+/// message twice in a row.
+async fn relay_duplicating(mut client: tokio::net::TcpStream, upstream: &str) {
+    let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else {
+        return;
+    };
+    let (mut cbuf, mut sbuf) = (Vec::new(), Vec::new());
+    while let Some(req) = read_message(&mut client, &mut cbuf).await {
+        let receive = String::from_utf8_lossy(&req)
+            .to_lowercase()
+            .contains("x-amz-target: amazonsqs.receivemessage\r\n");
+        let Some(mut resp) = forward(&mut server, &mut sbuf, &req).await else {
+            return;
+        };
+        if receive {
+            resp = duplicate_messages(resp);
+        }
+        if client.write_all(&resp).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A ReceiveMessage answer with each of its messages twice (Content-Length adjusted).
+fn duplicate_messages(resp: Vec<u8>) -> Vec<u8> {
+    let Some(split) = resp.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return resp;
+    };
+    let (head, body) = (&resp[..split], &resp[split + 4..]);
+    let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return resp;
+    };
+    if let Some(list) = v
+        .get_mut("Messages")
+        .and_then(serde_json::Value::as_array_mut)
+    {
+        let doubled: Vec<serde_json::Value> =
+            list.iter().flat_map(|m| [m.clone(), m.clone()]).collect();
+        *list = doubled;
+    }
+    let body = serde_json::to_vec(&v).unwrap();
+    let head: Vec<String> = String::from_utf8_lossy(head)
+        .split("\r\n")
+        .map(|l| {
+            if l.to_lowercase().starts_with("content-length:") {
+                format!("content-length: {}", body.len())
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    let mut out = format!("{}\r\n\r\n", head.join("\r\n")).into_bytes();
+    out.extend_from_slice(&body);
+    out
 }
 
 /// The request with its first `"ReceiptHandle":"` value prefixed by `spoilt-` (Content-Length

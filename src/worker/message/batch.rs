@@ -15,13 +15,16 @@ use std::collections::HashSet;
 use futures::future::join_all;
 use tokio::time::Instant;
 
-use super::{Ended, Lease, Payload, Processor, STOP_BACKSTOP, breaker_outcome, first_received};
-use crate::worker::backoff::{retry_delay, visibility_secs};
-use crate::worker::breaker::{Denied, Outcome, Pass};
+use super::{Ended, Lease, Payload, Processor, STOP_BACKSTOP, breaker_outcome};
+use crate::worker::breaker::{Denied, Kind, Outcome, Pass};
+use crate::worker::core::fate::Happened;
 use crate::worker::handler::{BatchVerdict, Cause, Verdict};
 use crate::worker::idempotency::{IdempotencyError, key_of};
 use crate::worker::metrics::OutcomeLabel;
 use crate::worker::sqs::Message;
+
+/// Why an item is released unhandled when an earlier one of its FIFO group stays on the queue.
+const GROUP_STOPPED: &str = "an earlier message of its FIFO group stays on the queue";
 
 /// One message of the batch still headed for the call.
 struct Item {
@@ -60,7 +63,9 @@ impl Processor {
                 Ok(view) => view,
                 Err(reason) => {
                     self.metrics.outcome(OutcomeLabel::Poison);
-                    let ended = self.poison(&mut lease, reason).await;
+                    let ended = self
+                        .settle(&mut lease, Happened::Poison(reason.clone()), &reason)
+                        .await;
                     stop_group(&mut stopped, fifo, &lease, ended);
                     results[at].1 = Some(ended);
                     continue;
@@ -97,13 +102,13 @@ impl Processor {
                 // The pass goes back unused (dropped: counted neutral).
                 break;
             }
-            let verdicts = self.call(&mut items, pass).await;
+            let (verdicts, hold) = self.call(&mut items, pass).await;
             Lease::beat_inline_all(&mut items.iter_mut().map(|i| &mut i.lease).collect::<Vec<_>>())
                 .await;
             // A failed call while the breaker holds: keep the items for its next probe (their
             // claims were given up) instead of spending their receives.
             let whole_failed = verdicts.iter().all(|v| !matches!(v, Verdict::Success));
-            if whole_failed && self.breaker.holds() && !verdicts.is_empty() {
+            if whole_failed && hold && !verdicts.is_empty() {
                 failed_before = true;
                 // Claims are given up while held and taken again before the next call (a hold may
                 // outlast a claim that is no longer renewed).
@@ -126,7 +131,7 @@ impl Processor {
                 );
                 continue;
             }
-            self.settle(
+            self.end_items(
                 std::mem::take(&mut items),
                 verdicts,
                 fifo,
@@ -153,14 +158,17 @@ impl Processor {
             Ok(Some(v)) => Ok(Some(v)),
             Err(Payload::Poison(reason)) => {
                 self.metrics.outcome(OutcomeLabel::Poison);
-                Err(self.poison(lease, reason).await)
+                Err(self
+                    .settle(lease, Happened::Poison(reason.clone()), &reason)
+                    .await)
             }
             Err(Payload::Transient(reason)) => {
                 self.metrics.outcome(OutcomeLabel::Transient);
-                let delay = retry_delay(self.retry_base, self.retry_max, lease.msg.receive_count);
-                tracing::warn!(message_id = %lease.msg.id, reason = %reason, retry_in_s = visibility_secs(delay), "cannot fetch the S3 payload; retrying later");
-                lease.back_off(delay).await;
-                Err(Ended::Kept)
+                let failed = Happened::Failed {
+                    retry_after: None,
+                    hold: false,
+                };
+                Err(self.settle(lease, failed, &reason).await)
             }
         }
     }
@@ -173,15 +181,16 @@ impl Processor {
         stopped: &HashSet<String>,
     ) -> Option<Ended> {
         if lease.beat.lost {
-            return Some(Self::leave_lost(lease));
+            return Some(self.settle(lease, Happened::LeaseLost, "").await);
         }
         if fifo
             && let Some(g) = &lease.msg.group_id
             && stopped.contains(g)
         {
-            tracing::info!(message_id = %lease.msg.id, group = %g, "an earlier message of the group stays on the queue; releasing this one unhandled");
-            lease.release_in_place().await;
-            return Some(Ended::Kept);
+            return Some(
+                self.settle(lease, Happened::NotStarted, GROUP_STOPPED)
+                    .await,
+            );
         }
         if let Some(ended) = self.end_known_poison(lease).await {
             return Some(ended);
@@ -206,37 +215,34 @@ impl Processor {
             .map(|i| self.hold_deadline(&i.lease))
             .min()
             .unwrap_or_else(Instant::now);
-        let admitted = tokio::time::timeout_at(deadline, self.breaker.admit()).await;
+        // The batch is as good a witness as its best item.
+        let kind = items
+            .iter()
+            .map(|i| super::gate_kind(failed_before, &i.lease.msg))
+            .max_by_key(|k| match k {
+                Kind::Held => None,
+                Kind::Fresh {
+                    first_receive,
+                    sent_ms,
+                } => Some((*first_receive, *sent_ms)),
+            })
+            .unwrap_or(Kind::Held);
+        let admitted = tokio::time::timeout_at(deadline, self.breaker.admit(kind)).await;
         let why = match admitted {
             Ok(Ok(pass)) => return Some(pass),
             Ok(Err(Denied::ShuttingDown)) => None,
             Ok(Err(_)) => Some("the breaker has been open longer than the outage tolerance"),
             Err(_) => Some("held as long as the batch's leases allow"),
         };
+        let (happened, why) = match why {
+            None => (
+                Happened::NotStarted,
+                "shutting down while the breaker is open",
+            ),
+            Some(why) => (Happened::GateGaveUp { failed_before }, why),
+        };
         for mut item in items.drain(..) {
-            item.lease.beat_inline().await;
-            let ended = match why {
-                None => {
-                    tracing::info!(message_id = %item.lease.msg.id, "shutting down while the breaker is open; releasing the held message unhandled");
-                    item.lease.release_in_place().await;
-                    Ended::Kept
-                }
-                Some(why) if failed_before => {
-                    let delay = retry_delay(
-                        self.retry_base,
-                        self.retry_max,
-                        item.lease.msg.receive_count,
-                    );
-                    tracing::warn!(message_id = %item.lease.msg.id, why, retry_in_s = visibility_secs(delay), "no longer holding the message; retrying it the normal way");
-                    item.lease.back_off(delay).await;
-                    Ended::Kept
-                }
-                Some(why) => {
-                    tracing::warn!(message_id = %item.lease.msg.id, why, "no longer holding the message; releasing it unhandled");
-                    item.lease.release_in_place().await;
-                    Ended::Kept
-                }
-            };
+            let ended = self.settle(&mut item.lease, happened.clone(), why).await;
             results[item.at].1 = Some(ended);
         }
         None
@@ -260,8 +266,10 @@ impl Processor {
                 && let Some(g) = &item.lease.msg.group_id
                 && stopped.contains(g)
             {
-                item.lease.release_in_place().await;
-                results[item.at].1 = Some(Ended::Kept);
+                let ended = self
+                    .settle(&mut item.lease, Happened::NotStarted, GROUP_STOPPED)
+                    .await;
+                results[item.at].1 = Some(ended);
                 continue;
             }
             if item.claim.is_some() {
@@ -302,8 +310,10 @@ impl Processor {
                 if let Some((key, token)) = item.claim.take() {
                     let _ = store.abandon(&key, &token).await;
                 }
-                item.lease.release_in_place().await;
-                results[item.at].1 = Some(Ended::Kept);
+                let ended = self
+                    .settle(&mut item.lease, Happened::NotStarted, GROUP_STOPPED)
+                    .await;
+                results[item.at].1 = Some(ended);
                 continue;
             }
             out.push(item);
@@ -313,8 +323,8 @@ impl Processor {
 
     /// The handler call for the items (their leases extended in the background meanwhile, their
     /// claims renewed), its outcome recorded with the breaker and each claim completed or given up
-    /// by what will happen to the message. Returns each item's verdict, in order.
-    async fn call(&self, items: &mut [Item], pass: Pass<'_>) -> Vec<Verdict> {
+    /// by what will happen to the message. Returns each item's verdict, in order, and whether the items are to be held for the breaker's next probe.
+    async fn call(&self, items: &mut [Item], pass: Pass<'_>) -> (Vec<Verdict>, bool) {
         let m = &self.metrics;
         let started = Instant::now();
         let deadline = started + self.timeout;
@@ -392,13 +402,18 @@ impl Processor {
         {
             tracing::warn!(items = n, reason = %reason, "batch handler call failed; every item is retried");
         }
-        let first = items.first().and_then(|i| first_received(&i.lease.msg));
-        pass.record(match (&breaker, outcome_label) {
+        let first = items.first().and_then(|i| i.lease.first_failed());
+        let hold = pass.record(match (&breaker, outcome_label) {
             (_, Some(OutcomeLabel::Timeout)) => Outcome::Failure {
                 first_received: first,
             },
             _ => breaker_outcome(&breaker, first),
         });
+        for (item, v) in items.iter_mut().zip(&verdicts) {
+            if !matches!(v, Verdict::Success | Verdict::Poison(_)) {
+                item.lease.failed_at.get_or_insert_with(Instant::now);
+            }
+        }
         for v in &verdicts {
             m.outcome(match (v, outcome_label) {
                 (Verdict::Success, _) => OutcomeLabel::Success,
@@ -406,13 +421,15 @@ impl Processor {
                 _ => OutcomeLabel::Transient,
             });
         }
-        verdicts
+        (verdicts, hold)
     }
 
-    /// Ends each called item by its verdict: successes deleted (together, in as few batches as the
-    /// deleter makes), failures backed off (a handler's Retry-After up to `--retry-max`). FIFO: an
-    /// item after one of its group that stays is kept too, whatever its verdict.
-    async fn settle(
+    /// Ends each called item by its verdict: successes deleted, failures retried (a handler's
+    /// Retry-After up to `--retry-max`). Standard queues: all at once. FIFO: one at a time in the
+    /// group's order, each delete confirmed before the next item ends, so an item after one of its
+    /// group that stays on the queue (it failed, or its delete did) is released to come back after
+    /// it, whatever its verdict, and never deleted ahead of it.
+    async fn end_items(
         &self,
         items: Vec<Item>,
         verdicts: Vec<Verdict>,
@@ -420,85 +437,89 @@ impl Processor {
         stopped: &mut HashSet<String>,
         results: &mut [(Option<String>, Option<Ended>)],
     ) {
-        let mut deletes = Vec::new();
-        let mut retries = Vec::new();
-        for (mut item, verdict) in items.into_iter().zip(verdicts) {
+        if !fifo {
+            let ended = join_all(
+                items
+                    .into_iter()
+                    .zip(verdicts)
+                    .map(|(item, verdict)| self.end_item(item, verdict, false)),
+            )
+            .await;
+            for (at, ended) in ended {
+                results[at].1 = Some(ended);
+            }
+            return;
+        }
+        for (item, verdict) in items.into_iter().zip(verdicts) {
             let group = item.lease.msg.group_id.clone();
-            let behind = fifo && group.as_ref().is_some_and(|g| stopped.contains(g));
-            let delete = verdict == Verdict::Success && !behind;
-            if let Some((key, token)) = item.claim.take() {
-                let recorded = match &self.store {
-                    Some(s) if delete => s.complete(&key, self.idempotency_ttl).await,
-                    Some(s) => s.abandon(&key, &token).await,
-                    None => Ok(()),
-                };
-                if let Err(e) = recorded {
-                    self.metrics.idempotency_errors.inc();
-                    tracing::warn!(message_id = %item.lease.msg.id, key = %key, error = %e, "cannot record the idempotency result");
-                }
-            }
-            if delete {
-                deletes.push(item);
-                continue;
-            }
-            let (reason, retry_after) = match verdict {
-                Verdict::Success => {
-                    // Handled, but behind one of its group that stays: back in order after it.
-                    tracing::info!(message_id = %item.lease.msg.id, "an earlier message of its FIFO group stays on the queue; releasing this one to come back after it");
-                    item.lease.release_in_place().await;
-                    results[item.at].1 = Some(Ended::Kept);
-                    continue;
-                }
-                Verdict::Transient {
-                    reason,
-                    retry_after,
-                    ..
-                } => (reason, retry_after),
-                Verdict::Unreachable(reason) => {
-                    item.lease.unreachable = true;
-                    (reason, None)
-                }
-                Verdict::Poison(reason) => (reason, None),
-            };
-            if fifo && let Some(g) = group {
-                stopped.insert(g);
-            }
-            let delay = retry_after.map_or_else(
-                || {
-                    retry_delay(
-                        self.retry_base,
-                        self.retry_max,
-                        item.lease.msg.receive_count,
-                    )
-                },
-                |d| d.min(self.retry_max),
-            );
-            tracing::warn!(message_id = %item.lease.msg.id, receive_count = item.lease.msg.receive_count, reason = %reason, retry_in_s = visibility_secs(delay), "batch item failed; retrying later");
-            retries.push((item, delay));
-        }
-        let backed_off = join_all(retries.into_iter().map(|(mut item, delay)| async move {
-            item.lease.back_off(delay).await;
-            item.at
-        }))
-        .await;
-        for at in backed_off {
-            results[at].1 = Some(Ended::Kept);
-        }
-        let deleted = join_all(
-            deletes
-                .into_iter()
-                .map(|mut item| async move { (item.at, item.lease.delete().await) }),
-        )
-        .await;
-        for (at, ended) in deleted {
-            if fifo
-                && ended == Ended::Kept
-                && let Some(g) = &results[at].0
+            let behind = group.as_ref().is_some_and(|g| stopped.contains(g));
+            let (at, ended) = self.end_item(item, verdict, behind).await;
+            if ended == Ended::Kept
+                && let Some(g) = group
             {
-                stopped.insert(g.clone());
+                stopped.insert(g);
             }
             results[at].1 = Some(ended);
         }
+    }
+
+    /// Ends one called item: records its idempotency claim (completed only when it is to be
+    /// deleted) and settles it. `behind`: an earlier item of its FIFO group stays on the queue.
+    async fn end_item(&self, mut item: Item, verdict: Verdict, behind: bool) -> (usize, Ended) {
+        let (happened, reason) = match verdict {
+            // Handled, but behind one of its group that stays: back in order after it.
+            _ if behind => (
+                Happened::NotStarted,
+                "an earlier message of its FIFO group stays on the queue; it comes back after it"
+                    .to_string(),
+            ),
+            Verdict::Success => (Happened::Succeeded, String::new()),
+            Verdict::Transient {
+                reason,
+                retry_after,
+                ..
+            } => (
+                Happened::Failed {
+                    retry_after,
+                    hold: false,
+                },
+                reason,
+            ),
+            Verdict::Unreachable(reason) => {
+                item.lease.unreachable = true;
+                (
+                    Happened::Failed {
+                        retry_after: None,
+                        hold: false,
+                    },
+                    reason,
+                )
+            }
+            // A batch answer names failed items; a whole-batch poison answer is a retry
+            // (`BatchVerdict::whole`): no item of a call is poison by itself.
+            Verdict::Poison(reason) => (
+                Happened::Failed {
+                    retry_after: None,
+                    hold: false,
+                },
+                reason,
+            ),
+        };
+        if let Some((key, token)) = item.claim.take() {
+            let recorded = match &self.store {
+                Some(s) if happened == Happened::Succeeded => {
+                    s.complete(&key, self.idempotency_ttl).await
+                }
+                Some(s) => s.abandon(&key, &token).await,
+                None => Ok(()),
+            };
+            if let Err(e) = recorded {
+                self.metrics.idempotency_errors.inc();
+                tracing::warn!(message_id = %item.lease.msg.id, key = %key, error = %e, "cannot record the idempotency result");
+            }
+        }
+        let ended = self.settle(&mut item.lease, happened, &reason).await;
+        (item.at, ended)
     }
 }
 
