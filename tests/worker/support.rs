@@ -1095,7 +1095,12 @@ fn duplicate_messages(resp: Vec<u8>) -> Vec<u8> {
         *list = doubled;
     }
     let body = serde_json::to_vec(&v).unwrap();
-    let head: Vec<String> = String::from_utf8_lossy(head)
+    with_body(&String::from_utf8_lossy(head), &body)
+}
+
+/// An HTTP message of `head` (its Content-Length set to the body's) and `body`.
+fn with_body(head: &str, body: &[u8]) -> Vec<u8> {
+    let head: Vec<String> = head
         .split("\r\n")
         .map(|l| {
             if l.to_lowercase().starts_with("content-length:") {
@@ -1106,7 +1111,7 @@ fn duplicate_messages(resp: Vec<u8>) -> Vec<u8> {
         })
         .collect();
     let mut out = format!("{}\r\n\r\n", head.join("\r\n")).into_bytes();
-    out.extend_from_slice(&body);
+    out.extend_from_slice(body);
     out
 }
 
@@ -1118,17 +1123,7 @@ fn spoil_first_handle(req: Vec<u8>) -> Vec<u8> {
         return req;
     };
     let body = body.replacen("\"ReceiptHandle\":\"", "\"ReceiptHandle\":\"spoilt-", 1);
-    let head: Vec<String> = head
-        .split("\r\n")
-        .map(|l| {
-            if l.to_lowercase().starts_with("content-length:") {
-                format!("content-length: {}", body.len())
-            } else {
-                l.to_string()
-            }
-        })
-        .collect();
-    format!("{}\r\n\r\n{body}", head.join("\r\n")).into_bytes()
+    with_body(head, body.as_bytes())
 }
 
 fn error_response(status: u16, code: &str) -> String {
