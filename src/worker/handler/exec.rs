@@ -258,12 +258,17 @@ impl ExecHandler {
         // String and Number attributes as text, Binary ones base64 (standard alphabet, padded). Of
         // names that map to the same variable, the first in the message's (sorted) order is set.
         let mut set = HashSet::new();
+        let mut with_nul = Vec::new();
         for (name, value) in &msg.attributes {
             let env = attribute_env_name(name);
             if set.contains(&env) {
                 continue;
             }
             match (&value.string, &value.binary) {
+                (Some(s), _) if s.contains('\0') => {
+                    with_nul.push(name.as_str());
+                    continue;
+                }
                 (Some(s), _) => cmd.env(&env, s),
                 (None, Some(b)) => {
                     use base64::Engine as _;
@@ -273,7 +278,20 @@ impl ExecHandler {
             };
             set.insert(env);
         }
-        match self.run(cmd, msg.body.clone(), false, deadline).await? {
+        if !with_nul.is_empty() {
+            // The message's own bytes: it can never be started, however often it is retried, and
+            // it says nothing of the handler's dependency (the breaker must not count it).
+            return Some(Verdict::Poison(format!(
+                "message attribute {} holds a NUL byte, which no process environment can carry; \
+                 an HTTP handler receives it percent-encoded",
+                with_nul.join(", ")
+            )));
+        }
+        let from_message = !set.is_empty();
+        match self
+            .run(cmd, msg.body.clone(), false, from_message, deadline)
+            .await?
+        {
             Ran::Exited(status, _) => {
                 use std::os::unix::process::ExitStatusExt;
                 Some(verdict_for_exit(status.code(), status.signal()))
@@ -294,7 +312,7 @@ impl ExecHandler {
         let mut cmd = self.command_for(true);
         cmd.env("QC_BATCH_SIZE", msgs.len().to_string());
         let input = bytes::Bytes::from(batch::json_lines(msgs, self.source()));
-        match self.run(cmd, input, true, deadline).await? {
+        match self.run(cmd, input, true, false, deadline).await? {
             Ran::Exited(status, answer) => {
                 use std::os::unix::process::ExitStatusExt;
                 let verdict = verdict_for_exit(status.code(), status.signal());
@@ -357,12 +375,15 @@ impl ExecHandler {
 
     /// Spawns `cmd` with `input` on stdin and waits for it (up to `deadline`, then its process group
     /// is killed and its leader reaped: None). With `capture`, stdout is read line by line: the last
-    /// batch answer line is returned, the rest passed on to the worker's stdout.
+    /// batch answer line is returned, the rest passed on to the worker's stdout. `from_message`: the
+    /// environment holds the message's attributes (a start failure for its size is then the
+    /// message's).
     async fn run(
         &self,
         mut cmd: tokio::process::Command,
         input: bytes::Bytes,
         capture: bool,
+        from_message: bool,
         deadline: tokio::time::Instant,
     ) -> Option<Ran> {
         let spawned = {
@@ -382,22 +403,7 @@ impl ExecHandler {
         };
         let mut child = match spawned {
             Ok(c) => c,
-            // The message's attributes outgrow what the kernel passes to a new process (128 KiB a
-            // variable on Linux, about a quarter of the stack limit in all): this message can
-            // never start, and retrying it would count against the outage breaker as well.
-            Err(e) if e.kind() == std::io::ErrorKind::ArgumentListTooLong => {
-                return Some(Ran::NotRun(Verdict::Poison(format!(
-                    "the message's attributes are too large for the handler's environment ({e}); \
-                     an HTTP handler takes attributes of any size"
-                ))));
-            }
-            Err(e) => {
-                return Some(Ran::NotRun(Verdict::Transient {
-                    reason: format!("cannot start {}: {e}", self.program.display()),
-                    retry_after: None,
-                    cause: super::Cause::Downstream,
-                }));
-            }
+            Err(e) => return Some(Ran::NotRun(start_failure(&e, from_message, &self.program))),
         };
         let pid = child
             .id()
@@ -483,6 +489,33 @@ impl ExecHandler {
                 cause: super::Cause::Downstream,
             }),
         })
+    }
+}
+
+/// The verdict of a command that could not be started. The message's own bytes are poison, never a
+/// dependency failure (#40: one forged attribute must not open the outage breaker and stop every
+/// other message): data the standard library refuses to pass to a process at all (a NUL byte in an
+/// argument or variable), and an environment past the kernel's limits (E2BIG: 128 KiB a variable
+/// on Linux, about a quarter of the stack limit in all) when the message's attributes are in it.
+/// A program that is missing, not executable or not loadable, E2BIG without the message's
+/// attributes (the worker's own environment is too large), and a lack of processes, memory or file
+/// descriptors are the handler's set-up: transient, counted by the breaker.
+fn start_failure(e: &std::io::Error, from_message: bool, program: &Path) -> Verdict {
+    match e.kind() {
+        std::io::ErrorKind::ArgumentListTooLong if from_message => Verdict::Poison(format!(
+            "the message's attributes are too large for the handler's environment ({e}); \
+             an HTTP handler takes attributes of any size"
+        )),
+        // No OS error: refused before any exec (a NUL byte), so only the data can be at fault;
+        // EINVAL from execve itself (a malformed executable) is the program's.
+        std::io::ErrorKind::InvalidInput if e.raw_os_error().is_none() => Verdict::Poison(format!(
+            "the message's data cannot be passed to a process ({e})"
+        )),
+        _ => Verdict::Transient {
+            reason: format!("cannot start {}: {e}", program.display()),
+            retry_after: None,
+            cause: super::Cause::Downstream,
+        },
     }
 }
 
@@ -691,6 +724,87 @@ mod tests {
             ..Message::test(b"{}")
         };
         assert_eq!(h.handle(&msg, deadline).await, Some(Verdict::Success));
+    }
+
+    /// #40: an SNS attribute holding a NUL byte cannot reach a process; that is the message's
+    /// fault (poison, with the attribute named), never a start failure the breaker counts.
+    #[tokio::test]
+    async fn an_attribute_holding_a_nul_byte_is_poison() {
+        let h = ExecHandler::new(&["true".to_string()], &QueueContext::default()).unwrap();
+        let msg = Message {
+            attributes: vec![
+                ("ok".to_string(), AttributeValue::string("fine")),
+                ("tenant".to_string(), AttributeValue::string("a\0b")),
+            ],
+            ..Message::test(b"{}")
+        };
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        match h.handle(&msg, deadline).await {
+            Some(Verdict::Poison(reason)) => {
+                assert!(
+                    reason.contains("tenant") && reason.contains("NUL"),
+                    "{reason}"
+                );
+                assert!(!reason.contains("ok,"), "{reason}");
+            }
+            other => panic!("expected poison, got {other:?}"),
+        }
+    }
+
+    /// Start failures by whose fault they are: the message's bytes are poison, the program's set-up
+    /// a transient failure the outage breaker counts.
+    #[test]
+    fn start_failures_are_poison_only_when_the_message_causes_them() {
+        use std::io::{Error, ErrorKind};
+        let p = Path::new("/app/handle");
+        let poison = |v: &Verdict| matches!(v, Verdict::Poison(_));
+        let downstream = |v: &Verdict| {
+            matches!(
+                v,
+                Verdict::Transient {
+                    cause: super::super::Cause::Downstream,
+                    ..
+                }
+            )
+        };
+        for (e, from_message, want_poison) in [
+            // E2BIG with the message's attributes in the environment; without them it is the
+            // worker's own environment.
+            (Error::from_raw_os_error(7), true, true),
+            (Error::from_raw_os_error(7), false, false),
+            // The standard library refuses a NUL byte before any exec.
+            (
+                Error::new(ErrorKind::InvalidInput, "nul byte found in provided data"),
+                true,
+                true,
+            ),
+            (
+                Error::new(ErrorKind::InvalidInput, "nul byte found in provided data"),
+                false,
+                true,
+            ),
+            // EINVAL from execve (a malformed executable), ENOENT, EACCES, ENOEXEC, ETXTBSY,
+            // EAGAIN, ENOMEM, EMFILE: the program or the machine.
+            (Error::from_raw_os_error(22), true, false),
+            (Error::from_raw_os_error(2), true, false),
+            (Error::from_raw_os_error(13), true, false),
+            (Error::from_raw_os_error(8), true, false),
+            (Error::from_raw_os_error(26), true, false),
+            (Error::from_raw_os_error(11), true, false),
+            (Error::from_raw_os_error(12), true, false),
+            (Error::from_raw_os_error(24), true, false),
+        ] {
+            let v = start_failure(&e, from_message, p);
+            if want_poison {
+                assert!(poison(&v), "{e} ({from_message}): {v:?}");
+            } else {
+                assert!(downstream(&v), "{e} ({from_message}): {v:?}");
+                let Verdict::Transient { reason, .. } = v else {
+                    unreachable!()
+                };
+                assert!(reason.contains("/app/handle"), "{reason}");
+            }
+        }
     }
 
     #[test]

@@ -606,6 +606,46 @@ mod tests {
         }
     }
 
+    /// #40: the exec handler's NUL-byte failure has no HTTP twin. Every byte an attribute (an SNS
+    /// one, unwrapped) can hold is encoded, a name that is no header token is skipped, so the request
+    /// is always built: no message makes the handler look unreachable.
+    #[test]
+    fn attribute_bytes_never_break_the_request() {
+        use crate::worker::sqs::AttributeValue;
+        let queue = QueueContext {
+            url: "http://q/1/orders".into(),
+            arn: String::new(),
+        };
+        let h = HttpHandler::new("http://127.0.0.1:8080/m", &queue, 1, DEFAULT_MAX_HEAD).unwrap();
+        let every_byte: String =
+            (0u8..=0x7f).map(char::from).collect::<String>() + "\u{80}\u{ffff}";
+        let msg = Message {
+            attributes: vec![
+                ("tenant".into(), AttributeValue::string("a\0b")),
+                ("all".into(), AttributeValue::string(every_byte)),
+                ("nul\0name".into(), AttributeValue::string("x")),
+                ("Content-Type".into(), AttributeValue::string("text/x\0y")),
+            ],
+            ..Message::test(b"{}")
+        };
+        let head = h.head(&msg);
+        assert!(
+            head.iter()
+                .all(|&b| (0x20..0x7f).contains(&b) || b == b'\r' || b == b'\n'),
+            "only printable ASCII and line ends"
+        );
+        let text = String::from_utf8(head).unwrap();
+        assert_eq!(text.matches("\r\n\r\n").count(), 1, "{text}");
+        assert!(text.ends_with("\r\n\r\n"));
+        assert!(text.contains("x-sqs-attribute-tenant: a%00b\r\n"), "{text}");
+        assert!(text.contains("x-sqs-attribute-all: %00%01"), "{text}");
+        assert!(!text.contains("nul"), "a name that is no token is left out");
+        assert!(
+            text.contains("content-type: application/json\r\n"),
+            "{text}"
+        );
+    }
+
     #[test]
     fn content_type_guess() {
         assert_eq!(guess_content_type(b"  {\"a\":1}"), "application/json");
