@@ -740,6 +740,10 @@ pub enum Fault {
     /// Pass requests through, each one for exactly this action this many milliseconds late: a
     /// longer round trip (a far region, a congested path).
     DelayAction(&'static str, u64),
+    /// Pass requests through, but the first ReceiveMessage answer holding a message (once per
+    /// proxy) holds its first message twice: SQS (and moto) can hand one message to two receives,
+    /// and this puts both copies in one batch.
+    DuplicateFirstReceived,
 }
 
 /// A TCP proxy in front of the moto server that can refuse connections or answer with AWS errors.
@@ -781,6 +785,11 @@ impl FaultProxy {
         };
         p.set(Fault::Forward).await;
         p
+    }
+
+    /// Whether a one-shot fault (`FailFirst`, `SpoilFirstHandle`, `DuplicateFirstReceived`) fired.
+    pub fn fired(&self) -> bool {
+        self.fired.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Switches behaviour; open connections are cut so the change applies at once.
@@ -848,6 +857,9 @@ impl FaultProxy {
                         Fault::DelayAction(action, ms) => {
                             relay_delaying(client, &upstream, action, Duration::from_millis(ms))
                                 .await;
+                        }
+                        Fault::DuplicateFirstReceived => {
+                            relay_duplicating(client, &upstream, &fired).await;
                         }
                         Fault::Refuse => {}
                     }
@@ -1048,6 +1060,62 @@ async fn relay_once(
             return;
         }
     }
+}
+
+/// Relays requests one by one to the upstream; the first ReceiveMessage answer with a message in it
+/// (once per proxy, `fired`) gets a copy of its first message appended.
+async fn relay_duplicating(
+    mut client: tokio::net::TcpStream,
+    upstream: &str,
+    fired: &std::sync::atomic::AtomicBool,
+) {
+    let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else {
+        return;
+    };
+    let target = "x-amz-target: amazonsqs.receivemessage\r\n";
+    let (mut cbuf, mut sbuf) = (Vec::new(), Vec::new());
+    while let Some(req) = read_message(&mut client, &mut cbuf).await {
+        let receive = String::from_utf8_lossy(&req)
+            .to_lowercase()
+            .contains(target);
+        let Some(mut resp) = forward(&mut server, &mut sbuf, &req).await else {
+            return;
+        };
+        if receive
+            && !fired.load(std::sync::atomic::Ordering::SeqCst)
+            && let Some(doubled) = duplicate_first_message(&resp)
+            && !fired.swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            resp = doubled;
+        }
+        if client.write_all(&resp).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A ReceiveMessage answer (JSON protocol) with its first message appended again; None if it holds
+/// none.
+fn duplicate_first_message(resp: &[u8]) -> Option<Vec<u8>> {
+    let at = resp.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let head = String::from_utf8_lossy(&resp[..at]).to_string();
+    let mut body: serde_json::Value = serde_json::from_slice(&resp[at..]).ok()?;
+    let list = body.get_mut("Messages")?.as_array_mut()?;
+    let first = list.first()?.clone();
+    list.push(first);
+    let body = body.to_string();
+    let head: Vec<String> = head
+        .trim_end()
+        .split("\r\n")
+        .map(|l| {
+            if l.to_lowercase().starts_with("content-length:") {
+                format!("content-length: {}", body.len())
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    Some(format!("{}\r\n\r\n{body}", head.join("\r\n")).into_bytes())
 }
 
 /// The request with its first `"ReceiptHandle":"` value prefixed by `spoilt-` (Content-Length

@@ -124,17 +124,11 @@ impl HttpHandler {
         match self.pool.send(&head, &body, true).await {
             Ok(answer) if (200..300).contains(&answer.status) => {
                 let ids: Vec<&str> = msgs.iter().map(|m| m.id.as_str()).collect();
-                match batch::parse_answer(&answer.body, &ids) {
-                    Ok(failed) => BatchVerdict::Items { failed },
-                    Err(why) => BatchVerdict::Whole(Verdict::Transient {
-                        reason: format!(
-                            "malformed batch answer from {} (HTTP {}): {why}; every item is retried",
-                            self.uri, answer.status
-                        ),
-                        retry_after: None,
-                        cause: super::Cause::Other,
-                    }),
-                }
+                batch::answered(
+                    batch::Answer::HttpBody(&answer.body),
+                    &ids,
+                    &format!("{} (HTTP {})", self.uri, answer.status),
+                )
             }
             Ok(answer) => BatchVerdict::whole(verdict_for_status(
                 answer.status,
