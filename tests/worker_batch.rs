@@ -342,6 +342,44 @@ async fn duplicate_keys_in_one_batch_reach_the_handler_once() {
     w.stop().await;
 }
 
+/// #40 item 7: `jsonPointer:` keys are type-distinct: the orders `{"k":1}` and `{"k":"1"}` (and
+/// `true` and `"true"`) are four keys, so each reaches the handler; before, `1` and `"1"` were one
+/// key and the second was deleted as a duplicate without a call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_of_different_json_types_are_different_keys() {
+    let q = TestQueue::new("batch-idem-types", 4, 5, false).await;
+    let bodies: Vec<String> = ["1", r#""1""#, "true", r#""true""#]
+        .iter()
+        .map(|k| format!("{{\"k\":{k}}}"))
+        .collect();
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::answer(MS(50), "")).await;
+    let mut w = Worker::start(&q.args(&[
+        "--http-url",
+        &h.url,
+        "--batch-max-items",
+        "10",
+        "--batch-max-wait",
+        "1s",
+        "--idempotency-store",
+        "memory",
+        "--idempotency-key",
+        "jsonPointer:/k",
+    ]));
+    eventually(SECS(60), "the queue drained", || q.is_empty()).await;
+    let mut handled: Vec<String> = h.calls().iter().flat_map(datas).collect();
+    handled.sort();
+    let mut want = bodies.clone();
+    want.sort();
+    assert_eq!(handled, want, "each handled once");
+    assert_eq!(
+        w.metric("qc_worker_messages_processed_total{outcome=\"duplicate\"}")
+            .await,
+        Some(0.0)
+    );
+    w.stop().await;
+}
+
 /// SIGTERM while a batch call runs: the call finishes, its items are deleted, nothing is handled
 /// twice, and the worker exits cleanly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
