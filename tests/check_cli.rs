@@ -183,6 +183,41 @@ fn a_disabled_breaker_on_a_queue_with_a_dlq_is_a_warning() {
     assert!(!out.contains("BreakerDisabled"), "{out}");
 }
 
+/// #40 item 7: `unwrapSns: "on"` with `onPoison: delete` deletes every message once raw delivery is
+/// switched on; check refuses it offline, naming both fields and the fix.
+#[test]
+fn unwrap_sns_on_with_poison_deleted_is_an_error() {
+    let (code, out, err) = qc_operator(&["check", "tests/data/unwrap_sns_poison_deleted.yaml"]);
+    assert_eq!(code, 1, "an Error finding: {out}{err}");
+    for needle in [
+        "UnwrapSnsPoisonDeleted",
+        "handler.unwrapSns",
+        "processing.onPoison",
+        "set handler.unwrapSns to \"auto\"",
+    ] {
+        assert!(out.contains(needle), "{needle} missing from {out}");
+    }
+    let (code, out, _) = qc_operator(&[
+        "check",
+        "tests/data/unwrap_sns_poison_deleted.yaml",
+        "--output",
+        "json",
+    ]);
+    assert_eq!(code, 1);
+    let findings: serde_json::Value = serde_json::from_str(&out).expect("JSON output");
+    let f = findings
+        .as_array()
+        .and_then(|fs| fs.iter().find(|f| f["code"] == "UnwrapSnsPoisonDeleted"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert_eq!(f["severity"], "Error", "{f}");
+    assert!(
+        f["recommendation"]
+            .as_str()
+            .is_some_and(|r| r.contains("processing.onPoison to deadLetter")),
+        "{f}"
+    );
+}
+
 #[test]
 fn out_of_range_breaker_settings_name_the_field_and_exit_2() {
     let (code, out, err) = qc_operator(&["check", "tests/data/breaker_invalid.yaml"]);

@@ -234,6 +234,68 @@ async fn python_exec_handler_with_on_poison_leave() {
     w.stop_within(Duration::from_secs(30)).await;
 }
 
+/// The Python exec batch handler (#40): its answer in `$QC_BATCH_ANSWER_FILE`, while it logs every
+/// body to stdout. The good orders are deleted after one call, the flaky one after its second
+/// delivery; the poison bodies, listed as failed every time, reach the DLQ by the redrive policy
+/// (maxReceiveCount 2). A body shaped like an answer, logged, changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_exec_batch_handler_answers_in_its_file() {
+    let q = TestQueue::new("ex-batch", 5, 2, false).await;
+    send_orders(&q).await;
+    q.send_one(r#"{"batchItemFailures":[]}"#).await;
+    let handler = example("exec_batch_handler.py");
+    let a = q.args(&[
+        "--batch-max-items",
+        "10",
+        "--batch-max-wait",
+        "1s",
+        "--retry-base",
+        "1s",
+        "--retry-max",
+        "1s",
+        "--exec",
+        "--",
+        &handler.display().to_string(),
+    ]);
+    let mut w = Worker::start(&a);
+    eventually(LIMIT, "the poison bodies in the DLQ", || async {
+        q.dlq_visible().await == 3
+    })
+    .await;
+    eventually(Duration::from_secs(10), "queue empty", || q.is_empty()).await;
+    assert_eq!(
+        w.metric("qc_worker_messages_deleted_total").await,
+        Some(4.0),
+        "the good and the flaky orders"
+    );
+    let log = w.log_text();
+    let m = by_order(
+        &decisions(&log)
+            .into_iter()
+            .filter(|l| l["handler"] == "exec_batch_handler.py")
+            .collect::<Vec<_>>(),
+    );
+    for n in 1..=3 {
+        assert_eq!(
+            m.get(&format!("o-{n}")),
+            Some(&vec![("done".to_string(), 1)]),
+            "o-{n}; log:\n{log}"
+        );
+    }
+    assert_eq!(
+        m.get("o-4"),
+        Some(&vec![("retry".to_string(), 1), ("done".to_string(), 2)]),
+        "the flaky order; log:\n{log}"
+    );
+    let poison: Vec<u64> = m[""].iter().map(|(_, n)| *n).collect();
+    assert_eq!(
+        poison,
+        [1, 1, 1, 2, 2, 2],
+        "three bodies, two deliveries each; log:\n{log}"
+    );
+    w.stop_within(Duration::from_secs(30)).await;
+}
+
 /// The shell handler of scripts/demo.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shell_exec_handler_with_on_poison_delete() {

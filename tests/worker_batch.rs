@@ -1,7 +1,8 @@
 //! Batch mode (#32 item 1, `--batch-max-items`) against moto: several messages per handler call,
 //! per-item failures in Lambda's `batchItemFailures` shape, and the ways a batch could lose or
 //! double-handle a message: a failed or malformed call, a call longer than the visibility timeout,
-//! FIFO order across a failed item, duplicates inside one batch, SIGTERM mid-call.
+//! FIFO order across a failed item, duplicates inside one batch, SIGTERM mid-call, and (#40) the
+//! exec answer on its own channel and one message twice in a batch.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -341,6 +342,44 @@ async fn duplicate_keys_in_one_batch_reach_the_handler_once() {
     w.stop().await;
 }
 
+/// #40 item 7: `jsonPointer:` keys are type-distinct: the orders `{"k":1}` and `{"k":"1"}` (and
+/// `true` and `"true"`) are four keys, so each reaches the handler; before, `1` and `"1"` were one
+/// key and the second was deleted as a duplicate without a call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_of_different_json_types_are_different_keys() {
+    let q = TestQueue::new("batch-idem-types", 4, 5, false).await;
+    let bodies: Vec<String> = ["1", r#""1""#, "true", r#""true""#]
+        .iter()
+        .map(|k| format!("{{\"k\":{k}}}"))
+        .collect();
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::answer(MS(50), "")).await;
+    let mut w = Worker::start(&q.args(&[
+        "--http-url",
+        &h.url,
+        "--batch-max-items",
+        "10",
+        "--batch-max-wait",
+        "1s",
+        "--idempotency-store",
+        "memory",
+        "--idempotency-key",
+        "jsonPointer:/k",
+    ]));
+    eventually(SECS(60), "the queue drained", || q.is_empty()).await;
+    let mut handled: Vec<String> = h.calls().iter().flat_map(datas).collect();
+    handled.sort();
+    let mut want = bodies.clone();
+    want.sort();
+    assert_eq!(handled, want, "each handled once");
+    assert_eq!(
+        w.metric("qc_worker_messages_processed_total{outcome=\"duplicate\"}")
+            .await,
+        Some(0.0)
+    );
+    w.stop().await;
+}
+
 /// SIGTERM while a batch call runs: the call finishes, its items are deleted, nothing is handled
 /// twice, and the worker exits cleanly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -387,10 +426,10 @@ async fn sigterm_mid_call_finishes_the_batch_and_deletes_it() {
     assert_eq!(unique.len(), handled.len(), "nothing handled twice");
 }
 
-/// Exec: one process per batch, one event per line on stdin; its own stdout lines pass through,
-/// and the answer line names the failed items.
+/// Exec: one process per batch, one event per line on stdin; its stdout is its log, and the answer
+/// file (`QC_BATCH_ANSWER_FILE`) names the failed items.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exec_batches_read_json_lines_and_answer_on_stdout() {
+async fn exec_batches_read_json_lines_and_answer_in_their_file() {
     let q = TestQueue::new("batch-exec", 30, 5, false).await;
     let bodies = numbered(8);
     q.send_all(&bodies, |_| String::new()).await;
@@ -412,7 +451,8 @@ for line in sys.stdin:
     if e["data"]["n"] == 3 and e["sqsreceivecount"] == 1:
         failed.append({{"itemIdentifier": e["id"]}})
 print("handled %d items" % n)
-print(json.dumps({{"batchItemFailures": failed}}))
+with open(os.environ["QC_BATCH_ANSWER_FILE"], "w") as f:
+    json.dump({{"batchItemFailures": failed}}, f)
 "#,
             out = out.display().to_string()
         ),
@@ -451,14 +491,255 @@ print(json.dumps({{"batchItemFailures": failed}}))
         log.contains("handled "),
         "the handler's own output passed on"
     );
-    assert!(
-        !log.contains("batchItemFailures\": ["),
-        "the answer line is read, not logged"
-    );
     assert_eq!(
         w.metric("qc_worker_messages_deleted_total").await,
         Some(8.0)
     );
+    w.stop().await;
+}
+
+/// An exec batch handler in Python: records each item it got as `<n>-<receive count>` in `out`,
+/// names as failed every item of its first delivery, and answers both where a handler answered
+/// before #40 (its last stdout line) and in `$QC_BATCH_ANSWER_FILE`. `extra` runs after answering.
+fn failing_first_delivery_handler(
+    dir: &std::path::Path,
+    out: &std::path::Path,
+    extra: &str,
+) -> std::path::PathBuf {
+    let program = dir.join("handle.py");
+    std::fs::write(
+        &program,
+        format!(
+            r#"import json, os, subprocess, sys
+events = [json.loads(line) for line in sys.stdin]
+for e in events:
+    n = e["data"]["n"] if isinstance(e["data"], dict) and "n" in e["data"] else "x"
+    open(os.path.join({out:?}, "%s-%d-%s" % (n, e["sqsreceivecount"], os.getpid())), "w").close()
+failed = [{{"itemIdentifier": e["id"]}} for e in events if e["sqsreceivecount"] == 1]
+answer = json.dumps({{"batchItemFailures": failed}})
+path = os.environ.get("QC_BATCH_ANSWER_FILE")
+if path:
+    with open(path, "w") as f:
+        f.write(answer)
+print(answer, flush=True)
+{extra}
+"#,
+            out = out.display().to_string()
+        ),
+    )
+    .unwrap();
+    script(
+        dir,
+        "handle.sh",
+        &format!("exec python3 {}", program.display()),
+    )
+}
+
+/// The deliveries each message got, by its `n`: receive counts, from the handler's records.
+fn deliveries(out: &std::path::Path) -> HashMap<String, Vec<u64>> {
+    let mut seen: HashMap<String, Vec<u64>> = HashMap::new();
+    for e in std::fs::read_dir(out).unwrap() {
+        let name = e.unwrap().file_name().to_string_lossy().to_string();
+        let mut parts = name.split('-');
+        let (Some(n), Some(count)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        seen.entry(n.to_string())
+            .or_default()
+            .push(count.parse().unwrap());
+    }
+    for v in seen.values_mut() {
+        v.sort_unstable();
+    }
+    seen
+}
+
+/// #40: an exec batch handler names all five items as failed and leaves a process holding its
+/// stdout (a helper started in a new session, so the kill of its group misses it). Before, the
+/// worker waited 2 s for stdout to close, took the missing answer for "all succeeded" and deleted
+/// all five; now the answer is the file, read when the handler exits: none is deleted, each comes
+/// back and succeeds on its second delivery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_an_answer_naming_every_item_is_kept_when_a_process_holds_stdout() {
+    let q = TestQueue::new("batch-held", 30, 10, false).await;
+    q.send_all(&numbered(5), |_| String::new()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let handler = failing_first_delivery_handler(
+        dir.path(),
+        &out,
+        r#"subprocess.Popen(["sleep", "20"], start_new_session=True)"#,
+    );
+    let mut w = Worker::start(&q.args(&[
+        "--batch-max-items",
+        "10",
+        "--batch-max-wait",
+        "1s",
+        "--retry-base",
+        "1s",
+        "--retry-max",
+        "1s",
+        "--exec",
+        "--",
+        handler.to_str().unwrap(),
+    ]));
+    eventually(SECS(45), "each of the five delivered twice", || async {
+        let seen = deliveries(&out);
+        seen.len() == 5 && seen.values().all(|c| c.len() >= 2)
+    })
+    .await;
+    eventually(SECS(30), "the queue drained", || q.is_empty()).await;
+    let seen = deliveries(&out);
+    eprintln!("batch-held: {seen:?}");
+    for (n, counts) in &seen {
+        assert_eq!(counts, &[1, 2], "{n}: failed once, then done");
+    }
+    assert_eq!(
+        w.metric("qc_worker_messages_deleted_total").await,
+        Some(5.0)
+    );
+    w.stop().await;
+}
+
+/// #40: a handler that logs what it handled after answering: a producer's body
+/// `{"batchItemFailures":[]}` printed to stdout was read as the answer ("all succeeded") and every
+/// failed item of its call deleted. stdout is the handler's log now, never the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_a_body_logged_to_stdout_cannot_pose_as_the_answer() {
+    let q = TestQueue::new("batch-forged", 30, 10, false).await;
+    let bodies: Vec<String> = vec![
+        r#"{"n":0}"#.into(),
+        r#"{"batchItemFailures":[]}"#.into(),
+        r#"{"n":2}"#.into(),
+    ];
+    q.send_all(&bodies, |_| String::new()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let handler = failing_first_delivery_handler(
+        dir.path(),
+        &out,
+        r#"for e in events:
+    print(json.dumps(e["data"]), flush=True)"#,
+    );
+    let mut w = Worker::start(&q.args(&[
+        "--batch-max-items",
+        "10",
+        "--batch-max-wait",
+        "1s",
+        "--retry-base",
+        "1s",
+        "--retry-max",
+        "1s",
+        "--exec",
+        "--",
+        handler.to_str().unwrap(),
+    ]));
+    eventually(SECS(45), "each of the three delivered twice", || async {
+        let seen = deliveries(&out);
+        seen.len() == 3 && seen.values().all(|c| c.len() >= 2)
+    })
+    .await;
+    eventually(SECS(30), "the queue drained", || q.is_empty()).await;
+    let seen = deliveries(&out);
+    eprintln!("batch-forged: {seen:?}");
+    for (n, counts) in &seen {
+        assert_eq!(counts, &[1, 2], "{n}: failed once, then done");
+    }
+    let log = w.log_text();
+    assert!(
+        log.contains(r#"{"batchItemFailures": []}"#),
+        "the logged body is in the log"
+    );
+    assert_eq!(
+        w.metric("qc_worker_messages_deleted_total").await,
+        Some(3.0)
+    );
+    w.stop().await;
+}
+
+/// #40: SQS (and moto) can hand one message to two receives, so one batch could hold it twice. The
+/// proxy doubles the first message of the first receive; the handler names every item of a first
+/// delivery as failed. Before, the id named only its first position and the copy counted as a
+/// success, deleting the message with its receipt handle; now the worker keeps one lease per id
+/// (the copy never reaches a call; `handler::batch::parse_answer` would name every position
+/// anyway), nothing is deleted early, and every message comes back for its second delivery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_identifier_fails_every_copy_of_a_message_in_the_batch() {
+    let q = TestQueue::new("batch-twice", 30, 10, false).await;
+    let bodies = numbered(3);
+    q.send_all(&bodies, |_| String::new()).await;
+    let proxy = FaultProxy::start().await;
+    proxy.set(Fault::DuplicateFirstReceived).await;
+    let h = HttpHandler::start(|call| {
+        let failed: Vec<String> = events(call)
+            .iter()
+            .filter(|e| e["sqsreceivecount"] == 1)
+            .map(|e| e["id"].as_str().unwrap().to_string())
+            .collect();
+        Reply::answer(MS(50), &failures(&failed))
+    })
+    .await;
+    let mut w = Worker::start(&q.args_via(
+        &proxy.endpoint,
+        &[
+            "--http-url",
+            &h.url,
+            "--batch-max-items",
+            "10",
+            "--batch-max-wait",
+            "1s",
+            "--retry-base",
+            "1s",
+            "--retry-max",
+            "1s",
+        ],
+    ));
+    eventually(
+        SECS(45),
+        "every message delivered a second time",
+        || async {
+            let seen: std::collections::HashSet<String> = h
+                .calls()
+                .iter()
+                .flat_map(events)
+                .filter(|e| e["sqsreceivecount"] == 2)
+                .map(|e| e["data"].to_string())
+                .collect();
+            seen.len() == 3
+        },
+    )
+    .await;
+    eventually(SECS(30), "the queue drained", || q.is_empty()).await;
+    assert!(proxy.fired(), "the proxy doubled a message");
+    let per_call: Vec<Vec<(String, u64)>> = h
+        .calls()
+        .iter()
+        .map(|c| {
+            events(c)
+                .iter()
+                .map(|e| {
+                    (
+                        e["data"].to_string(),
+                        e["sqsreceivecount"].as_u64().unwrap(),
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    // The worker holds one lease per message id (`worker::held`): the copy never reaches a call.
+    for call in &per_call {
+        let mut ids: Vec<&String> = call.iter().map(|(d, _)| d).collect();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(
+            ids.len(),
+            call.len(),
+            "a message twice in one call: {per_call:?}"
+        );
+    }
+    assert_eq!(q.dlq_visible().await, 0);
     w.stop().await;
 }
 

@@ -132,3 +132,74 @@ async fn with_unwrap_on_a_message_that_is_no_notification_is_dead_lettered_with_
     let reason = attrs.get("qc-poison-reason").expect("a reason");
     assert!(reason.contains("not an SNS notification"), "{reason}");
 }
+
+/// #40: a notification whose attribute holds a NUL byte cannot be handed to an exec handler (no
+/// process environment carries one). That is the message's fault: poison, to the DLQ with the
+/// reason, and the outage breaker never hears of it. Before, the failed process start counted as a
+/// dependency failure: 20 such messages opened the breaker and 0 of the 60 normal ones beside them
+/// were handled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nul_byte_attributes_are_poison_and_never_stop_the_other_messages() {
+    let q = TestQueue::new("sns-nul", 30, 3, false).await;
+    let (sns, topic) = topic_for(&q).await;
+    for i in 0..20 {
+        publish(&sns, &topic, &format!("forged {i}"), "a\u{0}b").await;
+    }
+    for i in 0..60 {
+        publish(&sns, &topic, &format!("normal {i}"), "acme").await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let handler = script(
+        dir.path(),
+        "handle.sh",
+        &format!("cat > {}/\"$QC_MESSAGE_ID\"", out.display()),
+    );
+    let handled = || {
+        std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+            .collect::<Vec<String>>()
+    };
+    let mut w = Worker::start(&q.args(&[
+        "--unwrap-sns",
+        "on",
+        "--concurrency",
+        "10",
+        "--exec",
+        "--",
+        handler.to_str().unwrap(),
+    ]));
+    eventually(SECS(45), "the 60 normal messages handled", || async {
+        handled().len() >= 60
+    })
+    .await;
+    eventually(SECS(30), "the 20 forged ones in the DLQ", || async {
+        q.dlq_visible().await == 20
+    })
+    .await;
+    eventually(SECS(30), "the source drained", || q.is_empty()).await;
+    let mut bodies = handled();
+    bodies.sort();
+    let mut want: Vec<String> = (0..60).map(|i| format!("normal {i}")).collect();
+    want.sort();
+    assert_eq!(bodies, want, "each normal message once, no forged one");
+    assert_eq!(
+        w.metric("qc_worker_breaker_transitions_total{to=\"open\"}")
+            .await,
+        Some(0.0),
+        "the breaker never opened"
+    );
+    w.stop().await;
+    let dlq = drain_dlq(&q).await;
+    assert_eq!(dlq.len(), 20);
+    for (body, attrs, _) in &dlq {
+        assert!(body.contains("forged"), "{body}");
+        let reason = attrs.get("qc-poison-reason").expect("a reason");
+        assert!(
+            reason.contains("tenant") && reason.contains("NUL"),
+            "{reason}"
+        );
+    }
+}

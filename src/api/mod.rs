@@ -629,10 +629,12 @@ pub struct HandlerSpec {
     pub unwrap_sns: UnwrapSns,
     /// Batch mode: up to `maxItems` messages per handler call (HTTP: a JSON array of structured
     /// CloudEvents, `application/cloudevents-batch+json`; exec: one event per line on stdin). The
-    /// answer names failed items in Lambda's shape, `{"batchItemFailures": [{"itemIdentifier":
-    /// "<message id>"}]}`: those are retried, the rest deleted; an empty answer means all succeeded;
-    /// an error status, a timeout or a malformed answer retries every item. `processing.concurrency`
-    /// then counts calls and `processing.p99` is a whole call's. Default: none (one message a call).
+    /// answer (HTTP: the 2xx body; exec: the file `QC_BATCH_ANSWER_FILE` names, never stdout) names
+    /// failed items in Lambda's shape, `{"batchItemFailures": [{"itemIdentifier": "<message
+    /// id>"}]}`: those are retried, the rest deleted; `{}` or an empty list (HTTP: also an empty
+    /// body) means all succeeded; an error status, a timeout, an exec exit 0 without the file or a
+    /// malformed answer retries every item. `processing.concurrency` then counts calls and
+    /// `processing.p99` is a whole call's. Default: none (one message a call).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch: Option<BatchSpec>,
     /// Amazon SQS Extended Client payloads: a message whose body points at an S3 object

@@ -93,8 +93,9 @@ struct Cli {
     #[arg(long, env = "QC_UNWRAP_SNS", default_value = "off", value_parser = parse_unwrap_sns, value_name = "off|on|auto")]
     unwrap_sns: UnwrapSns,
     /// Batch mode: up to this many messages per handler call (HTTP: a JSON array of CloudEvents,
-    /// `application/cloudevents-batch+json`; exec: one event per line on stdin), the answer naming
-    /// failed items in `batchItemFailures`; --concurrency then counts calls. 1: one message a call.
+    /// `application/cloudevents-batch+json`; exec: one event per line on stdin, the answer in the
+    /// file $QC_BATCH_ANSWER_FILE names), the answer naming failed items in `batchItemFailures`;
+    /// --concurrency then counts calls. 1: one message a call.
     #[arg(long, env = "QC_BATCH_MAX_ITEMS", default_value_t = 1)]
     batch_max_items: u32,
     /// Batch mode: a call starts with fewer messages once the oldest has waited this long.

@@ -17,6 +17,7 @@ pub const DEAD_LETTER_QUEUE_MISSING: &str = "DeadLetterQueueMissing";
 pub const IN_FLIGHT_CEILING_REACHABLE: &str = "InFlightCeilingReachable";
 pub const SHORT_POLLING: &str = "ShortPolling";
 pub const POISON_DELETED: &str = "PoisonDeleted";
+pub const UNWRAP_SNS_POISON_DELETED: &str = "UnwrapSnsPoisonDeleted";
 pub const QUEUE_REGION_CONTRADICTS_URL: &str = "QueueRegionContradictsUrl";
 pub const ALARM_ACTION_IN_ANOTHER_REGION: &str = "AlarmActionInAnotherRegion";
 pub const BREAKER_DISABLED: &str = "BreakerDisabled";
@@ -30,6 +31,7 @@ pub const OFFLINE_RULES: &[&str] = &[
     IN_FLIGHT_CEILING_REACHABLE,
     SHORT_POLLING,
     POISON_DELETED,
+    UNWRAP_SNS_POISON_DELETED,
     QUEUE_REGION_CONTRADICTS_URL,
     ALARM_ACTION_IN_ANOTHER_REGION,
     POD_NOT_RESTRICTED,
@@ -78,6 +80,7 @@ pub const ALL: &[&str] = &[
     IN_FLIGHT_CEILING_REACHABLE,
     SHORT_POLLING,
     POISON_DELETED,
+    UNWRAP_SNS_POISON_DELETED,
     QUEUE_REGION_CONTRADICTS_URL,
     ALARM_ACTION_IN_ANOTHER_REGION,
     POD_NOT_RESTRICTED,

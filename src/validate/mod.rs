@@ -491,6 +491,14 @@ fn offline_rules(spec: &QueueConsumerSpec, out: &mut Vec<Finding>) {
             "processing.onPoison is delete: a message the handler calls poison is gone, with only a log line left; a handler that answers 400 or 422 by mistake (a bug, an outage mapped to 422) destroys good messages".to_string(),
             "set processing.onPoison to deadLetter (the default): poison goes to the DLQ with its reason, where it can be inspected and redriven".to_string(),
         ));
+        if spec.handler.unwrap_sns == crate::api::UnwrapSns::On {
+            out.push(finding(
+                codes::UNWRAP_SNS_POISON_DELETED,
+                Severity::Error,
+                "handler.unwrapSns is \"on\" and processing.onPoison is delete: under \"on\" every message that is not an SNS notification is poison, so once raw message delivery is switched on for the subscription (or anything else sends to the queue) every message is deleted without reaching the handler".to_string(),
+                "set handler.unwrapSns to \"auto\" (notifications unwrapped, any other message handed over as sent), or processing.onPoison to deadLetter (the default: such messages wait in the DLQ with their reason, to be redriven)".to_string(),
+            ));
+        }
     }
 }
 

@@ -502,6 +502,52 @@ fn poison_deleted() {
     );
 }
 
+/// #40 item 7: under `unwrapSns: "on"` a message that is no notification is poison, so with
+/// `onPoison: delete` switching raw delivery on deletes every message. Refused (an Error) by name.
+#[test]
+fn unwrap_sns_on_with_poison_deleted() {
+    use crate::api::UnwrapSns;
+    let c = codes::UNWRAP_SNS_POISON_DELETED;
+    let with = |on_poison: &str, unwrap: UnwrapSns| {
+        let mut s = spec(&format!("processing: {{p99: 2s{on_poison}}}"));
+        s.handler.unwrap_sns = unwrap;
+        s
+    };
+    let s = with(", onPoison: delete", UnwrapSns::On);
+    let f = find(&s, None, c).expect("fires offline");
+    assert_eq!(f.severity, Severity::Error);
+    for field in [
+        "handler.unwrapSns",
+        "processing.onPoison",
+        "raw message delivery",
+    ] {
+        assert!(f.message.contains(field), "{field}: {}", f.message);
+    }
+    assert!(
+        f.recommendation.contains("\"auto\""),
+        "{}",
+        f.recommendation
+    );
+    assert!(
+        f.recommendation.contains("deadLetter"),
+        "{}",
+        f.recommendation
+    );
+    assert!(evaluate(&s, None).has_errors());
+    for (on_poison, unwrap) in [
+        (", onPoison: delete", UnwrapSns::Auto),
+        (", onPoison: delete", UnwrapSns::Off),
+        (", onPoison: deadLetter", UnwrapSns::On),
+        (", onPoison: leave", UnwrapSns::On),
+        ("", UnwrapSns::On),
+    ] {
+        assert!(
+            find(&with(on_poison, unwrap), None, c).is_none(),
+            "{on_poison} {unwrap:?}"
+        );
+    }
+}
+
 #[test]
 fn queue_region_contradicting_the_url() {
     let c = codes::QUEUE_REGION_CONTRADICTS_URL;

@@ -55,9 +55,7 @@ fn raw_key(spec: &IdempotencyKey, msg: &Message) -> Result<String, IdempotencyEr
                 None | Some(serde_json::Value::Null) => Err(IdempotencyError::MissingPointer {
                     pointer: pointer.clone(),
                 }),
-                Some(serde_json::Value::String(s)) => Ok(s.clone()),
-                // Numbers, booleans and objects are keyed by their compact JSON text.
-                Some(other) => Ok(other.to_string()),
+                Some(v) => Ok(json_key(v)),
             }
         }
         IdempotencyKey::Attribute(name) => {
@@ -68,6 +66,22 @@ fn raw_key(spec: &IdempotencyKey, msg: &Message) -> Result<String, IdempotencyEr
                 .clone()
                 .ok_or_else(|| IdempotencyError::BinaryAttribute { name: name.clone() })
         }
+    }
+}
+
+/// Marks a key that is a JSON value's text rather than a string's own value. A control character no
+/// real key starts with (SOH).
+const JSON_KEY_MARK: char = '\u{1}';
+
+/// The key of a JSON value, type-distinct (#40: `1` and `"1"` are two orders, not one): a string is
+/// its value as is, so string keys are what they always were; any other value (number, boolean,
+/// array, object) is `JSON_KEY_MARK` followed by its compact JSON text, which never starts with `"`.
+/// A string that itself starts with the mark is encoded the same way, as its JSON text (starting
+/// with `"`), so no string can equal another value's key and no two strings share one.
+fn json_key(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) if !s.starts_with(JSON_KEY_MARK) => s.clone(),
+        other => format!("{JSON_KEY_MARK}{other}"),
     }
 }
 
@@ -521,7 +535,6 @@ mod tests {
         let m = msg(r#"{"order":{"id":42,"ref":"r-1"},"n":null}"#);
         assert_eq!(key_of(&IdempotencyKey::MessageId, &m).unwrap(), "m-1");
         let p = |s: &str| IdempotencyKey::JsonPointer(s.into());
-        assert_eq!(key_of(&p("/order/id"), &m).unwrap(), "42");
         assert_eq!(key_of(&p("/order/ref"), &m).unwrap(), "r-1");
         assert!(matches!(
             key_of(&p("/n"), &m),
@@ -535,6 +548,7 @@ mod tests {
             key_of(&p("/a"), &msg("not json \u{1F600}")),
             Err(IdempotencyError::ParseBody { .. })
         ));
+        assert_eq!(key_of(&p("/order/id"), &m).unwrap(), "\u{1}42");
         let a = |s: &str| IdempotencyKey::Attribute(s.into());
         assert_eq!(key_of(&a("orderId"), &m).unwrap(), "o-7");
         assert!(matches!(
@@ -545,6 +559,45 @@ mod tests {
             key_of(&a("nope"), &m),
             Err(IdempotencyError::MissingAttribute { .. })
         ));
+    }
+
+    /// #40: a JSON pointer's key is type-distinct: `1` and `"1"` (and `true` and `"true"`, an
+    /// object and its text) are different keys; strings keep their value as the key.
+    #[test]
+    fn keys_of_different_json_types_never_collide() {
+        let p = IdempotencyKey::JsonPointer("/k".into());
+        let key = |body: &str| key_of(&p, &msg(body)).unwrap();
+        assert_eq!(key(r#"{"k":"o-1"}"#), "o-1", "a string is its value");
+        assert_eq!(key(r#"{"k":"1"}"#), "1");
+        let values = [
+            r#""1""#,
+            "1",
+            "1.0",
+            "-1",
+            r#""true""#,
+            "true",
+            "false",
+            r#""[1]""#,
+            "[1]",
+            r#""{\"a\":1}""#,
+            r#"{"a":1}"#,
+            // A string that looks like another value's key, mark included.
+            r#""\u00011""#,
+            r#""\u0001\"1\"""#,
+            r#""\u0001""#,
+        ];
+        let keys: Vec<String> = values
+            .iter()
+            .map(|v| key(&format!(r#"{{"k":{v}}}"#)))
+            .collect();
+        for (i, a) in keys.iter().enumerate() {
+            for (j, b) in keys.iter().enumerate().skip(i + 1) {
+                assert_ne!(a, b, "{} and {} share a key", values[i], values[j]);
+            }
+        }
+        // Equal values give equal keys, however the body spells them.
+        assert_eq!(key(r#"{"k": {"a": 1}}"#), key(r#"{"k":{"a":1}}"#));
+        assert_eq!(key(r#"{"k": 7}"#), key(r#"{"k":7}"#));
     }
 
     #[test]

@@ -743,6 +743,9 @@ pub enum Fault {
     /// Pass requests through, but every message of every ReceiveMessage answer appears twice (same
     /// id, same receipt handle): what SQS does when it hands one message to two receives.
     DuplicateReceived,
+    /// Pass requests through, but the first ReceiveMessage answer holding a message (once per
+    /// proxy) holds its first message twice: both copies in one batch.
+    DuplicateFirstReceived,
 }
 
 /// A TCP proxy in front of the moto server that can refuse connections or answer with AWS errors.
@@ -784,6 +787,11 @@ impl FaultProxy {
         };
         p.set(Fault::Forward).await;
         p
+    }
+
+    /// Whether a one-shot fault (`FailFirst`, `SpoilFirstHandle`, `DuplicateFirstReceived`) fired.
+    pub fn fired(&self) -> bool {
+        self.fired.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Switches behaviour; open connections are cut so the change applies at once.
@@ -852,7 +860,12 @@ impl FaultProxy {
                             relay_delaying(client, &upstream, action, Duration::from_millis(ms))
                                 .await;
                         }
-                        Fault::DuplicateReceived => relay_duplicating(client, &upstream).await,
+                        Fault::DuplicateReceived => {
+                            relay_duplicating(client, &upstream, None).await;
+                        }
+                        Fault::DuplicateFirstReceived => {
+                            relay_duplicating(client, &upstream, Some(&fired)).await;
+                        }
                         Fault::Refuse => {}
                     }
                 });
@@ -1055,8 +1068,14 @@ async fn relay_once(
 }
 
 /// Relays requests one by one to the upstream; each ReceiveMessage answer goes back with every
-/// message twice in a row.
-async fn relay_duplicating(mut client: tokio::net::TcpStream, upstream: &str) {
+/// message twice in a row, or with `first_only` (once per proxy) the first answer holding a
+/// message with its first message appended again.
+async fn relay_duplicating(
+    mut client: tokio::net::TcpStream,
+    upstream: &str,
+    first_only: Option<&std::sync::atomic::AtomicBool>,
+) {
+    use std::sync::atomic::Ordering::SeqCst;
     let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else {
         return;
     };
@@ -1068,8 +1087,12 @@ async fn relay_duplicating(mut client: tokio::net::TcpStream, upstream: &str) {
         let Some(mut resp) = forward(&mut server, &mut sbuf, &req).await else {
             return;
         };
-        if receive {
-            resp = duplicate_messages(resp);
+        if receive
+            && !first_only.is_some_and(|f| f.load(SeqCst))
+            && let Some(doubled) = duplicate_messages(&resp, first_only.is_some())
+            && !first_only.is_some_and(|f| f.swap(true, SeqCst))
+        {
+            resp = doubled;
         }
         if client.write_all(&resp).await.is_err() {
             return;
@@ -1077,25 +1100,21 @@ async fn relay_duplicating(mut client: tokio::net::TcpStream, upstream: &str) {
     }
 }
 
-/// A ReceiveMessage answer with each of its messages twice (Content-Length adjusted).
-fn duplicate_messages(resp: Vec<u8>) -> Vec<u8> {
-    let Some(split) = resp.windows(4).position(|w| w == b"\r\n\r\n") else {
-        return resp;
-    };
+/// A ReceiveMessage answer with each of its messages twice, or (`first_only`) its first message
+/// appended again; None if it holds none.
+fn duplicate_messages(resp: &[u8], first_only: bool) -> Option<Vec<u8>> {
+    let split = resp.windows(4).position(|w| w == b"\r\n\r\n")?;
     let (head, body) = (&resp[..split], &resp[split + 4..]);
-    let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(body) else {
-        return resp;
-    };
-    if let Some(list) = v
-        .get_mut("Messages")
-        .and_then(serde_json::Value::as_array_mut)
-    {
-        let doubled: Vec<serde_json::Value> =
-            list.iter().flat_map(|m| [m.clone(), m.clone()]).collect();
-        *list = doubled;
+    let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let list = v.get_mut("Messages")?.as_array_mut()?;
+    let first = list.first()?.clone();
+    if first_only {
+        list.push(first);
+    } else {
+        *list = list.iter().flat_map(|m| [m.clone(), m.clone()]).collect();
     }
-    let body = serde_json::to_vec(&v).unwrap();
-    with_body(&String::from_utf8_lossy(head), &body)
+    let body = serde_json::to_vec(&v).ok()?;
+    Some(with_body(&String::from_utf8_lossy(head), &body))
 }
 
 /// An HTTP message of `head` (its Content-Length set to the body's) and `body`.

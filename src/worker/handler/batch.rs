@@ -188,14 +188,69 @@ fn base64(data: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(data)
 }
 
-/// Reads a batch answer, as Lambda reads `ReportBatchItemFailures`: an empty answer, `{}`, or a
-/// null or empty `batchItemFailures` means every item succeeded; each listed `itemIdentifier` (a
-/// message id of the batch) failed. Anything else (not JSON, not an object, a list entry without
-/// a string `itemIdentifier`, an id not in the batch) is malformed: Err with the reason, and the
-/// caller retries every item.
+/// What came back from a batch call that ended well (HTTP 2xx, exec exit 0), and so where its answer
+/// is: the one decision of what counts as an answer (docs/handler-contract.md, "The answer").
+#[derive(Clone, Copy, Debug)]
+pub enum Answer<'a> {
+    /// The body of an HTTP 2xx response, complete (its framing ended). An empty body is the
+    /// handler's explicit "nothing failed", as Lambda reads a function that returned nothing.
+    HttpBody(&'a [u8]),
+    /// The exec handler's answer file (`QC_BATCH_ANSWER_FILE`) after the process exited 0.
+    ExecFile(AnswerFile<'a>),
+}
+
+/// An exec batch handler's answer file as the worker found it after the process exited.
+#[derive(Clone, Copy, Debug)]
+pub enum AnswerFile<'a> {
+    /// The handler wrote none. Exit 0 alone says nothing of the items (a handler written for
+    /// the stdout answer of old exits 0 after listing its failures there): every item is retried.
+    Missing,
+    /// It is there but could not be read (not a regular file, larger than the cap, an I/O error).
+    Unreadable(&'a str),
+    /// Its bytes. It must hold a JSON object: an empty file is what an unflushed or unfinished
+    /// write leaves, never "nothing failed".
+    Written(&'a [u8]),
+}
+
+/// What a batch call that ended well said of its items: `Items` only for an explicit, well-formed
+/// answer; anything else retries every item (`from` names the handler in the reason).
+pub fn answered(answer: Answer<'_>, ids: &[&str], from: &str) -> BatchVerdict {
+    let read = match answer {
+        Answer::HttpBody(body) if body.iter().all(u8::is_ascii_whitespace) => Ok(Vec::new()),
+        Answer::HttpBody(body) | Answer::ExecFile(AnswerFile::Written(body)) => {
+            parse_answer(body, ids)
+        }
+        Answer::ExecFile(AnswerFile::Missing) => Err(format!(
+            "it exited 0 without writing its answer to ${ANSWER_FILE_ENV} (stdout is never read \
+             as the answer; write {{\"batchItemFailures\": []}} there when every item succeeded)"
+        )),
+        Answer::ExecFile(AnswerFile::Unreadable(why)) => {
+            Err(format!("its answer file cannot be read: {why}"))
+        }
+    };
+    match read {
+        Ok(failed) => BatchVerdict::Items { failed },
+        Err(why) => BatchVerdict::Whole(Verdict::Transient {
+            reason: format!("no usable batch answer from {from}: {why}; every item is retried"),
+            retry_after: None,
+            cause: super::Cause::Other,
+        }),
+    }
+}
+
+/// The environment variable naming an exec batch handler's answer file.
+pub const ANSWER_FILE_ENV: &str = "QC_BATCH_ANSWER_FILE";
+
+/// Reads a batch answer in Lambda's `ReportBatchItemFailures` shape: a JSON object whose
+/// `batchItemFailures` is missing, null or empty means every item succeeded; each listed
+/// `itemIdentifier` (a message id of the batch) failed, at **every** position holding that id (SQS
+/// can hand one message to two receives, so one batch may hold it twice: a failed id never lets a
+/// copy count as a success). Anything else (empty, not JSON, not an object, a list entry without
+/// a non-empty string `itemIdentifier`, an id not in the batch) is malformed: Err with the reason,
+/// and the caller retries every item.
 pub fn parse_answer(body: &[u8], ids: &[&str]) -> Result<Vec<usize>, String> {
     if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Vec::new());
+        return Err("the answer is empty (write {} or {\"batchItemFailures\": []} when every item succeeded)".into());
     }
     let value: serde_json::Value = serde_json::from_slice(body)
         .map_err(|e| format!("the answer is not JSON ({e}): {}", excerpt(body)))?;
@@ -215,7 +270,7 @@ pub fn parse_answer(body: &[u8], ids: &[&str]) -> Result<Vec<usize>, String> {
             ));
         }
     };
-    let mut failed = Vec::with_capacity(list.len());
+    let mut failed = vec![false; ids.len()];
     for entry in list {
         let id = entry
             .get("itemIdentifier")
@@ -227,18 +282,23 @@ pub fn parse_answer(body: &[u8], ids: &[&str]) -> Result<Vec<usize>, String> {
                     excerpt(entry.to_string().as_bytes())
                 )
             })?;
-        let at = ids.iter().position(|i| *i == id).ok_or_else(|| {
-            format!(
+        let mut named = false;
+        for (at, _) in ids.iter().enumerate().filter(|(_, i)| **i == id) {
+            failed[at] = true;
+            named = true;
+        }
+        if !named {
+            return Err(format!(
                 "itemIdentifier {:?} is no message id of this batch",
                 excerpt(id.as_bytes())
-            )
-        })?;
-        if !failed.contains(&at) {
-            failed.push(at);
+            ));
         }
     }
-    failed.sort_unstable();
-    Ok(failed)
+    Ok(failed
+        .iter()
+        .enumerate()
+        .filter_map(|(at, f)| f.then_some(at))
+        .collect())
 }
 
 /// The start of an answer for a log line: at most 200 bytes, lossy UTF-8.
@@ -249,17 +309,6 @@ fn excerpt(bytes: &[u8]) -> String {
         let _ = write!(s, "… ({} bytes)", bytes.len());
     }
     s
-}
-
-/// Of an exec handler's stdout lines, whether this one is its batch answer: a JSON object with a
-/// `batchItemFailures` member (any other line is the handler's own output, logged).
-pub fn is_answer_line(line: &[u8]) -> bool {
-    let t = line.trim_ascii();
-    t.first() == Some(&b'{')
-        && matches!(
-            serde_json::from_slice::<serde_json::Value>(t),
-            Ok(serde_json::Value::Object(o)) if o.contains_key("batchItemFailures")
-        )
 }
 
 #[cfg(test)]
@@ -288,9 +337,8 @@ mod tests {
     fn answers_are_read_as_lambda_reads_them() {
         let ids = ["a", "b", "c"];
         for ok in [
-            "",
-            "  \n",
             "{}",
+            " {}\n",
             r#"{"batchItemFailures": null}"#,
             r#"{"batchItemFailures": []}"#,
         ] {
@@ -304,6 +352,8 @@ mod tests {
             Ok(vec![0, 2])
         );
         for (bad, why) in [
+            ("", "empty"),
+            ("  \n", "empty"),
             ("OK", "not JSON"),
             ("[]", "not a JSON object"),
             (r#"{"batchItemFailures": "a"}"#, "not a list"),
@@ -326,6 +376,77 @@ mod tests {
         ] {
             let e = parse_answer(bad.as_bytes(), &ids).unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
+    /// #40: SQS can hand one message to two receives, so a batch can hold one id twice. A failed
+    /// id names every position holding it: no copy counts as a success and deletes the message.
+    #[test]
+    fn an_item_identifier_names_every_position_with_that_id() {
+        let ids = ["a", "b", "a", "c", "a"];
+        assert_eq!(
+            parse_answer(br#"{"batchItemFailures":[{"itemIdentifier":"a"}]}"#, &ids),
+            Ok(vec![0, 2, 4])
+        );
+        assert_eq!(
+            parse_answer(
+                br#"{"batchItemFailures":[{"itemIdentifier":"c"},{"itemIdentifier":"a"}]}"#,
+                &ids
+            ),
+            Ok(vec![0, 2, 3, 4])
+        );
+        assert_eq!(parse_answer(b"{}", &ids), Ok(vec![]));
+    }
+
+    /// #40: only an explicit, complete answer says which items succeeded. The table of
+    /// docs/handler-contract.md ("The answer"), row by row.
+    #[test]
+    fn only_an_explicit_answer_deletes_anything() {
+        let ids = ["a", "b"];
+        let items = |v: BatchVerdict| match v {
+            BatchVerdict::Items { failed } => Some(failed),
+            BatchVerdict::Whole(Verdict::Transient { cause, reason, .. }) => {
+                assert_eq!(cause, super::super::Cause::Other, "{reason}");
+                assert!(reason.contains("every item is retried"), "{reason}");
+                None
+            }
+            other @ BatchVerdict::Whole(_) => panic!("{other:?}"),
+        };
+        let one = br#"{"batchItemFailures":[{"itemIdentifier":"b"}]}"#;
+        for (answer, want) in [
+            // HTTP: a complete 2xx body; empty is the handler's "nothing failed".
+            (Answer::HttpBody(b""), Some(vec![])),
+            (Answer::HttpBody(b" \r\n"), Some(vec![])),
+            (Answer::HttpBody(b"{}"), Some(vec![])),
+            (Answer::HttpBody(one), Some(vec![1])),
+            (Answer::HttpBody(b"OK"), None),
+            // Exec: the file, and only a JSON object in it.
+            (Answer::ExecFile(AnswerFile::Written(b"{}")), Some(vec![])),
+            (
+                Answer::ExecFile(AnswerFile::Written(br#"{"batchItemFailures":[]}"#)),
+                Some(vec![]),
+            ),
+            (Answer::ExecFile(AnswerFile::Written(one)), Some(vec![1])),
+            (Answer::ExecFile(AnswerFile::Missing), None),
+            (Answer::ExecFile(AnswerFile::Written(b"")), None),
+            (Answer::ExecFile(AnswerFile::Written(b"\n")), None),
+            (
+                Answer::ExecFile(AnswerFile::Written(br#"{"batchItemFail"#)),
+                None,
+            ),
+            (
+                Answer::ExecFile(AnswerFile::Unreadable("a directory")),
+                None,
+            ),
+        ] {
+            assert_eq!(items(answered(answer, &ids, "h")), want, "{answer:?}");
+        }
+        match answered(Answer::ExecFile(AnswerFile::Missing), &ids, "/app/h") {
+            BatchVerdict::Whole(Verdict::Transient { reason, .. }) => {
+                assert!(reason.contains(ANSWER_FILE_ENV), "{reason}");
+                assert!(reason.contains("/app/h"), "{reason}");
+            }
+            other => panic!("{other:?}"),
         }
     }
 
@@ -394,17 +515,6 @@ mod tests {
             [r#""a""#, r#""b""#],
             "a newline in a body stays escaped"
         );
-    }
-
-    #[test]
-    fn answer_lines_are_told_from_log_lines() {
-        assert!(is_answer_line(br#"{"batchItemFailures": []}"#));
-        assert!(is_answer_line(
-            b"  {\"batchItemFailures\":[{\"itemIdentifier\":\"a\"}]}\r"
-        ));
-        assert!(!is_answer_line(br#"{"level":"info","msg":"done"}"#));
-        assert!(!is_answer_line(b"processed 3 items"));
-        assert!(!is_answer_line(b"{broken batchItemFailures"));
     }
 
     #[test]

@@ -230,7 +230,7 @@ impl ExecHandler {
     /// Runs the command for `msg`; None if it was still running at `deadline`, returned after its
     /// process group was killed and its leader reaped.
     pub async fn handle(&self, msg: &Message, deadline: tokio::time::Instant) -> Option<Verdict> {
-        let mut cmd = self.command_for(false);
+        let mut cmd = self.command_for();
         cmd.env("QC_MESSAGE_ID", &msg.id)
             .env("QC_RECEIVE_COUNT", msg.receive_count.to_string());
         if let Some(g) = &msg.group_id {
@@ -258,12 +258,17 @@ impl ExecHandler {
         // String and Number attributes as text, Binary ones base64 (standard alphabet, padded). Of
         // names that map to the same variable, the first in the message's (sorted) order is set.
         let mut set = HashSet::new();
+        let mut with_nul = Vec::new();
         for (name, value) in &msg.attributes {
             let env = attribute_env_name(name);
             if set.contains(&env) {
                 continue;
             }
             match (&value.string, &value.binary) {
+                (Some(s), _) if s.contains('\0') => {
+                    with_nul.push(name.as_str());
+                    continue;
+                }
                 (Some(s), _) => cmd.env(&env, s),
                 (None, Some(b)) => {
                     use base64::Engine as _;
@@ -273,8 +278,21 @@ impl ExecHandler {
             };
             set.insert(env);
         }
-        match self.run(cmd, msg.body.clone(), false, deadline).await? {
-            Ran::Exited(status, _) => {
+        if !with_nul.is_empty() {
+            // The message's own bytes: it can never be started, however often it is retried, and
+            // it says nothing of the handler's dependency (the breaker must not count it).
+            return Some(Verdict::Poison(format!(
+                "message attribute {} holds a NUL byte, which no process environment can carry; \
+                 an HTTP handler receives it percent-encoded",
+                with_nul.join(", ")
+            )));
+        }
+        let from_message = !set.is_empty();
+        match self
+            .run(cmd, msg.body.clone(), from_message, deadline)
+            .await?
+        {
+            Ran::Exited(status) => {
                 use std::os::unix::process::ExitStatusExt;
                 Some(verdict_for_exit(status.code(), status.signal()))
             }
@@ -282,39 +300,58 @@ impl ExecHandler {
         }
     }
 
-    /// Batch mode: one process for all of `msgs`, one structured CloudEvent a line on stdin. Exit 0
-    /// and the last stdout line that is a JSON object with `batchItemFailures` (if any) is the
-    /// answer; other stdout lines are the handler's own output, passed on to the worker's stdout.
-    /// Any other exit is the verdict of every item. None if it was still running at `deadline`.
+    /// Batch mode: one process for all of `msgs`, one structured CloudEvent a line on stdin. The
+    /// answer is the file named by `QC_BATCH_ANSWER_FILE` (in a private directory made for this
+    /// call, read once the process exited and removed with it), never stdout: stdout is the
+    /// handler's log, as in single mode, so no message body it prints can pose as the answer and no
+    /// process holding stdout open can delay or lose it. Exit 0 reads the file (`batch::answered`:
+    /// no file, an unreadable or malformed one retries every item); any other exit is the verdict
+    /// of every item. None if it was still running at `deadline`.
     pub async fn handle_batch(
         &self,
         msgs: &[&Message],
         deadline: tokio::time::Instant,
     ) -> Option<BatchVerdict> {
-        let mut cmd = self.command_for(true);
-        cmd.env("QC_BATCH_SIZE", msgs.len().to_string());
+        let dir = match AnswerDir::create(&std::env::temp_dir()) {
+            Ok(dir) => dir,
+            Err(e) => {
+                // Never run a batch whose answer could not be read: its items would all be retried
+                // after the work was done. Counted by the breaker, which holds the items meanwhile.
+                let reason = format!(
+                    "cannot create the batch answer directory in {}: {e}; set TMPDIR to a writable directory (e.g. an emptyDir volume)",
+                    std::env::temp_dir().display()
+                );
+                tracing::error!(reason = %reason, "exec batch handler not started");
+                return Some(BatchVerdict::Whole(Verdict::Transient {
+                    reason,
+                    retry_after: None,
+                    cause: super::Cause::Downstream,
+                }));
+            }
+        };
+        let mut cmd = self.command_for();
+        cmd.env("QC_BATCH_SIZE", msgs.len().to_string())
+            .env(batch::ANSWER_FILE_ENV, dir.file());
         let input = bytes::Bytes::from(batch::json_lines(msgs, self.source()));
-        match self.run(cmd, input, true, deadline).await? {
-            Ran::Exited(status, answer) => {
+        match self.run(cmd, input, false, deadline).await? {
+            Ran::Exited(status) => {
                 use std::os::unix::process::ExitStatusExt;
                 let verdict = verdict_for_exit(status.code(), status.signal());
                 if verdict != Verdict::Success {
                     return Some(BatchVerdict::whole(verdict));
                 }
                 let ids: Vec<&str> = msgs.iter().map(|m| m.id.as_str()).collect();
-                Some(
-                    match batch::parse_answer(answer.as_deref().unwrap_or_default(), &ids) {
-                        Ok(failed) => BatchVerdict::Items { failed },
-                        Err(why) => BatchVerdict::Whole(Verdict::Transient {
-                            reason: format!(
-                                "malformed batch answer from {}: {why}; every item is retried",
-                                self.program.display()
-                            ),
-                            retry_after: None,
-                            cause: super::Cause::Other,
-                        }),
-                    },
-                )
+                let read = dir.read();
+                let file = match &read {
+                    Ok(Some(bytes)) => batch::AnswerFile::Written(bytes),
+                    Ok(None) => batch::AnswerFile::Missing,
+                    Err(why) => batch::AnswerFile::Unreadable(why),
+                };
+                Some(batch::answered(
+                    batch::Answer::ExecFile(file),
+                    &ids,
+                    &self.program.display().to_string(),
+                ))
             }
             Ran::NotRun(v) => Some(BatchVerdict::whole(v)),
         }
@@ -329,16 +366,13 @@ impl ExecHandler {
         }
     }
 
-    /// The command with what every call shares: its own process group, stdin piped, the queue.
-    fn command_for(&self, capture: bool) -> tokio::process::Command {
+    /// The command with what every call shares: its own process group, stdin piped, stdout and
+    /// stderr the worker's own (the handler's log, never read), the queue.
+    fn command_for(&self) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new(&self.program);
         cmd.args(&self.args)
             .stdin(Stdio::piped())
-            .stdout(if capture {
-                Stdio::piped()
-            } else {
-                Stdio::inherit()
-            })
+            .stdout(Stdio::inherit())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .process_group(0)
@@ -356,13 +390,13 @@ impl ExecHandler {
     }
 
     /// Spawns `cmd` with `input` on stdin and waits for it (up to `deadline`, then its process group
-    /// is killed and its leader reaped: None). With `capture`, stdout is read line by line: the last
-    /// batch answer line is returned, the rest passed on to the worker's stdout.
+    /// is killed and its leader reaped: None). `from_message`: the environment holds the message's
+    /// attributes (a start failure for its size is then the message's).
     async fn run(
         &self,
         mut cmd: tokio::process::Command,
         input: bytes::Bytes,
-        capture: bool,
+        from_message: bool,
         deadline: tokio::time::Instant,
     ) -> Option<Ran> {
         let spawned = {
@@ -382,22 +416,7 @@ impl ExecHandler {
         };
         let mut child = match spawned {
             Ok(c) => c,
-            // The message's attributes outgrow what the kernel passes to a new process (128 KiB a
-            // variable on Linux, about a quarter of the stack limit in all): this message can
-            // never start, and retrying it would count against the outage breaker as well.
-            Err(e) if e.kind() == std::io::ErrorKind::ArgumentListTooLong => {
-                return Some(Ran::NotRun(Verdict::Poison(format!(
-                    "the message's attributes are too large for the handler's environment ({e}); \
-                     an HTTP handler takes attributes of any size"
-                ))));
-            }
-            Err(e) => {
-                return Some(Ran::NotRun(Verdict::Transient {
-                    reason: format!("cannot start {}: {e}", self.program.display()),
-                    retry_after: None,
-                    cause: super::Cause::Downstream,
-                }));
-            }
+            Err(e) => return Some(Ran::NotRun(start_failure(&e, from_message, &self.program))),
         };
         let pid = child
             .id()
@@ -408,11 +427,6 @@ impl ExecHandler {
         };
         let stdin = child.stdin.take();
         let body = input;
-        // Read while the child runs (a full pipe would block it); aborted with the call.
-        let reader = match (capture, child.stdout.take()) {
-            (true, Some(out)) => Some(AbortOnDrop(tokio::spawn(read_answer(out)))),
-            _ => None,
-        };
         // Feed stdin while waiting: a child that exits without reading its input must not block us.
         let feed = async move {
             if let Some(mut stdin) = stdin {
@@ -464,25 +478,40 @@ impl ExecHandler {
             }
         };
         Some(match status {
-            Ok(status) => {
-                // The group is gone, so the pipe's last writer is: its end comes at once (bounded
-                // all the same).
-                let answer = match reader {
-                    Some(mut r) => tokio::time::timeout(ANSWER_WAIT, &mut r.0)
-                        .await
-                        .ok()
-                        .and_then(Result::ok)
-                        .flatten(),
-                    None => None,
-                };
-                Ran::Exited(status, answer)
-            }
+            Ok(status) => Ran::Exited(status),
             Err(e) => Ran::NotRun(Verdict::Transient {
                 reason: format!("cannot wait for {}: {e}", self.program.display()),
                 retry_after: None,
                 cause: super::Cause::Downstream,
             }),
         })
+    }
+}
+
+/// The verdict of a command that could not be started. The message's own bytes are poison, never a
+/// dependency failure (#40: one forged attribute must not open the outage breaker and stop every
+/// other message): data the standard library refuses to pass to a process at all (a NUL byte in an
+/// argument or variable), and an environment past the kernel's limits (E2BIG: 128 KiB a variable
+/// on Linux, about a quarter of the stack limit in all) when the message's attributes are in it.
+/// A program that is missing, not executable or not loadable, E2BIG without the message's
+/// attributes (the worker's own environment is too large), and a lack of processes, memory or file
+/// descriptors are the handler's set-up: transient, counted by the breaker.
+fn start_failure(e: &std::io::Error, from_message: bool, program: &Path) -> Verdict {
+    match e.kind() {
+        std::io::ErrorKind::ArgumentListTooLong if from_message => Verdict::Poison(format!(
+            "the message's attributes are too large for the handler's environment ({e}); \
+             an HTTP handler takes attributes of any size"
+        )),
+        // No OS error: refused before any exec (a NUL byte), so only the data can be at fault;
+        // EINVAL from execve itself (a malformed executable) is the program's.
+        std::io::ErrorKind::InvalidInput if e.raw_os_error().is_none() => Verdict::Poison(format!(
+            "the message's data cannot be passed to a process ({e})"
+        )),
+        _ => Verdict::Transient {
+            reason: format!("cannot start {}: {e}", program.display()),
+            retry_after: None,
+            cause: super::Cause::Downstream,
+        },
     }
 }
 
@@ -500,72 +529,111 @@ pub const AWS_KEYS: &[&str] = &[
 
 /// How a `run` ended.
 enum Ran {
-    /// The child exited; with capture, its last batch answer line.
-    Exited(std::process::ExitStatus, Option<Vec<u8>>),
+    /// The child exited.
+    Exited(std::process::ExitStatus),
     /// It could not be started or waited for.
     NotRun(Verdict),
 }
 
-/// Longest wait for the rest of a batch handler's stdout after it exited.
-const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-/// A stdout line longer than this is passed on in pieces and never taken for the answer (a batch of
-/// 10,000 failed ids of 100 bytes fits).
-const MAX_ANSWER_LINE: usize = 1024 * 1024;
+/// A batch answer file larger than this is unreadable (a batch of 100 items, the most, needs a few
+/// KiB; an HTTP answer body has the same cap).
+const MAX_ANSWER: u64 = 1024 * 1024;
 
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
+/// The private directory of one exec batch call: made 0700 by the worker, so only the worker's user
+/// reaches the answer file in it; holds `answer.json` once the handler writes it. Removed, with
+/// whatever is in it, when the call ends (dropped), so an answer written late by a process the
+/// handler left behind is never read, by this call or another.
+struct AnswerDir {
+    dir: PathBuf,
 }
 
-/// Reads a batch handler's stdout to its end: returns the last line that is a batch answer and
-/// passes every other line on to the worker's stdout. Memory stays within `MAX_ANSWER_LINE`.
-async fn read_answer(out: tokio::process::ChildStdout) -> Option<Vec<u8>> {
-    use std::io::Write as _;
-    use tokio::io::AsyncBufReadExt;
-    let mut reader = tokio::io::BufReader::new(out);
-    let mut answer = None;
-    let mut line = Vec::new();
-    let mut overlong = false;
-    loop {
-        let (done, used) = {
-            let Ok(buf) = reader.fill_buf().await else {
-                break;
-            };
-            if buf.is_empty() {
-                (true, 0)
-            } else {
-                let take = buf
-                    .iter()
-                    .position(|&b| b == b'\n')
-                    .map_or(buf.len(), |i| i + 1);
-                line.extend_from_slice(&buf[..take]);
-                (false, take)
+impl AnswerDir {
+    fn create(base: &Path) -> std::io::Result<AnswerDir> {
+        use std::os::unix::fs::DirBuilderExt;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let pid = std::process::id();
+        let mut last = None;
+        for _ in 0..16 {
+            let nonce = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            let dir = base.join(format!(
+                "qc-batch-{pid}-{}-{nonce:08x}",
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            ));
+            // mkdir fails on anything already there (a symlink included): the directory is ours.
+            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+                Ok(()) => return Ok(AnswerDir { dir }),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+                Err(e) => return Err(e),
             }
+        }
+        Err(last.unwrap_or_else(|| std::io::Error::other("no free directory name")))
+    }
+
+    fn file(&self) -> PathBuf {
+        self.dir.join("answer.json")
+    }
+
+    /// The answer file's bytes: None if the handler wrote none, Err if it cannot be read (not a
+    /// regular file, a symlink, larger than `MAX_ANSWER`, an I/O error).
+    fn read(&self) -> Result<Option<Vec<u8>>, String> {
+        use std::io::Read as _;
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = self.file();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(ANSWER_OPEN_FLAGS)
+            .open(&path);
+        let file = match file {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("{}: {e}", path.display())),
         };
-        reader.consume(used);
-        let ended = done || line.last() == Some(&b'\n');
-        if !ended && line.len() < MAX_ANSWER_LINE {
-            continue;
+        let meta = file
+            .metadata()
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        if !meta.is_file() {
+            return Err(format!("{} is not a regular file", path.display()));
         }
-        if !line.is_empty() {
-            if ended && !overlong && batch::is_answer_line(&line) {
-                answer = Some(std::mem::take(&mut line));
-            } else {
-                let _ = std::io::stdout().lock().write_all(&line);
-            }
+        if meta.len() > MAX_ANSWER {
+            return Err(format!(
+                "{} holds {} bytes, more than the {MAX_ANSWER} an answer may",
+                path.display(),
+                meta.len()
+            ));
         }
-        // A piece of an overlong line: the rest of that line is output, never the answer.
-        overlong = !ended;
-        line.clear();
-        if done {
-            break;
+        let mut bytes = Vec::new();
+        file.take(MAX_ANSWER + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        if bytes.len() as u64 > MAX_ANSWER {
+            return Err(format!(
+                "{} grew past the {MAX_ANSWER} bytes an answer may hold",
+                path.display()
+            ));
+        }
+        Ok(Some(bytes))
+    }
+}
+
+impl Drop for AnswerDir {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "cannot remove a batch answer directory");
         }
     }
-    answer
 }
+
+/// The answer file is opened only if it is no symlink (O_NOFOLLOW), and without waiting for a writer
+/// if it is a FIFO (O_NONBLOCK; then refused as no regular file).
+const ANSWER_OPEN_FLAGS: i32 = rustix::fs::OFlags::NOFOLLOW
+    .union(rustix::fs::OFlags::NONBLOCK)
+    .bits()
+    .cast_signed();
 
 /// A pidfd of the process: readable once it has exited, without reaping it (the zombie keeps its
 /// group id reserved, so the group can still be killed safely). None without pidfd support.
@@ -691,6 +759,212 @@ mod tests {
             ..Message::test(b"{}")
         };
         assert_eq!(h.handle(&msg, deadline).await, Some(Verdict::Success));
+    }
+
+    /// #40: an SNS attribute holding a NUL byte cannot reach a process; that is the message's
+    /// fault (poison, with the attribute named), never a start failure the breaker counts.
+    #[tokio::test]
+    async fn an_attribute_holding_a_nul_byte_is_poison() {
+        let h = ExecHandler::new(&["true".to_string()], &QueueContext::default()).unwrap();
+        let msg = Message {
+            attributes: vec![
+                ("ok".to_string(), AttributeValue::string("fine")),
+                ("tenant".to_string(), AttributeValue::string("a\0b")),
+            ],
+            ..Message::test(b"{}")
+        };
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        match h.handle(&msg, deadline).await {
+            Some(Verdict::Poison(reason)) => {
+                assert!(
+                    reason.contains("tenant") && reason.contains("NUL"),
+                    "{reason}"
+                );
+                assert!(!reason.contains("ok,"), "{reason}");
+            }
+            other => panic!("expected poison, got {other:?}"),
+        }
+    }
+
+    /// Start failures by whose fault they are: the message's bytes are poison, the program's set-up
+    /// a transient failure the outage breaker counts.
+    #[test]
+    fn start_failures_are_poison_only_when_the_message_causes_them() {
+        use std::io::{Error, ErrorKind};
+        let p = Path::new("/app/handle");
+        let poison = |v: &Verdict| matches!(v, Verdict::Poison(_));
+        let downstream = |v: &Verdict| {
+            matches!(
+                v,
+                Verdict::Transient {
+                    cause: super::super::Cause::Downstream,
+                    ..
+                }
+            )
+        };
+        for (e, from_message, want_poison) in [
+            // E2BIG with the message's attributes in the environment; without them it is the
+            // worker's own environment.
+            (Error::from_raw_os_error(7), true, true),
+            (Error::from_raw_os_error(7), false, false),
+            // The standard library refuses a NUL byte before any exec.
+            (
+                Error::new(ErrorKind::InvalidInput, "nul byte found in provided data"),
+                true,
+                true,
+            ),
+            (
+                Error::new(ErrorKind::InvalidInput, "nul byte found in provided data"),
+                false,
+                true,
+            ),
+            // EINVAL from execve (a malformed executable), ENOENT, EACCES, ENOEXEC, ETXTBSY,
+            // EAGAIN, ENOMEM, EMFILE: the program or the machine.
+            (Error::from_raw_os_error(22), true, false),
+            (Error::from_raw_os_error(2), true, false),
+            (Error::from_raw_os_error(13), true, false),
+            (Error::from_raw_os_error(8), true, false),
+            (Error::from_raw_os_error(26), true, false),
+            (Error::from_raw_os_error(11), true, false),
+            (Error::from_raw_os_error(12), true, false),
+            (Error::from_raw_os_error(24), true, false),
+        ] {
+            let v = start_failure(&e, from_message, p);
+            if want_poison {
+                assert!(poison(&v), "{e} ({from_message}): {v:?}");
+            } else {
+                assert!(downstream(&v), "{e} ({from_message}): {v:?}");
+                let Verdict::Transient { reason, .. } = v else {
+                    unreachable!()
+                };
+                assert!(reason.contains("/app/handle"), "{reason}");
+            }
+        }
+    }
+
+    fn sh(script: &str) -> ExecHandler {
+        ExecHandler::new(
+            &["sh".to_string(), "-c".to_string(), script.to_string()],
+            &QueueContext::default(),
+        )
+        .unwrap()
+    }
+
+    fn batch_of(ids: &[&str]) -> Vec<Message> {
+        ids.iter()
+            .map(|id| Message {
+                id: (*id).to_string(),
+                ..Message::test(b"{}")
+            })
+            .collect()
+    }
+
+    async fn call(h: &ExecHandler, msgs: &[Message]) -> Option<BatchVerdict> {
+        let refs: Vec<&Message> = msgs.iter().collect();
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        h.handle_batch(&refs, deadline).await
+    }
+
+    fn retried_whole(v: Option<BatchVerdict>) -> String {
+        match v {
+            Some(BatchVerdict::Whole(Verdict::Transient { reason, .. })) => reason,
+            other => panic!("expected every item retried, got {other:?}"),
+        }
+    }
+
+    /// #40: the answer is the file `QC_BATCH_ANSWER_FILE` names; stdout is the handler's log.
+    #[tokio::test]
+    async fn a_batch_answer_is_read_from_its_file_never_from_stdout() {
+        let msgs = batch_of(&["a", "b", "c"]);
+        let h = sh(
+            r#"echo '{"batchItemFailures":[{"itemIdentifier":"b"}]}' > "$QC_BATCH_ANSWER_FILE""#,
+        );
+        assert_eq!(
+            call(&h, &msgs).await,
+            Some(BatchVerdict::Items { failed: vec![1] })
+        );
+        let h = sh(r#"echo '{}' > "$QC_BATCH_ANSWER_FILE""#);
+        assert_eq!(
+            call(&h, &msgs).await,
+            Some(BatchVerdict::Items { failed: vec![] })
+        );
+        // An answer on stdout, the old contract, is a log line: no answer, every item retried.
+        let h = sh(r#"echo '{"batchItemFailures":[]}'"#);
+        let reason = retried_whole(call(&h, &msgs).await);
+        assert!(reason.contains("QC_BATCH_ANSWER_FILE"), "{reason}");
+        // A body logged after the answer changes nothing.
+        let h = sh(
+            r#"echo '{"batchItemFailures":[{"itemIdentifier":"a"},{"itemIdentifier":"c"}]}' > "$QC_BATCH_ANSWER_FILE"; echo '{"batchItemFailures":[]}'"#,
+        );
+        assert_eq!(
+            call(&h, &msgs).await,
+            Some(BatchVerdict::Items { failed: vec![0, 2] })
+        );
+        // Exit 0 with nothing written, an empty file, a half-written one: every item retried.
+        for script in [
+            "true",
+            r#": > "$QC_BATCH_ANSWER_FILE""#,
+            r#"printf '{"batchItemFailures":[' > "$QC_BATCH_ANSWER_FILE""#,
+            r#"mkdir "$QC_BATCH_ANSWER_FILE""#,
+            r#"ln -s /etc/hostname "$QC_BATCH_ANSWER_FILE""#,
+            r#"mkfifo "$QC_BATCH_ANSWER_FILE""#,
+            r#"head -c 1100000 /dev/zero | tr '\0' ' ' > "$QC_BATCH_ANSWER_FILE""#,
+        ] {
+            retried_whole(call(&sh(script), &msgs).await);
+        }
+        // A failing exit decides for every item whatever the file says.
+        let h = sh(r#"echo '{}' > "$QC_BATCH_ANSWER_FILE"; exit 1"#);
+        retried_whole(call(&h, &msgs).await);
+    }
+
+    /// #40: a process the handler leaves holding stdout (a helper in a new session) neither delays
+    /// the answer nor loses it: the file is read once the handler exited.
+    #[tokio::test]
+    async fn a_process_holding_stdout_neither_delays_nor_loses_the_answer() {
+        let msgs = batch_of(&["a", "b"]);
+        let h = sh(
+            r#"setsid sleep 5 & echo '{"batchItemFailures":[{"itemIdentifier":"a"},{"itemIdentifier":"b"}]}' > "$QC_BATCH_ANSWER_FILE""#,
+        );
+        let started = std::time::Instant::now();
+        assert_eq!(
+            call(&h, &msgs).await,
+            Some(BatchVerdict::Items { failed: vec![0, 1] })
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    /// The answer directory is private (0700), one per call, and gone once the call ended.
+    #[tokio::test]
+    async fn each_call_gets_a_private_answer_directory_removed_afterwards() {
+        let seen = tempfile::tempdir().unwrap();
+        let log = seen.path().join("log");
+        let h = sh(&format!(
+            r#"d=$(dirname "$QC_BATCH_ANSWER_FILE"); stat -c %a "$d" >> {log}; echo "$d" >> {log}; echo '{{}}' > "$QC_BATCH_ANSWER_FILE""#,
+            log = log.display()
+        ));
+        let msgs = batch_of(&["a"]);
+        for _ in 0..2 {
+            assert_eq!(
+                call(&h, &msgs).await,
+                Some(BatchVerdict::Items { failed: vec![] })
+            );
+        }
+        let text = std::fs::read_to_string(&log).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        assert_eq!((lines[0], lines[2]), ("700", "700"));
+        assert_ne!(lines[1], lines[3], "one directory a call");
+        for dir in [lines[1], lines[3]] {
+            assert!(!Path::new(dir).exists(), "{dir} removed");
+        }
+        // A single-message call gets no answer file.
+        let h = sh(r#"test -z "$QC_BATCH_ANSWER_FILE""#);
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        assert_eq!(h.handle(&message(), deadline).await, Some(Verdict::Success));
     }
 
     #[test]

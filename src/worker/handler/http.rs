@@ -124,17 +124,11 @@ impl HttpHandler {
         match self.pool.send(&head, &body, true).await {
             Ok(answer) if (200..300).contains(&answer.status) => {
                 let ids: Vec<&str> = msgs.iter().map(|m| m.id.as_str()).collect();
-                match batch::parse_answer(&answer.body, &ids) {
-                    Ok(failed) => BatchVerdict::Items { failed },
-                    Err(why) => BatchVerdict::Whole(Verdict::Transient {
-                        reason: format!(
-                            "malformed batch answer from {} (HTTP {}): {why}; every item is retried",
-                            self.uri, answer.status
-                        ),
-                        retry_after: None,
-                        cause: super::Cause::Other,
-                    }),
-                }
+                batch::answered(
+                    batch::Answer::HttpBody(&answer.body),
+                    &ids,
+                    &format!("{} (HTTP {})", self.uri, answer.status),
+                )
             }
             Ok(answer) => BatchVerdict::whole(verdict_for_status(
                 answer.status,
@@ -604,6 +598,46 @@ mod tests {
             assert_eq!(omitted, Some("OrderId,orderid"), "{cap}: {head}");
             assert!(head.contains("x-sqs-attribute-other: o\r\n"));
         }
+    }
+
+    /// #40: the exec handler's NUL-byte failure has no HTTP twin. Every byte an attribute (an SNS
+    /// one, unwrapped) can hold is encoded, a name that is no header token is skipped, so the request
+    /// is always built: no message makes the handler look unreachable.
+    #[test]
+    fn attribute_bytes_never_break_the_request() {
+        use crate::worker::sqs::AttributeValue;
+        let queue = QueueContext {
+            url: "http://q/1/orders".into(),
+            arn: String::new(),
+        };
+        let h = HttpHandler::new("http://127.0.0.1:8080/m", &queue, 1, DEFAULT_MAX_HEAD).unwrap();
+        let every_byte: String =
+            (0u8..=0x7f).map(char::from).collect::<String>() + "\u{80}\u{ffff}";
+        let msg = Message {
+            attributes: vec![
+                ("tenant".into(), AttributeValue::string("a\0b")),
+                ("all".into(), AttributeValue::string(every_byte)),
+                ("nul\0name".into(), AttributeValue::string("x")),
+                ("Content-Type".into(), AttributeValue::string("text/x\0y")),
+            ],
+            ..Message::test(b"{}")
+        };
+        let head = h.head(&msg);
+        assert!(
+            head.iter()
+                .all(|&b| (0x20..0x7f).contains(&b) || b == b'\r' || b == b'\n'),
+            "only printable ASCII and line ends"
+        );
+        let text = String::from_utf8(head).unwrap();
+        assert_eq!(text.matches("\r\n\r\n").count(), 1, "{text}");
+        assert!(text.ends_with("\r\n\r\n"));
+        assert!(text.contains("x-sqs-attribute-tenant: a%00b\r\n"), "{text}");
+        assert!(text.contains("x-sqs-attribute-all: %00%01"), "{text}");
+        assert!(!text.contains("nul"), "a name that is no token is left out");
+        assert!(
+            text.contains("content-type: application/json\r\n"),
+            "{text}"
+        );
     }
 
     #[test]

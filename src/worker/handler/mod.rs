@@ -8,7 +8,9 @@ mod http;
 
 use std::time::{Duration, SystemTime};
 
-pub use batch::{BATCH_CONTENT_TYPE, BatchVerdict, is_answer_line, parse_answer};
+pub use batch::{
+    ANSWER_FILE_ENV, Answer, AnswerFile, BATCH_CONTENT_TYPE, BatchVerdict, answered, parse_answer,
+};
 pub use exec::ExecHandler;
 pub use http::{CE_TYPE, DEFAULT_MAX_HEAD, HttpHandler, OMITTED_HEADER};
 
