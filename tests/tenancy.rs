@@ -97,8 +97,9 @@ rules:
     accounts: ["123456789012"]
   - namespaces: ["team-*"]
     requireRoleArn: true
-    roleArns: ["arn:aws:iam::123456789012:role/qc-{namespace}-*"]
-    queues: ["arn:aws:sqs:*:123456789012:{namespace}-*"]
+    roleArns: ["arn:aws:iam::123456789012:role/qc-{namespace}_*"]
+    queues: ["arn:aws:sqs:*:123456789012:{namespace}_*"]
+    buckets: ["{namespace}.*"]
 "#;
 
 fn policy_context(fake: &FakeKube, allowed: &[&str]) -> Arc<Context> {
@@ -129,12 +130,29 @@ type Row<'a> = (&'a str, &'a str, &'a str, Option<String>, Option<&'a str>);
 #[tokio::test]
 async fn a_consumer_outside_its_namespace_policy_never_reaches_aws() {
     let sqs = sqs_in("us-east-1").await;
-    let own = common::create_queue(&sqs, &common::unique_name("team-a-orders"), &[]).await;
-    let other = common::create_queue(&sqs, &common::unique_name("team-b-orders"), &[]).await;
+    let own = common::create_queue(&sqs, &common::unique_name("team-a_orders"), &[]).await;
+    let other = common::create_queue(&sqs, &common::unique_name("team-b_orders"), &[]).await;
+    // #41 item 2: namespace team-a-staging's queue; the old preset's `{namespace}-*` let team-a name it.
+    let staging =
+        common::create_queue(&sqs, &common::unique_name("team-a-staging_orders"), &[]).await;
     let fake = FakeKube::new();
-    let role = |ns: &str| format!("arn:aws:iam::123456789012:role/qc-{ns}-orders");
-    let rows: [Row<'_>; 6] = [
+    let role = |ns: &str| format!("arn:aws:iam::123456789012:role/qc-{ns}_orders");
+    let rows: [Row<'_>; 8] = [
         ("team-a", "allowed", &own, Some(role("team-a")), None),
+        (
+            "team-a",
+            "longer-namespaces-queue",
+            &staging,
+            Some(role("team-a")),
+            Some("QueueNotAllowed"),
+        ),
+        (
+            "team-a",
+            "other-bucket",
+            &own,
+            Some(role("team-a")),
+            Some("BucketNotAllowed"),
+        ),
         (
             "team-a",
             "other-queue",
@@ -178,6 +196,16 @@ async fn a_consumer_outside_its_namespace_policy_never_reaches_aws() {
         if let Some(r) = role {
             m = m.set("/spec/aws/roleArn", r.as_str());
         }
+        // #41 item 1: S3 payloads from the namespace's own buckets, or (one row) another's.
+        let bucket = if *name == "other-bucket" {
+            "team-b.payloads"
+        } else {
+            "{namespace}.payloads"
+        };
+        m = m.set(
+            "/spec/handler/s3Payloads",
+            json!({"enabled": true, "buckets": [bucket]}),
+        );
         fake.create(QUEUE_CONSUMERS, m.json());
     }
     for ((ns, name, _, _, refused), proxy) in rows.iter().zip(&proxies) {
@@ -269,11 +297,11 @@ async fn a_consumer_outside_its_namespace_policy_never_reaches_aws() {
 async fn a_consumer_with_a_role_makes_every_call_as_that_role() {
     use aws_sdk_sqs::types::QueueAttributeName;
     let sqs = sqs_in("us-east-1").await;
-    let dlq = common::create_queue(&sqs, &common::unique_name("team-a-dlq"), &[]).await;
+    let dlq = common::create_queue(&sqs, &common::unique_name("team-a_dlq"), &[]).await;
     let dlq_arn = common::queue_arn(&sqs, &dlq).await;
     let url = common::create_queue(
         &sqs,
-        &common::unique_name("team-a-orders"),
+        &common::unique_name("team-a_orders"),
         &[(
             QueueAttributeName::RedrivePolicy,
             json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 5}).to_string(),
@@ -296,7 +324,7 @@ async fn a_consumer_with_a_role_makes_every_call_as_that_role() {
     ctx.endpoints =
         AllowedEndpoints::parse([with_role.endpoint.as_str(), own.endpoint.as_str()]).unwrap();
     let ctx = Arc::new(ctx);
-    let role = "arn:aws:iam::123456789012:role/qc-team-a-orders";
+    let role = "arn:aws:iam::123456789012:role/qc-team-a_orders";
     for (name, proxy, arn) in [("orders", &with_role, Some(role)), ("plain", &own, None)] {
         let mut m = consumer(name)
             .namespace(NS)
@@ -329,7 +357,7 @@ async fn a_consumer_with_a_role_makes_every_call_as_that_role() {
     let as_controller = sent.matches("Credential=testing/").count();
     let signed = sent.matches("Credential=").count();
     assert!(assume >= 1, "the role was assumed:\n{sent}");
-    assert!(sent.contains("RoleArn=arn%3Aaws%3Aiam%3A%3A123456789012%3Arole%2Fqc-team-a-orders"));
+    assert!(sent.contains("RoleArn=arn%3Aaws%3Aiam%3A%3A123456789012%3Arole%2Fqc-team-a_orders"));
     assert!(sent.contains("RoleSessionName=qc-team-a-orders"), "{sent}");
     assert!(sent.contains("ExternalId=qc%3Ateam-a"), "{sent}");
     assert!(
@@ -373,7 +401,7 @@ impl aws_types::sdk_config::TimeSource for Clock {
 #[tokio::test]
 async fn role_credentials_are_cached_and_assumed_again_past_their_expiry() {
     let sqs = sqs_in("us-east-1").await;
-    let url = common::create_queue(&sqs, &common::unique_name("team-a-orders"), &[]).await;
+    let url = common::create_queue(&sqs, &common::unique_name("team-a_orders"), &[]).await;
     let proxy = common::counting_proxy(&common::sqs_endpoint()).await;
     let clock = Clock(Arc::new(
         std::sync::Mutex::new(std::time::SystemTime::now()),
@@ -384,7 +412,7 @@ async fn role_credentials_are_cached_and_assumed_again_past_their_expiry() {
         .time_source(clock.clone())
         .build();
     let role = qc::aws::identity::Role::for_consumer(
-        "arn:aws:iam::123456789012:role/qc-team-a-orders",
+        "arn:aws:iam::123456789012:role/qc-team-a_orders",
         NS,
         "orders",
     );
@@ -429,13 +457,13 @@ async fn a_dead_letter_queue_outside_the_namespace_policy_is_never_read() {
     let fake = FakeKube::new();
     let mut proxies = Vec::new();
     let mut urls = Vec::new();
-    for dlq_prefix in ["team-b-dlq", "team-a-dlq"] {
+    for dlq_prefix in ["team-b_dlq", "team-a_dlq"] {
         let dlq = common::create_queue(&sqs, &common::unique_name(dlq_prefix), &[]).await;
         let arn = common::queue_arn(&sqs, &dlq).await;
         urls.push(
             common::create_queue(
                 &sqs,
-                &common::unique_name("team-a-orders"),
+                &common::unique_name("team-a_orders"),
                 &[(
                     QueueAttributeName::RedrivePolicy,
                     json!({"deadLetterTargetArn": arn, "maxReceiveCount": 5}).to_string(),
@@ -455,7 +483,7 @@ async fn a_dead_letter_queue_outside_the_namespace_policy_is_never_read() {
             .set("/spec/queue/region", "us-east-1")
             .set(
                 "/spec/aws/roleArn",
-                "arn:aws:iam::123456789012:role/qc-team-a-orders",
+                "arn:aws:iam::123456789012:role/qc-team-a_orders",
             )
             .timeout("10s")
             .wait_time("1s")
@@ -474,7 +502,7 @@ async fn a_dead_letter_queue_outside_the_namespace_policy_is_never_read() {
     let dlq = fake_kube::condition_of(q.clone(), "DeadLetterQueueHealthy");
     assert_eq!(dlq.status, "Unknown", "{dlq:?}");
     assert!(
-        dlq.message.contains("team-b-dlq") && dlq.message.contains("does not allow"),
+        dlq.message.contains("team-b_dlq") && dlq.message.contains("does not allow"),
         "names the DLQ and the policy: {}",
         dlq.message
     );

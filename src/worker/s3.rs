@@ -79,25 +79,38 @@ pub fn view_with(msg: &Message, payload: Bytes) -> Message {
 /// Why a payload could not be fetched.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FetchError {
-    /// It can never be fetched: the object or bucket does not exist, or it is over the cap.
+    /// It can never be fetched: a bucket not allowed (`--s3-bucket`), the object or bucket does not
+    /// exist, access is denied, or it is over the cap.
     Poison(String),
-    /// It may be fetched later: S3 unreachable, throttled, an error status, access denied.
+    /// It may be fetched later: S3 unreachable, throttled, a server error.
     Transient(String),
 }
 
 /// `--s3-payloads`' settings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
     /// `--s3-delete-after`: delete the object once the message's delete is confirmed.
     pub delete_after: bool,
     /// `--s3-payload-max`: the largest payload fetched.
     pub max_bytes: u64,
+    /// `--s3-bucket`: the buckets (names or `*`/`?` patterns) payloads may come from; a pointer into
+    /// any other is poison before any S3 call.
+    pub buckets: Vec<String>,
+}
+
+impl Settings {
+    /// Whether a pointer may be followed into `bucket`.
+    pub fn allows(&self, bucket: &str) -> bool {
+        self.buckets
+            .iter()
+            .any(|p| crate::tenancy::glob_matches(p, bucket))
+    }
 }
 
 /// The S3 client and settings of `--s3-payloads`.
 pub struct S3Payloads {
     client: aws_sdk_s3::Client,
-    max_bytes: u64,
+    settings: Settings,
     /// `--s3-delete-after`: delete the object once the message's delete is confirmed.
     pub delete_after: bool,
 }
@@ -111,13 +124,21 @@ impl S3Payloads {
             .build();
         S3Payloads {
             client: aws_sdk_s3::Client::from_conf(conf),
-            max_bytes: settings.max_bytes,
             delete_after: settings.delete_after,
+            settings,
         }
     }
 
     /// The object's bytes, read up to the cap (a longer object is refused before and while it is read).
+    /// A bucket `--s3-bucket` does not allow is refused before any call.
     pub async fn fetch(&self, p: &Pointer) -> Result<Bytes, FetchError> {
+        if !self.settings.allows(&p.bucket) {
+            return Err(FetchError::Poison(format!(
+                "the S3 payload {p} is in bucket {:?}, which this consumer does not fetch from (handler.s3Payloads.buckets / --s3-bucket allows {}); it was not fetched: send payloads to an allowed bucket, or add the bucket to handler.s3Payloads.buckets",
+                p.bucket,
+                self.settings.buckets.join(", ")
+            )));
+        }
         let out = self
             .client
             .get_object()
@@ -125,24 +146,8 @@ impl S3Payloads {
             .key(&p.key)
             .send()
             .await
-            .map_err(|e| {
-                use aws_sdk_s3::error::ProvideErrorMetadata as _;
-                let code = e.code().unwrap_or_default().to_string();
-                let missing = matches!(
-                    e.as_service_error(),
-                    Some(aws_sdk_s3::operation::get_object::GetObjectError::NoSuchKey(_))
-                ) || code == "NoSuchKey"
-                    || code == "NoSuchBucket";
-                let detail = aws_sdk_s3::error::DisplayErrorContext(&e).to_string();
-                if missing {
-                    FetchError::Poison(format!(
-                        "the S3 payload {p} does not exist ({code}); the message can never be handled"
-                    ))
-                } else {
-                    FetchError::Transient(format!("cannot fetch the S3 payload {p}: {detail}"))
-                }
-            })?;
-        let cap = self.max_bytes;
+            .map_err(|e| fetch_error(p, &e))?;
+        let cap = self.settings.max_bytes;
         if let Some(len) = out.content_length.and_then(|l| u64::try_from(l).ok())
             && len > cap
         {
@@ -184,6 +189,50 @@ impl S3Payloads {
                 tracing::warn!(message_id, payload = %p, error = %aws_sdk_s3::error::DisplayErrorContext(&e), "cannot delete the S3 payload of a handled message; it stays in the bucket");
             }
         }
+    }
+}
+
+/// S3 errors that no retry can mend are poison: the object or bucket is missing, or this worker's
+/// identity may not read it (an IAM refusal is the bucket's owner saying no, not an outage, and must
+/// not open the breaker). Anything else (throttling, 5xx, no connection) is transient.
+const POISON_CODES: [&str; 6] = [
+    "NoSuchKey",
+    "NoSuchBucket",
+    "AccessDenied",
+    "AllAccessDisabled",
+    "InvalidBucketName",
+    "InvalidObjectState",
+];
+
+fn fetch_error(
+    p: &Pointer,
+    e: &aws_sdk_s3::error::SdkError<
+        aws_sdk_s3::operation::get_object::GetObjectError,
+        aws_smithy_runtime_api::http::Response,
+    >,
+) -> FetchError {
+    use aws_sdk_s3::error::ProvideErrorMetadata as _;
+    let code = e.code().unwrap_or_default().to_string();
+    let status = e.raw_response().map(|r| r.status().as_u16());
+    let poison = matches!(
+        e.as_service_error(),
+        Some(aws_sdk_s3::operation::get_object::GetObjectError::NoSuchKey(_))
+    ) || POISON_CODES.contains(&code.as_str())
+        || (code.is_empty() && matches!(status, Some(403 | 404)));
+    let detail = aws_sdk_s3::error::DisplayErrorContext(e).to_string();
+    if poison {
+        FetchError::Poison(format!(
+            "the S3 payload {p} cannot be fetched: S3 answered {} ({}, HTTP {}); the message can never be handled",
+            if code.is_empty() {
+                "no error code"
+            } else {
+                &code
+            },
+            e.message().unwrap_or("no message"),
+            status.map_or_else(|| "-".to_string(), |s| s.to_string()),
+        ))
+    } else {
+        FetchError::Transient(format!("cannot fetch the S3 payload {p}: {detail}"))
     }
 }
 
