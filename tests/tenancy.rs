@@ -522,3 +522,50 @@ async fn a_dead_letter_queue_outside_the_namespace_policy_is_never_read() {
     assert!(proxies[1].sent().contains("AmazonSQS.GetQueueUrl"));
     assert!(own.metadata.finalizers.is_some(), "its alarm is kept");
 }
+
+/// #40 item 5: `deleteAfterProcessing` beside `unwrapSns` is refused by the controller: ConfigValid
+/// False with the finding naming the field and the fix, and the rendered worker does not delete
+/// payloads (it would refuse the two flags together).
+#[tokio::test]
+async fn s3_payload_delete_with_unwrap_sns_is_config_invalid_and_never_rendered() {
+    let sqs = sqs_in("us-east-1").await;
+    let url = common::create_queue(&sqs, &common::unique_name("team-a_fanout"), &[]).await;
+    let fake = FakeKube::new();
+    let ctx = sdk_context(&fake);
+    let mut m = manifest("fanout", &url, "us-east-1");
+    m["spec"]["handler"]["unwrapSns"] = json!("on");
+    m["spec"]["handler"]["s3Payloads"] = json!({"enabled": true, "deleteAfterProcessing": true, "buckets": ["{namespace}.payloads"]});
+    fake.create(QUEUE_CONSUMERS, m);
+    let _ = reconcile(Arc::new(qc(&fake, "fanout")), ctx.clone()).await;
+    let q = qc(&fake, "fanout");
+    let valid = fake_kube::condition_of(q.clone(), "ConfigValid");
+    assert_eq!(
+        (valid.status.as_str(), valid.reason.as_str()),
+        ("False", "S3PayloadDeleteWithSns"),
+        "{}",
+        valid.message
+    );
+    let f = q
+        .status
+        .unwrap()
+        .findings
+        .into_iter()
+        .find(|f| f.code == "S3PayloadDeleteWithSns")
+        .expect("the finding");
+    assert!(
+        f.message
+            .contains("handler.s3Payloads.deleteAfterProcessing")
+            && f.recommendation
+                .contains("set handler.s3Payloads.deleteAfterProcessing to false"),
+        "{f:?}"
+    );
+    let d = fake
+        .get(DEPLOYMENTS, NS, "fanout")
+        .expect("rolled out (enforce is off)");
+    let args = d.to_string();
+    assert!(
+        args.contains("--s3-payloads") && args.contains("team-a.payloads"),
+        "{args}"
+    );
+    assert!(!args.contains("--s3-delete-after"), "{args}");
+}

@@ -473,3 +473,114 @@ async fn access_denied_and_no_such_bucket_are_poison_never_breaker_failures() {
     assert!(opened < 0.5, "the breaker never opened on S3's refusals");
     w.stop().await;
 }
+
+/// Peak resident memory of a process (VmHWM), in MiB.
+fn peak_rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kib / 1024.0
+}
+
+/// #40 item 5: payload bytes in flight stay within `--s3-payload-budget`. Eight 16 MiB payloads at
+/// concurrency 8 under a 40 MiB budget: at most two are held (handled) at once, the others wait (no
+/// poison, no retry), each is handled once, and the worker's peak resident memory stays far below the
+/// 128 MiB the eight would take together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payloads_past_the_memory_budget_wait_and_the_worker_stays_within_it() {
+    const MIB: usize = 1024 * 1024;
+    let q = TestQueue::new("s3-budget", 60, 3, false).await;
+    let s3 = s3().await;
+    let b = bucket(&s3).await;
+    for i in 0..8 {
+        let body: Vec<u8> = (0..16 * MIB).map(|j| b'a' + ((i + j) % 26) as u8).collect();
+        s3.put_object()
+            .bucket(&b)
+            .key(format!("big/{i}"))
+            .body(body.into())
+            .send()
+            .await
+            .unwrap();
+        send_pointer(&q, &b, &format!("big/{i}"), 16 * MIB).await;
+    }
+    let h = HttpHandler::start(|_| Reply::ok(Duration::from_millis(400))).await;
+    let mut w = Worker::start(&q.args(&[
+        "--http-url",
+        &h.url,
+        "--concurrency",
+        "8",
+        "--s3-payloads",
+        "--s3-bucket",
+        &b,
+        "--s3-payload-budget",
+        "40MiB",
+    ]));
+    eventually(SECS(90), "all eight handled", || async {
+        h.calls().len() >= 8 && q.is_empty().await
+    })
+    .await;
+    let calls = h.calls();
+    assert_eq!(calls.len(), 8, "each once");
+    assert!(calls.iter().all(|c| c.body.len() == 16 * MIB));
+    assert!(
+        h.max_active() <= 2,
+        "{} payloads held at once",
+        h.max_active()
+    );
+    let peak = peak_rss_mib(w.pid());
+    eprintln!("peak resident {peak:.1} MiB");
+    assert!(peak < 100.0, "peak resident {peak:.1} MiB");
+    let failed = w
+        .metric("qc_worker_messages_processed_total{outcome=\"transient\"}")
+        .await
+        .unwrap_or(0.0);
+    assert!(failed < 0.5, "waiting for the budget is no failure: {failed}");
+    w.stop().await;
+}
+
+/// #40 item 5: a second delivery of a message whose object this worker deleted after handling the
+/// first (`--s3-delete-after`) is a duplicate: deleted without a handler call, never poison; a pointer
+/// at an object that never existed stays poison.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_whose_object_this_worker_deleted_is_a_duplicate_not_poison() {
+    let q = TestQueue::new("s3-dup", 30, 3, false).await;
+    let s3 = s3().await;
+    let b = bucket(&s3).await;
+    s3.put_object()
+        .bucket(&b)
+        .key("once.json")
+        .body(b"{\"n\":1}".to_vec().into())
+        .send()
+        .await
+        .unwrap();
+    send_pointer(&q, &b, "once.json", 7).await;
+    send_pointer(&q, &b, "once.json", 7).await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
+    let mut w = Worker::start(&q.args(&[
+        "--http-url",
+        &h.url,
+        "--concurrency",
+        "1",
+        "--s3-payloads",
+        "--s3-bucket",
+        &b,
+        "--s3-delete-after",
+    ]));
+    eventually(SECS(30), "both gone from the queue", || q.is_empty()).await;
+    assert_eq!(h.calls().len(), 1, "the copy is not handled again");
+    assert_eq!(q.dlq_visible().await, 0, "and not dead-lettered");
+    assert_eq!(
+        w.metric("qc_worker_messages_processed_total{outcome=\"duplicate\"}")
+            .await,
+        Some(1.0)
+    );
+    send_pointer(&q, &b, "never-was.json", 7).await;
+    eventually(SECS(30), "a pointer at nothing is still poison", || async {
+        q.dlq_visible().await == 1
+    })
+    .await;
+    w.stop().await;
+}

@@ -121,6 +121,11 @@ struct Cli {
     /// With --s3-payloads: delete the object once the message's delete is confirmed.
     #[arg(long, env = "QC_S3_DELETE_AFTER")]
     s3_delete_after: bool,
+    /// With --s3-payloads: payload bytes held at once (bytes, or with KiB/MiB); a fetch past it waits
+    /// for payloads to be released, one larger than all of it is poison. Default: half the
+    /// container's memory limit (cgroup memory.max or memory.limit_in_bytes), else 512MiB.
+    #[arg(long, env = "QC_S3_PAYLOAD_BUDGET", value_parser = parse_size)]
+    s3_payload_budget: Option<usize>,
     /// With --s3-payloads: the largest payload fetched (bytes, or with KiB/MiB); a larger one is poison.
     #[arg(long, env = "QC_S3_PAYLOAD_MAX", default_value = "64MiB", value_parser = parse_size)]
     s3_payload_max: usize,
@@ -284,6 +289,9 @@ fn config(cli: Cli) -> anyhow::Result<Config> {
             delete_after: cli.s3_delete_after,
             max_bytes: cli.s3_payload_max as u64,
             buckets: cli.s3_buckets,
+            budget: cli
+                .s3_payload_budget
+                .map_or_else(qc::worker::s3::default_budget, |b| b as u64),
         }),
         idempotency_store: cli.idempotency_store,
         idempotency_key: cli.idempotency_key,
@@ -693,7 +701,7 @@ mod tests {
         assert_eq!(got.s3_payloads.is_some(), s3.enabled, "{name}");
         assert_eq!(
             got.s3_payloads.as_ref().is_some_and(|s| s.delete_after),
-            s3.enabled && s3.delete_after_processing,
+            s3.enabled && s3.delete_after_processing && s.handler.unwrap_sns == UnwrapSns::Off,
             "{name}"
         );
         let ns = qc.metadata.namespace.as_deref().unwrap_or("default");

@@ -1049,6 +1049,12 @@ impl Processor {
                 drop(pass);
                 return Attempt::Ended(self.poison(lease, reason).await);
             }
+            Err(Payload::Duplicate(reason)) => {
+                drop(pass);
+                m.outcome(OutcomeLabel::Duplicate);
+                tracing::info!(message_id = %lease.msg.id, reason = %reason, "a copy of a message already handled; deleting it without calling the handler");
+                return Attempt::Ended(lease.delete().await);
+            }
             Err(Payload::Transient(reason)) => {
                 m.outcome(OutcomeLabel::Transient);
                 pass.record(Outcome::Failure {
@@ -1180,6 +1186,8 @@ enum Payload {
     Poison(String),
     /// It may be fetched later.
     Transient(String),
+    /// A copy of a message already handled: its object was deleted here after that one.
+    Duplicate(String),
 }
 
 impl Processor {
@@ -1209,6 +1217,7 @@ impl Processor {
             }
             Some(Err(super::s3::FetchError::Poison(reason))) => Err(Payload::Poison(reason)),
             Some(Err(super::s3::FetchError::Transient(reason))) => Err(Payload::Transient(reason)),
+            Some(Err(super::s3::FetchError::Duplicate(reason))) => Err(Payload::Duplicate(reason)),
             None => Err(Payload::Transient(format!(
                 "fetching the S3 payload {ptr} timed out"
             ))),

@@ -169,6 +169,12 @@ impl Config {
             if s3.max_bytes == 0 {
                 return bad("--s3-payload-max", "must be at least 1 byte, e.g. 64MiB");
             }
+            if s3.budget < 1024 {
+                return bad(
+                    "--s3-payload-budget",
+                    "must be at least 1KiB, e.g. 64MiB (half the container's memory limit is the default)",
+                );
+            }
             if s3.delete_after && self.unwrap_sns != UnwrapSns::Off {
                 return bad(
                     "--s3-delete-after",

@@ -155,6 +155,11 @@ impl Processor {
                 self.metrics.outcome(OutcomeLabel::Poison);
                 Err(self.poison(lease, reason).await)
             }
+            Err(Payload::Duplicate(reason)) => {
+                self.metrics.outcome(OutcomeLabel::Duplicate);
+                tracing::info!(message_id = %lease.msg.id, reason = %reason, "a copy of a message already handled; deleting it without calling the handler");
+                Err(lease.delete().await)
+            }
             Err(Payload::Transient(reason)) => {
                 self.metrics.outcome(OutcomeLabel::Transient);
                 let delay = retry_delay(self.retry_base, self.retry_max, lease.msg.receive_count);
