@@ -32,6 +32,8 @@ pub mod reason {
     pub const QUEUE_NOT_READ: &str = "QueueNotRead";
     /// The tenancy policy's rule for the namespace allows less than `spec.queue.manage` asks for.
     pub const MANAGE_NOT_ALLOWED: &str = "ManageNotAllowed";
+    /// `queue.manage: create` on a queue URL of another account than the one the calls act in.
+    pub const QUEUE_IN_ANOTHER_ACCOUNT: &str = "QueueInAnotherAccount";
     /// `spec.handler.s3Payloads.buckets` lists a bucket outside what the tenancy policy allows.
     pub const BUCKET_NOT_ALLOWED: &str = "BucketNotAllowed";
     /// `create`: the URL's last segment is no queue name SQS accepts (or its DLQ's name would not be).
