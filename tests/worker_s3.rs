@@ -537,7 +537,10 @@ async fn payloads_past_the_memory_budget_wait_and_the_worker_stays_within_it() {
         .metric("qc_worker_messages_processed_total{outcome=\"transient\"}")
         .await
         .unwrap_or(0.0);
-    assert!(failed < 0.5, "waiting for the budget is no failure: {failed}");
+    assert!(
+        failed < 0.5,
+        "waiting for the budget is no failure: {failed}"
+    );
     w.stop().await;
 }
 
