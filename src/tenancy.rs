@@ -249,7 +249,7 @@ impl TenancyPolicy {
                 namespace: ns.to_string(),
                 account: id.account,
                 rule: i,
-                allowed: listed(allowed, ns),
+                allowed: listed(allowed, rule, ns),
             });
         }
         if let Some(allowed) = &rule.queues {
@@ -259,7 +259,7 @@ impl TenancyPolicy {
                     namespace: ns.to_string(),
                     arn,
                     rule: i,
-                    allowed: listed(allowed, ns),
+                    allowed: listed(allowed, rule, ns),
                 });
             }
         }
@@ -271,7 +271,7 @@ impl TenancyPolicy {
                     allowed: rule
                         .role_arns
                         .as_ref()
-                        .map_or_else(|| "any role".to_string(), |a| listed(a, ns)),
+                        .map_or_else(|| "any role".to_string(), |a| listed(a, rule, ns)),
                 });
             }
             Some(role) => {
@@ -282,7 +282,7 @@ impl TenancyPolicy {
                         namespace: ns.to_string(),
                         role: role.to_string(),
                         rule: i,
-                        allowed: listed(allowed, ns),
+                        allowed: listed(allowed, rule, ns),
                     });
                 }
             }
@@ -296,7 +296,7 @@ impl TenancyPolicy {
                         namespace: ns.to_string(),
                         bucket: b,
                         rule: i,
-                        allowed: listed(allowed, ns),
+                        allowed: listed(allowed, rule, ns),
                     });
                 }
             }
@@ -324,7 +324,7 @@ impl TenancyPolicy {
             namespace: namespace.to_string(),
             arn: arn.to_string(),
             rule: i,
-            allowed: listed(allowed, namespace),
+            allowed: listed(allowed, rule, namespace),
         };
         if let Some(allowed) = &rule.accounts
             && !allowed.iter().any(|g| g.matches(account, namespace))
@@ -397,16 +397,29 @@ pub fn partition(region: &str) -> &'static str {
     }
 }
 
-/// The patterns as a rule lists them for this namespace, for a refusal's message.
-fn listed(globs: &[Glob], namespace: &str) -> String {
+/// The patterns of a rule, as a refusal shows them to the tenant: those that name this namespace
+/// (`{namespace}` filled in) and, in a rule for this namespace alone, the rest too; a rule shared by
+/// several namespaces keeps its other patterns (other teams' queues, roles, accounts) to itself and
+/// says how many it did not show.
+fn listed(globs: &[Glob], rule: &Rule, namespace: &str) -> String {
     if globs.is_empty() {
         return "none".to_string();
     }
-    globs
+    let own_rule = matches!(&rule.namespaces[..], [only] if only.text == namespace);
+    let (shown, hidden): (Vec<&Glob>, Vec<&Glob>) = globs
+        .iter()
+        .partition(|g| own_rule || g.text.contains(NAMESPACE_PLACEHOLDER));
+    let mut parts: Vec<String> = shown
         .iter()
         .map(|g| g.text.replace(NAMESPACE_PLACEHOLDER, namespace))
-        .collect::<Vec<_>>()
-        .join(", ")
+        .collect();
+    if !hidden.is_empty() {
+        parts.push(format!(
+            "{} more not shown (the rule is shared with other namespaces; the operator's administrator can say which apply to you)",
+            hidden.len()
+        ));
+    }
+    parts.join(", ")
 }
 
 /// An IAM-style pattern: `*` any run of characters (none included), `?` one character,
@@ -845,6 +858,49 @@ rules:
             e.contains("\"b\" is in no rule") && e.contains("tenancy.rules"),
             "{e}"
         );
+    }
+
+    /// #41 item 6: a refusal shows the tenant the patterns that name its namespace, never another
+    /// team's patterns or account ids from a rule shared with it.
+    #[test]
+    fn refusals_reveal_no_other_tenants_patterns_or_accounts() {
+        let shared = r#"
+rules:
+  - namespaces: ["team-*"]
+    accounts: ["111111111111", "222222222222"]
+    queues: ["arn:aws:sqs:*:222222222222:team-b_payroll", "arn:aws:sqs:*:*:{namespace}_*"]
+    roleArns: ["arn:aws:iam::222222222222:role/team-b-admin", "arn:aws:iam::*:role/qc-{namespace}_*"]
+"#;
+        let p = TenancyPolicy::parse(shared).unwrap();
+        let other_account = "https://sqs.us-east-1.amazonaws.com/333333333333/team-a_orders";
+        let other_queue = "https://sqs.us-east-1.amazonaws.com/111111111111/team-c_orders";
+        for t in [
+            tenant("team-a", other_account, None),
+            tenant("team-a", other_queue, None),
+            tenant(
+                "team-a",
+                URL,
+                Some("arn:aws:iam::111111111111:role/someone"),
+            ),
+        ] {
+            let m = p.check(&t).unwrap_err().to_string();
+            for secret in ["222222222222", "team-b", "111111111111, "] {
+                assert!(!m.contains(secret), "{secret} shown: {m}");
+            }
+            assert!(m.contains("not shown"), "{m}");
+            assert!(
+                m.contains("team-a_*") || m.contains("333333333333"),
+                "says what team-a may do: {m}"
+            );
+        }
+        let own =
+            TenancyPolicy::parse("rules: [{namespaces: [team-a], accounts: [\"111111111111\"]}]")
+                .unwrap();
+        let m = own
+            .check(&tenant("team-a", other_account, None))
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("allows 111111111111"), "a rule of its own: {m}");
     }
 
     #[test]
