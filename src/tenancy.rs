@@ -84,6 +84,15 @@ pub enum TenancyError {
         rule: usize,
         allowed: String,
     },
+    #[error(
+        "spec.deadLetter.alarmActions names topic {topic}, which the tenancy policy does not allow in namespace {namespace:?} (rule {rule} allows {allowed}): name a topic it allows, or ask the operator's administrator to add it to {POLICY_SETTING}[{rule}].alarmActions"
+    )]
+    AlarmActionNotAllowed {
+        namespace: String,
+        topic: String,
+        rule: usize,
+        allowed: String,
+    },
     /// The operator's cap of QueueConsumers per namespace (`validate::limits`): this one is past it.
     #[error(
         "namespace {namespace:?} already has {older} older QueueConsumer(s) and the operator runs at most {cap} per namespace (limits.maxConsumersPerNamespace): this one gets no AWS call and no rollout; delete QueueConsumers the namespace no longer needs, or ask the operator's administrator to raise the limit"
@@ -109,6 +118,7 @@ impl TenancyError {
             TenancyError::RoleArnNotAllowed { .. } => reason::ROLE_ARN_NOT_ALLOWED,
             TenancyError::ManageNotAllowed { .. } => reason::MANAGE_NOT_ALLOWED,
             TenancyError::BucketNotAllowed { .. } => reason::BUCKET_NOT_ALLOWED,
+            TenancyError::AlarmActionNotAllowed { .. } => reason::ALARM_ACTION_NOT_ALLOWED,
             TenancyError::NamespaceConsumerCapReached { .. } => {
                 crate::validate::limits::NAMESPACE_CONSUMER_CAP_REACHED
             }
@@ -140,6 +150,8 @@ struct RuleText {
     manage: Option<crate::api::QueueManage>,
     #[serde(default)]
     buckets: Option<Vec<String>>,
+    #[serde(default)]
+    alarm_actions: Option<Vec<String>>,
 }
 
 /// One rule: the namespaces it is for and what they may name. A list left out allows anything; an
@@ -156,6 +168,8 @@ struct Rule {
     /// What `spec.handler.s3Payloads.buckets` may list: each listed name or pattern must lie within
     /// one of these.
     buckets: Option<Vec<Glob>>,
+    /// The SNS topics `spec.deadLetter.alarmActions` may name.
+    alarm_actions: Option<Vec<Glob>>,
 }
 
 /// The rules; the first whose `namespaces` matches a QueueConsumer's namespace decides for it. No rules
@@ -175,6 +189,8 @@ pub struct Tenant<'a> {
     pub role_arn: Option<&'a str>,
     /// `spec.handler.s3Payloads.buckets` when S3 payloads are on (`{namespace}` not yet filled in).
     pub buckets: &'a [String],
+    /// `spec.deadLetter.alarmActions`: the topics the DLQ alarm notifies.
+    pub alarm_actions: &'a [String],
 }
 
 impl<'a> Tenant<'a> {
@@ -194,6 +210,7 @@ impl<'a> Tenant<'a> {
                 .as_ref()
                 .filter(|s| s.enabled)
                 .map_or(&[], |s| s.buckets.as_slice()),
+            alarm_actions: &spec.dead_letter.alarm_actions,
         }
     }
 }
@@ -287,6 +304,19 @@ impl TenancyPolicy {
                 }
             }
             None => {}
+        }
+        if let Some(allowed) = &rule.alarm_actions
+            && let Some(topic) = t
+                .alarm_actions
+                .iter()
+                .find(|a| !allowed.iter().any(|g| g.matches(a, ns)))
+        {
+            return Err(TenancyError::AlarmActionNotAllowed {
+                namespace: ns.to_string(),
+                topic: topic.clone(),
+                rule: i,
+                allowed: listed(allowed, rule, ns),
+            });
         }
         if let Some(allowed) = &rule.buckets {
             for b in t.buckets {
@@ -632,7 +662,14 @@ fn rule(i: usize, r: RuleText) -> Result<Rule, TenancyError> {
             _ => Ok(()),
         }
     })?;
+    let alarm_actions = globs(format!("rules[{i}].alarmActions"), r.alarm_actions, |p| {
+        let parts: Vec<&str> = p.split(':').collect();
+        (p == "*" || (parts.len() == 6 && parts[0] == "arn" && glob_match(parts[2].as_bytes(), b"sns")))
+            .then_some(())
+            .ok_or_else(|| bad("alarmActions", format!("{p:?} is not an SNS topic ARN pattern: write arn:aws:sns:REGION:ACCOUNT:NAME with '*' or '?' as wildcards, e.g. arn:aws:sns:*:123456789012:{NAMESPACE_PLACEHOLDER}_*")))
+    })?;
     Ok(Rule {
+        alarm_actions,
         buckets,
         namespaces,
         require_role_arn: r.require_role_arn,
@@ -686,6 +723,7 @@ mod tests {
             region: Some("us-east-1"),
             role_arn: role,
             buckets: &[],
+            alarm_actions: &[],
         }
     }
 
@@ -857,6 +895,42 @@ rules:
         assert!(
             e.contains("\"b\" is in no rule") && e.contains("tenancy.rules"),
             "{e}"
+        );
+    }
+
+    /// #41 item 5: alarm actions are checked like queues: a namespace's alarm notifies its own topics.
+    #[test]
+    fn alarm_actions_name_only_topics_the_rule_allows() {
+        let p = TenancyPolicy::parse(
+            "rules: [{namespaces: [\"*\"], alarmActions: [\"arn:aws:sns:*:111111111111:{namespace}_*\"]}]",
+        )
+        .unwrap();
+        let with = |ns: &'static str, topics: &'static [String]| Tenant {
+            alarm_actions: topics,
+            ..tenant(ns, URL, None)
+        };
+        let own: &'static [String] = Vec::leak(vec![
+            "arn:aws:sns:us-east-1:111111111111:shop_alerts".to_string(),
+        ]);
+        let longer: &'static [String] = Vec::leak(vec![
+            "arn:aws:sns:us-east-1:111111111111:shop-eu_alerts".to_string(),
+        ]);
+        assert_eq!(p.check(&with("shop", own)), Ok(()));
+        assert_eq!(p.check(&with("shop-eu", longer)), Ok(()));
+        let e = p.check(&with("shop", longer)).unwrap_err();
+        assert_eq!(e.reason(), "AlarmActionNotAllowed");
+        let m = e.to_string();
+        assert!(
+            m.contains("shop-eu_alerts")
+                && m.contains("spec.deadLetter.alarmActions")
+                && m.contains("tenancy.rules[0].alarmActions"),
+            "{m}"
+        );
+        assert!(
+            TenancyPolicy::parse(
+                "rules: [{namespaces: [a], alarmActions: [\"arn:aws:sqs:x:1:q\"]}]"
+            )
+            .is_err()
         );
     }
 

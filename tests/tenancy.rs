@@ -100,6 +100,7 @@ rules:
     roleArns: ["arn:aws:iam::123456789012:role/qc-{namespace}_*"]
     queues: ["arn:aws:sqs:*:123456789012:{namespace}_*"]
     buckets: ["{namespace}.*"]
+    alarmActions: ["arn:aws:sns:*:123456789012:{namespace}_*"]
 "#;
 
 fn policy_context(fake: &FakeKube, allowed: &[&str]) -> Arc<Context> {
@@ -137,7 +138,14 @@ async fn a_consumer_outside_its_namespace_policy_never_reaches_aws() {
         common::create_queue(&sqs, &common::unique_name("team-a-staging_orders"), &[]).await;
     let fake = FakeKube::new();
     let role = |ns: &str| format!("arn:aws:iam::123456789012:role/qc-{ns}_orders");
-    let rows: [Row<'_>; 8] = [
+    let rows: [Row<'_>; 9] = [
+        (
+            "team-a",
+            "other-topic",
+            &own,
+            Some(role("team-a")),
+            Some("AlarmActionNotAllowed"),
+        ),
         ("team-a", "allowed", &own, Some(role("team-a")), None),
         (
             "team-a",
@@ -206,6 +214,13 @@ async fn a_consumer_outside_its_namespace_policy_never_reaches_aws() {
             "/spec/handler/s3Payloads",
             json!({"enabled": true, "buckets": [bucket]}),
         );
+        // #41 item 5: the DLQ alarm notifying namespace team-a-staging's topic.
+        if *name == "other-topic" {
+            m = m.set(
+                "/spec/deadLetter/alarmActions",
+                json!(["arn:aws:sns:us-east-1:123456789012:team-a-staging_alerts"]),
+            );
+        }
         fake.create(QUEUE_CONSUMERS, m.json());
     }
     for ((ns, name, _, _, refused), proxy) in rows.iter().zip(&proxies) {

@@ -882,6 +882,7 @@ fn chart_values_for_the_tenancy_policy() {
         region: Some("us-east-1"),
         role_arn: role,
         buckets: &[],
+        alarm_actions: &[],
     };
     assert!(
         policy.check(&tenant("team-a", None)).is_err(),
