@@ -708,7 +708,7 @@ impl Processor {
                         self,
                         &lease.msg,
                         deadline,
-                        Box::pin(dl.send(target, &lease.msg, &reason)),
+                        Box::pin(dl.send(&target, &lease.msg, &reason)),
                     )
                     .await;
                 let msg = &lease.msg;
