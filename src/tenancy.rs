@@ -85,6 +85,10 @@ pub enum TenancyError {
         allowed: String,
     },
     #[error(
+        "spec.queue.url {url:?} is not of the shape https://HOST/ACCOUNT/NAME (a 12-digit account, a queue name of letters, digits, '-' and '_' with an optional .fifo, nothing after it), which the tenancy policy needs to tell which queue it names: write the URL SQS printed for the queue"
+    )]
+    QueueUrlNotCanonical { url: String },
+    #[error(
         "spec.deadLetter.alarmActions names topic {topic}, which the tenancy policy does not allow in namespace {namespace:?} (rule {rule} allows {allowed}): name a topic it allows, or ask the operator's administrator to add it to {POLICY_SETTING}[{rule}].alarmActions"
     )]
     AlarmActionNotAllowed {
@@ -119,6 +123,7 @@ impl TenancyError {
             TenancyError::ManageNotAllowed { .. } => reason::MANAGE_NOT_ALLOWED,
             TenancyError::BucketNotAllowed { .. } => reason::BUCKET_NOT_ALLOWED,
             TenancyError::AlarmActionNotAllowed { .. } => reason::ALARM_ACTION_NOT_ALLOWED,
+            TenancyError::QueueUrlNotCanonical { .. } => reason::QUEUE_URL_NOT_CANONICAL,
             TenancyError::NamespaceConsumerCapReached { .. } => {
                 crate::validate::limits::NAMESPACE_CONSUMER_CAP_REACHED
             }
@@ -258,6 +263,11 @@ impl TenancyPolicy {
                 namespace: ns.to_string(),
             });
         };
+        if !canonical_queue_url(t.queue_url) {
+            return Err(TenancyError::QueueUrlNotCanonical {
+                url: t.queue_url.to_string(),
+            });
+        }
         let id = QueueId::of(t.region, t.queue_url);
         if let Some(allowed) = &rule.accounts
             && !allowed.iter().any(|g| g.matches(&id.account, ns))
@@ -401,6 +411,39 @@ impl TenancyPolicy {
             .enumerate()
             .find(|(_, r)| r.namespaces.iter().any(|g| g.matches(namespace, namespace)))
     }
+}
+
+/// Whether `url` is `http(s)://HOST[:PORT]/ACCOUNT/NAME` and nothing else: no user info, query,
+/// fragment, empty or dot segments, a 12-digit account and an SQS queue name. Anything looser could
+/// let the policy read one queue from the URL while SQS reads another.
+fn canonical_queue_url(url: &str) -> bool {
+    let Some(rest) = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+    else {
+        return false;
+    };
+    let Some((host, path)) = rest.split_once('/') else {
+        return false;
+    };
+    let host_ok = !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b));
+    let mut segments = path.split('/');
+    let (Some(account), Some(name), None) = (segments.next(), segments.next(), segments.next())
+    else {
+        return false;
+    };
+    let stem = name.strip_suffix(".fifo").unwrap_or(name);
+    host_ok
+        && account.len() == 12
+        && account.bytes().all(|b| b.is_ascii_digit())
+        && (1..=80).contains(&name.len())
+        && !stem.is_empty()
+        && stem
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// The ARN of the queue a client in its region reaches: `arn:PARTITION:sqs:REGION:ACCOUNT:NAME`. An
@@ -895,6 +938,38 @@ rules:
         assert!(
             e.contains("\"b\" is in no rule") && e.contains("tenancy.rules"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn only_a_queue_url_of_the_exact_shape_is_judged() {
+        let p = TenancyPolicy::parse(MULTI).unwrap();
+        assert_eq!(p.check(&tenant("team-a", URL, Some(ROLE))), Ok(()));
+        for bad in [
+            "https://sqs.us-east-1.amazonaws.com/999999999999/team-b_x/../../111111111111/team-a_orders",
+            "https://sqs.us-east-1.amazonaws.com/111111111111/team-a_orders?QueueUrl=x",
+            "https://sqs.us-east-1.amazonaws.com/111111111111/team-a_orders#x",
+            "https://sqs.us-east-1.amazonaws.com/111111111111/team-a_orders/",
+            "https://u@sqs.us-east-1.amazonaws.com/111111111111/team-a_orders",
+            "https://sqs.us-east-1.amazonaws.com//111111111111/team-a_orders",
+            "https://sqs.us-east-1.amazonaws.com/11111111111/team-a_orders",
+            "https://sqs.us-east-1.amazonaws.com/111111111111/team-a.orders",
+        ] {
+            let e = p.check(&tenant("team-a", bad, Some(ROLE))).unwrap_err();
+            assert_eq!(e.reason(), "QueueUrlNotCanonical", "{bad}");
+            assert!(e.to_string().contains("spec.queue.url"), "{e}");
+        }
+        assert!(canonical_queue_url(
+            "http://127.0.0.1:4566/000000000000/orders.fifo"
+        ));
+        assert_eq!(
+            TenancyPolicy::allow_all().check(&tenant(
+                "team-a",
+                "https://sqs.us-east-1.amazonaws.com/1/q?x",
+                None
+            )),
+            Ok(()),
+            "no rules: one tenant, nothing to tell apart"
         );
     }
 

@@ -34,6 +34,8 @@ pub mod reason {
     pub const MANAGE_NOT_ALLOWED: &str = "ManageNotAllowed";
     /// `queue.manage: create` on a queue URL of another account than the one the calls act in.
     pub const QUEUE_IN_ANOTHER_ACCOUNT: &str = "QueueInAnotherAccount";
+    /// With tenancy rules: `spec.queue.url` is not exactly `https://HOST/ACCOUNT/NAME`.
+    pub const QUEUE_URL_NOT_CANONICAL: &str = "QueueUrlNotCanonical";
     /// `spec.deadLetter.alarmActions` names a topic outside what the tenancy policy allows.
     pub const ALARM_ACTION_NOT_ALLOWED: &str = "AlarmActionNotAllowed";
     /// `spec.handler.s3Payloads.buckets` lists a bucket outside what the tenancy policy allows.
