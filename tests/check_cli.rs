@@ -218,6 +218,23 @@ fn unwrap_sns_on_with_poison_deleted_is_an_error() {
     );
 }
 
+/// #40 item 5: deleting S3 payloads beside unwrapSns is an Error offline (exit 1), naming both fields
+/// and the fix.
+#[test]
+fn s3_payload_delete_with_unwrap_sns_is_an_error() {
+    let (code, out, err) = qc_operator(&["check", "tests/data/s3_delete_with_sns.yaml"]);
+    assert_eq!(code, 1, "{out}{err}");
+    for needle in [
+        "S3PayloadDeleteWithSns",
+        "handler.s3Payloads.deleteAfterProcessing",
+        "handler.unwrapSns",
+        "set handler.s3Payloads.deleteAfterProcessing to false",
+        "lifecycle rule",
+    ] {
+        assert!(out.contains(needle), "{needle} missing from {out}");
+    }
+}
+
 #[test]
 fn out_of_range_breaker_settings_name_the_field_and_exit_2() {
     let (code, out, err) = qc_operator(&["check", "tests/data/breaker_invalid.yaml"]);

@@ -30,6 +30,7 @@ const MANAGED: &str = "QueueManaged";
 /// moto for every target, with a writer: what the operator's SDK provider gives a QueueConsumer.
 struct MotoProvider {
     sqs: aws_sdk_sqs::Client,
+    sts: aws_sdk_sts::Client,
 }
 
 #[async_trait::async_trait]
@@ -42,8 +43,31 @@ impl AwsProvider for MotoProvider {
     }
 
     async fn queue_writer(&self, _target: &AwsTarget) -> Option<Arc<dyn QueueWriter>> {
-        Some(Arc::new(SdkQueueWriter::new(self.sqs.clone())))
+        Some(Arc::new(SdkQueueWriter::new(
+            self.sqs.clone(),
+            self.sts.clone(),
+        )))
     }
+}
+
+/// An STS client of the same identity and endpoint as `sqs` (the writer's GetCallerIdentity): the
+/// tests' SQS clients all use the environment's keys.
+fn sts_of(sqs: &aws_sdk_sqs::Client) -> aws_sdk_sts::Client {
+    let key = |k: &str| std::env::var(k).expect("scripts/test exports the AWS keys");
+    let conf = aws_sdk_sts::Config::builder()
+        .behavior_version(aws_sdk_sts::config::BehaviorVersion::latest())
+        .region(sqs.config().region().cloned())
+        .endpoint_url(common::sqs_endpoint())
+        .http_client(qc::aws::http_client())
+        .credentials_provider(aws_credential_types::Credentials::new(
+            key("AWS_ACCESS_KEY_ID"),
+            key("AWS_SECRET_ACCESS_KEY"),
+            None,
+            None,
+            "test",
+        ))
+        .build();
+    aws_sdk_sts::Client::from_conf(conf)
 }
 
 struct Env {
@@ -56,7 +80,10 @@ fn env_with(sqs: aws_sdk_sqs::Client, tenancy: Option<&str>) -> Env {
     let fake = FakeKube::new();
     let mut ctx = Context::new(
         fake.client(),
-        Arc::new(MotoProvider { sqs: sqs.clone() }),
+        Arc::new(MotoProvider {
+            sqs: sqs.clone(),
+            sts: sts_of(&sqs),
+        }),
         RenderOptions {
             worker_image: TEST_WORKER_IMAGE.into(),
         },
@@ -597,4 +624,47 @@ async fn a_namespace_whose_rule_allows_less_than_asked_gets_nothing_changed() {
         e.findings("orders")
             .contains(&"VisibilityTimeoutBelowBudget".to_string())
     );
+}
+
+/// #41 item 3: `create` on a URL of another account than the one the calls act in (moto's default
+/// identity is account 123456789012; the URL names 222222222222) creates nothing anywhere: before,
+/// CreateQueue put the queue in the caller's account. QueueManaged is False with the account to
+/// assume a role in, and three reconciles make one Warning Event, not three.
+#[tokio::test]
+async fn create_on_another_accounts_url_creates_nothing_and_makes_one_event() {
+    let e = env().await;
+    let name = common::unique_name("xacct");
+    let url = format!("{}/222222222222/{name}", common::sqs_endpoint());
+    e.fake
+        .create(QUEUE_CONSUMERS, manifest("orders", &url, "create"));
+    for _ in 0..3 {
+        // An error (the queue does not exist): the reconcile backs off.
+        let _ = reconcile(Arc::new(e.qc("orders")), e.ctx.clone()).await;
+    }
+    let (status, reason, message) = e.condition("orders");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "QueueInAnotherAccount"),
+        "{message}"
+    );
+    assert!(
+        message.contains("222222222222") && message.contains("spec.aws.roleArn"),
+        "{message}"
+    );
+    assert!(
+        !message.contains("123456789012"),
+        "the operator's own account is not shown to the tenant: {message}"
+    );
+    let listed = e
+        .sqs
+        .list_queues()
+        .queue_name_prefix(&name)
+        .send()
+        .await
+        .expect("ListQueues")
+        .queue_urls
+        .unwrap_or_default();
+    assert!(listed.is_empty(), "nothing created: {listed:?}");
+    let notes = event_notes(&e.fake.take_requests(), "QueueInAnotherAccount");
+    assert_eq!(notes.len(), 1, "one Event per cause: {notes:?}");
 }

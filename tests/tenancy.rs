@@ -97,8 +97,10 @@ rules:
     accounts: ["123456789012"]
   - namespaces: ["team-*"]
     requireRoleArn: true
-    roleArns: ["arn:aws:iam::123456789012:role/qc-{namespace}-*"]
-    queues: ["arn:aws:sqs:*:123456789012:{namespace}-*"]
+    roleArns: ["arn:aws:iam::123456789012:role/qc-{namespace}_*"]
+    queues: ["arn:aws:sqs:*:123456789012:{namespace}_*"]
+    buckets: ["{namespace}.*"]
+    alarmActions: ["arn:aws:sns:*:123456789012:{namespace}_*"]
 "#;
 
 fn policy_context(fake: &FakeKube, allowed: &[&str]) -> Arc<Context> {
@@ -129,12 +131,36 @@ type Row<'a> = (&'a str, &'a str, &'a str, Option<String>, Option<&'a str>);
 #[tokio::test]
 async fn a_consumer_outside_its_namespace_policy_never_reaches_aws() {
     let sqs = sqs_in("us-east-1").await;
-    let own = common::create_queue(&sqs, &common::unique_name("team-a-orders"), &[]).await;
-    let other = common::create_queue(&sqs, &common::unique_name("team-b-orders"), &[]).await;
+    let own = common::create_queue(&sqs, &common::unique_name("team-a_orders"), &[]).await;
+    let other = common::create_queue(&sqs, &common::unique_name("team-b_orders"), &[]).await;
+    // #41 item 2: namespace team-a-staging's queue; the old preset's `{namespace}-*` let team-a name it.
+    let staging =
+        common::create_queue(&sqs, &common::unique_name("team-a-staging_orders"), &[]).await;
     let fake = FakeKube::new();
-    let role = |ns: &str| format!("arn:aws:iam::123456789012:role/qc-{ns}-orders");
-    let rows: [Row<'_>; 6] = [
+    let role = |ns: &str| format!("arn:aws:iam::123456789012:role/qc-{ns}_orders");
+    let rows: [Row<'_>; 9] = [
+        (
+            "team-a",
+            "other-topic",
+            &own,
+            Some(role("team-a")),
+            Some("AlarmActionNotAllowed"),
+        ),
         ("team-a", "allowed", &own, Some(role("team-a")), None),
+        (
+            "team-a",
+            "longer-namespaces-queue",
+            &staging,
+            Some(role("team-a")),
+            Some("QueueNotAllowed"),
+        ),
+        (
+            "team-a",
+            "other-bucket",
+            &own,
+            Some(role("team-a")),
+            Some("BucketNotAllowed"),
+        ),
         (
             "team-a",
             "other-queue",
@@ -177,6 +203,23 @@ async fn a_consumer_outside_its_namespace_policy_never_reaches_aws() {
             .alarm(true);
         if let Some(r) = role {
             m = m.set("/spec/aws/roleArn", r.as_str());
+        }
+        // #41 item 1: S3 payloads from the namespace's own buckets, or (one row) another's.
+        let bucket = if *name == "other-bucket" {
+            "team-b.payloads"
+        } else {
+            "{namespace}.payloads"
+        };
+        m = m.set(
+            "/spec/handler/s3Payloads",
+            json!({"enabled": true, "buckets": [bucket]}),
+        );
+        // #41 item 5: the DLQ alarm notifying namespace team-a-staging's topic.
+        if *name == "other-topic" {
+            m = m.set(
+                "/spec/deadLetter/alarmActions",
+                json!(["arn:aws:sns:us-east-1:123456789012:team-a-staging_alerts"]),
+            );
         }
         fake.create(QUEUE_CONSUMERS, m.json());
     }
@@ -269,11 +312,11 @@ async fn a_consumer_outside_its_namespace_policy_never_reaches_aws() {
 async fn a_consumer_with_a_role_makes_every_call_as_that_role() {
     use aws_sdk_sqs::types::QueueAttributeName;
     let sqs = sqs_in("us-east-1").await;
-    let dlq = common::create_queue(&sqs, &common::unique_name("team-a-dlq"), &[]).await;
+    let dlq = common::create_queue(&sqs, &common::unique_name("team-a_dlq"), &[]).await;
     let dlq_arn = common::queue_arn(&sqs, &dlq).await;
     let url = common::create_queue(
         &sqs,
-        &common::unique_name("team-a-orders"),
+        &common::unique_name("team-a_orders"),
         &[(
             QueueAttributeName::RedrivePolicy,
             json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 5}).to_string(),
@@ -296,7 +339,7 @@ async fn a_consumer_with_a_role_makes_every_call_as_that_role() {
     ctx.endpoints =
         AllowedEndpoints::parse([with_role.endpoint.as_str(), own.endpoint.as_str()]).unwrap();
     let ctx = Arc::new(ctx);
-    let role = "arn:aws:iam::123456789012:role/qc-team-a-orders";
+    let role = "arn:aws:iam::123456789012:role/qc-team-a_orders";
     for (name, proxy, arn) in [("orders", &with_role, Some(role)), ("plain", &own, None)] {
         let mut m = consumer(name)
             .namespace(NS)
@@ -329,7 +372,7 @@ async fn a_consumer_with_a_role_makes_every_call_as_that_role() {
     let as_controller = sent.matches("Credential=testing/").count();
     let signed = sent.matches("Credential=").count();
     assert!(assume >= 1, "the role was assumed:\n{sent}");
-    assert!(sent.contains("RoleArn=arn%3Aaws%3Aiam%3A%3A123456789012%3Arole%2Fqc-team-a-orders"));
+    assert!(sent.contains("RoleArn=arn%3Aaws%3Aiam%3A%3A123456789012%3Arole%2Fqc-team-a_orders"));
     assert!(sent.contains("RoleSessionName=qc-team-a-orders"), "{sent}");
     assert!(sent.contains("ExternalId=qc%3Ateam-a"), "{sent}");
     assert!(
@@ -373,7 +416,7 @@ impl aws_types::sdk_config::TimeSource for Clock {
 #[tokio::test]
 async fn role_credentials_are_cached_and_assumed_again_past_their_expiry() {
     let sqs = sqs_in("us-east-1").await;
-    let url = common::create_queue(&sqs, &common::unique_name("team-a-orders"), &[]).await;
+    let url = common::create_queue(&sqs, &common::unique_name("team-a_orders"), &[]).await;
     let proxy = common::counting_proxy(&common::sqs_endpoint()).await;
     let clock = Clock(Arc::new(
         std::sync::Mutex::new(std::time::SystemTime::now()),
@@ -384,7 +427,7 @@ async fn role_credentials_are_cached_and_assumed_again_past_their_expiry() {
         .time_source(clock.clone())
         .build();
     let role = qc::aws::identity::Role::for_consumer(
-        "arn:aws:iam::123456789012:role/qc-team-a-orders",
+        "arn:aws:iam::123456789012:role/qc-team-a_orders",
         NS,
         "orders",
     );
@@ -429,13 +472,13 @@ async fn a_dead_letter_queue_outside_the_namespace_policy_is_never_read() {
     let fake = FakeKube::new();
     let mut proxies = Vec::new();
     let mut urls = Vec::new();
-    for dlq_prefix in ["team-b-dlq", "team-a-dlq"] {
+    for dlq_prefix in ["team-b_dlq", "team-a_dlq"] {
         let dlq = common::create_queue(&sqs, &common::unique_name(dlq_prefix), &[]).await;
         let arn = common::queue_arn(&sqs, &dlq).await;
         urls.push(
             common::create_queue(
                 &sqs,
-                &common::unique_name("team-a-orders"),
+                &common::unique_name("team-a_orders"),
                 &[(
                     QueueAttributeName::RedrivePolicy,
                     json!({"deadLetterTargetArn": arn, "maxReceiveCount": 5}).to_string(),
@@ -455,7 +498,7 @@ async fn a_dead_letter_queue_outside_the_namespace_policy_is_never_read() {
             .set("/spec/queue/region", "us-east-1")
             .set(
                 "/spec/aws/roleArn",
-                "arn:aws:iam::123456789012:role/qc-team-a-orders",
+                "arn:aws:iam::123456789012:role/qc-team-a_orders",
             )
             .timeout("10s")
             .wait_time("1s")
@@ -474,7 +517,7 @@ async fn a_dead_letter_queue_outside_the_namespace_policy_is_never_read() {
     let dlq = fake_kube::condition_of(q.clone(), "DeadLetterQueueHealthy");
     assert_eq!(dlq.status, "Unknown", "{dlq:?}");
     assert!(
-        dlq.message.contains("team-b-dlq") && dlq.message.contains("does not allow"),
+        dlq.message.contains("team-b_dlq") && dlq.message.contains("does not allow"),
         "names the DLQ and the policy: {}",
         dlq.message
     );
@@ -493,4 +536,51 @@ async fn a_dead_letter_queue_outside_the_namespace_policy_is_never_read() {
     );
     assert!(proxies[1].sent().contains("AmazonSQS.GetQueueUrl"));
     assert!(own.metadata.finalizers.is_some(), "its alarm is kept");
+}
+
+/// #40 item 5: `deleteAfterProcessing` beside `unwrapSns` is refused by the controller: ConfigValid
+/// False with the finding naming the field and the fix, and the rendered worker does not delete
+/// payloads (it would refuse the two flags together).
+#[tokio::test]
+async fn s3_payload_delete_with_unwrap_sns_is_config_invalid_and_never_rendered() {
+    let sqs = sqs_in("us-east-1").await;
+    let url = common::create_queue(&sqs, &common::unique_name("team-a_fanout"), &[]).await;
+    let fake = FakeKube::new();
+    let ctx = sdk_context(&fake);
+    let mut m = manifest("fanout", &url, "us-east-1");
+    m["spec"]["handler"]["unwrapSns"] = json!("on");
+    m["spec"]["handler"]["s3Payloads"] = json!({"enabled": true, "deleteAfterProcessing": true, "buckets": ["{namespace}.payloads"]});
+    fake.create(QUEUE_CONSUMERS, m);
+    let _ = reconcile(Arc::new(qc(&fake, "fanout")), ctx.clone()).await;
+    let q = qc(&fake, "fanout");
+    let valid = fake_kube::condition_of(q.clone(), "ConfigValid");
+    assert_eq!(
+        (valid.status.as_str(), valid.reason.as_str()),
+        ("False", "S3PayloadDeleteWithSns"),
+        "{}",
+        valid.message
+    );
+    let f = q
+        .status
+        .unwrap()
+        .findings
+        .into_iter()
+        .find(|f| f.code == "S3PayloadDeleteWithSns")
+        .expect("the finding");
+    assert!(
+        f.message
+            .contains("handler.s3Payloads.deleteAfterProcessing")
+            && f.recommendation
+                .contains("set handler.s3Payloads.deleteAfterProcessing to false"),
+        "{f:?}"
+    );
+    let d = fake
+        .get(DEPLOYMENTS, NS, "fanout")
+        .expect("rolled out (enforce is off)");
+    let args = d.to_string();
+    assert!(
+        args.contains("--s3-payloads") && args.contains("team-a.payloads"),
+        "{args}"
+    );
+    assert!(!args.contains("--s3-delete-after"), "{args}");
 }

@@ -2200,3 +2200,57 @@ async fn exec_children_get_no_worker_secrets_and_aws_keys_only_when_asked() {
         w.stop().await;
     }
 }
+
+/// #41 item 4: a worker does not keep its dead-letter queue for its lifetime. The redrive policy
+/// pointed at a new DLQ and the old one deleted: the next poison message reaches the new DLQ, sent by
+/// the worker (it carries `qc-poison-reason`, which SQS's own redrive would not add), within a few
+/// receives rather than after maxReceiveCount (10) of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_queue_replaced_in_the_redrive_policy_is_found_again() {
+    let q = TestQueue::new("dlq-moved", 2, 10, false).await;
+    let h = HttpHandler::start(|_| Reply::status(422)).await;
+    let mut w = Worker::start(&q.args(&["--http-url", &h.url]));
+    q.send_one("first").await;
+    eventually(Duration::from_secs(20), "first in the old DLQ", || async {
+        q.dlq_visible().await == 1
+    })
+    .await;
+    let new_dlq = common::create_queue(&q.client, &common::unique_name("dlq-new"), &[]).await;
+    let arn = common::queue_arn(&q.client, &new_dlq).await;
+    q.client
+        .set_queue_attributes()
+        .queue_url(&q.url)
+        .attributes(
+            aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy,
+            serde_json::json!({"deadLetterTargetArn": arn, "maxReceiveCount": 10}).to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    q.client
+        .delete_queue()
+        .queue_url(&q.dlq_url)
+        .send()
+        .await
+        .unwrap();
+    q.send_one("second").await;
+    let moved = TestQueue {
+        client: q.client.clone(),
+        url: q.url.clone(),
+        dlq_url: new_dlq.clone(),
+        fifo: false,
+    };
+    eventually(Duration::from_secs(15), "second in the new DLQ", || async {
+        moved.dlq_visible().await == 1
+    })
+    .await;
+    let got = drain_dlq(&moved).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0, "second");
+    assert!(
+        got[0].1.contains_key("qc-poison-reason"),
+        "sent by the worker, not moved by SQS: {:?}",
+        got[0].1
+    );
+    w.stop().await;
+}

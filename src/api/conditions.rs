@@ -32,6 +32,14 @@ pub mod reason {
     pub const QUEUE_NOT_READ: &str = "QueueNotRead";
     /// The tenancy policy's rule for the namespace allows less than `spec.queue.manage` asks for.
     pub const MANAGE_NOT_ALLOWED: &str = "ManageNotAllowed";
+    /// `queue.manage: create` on a queue URL of another account than the one the calls act in.
+    pub const QUEUE_IN_ANOTHER_ACCOUNT: &str = "QueueInAnotherAccount";
+    /// With tenancy rules: `spec.queue.url` is not exactly `https://HOST/ACCOUNT/NAME`.
+    pub const QUEUE_URL_NOT_CANONICAL: &str = "QueueUrlNotCanonical";
+    /// `spec.deadLetter.alarmActions` names a topic outside what the tenancy policy allows.
+    pub const ALARM_ACTION_NOT_ALLOWED: &str = "AlarmActionNotAllowed";
+    /// `spec.handler.s3Payloads.buckets` lists a bucket outside what the tenancy policy allows.
+    pub const BUCKET_NOT_ALLOWED: &str = "BucketNotAllowed";
     /// `create`: the URL's last segment is no queue name SQS accepts (or its DLQ's name would not be).
     pub const INVALID_QUEUE_NAME: &str = "InvalidQueueName";
     /// The operator has no SQS client to write with (only a provider of test doubles).

@@ -646,15 +646,25 @@ pub struct HandlerSpec {
 }
 
 /// `handler.s3Payloads`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("!self.enabled || (has(self.buckets) && size(self.buckets) > 0)").message("handler.s3Payloads.buckets is required when s3Payloads is enabled: list the buckets payloads may come from, e.g. [\"{namespace}.payloads\"]; a pointer into any other bucket is poison").reason(Reason::FieldValueRequired))]
+#[x_kube(validation = Rule::new("!has(self.buckets) || self.buckets.all(b, b.matches('^([a-z0-9.*?-]|[{]namespace[}])+$'))").message("handler.s3Payloads.buckets holds S3 bucket names or patterns: lowercase letters, digits, '.', '-', '*' or '?' as wildcards, and {namespace}, e.g. \"{namespace}.payloads\"").reason(Reason::FieldValueInvalid))]
 pub struct S3PayloadsSpec {
-    /// Fetch S3 payloads (needs s3:GetObject on the bucket); a missing object is poison, an S3
-    /// failure a retry. Default: false.
+    /// Fetch S3 payloads (needs s3:GetObject on the bucket); a missing object, a missing bucket and
+    /// access denied are poison, an S3 outage a retry. Default: false.
     #[serde(default)]
     pub enabled: bool,
+    /// The buckets payloads may come from (required when enabled): names or patterns (`*` any run
+    /// of characters, `?` one, `{namespace}` this QueueConsumer's namespace). A pointer into any
+    /// other bucket is poison before any S3 call; the operator's tenancy policy bounds what a
+    /// namespace may list. Default: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "buckets_schema")]
+    pub buckets: Vec<String>,
     /// Delete the object once the message's delete is confirmed (needs s3:DeleteObject); an object
-    /// of a message that stays on the queue is kept. Default: false.
+    /// of a message that stays on the queue is kept. Refused with `unwrapSns` (every subscriber of
+    /// an SNS fan-out points at one object). Default: false.
     #[serde(default)]
     pub delete_after_processing: bool,
 }
@@ -972,6 +982,16 @@ pub struct DeadLetterSpec {
     #[serde(default)]
     #[schemars(schema_with = "alarm_actions_schema")]
     pub alarm_actions: Vec<String>,
+}
+
+/// S3 bucket names or patterns; bounded, as `alarm_actions_schema`, so the CEL rules stay cheap.
+fn buckets_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "maxItems": 20,
+        "items": {"type": "string", "maxLength": 255},
+        "description": "The buckets payloads may come from (required when enabled; at most 20): names or patterns (`*` any run of characters, `?` one, `{namespace}` this QueueConsumer's namespace). A pointer into any other bucket is poison before any S3 call; the operator's tenancy policy bounds what a namespace may list. Default: none."
+    })
 }
 
 /// SNS topic ARNs. The bounds keep the CEL rules above cheap for the API server; the rules say what is

@@ -23,6 +23,9 @@ pub trait QueueWriter: Send + Sync {
     async fn create(&self, queue: &NewQueue) -> Result<String, SqsError>;
     /// The QueueArn of the queue at `url` (for a redrive policy naming it).
     async fn arn(&self, url: &str) -> Result<String, SqsError>;
+    /// The AWS account the writer's credentials act in (STS GetCallerIdentity): where CreateQueue
+    /// would put a queue, whatever account the queue URL names.
+    async fn account(&self) -> Result<String, SqsError>;
 }
 
 /// Why a write of `queue.manage` failed: the call, the queue, and the SQS error (whose reason is the
@@ -39,6 +42,10 @@ pub enum WriteError {
     CreateQueue { name: String, source: SqsError },
     #[error("reading the ARN of the new queue {url} failed: {source}")]
     ReadArn { url: String, source: SqsError },
+    #[error(
+        "reading which AWS account queue.manage: create would create {name} in failed (sts:GetCallerIdentity, allowed to every identity): {source}; nothing is created until it is known to be the queue's account"
+    )]
+    CallerAccount { name: String, source: SqsError },
 }
 
 impl WriteError {
@@ -47,20 +54,23 @@ impl WriteError {
         match self {
             WriteError::SetQueueAttributes { source, .. }
             | WriteError::CreateQueue { source, .. }
-            | WriteError::ReadArn { source, .. } => source.reason(),
+            | WriteError::ReadArn { source, .. }
+            | WriteError::CallerAccount { source, .. } => source.reason(),
         }
     }
 }
 
-/// `QueueWriter` on the SDK client.
+/// `QueueWriter` on the SDK clients (SQS, and STS for the account), of one identity.
 pub struct SdkQueueWriter {
     client: aws_sdk_sqs::Client,
+    sts: aws_sdk_sts::Client,
 }
 
 impl SdkQueueWriter {
-    pub fn new(client: aws_sdk_sqs::Client) -> Self {
+    pub fn new(client: aws_sdk_sqs::Client, sts: aws_sdk_sts::Client) -> Self {
         SdkQueueWriter {
             client: super::operator_sqs(client),
+            sts,
         }
     }
 }
@@ -100,6 +110,21 @@ impl QueueWriter for SdkQueueWriter {
         out.queue_url.ok_or_else(|| SqsError::BadResponse {
             target: queue.name.clone(),
             detail: "CreateQueue answered without a QueueUrl".to_string(),
+        })
+    }
+
+    async fn account(&self) -> Result<String, SqsError> {
+        let out = self.sts.get_caller_identity().send().await.map_err(|e| {
+            use aws_sdk_sts::error::ProvideErrorMetadata as _;
+            SqsError::AwsError {
+                target: "sts:GetCallerIdentity".to_string(),
+                code: e.code().unwrap_or("Unknown").to_string(),
+                message: aws_sdk_sts::error::DisplayErrorContext(&e).to_string(),
+            }
+        })?;
+        out.account.ok_or_else(|| SqsError::BadResponse {
+            target: "sts:GetCallerIdentity".to_string(),
+            detail: "GetCallerIdentity answered without an Account".to_string(),
         })
     }
 

@@ -110,9 +110,23 @@ struct Cli {
     /// and hand it to the handler as the body; a missing object is poison, an S3 failure a retry.
     #[arg(long, env = "QC_S3_PAYLOADS")]
     s3_payloads: bool,
+    /// With --s3-payloads (required): a bucket payloads may come from, a name or a pattern with `*`
+    /// or `?`; repeat for more. A pointer into any other bucket is poison, never fetched.
+    #[arg(
+        long = "s3-bucket",
+        env = "QC_S3_BUCKETS",
+        value_delimiter = ',',
+        value_name = "BUCKET"
+    )]
+    s3_buckets: Vec<String>,
     /// With --s3-payloads: delete the object once the message's delete is confirmed.
     #[arg(long, env = "QC_S3_DELETE_AFTER")]
     s3_delete_after: bool,
+    /// With --s3-payloads: payload bytes held at once (bytes, or with KiB/MiB); a fetch past it waits
+    /// for payloads to be released, one larger than all of it is poison. Default: half the
+    /// container's memory limit (cgroup memory.max or memory.limit_in_bytes), else 512MiB.
+    #[arg(long, env = "QC_S3_PAYLOAD_BUDGET", value_parser = parse_size)]
+    s3_payload_budget: Option<usize>,
     /// With --s3-payloads: the largest payload fetched (bytes, or with KiB/MiB); a larger one is poison.
     #[arg(long, env = "QC_S3_PAYLOAD_MAX", default_value = "64MiB", value_parser = parse_size)]
     s3_payload_max: usize,
@@ -275,6 +289,10 @@ fn config(cli: Cli) -> anyhow::Result<Config> {
         s3_payloads: cli.s3_payloads.then_some(qc::worker::s3::Settings {
             delete_after: cli.s3_delete_after,
             max_bytes: cli.s3_payload_max as u64,
+            buckets: cli.s3_buckets,
+            budget: cli
+                .s3_payload_budget
+                .map_or_else(qc::worker::s3::default_budget, |b| b as u64),
         }),
         idempotency_store: cli.idempotency_store,
         idempotency_key: cli.idempotency_key,
@@ -688,9 +706,22 @@ mod tests {
         let s3 = s.handler.s3_payloads.clone().unwrap_or_default();
         assert_eq!(got.s3_payloads.is_some(), s3.enabled, "{name}");
         assert_eq!(
-            got.s3_payloads.is_some_and(|s| s.delete_after),
-            s3.enabled && s3.delete_after_processing,
+            got.s3_payloads.as_ref().is_some_and(|s| s.delete_after),
+            s3.enabled && s3.delete_after_processing && s.handler.unwrap_sns == UnwrapSns::Off,
             "{name}"
+        );
+        let ns = qc.metadata.namespace.as_deref().unwrap_or("default");
+        assert_eq!(
+            got.s3_payloads.map(|s| s.buckets).unwrap_or_default(),
+            if s3.enabled {
+                s3.buckets
+                    .iter()
+                    .map(|b| b.replace("{namespace}", ns))
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            "{name}: the buckets with the namespace filled in"
         );
         assert_eq!(
             got.exec_pass_aws_credentials,
@@ -768,7 +799,7 @@ spec:
   handler:
     http: {port: 8181, path: /hooks/sqs}
     batch: {maxItems: 25, maxWait: 2500ms}
-    s3Payloads: {enabled: true, deleteAfterProcessing: true}
+    s3Payloads: {enabled: true, deleteAfterProcessing: true, buckets: ['{namespace}.payloads', shared.*]}
   idempotency:
     store: redis
     key: jsonPointer:/order/id

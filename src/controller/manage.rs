@@ -62,6 +62,11 @@ impl Outcome {
         Outcome::condition(Status::False, e.reason(), e.to_string())
     }
 
+    /// Refused before any write: QueueManaged False (its transition is the one Warning Event).
+    fn refused(reason: &'static str, message: String) -> Outcome {
+        Outcome::condition(Status::False, reason, message)
+    }
+
     fn failed(e: &WriteError) -> Outcome {
         let mut o = Outcome::condition(Status::False, e.reason(), e.to_string());
         o.events.push(ManageEvent {
@@ -308,6 +313,26 @@ async fn create(
             "this operator has no SQS client to create queues with".to_string(),
         );
     };
+    // CreateQueue makes the queue in the account of the credentials, not the one the URL names (and
+    // the tenancy policy checked): a URL of another account would get a queue in the operator's own.
+    let wanted = QueueId::of(None, &qc.spec.queue.url).account;
+    match writer.account().await {
+        Ok(acting) if acting == wanted => {}
+        Ok(_) => {
+            return Outcome::refused(
+                reason::QUEUE_IN_ANOTHER_ACCOUNT,
+                format!(
+                    "spec.queue.url names a queue of AWS account {wanted}, but this QueueConsumer's calls act in another account, where CreateQueue would put it: nothing is created; set spec.aws.roleArn to a role in account {wanted} (allowed by the operator's tenancy policy), or create the queue there yourself"
+                ),
+            );
+        }
+        Err(source) => {
+            return Outcome::failed(&WriteError::CallerAccount {
+                name: plan.queue.name.clone(),
+                source,
+            });
+        }
+    }
     let (dlq_url, url) = match create_with_dead_letter(writer, &plan).await {
         Ok(u) => u,
         Err(e) => return Outcome::failed(&e),

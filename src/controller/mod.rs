@@ -278,8 +278,19 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     // manage: the queue's settings raised (or the queue created) before the rules see it, and read
     // again, so the findings it fixed are gone from this status already
     let managed = manage_queue(ctx, qc, &target, &observed).await;
+    // A failure or refusal that QueueManaged already shows (same reason) made its Event when it began:
+    // one Event per cause, not one per poll.
+    let again = managed.condition.as_ref().is_some_and(|c| {
+        qc.status.as_ref().is_some_and(|s| {
+            s.conditions.iter().any(|o| {
+                o.type_ == crate::api::conditions::QUEUE_MANAGED
+                    && o.status == "False"
+                    && o.reason == c.reason
+            })
+        })
+    });
     // at once: a change made is an Event even if a later step fails this reconcile
-    for e in &managed.events {
+    for e in managed.events.iter().filter(|e| !(e.warning && again)) {
         ctx.distinct_event(qc, e.warning, "ManageQueue", e.reason, e.note.clone())
             .await;
     }

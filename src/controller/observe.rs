@@ -108,6 +108,8 @@ pub struct SdkProvider {
     clients: tokio::sync::Mutex<HashMap<AwsTarget, AwsClients>>,
     /// SDK SQS clients of the redrives, by the same key.
     redrive_clients: tokio::sync::Mutex<HashMap<AwsTarget, aws_sdk_sqs::Client>>,
+    /// STS clients of the same identities (the account `queue.manage: create` acts in).
+    sts_clients: tokio::sync::Mutex<HashMap<AwsTarget, aws_sdk_sts::Client>>,
     sqs: Arc<Limiter>,
     cloudwatch: Arc<Limiter>,
     batch: BatchOptions,
@@ -124,6 +126,7 @@ impl SdkProvider {
         SdkProvider {
             clients: tokio::sync::Mutex::default(),
             redrive_clients: tokio::sync::Mutex::default(),
+            sts_clients: tokio::sync::Mutex::default(),
             sqs: Arc::new(Limiter::new("sqs", options.sqs)),
             cloudwatch: Arc::new(Limiter::new("cloudwatch", options.cloudwatch)),
             batch: options.batch,
@@ -150,6 +153,10 @@ impl AwsProvider for SdkProvider {
             conf = crate::aws::identity::assume(conf, role).await;
         }
         let sqs = aws_sdk_sqs::Client::new(&conf);
+        self.sts_clients
+            .lock()
+            .await
+            .insert(target.clone(), aws_sdk_sts::Client::new(&conf));
         self.redrive_clients
             .lock()
             .await
@@ -175,7 +182,10 @@ impl AwsProvider for SdkProvider {
         target: &AwsTarget,
     ) -> Option<Arc<dyn crate::aws::manage::QueueWriter>> {
         let client = self.redrive_client(target).await?;
-        Some(Arc::new(crate::aws::manage::SdkQueueWriter::new(client)))
+        let sts = self.sts_clients.lock().await.get(target).cloned()?;
+        Some(Arc::new(crate::aws::manage::SdkQueueWriter::new(
+            client, sts,
+        )))
     }
 
     async fn redrive_client(&self, target: &AwsTarget) -> Option<aws_sdk_sqs::Client> {

@@ -192,6 +192,11 @@ pub fn deployment(qc: &QueueConsumer, opts: &RenderOptions) -> Result<Deployment
     let name = qc.metadata.name.clone().ok_or(RenderError::MissingName)?;
     let spec = &qc.spec;
     let role = crate::aws::identity::of_consumer(qc);
+    let namespace = qc
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
     let handler = spec.handler.one().ok_or(RenderError::NoHandler)?;
     let mut template = spec.template.clone();
     let mut pod = template.spec.take().unwrap_or_default();
@@ -218,7 +223,13 @@ pub fn deployment(qc: &QueueConsumer, opts: &RenderOptions) -> Result<Deployment
                 name: WORKER_CONTAINER.into(),
                 image: Some(opts.worker_image.clone()),
                 command: Some(vec![WORKER_BINARY.into()]),
-                args: Some(worker_args(spec, role.as_ref(), metrics_port, &launch)),
+                args: Some(worker_args(
+                    spec,
+                    &namespace,
+                    role.as_ref(),
+                    metrics_port,
+                    &launch,
+                )),
                 env: Some(env),
                 resources: Some(resources),
                 security_context: Some(restricted_security_context()),
@@ -263,7 +274,13 @@ pub fn deployment(qc: &QueueConsumer, opts: &RenderOptions) -> Result<Deployment
             let c = &mut pod.containers[0];
             restrict_unset(c, &pod_context);
             c.command = Some(vec![COPIED_WORKER_BINARY.into()]);
-            c.args = Some(worker_args(spec, role.as_ref(), metrics_port, &launch));
+            c.args = Some(worker_args(
+                spec,
+                &namespace,
+                role.as_ref(),
+                metrics_port,
+                &launch,
+            ));
             merge_env(c.env.get_or_insert_default(), env);
             // Read-only: a handler compromised through a message cannot replace the worker that
             // runs it (only the install step writes the volume).

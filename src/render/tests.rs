@@ -540,6 +540,7 @@ fn region_from_the_queue_url_as_the_worker_resolves_it() {
         spec["queue"] = json!({ "url": url });
         let w = worker_args(
             &qc(spec).spec,
+            "default",
             None,
             9090,
             &WorkerLaunch::Http {

@@ -24,6 +24,7 @@ pub fn region(spec: &QueueConsumerSpec) -> Option<String> {
 /// Arguments after the `qc-worker` executable.
 pub fn worker_args(
     spec: &QueueConsumerSpec,
+    namespace: &str,
     role: Option<&Role>,
     metrics_port: u16,
     launch: &WorkerLaunch,
@@ -77,7 +78,17 @@ pub fn worker_args(
     }
     if let Some(s3) = spec.handler.s3_payloads.as_ref().filter(|s| s.enabled) {
         args.push("--s3-payloads".into());
-        if s3.delete_after_processing {
+        // The namespace filled in here: the worker checks the names it is given, and the tenancy
+        // policy checked the same ones.
+        for b in &s3.buckets {
+            args.extend([
+                "--s3-bucket".into(),
+                b.replace(crate::tenancy::NAMESPACE_PLACEHOLDER, namespace),
+            ]);
+        }
+        // Refused beside unwrapSns (finding S3PayloadDeleteWithSns): the objects are kept rather
+        // than a worker that will not start.
+        if s3.delete_after_processing && spec.handler.unwrap_sns == crate::api::UnwrapSns::Off {
             args.push("--s3-delete-after".into());
         }
     }

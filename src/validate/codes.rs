@@ -24,6 +24,7 @@ pub const BREAKER_DISABLED: &str = "BreakerDisabled";
 pub const OUTAGE_HOLD_BEYOND_RETENTION: &str = "OutageHoldBeyondRetention";
 pub const POD_NOT_RESTRICTED: &str = "PodNotRestricted";
 pub const MAX_RATE_BELOW_BACKLOG: &str = "MaxRateBelowBacklog";
+pub const S3_PAYLOAD_DELETE_WITH_SNS: &str = "S3PayloadDeleteWithSns";
 
 /// Rules that need only the spec.
 pub const OFFLINE_RULES: &[&str] = &[
@@ -36,6 +37,7 @@ pub const OFFLINE_RULES: &[&str] = &[
     ALARM_ACTION_IN_ANOTHER_REGION,
     POD_NOT_RESTRICTED,
     MAX_RATE_BELOW_BACKLOG,
+    S3_PAYLOAD_DELETE_WITH_SNS,
 ];
 
 /// Rules that need the source queue's attributes.
@@ -85,4 +87,5 @@ pub const ALL: &[&str] = &[
     ALARM_ACTION_IN_ANOTHER_REGION,
     POD_NOT_RESTRICTED,
     MAX_RATE_BELOW_BACKLOG,
+    S3_PAYLOAD_DELETE_WITH_SNS,
 ];

@@ -484,6 +484,21 @@ fn offline_rules(spec: &QueueConsumerSpec, out: &mut Vec<Finding>) {
             ));
         }
     }
+    if let Some(s3) = spec.handler.s3_payloads.as_ref()
+        && s3.enabled
+        && s3.delete_after_processing
+        && spec.handler.unwrap_sns != crate::api::UnwrapSns::Off
+    {
+        out.push(finding(
+            codes::S3_PAYLOAD_DELETE_WITH_SNS,
+            Severity::Error,
+            format!(
+                "handler.s3Payloads.deleteAfterProcessing is true with handler.unwrapSns {:?}: a payload sent through an SNS topic is one S3 object with a pointer in every subscriber's queue (and in every duplicate delivery), so the first consumer to finish deletes it and every other copy fails as poison with a dangling pointer",
+                spec.handler.unwrap_sns.as_str()
+            ),
+            "set handler.s3Payloads.deleteAfterProcessing to false and expire the payloads with an S3 lifecycle rule on the bucket (e.g. after 14 days, beyond the queues' retention), or set handler.unwrapSns to \"off\" if no message comes through SNS".to_string(),
+        ));
+    }
     if p.on_poison == crate::api::OnPoison::Delete {
         out.push(finding(
             codes::POISON_DELETED,

@@ -6,7 +6,7 @@
 
 use aws_sdk_sqs::primitives::Blob;
 use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName};
-use tokio::sync::OnceCell;
+use tokio::sync::{Mutex, OnceCell};
 
 use super::sqs::Message;
 use crate::aws::facts::{QueueArn, parse_redrive_policy};
@@ -36,12 +36,17 @@ pub enum DeadLetterError {
     SendMessage(String),
 }
 
-/// Where poison goes: the DLQ of the source queue's redrive policy, looked up on first use.
+/// How long a looked-up DLQ is used before the redrive policy is read again: a policy pointed at
+/// another DLQ reaches the worker's poison within this (a failed send forgets it at once).
+pub const TARGET_TTL: std::time::Duration = std::time::Duration::from_mins(5);
+
+/// Where poison goes: the DLQ of the source queue's redrive policy, looked up on first use and again
+/// after `TARGET_TTL` or a failed send.
 pub struct DeadLetter {
     client: aws_sdk_sqs::Client,
     source_url: String,
-    /// None inside: the source has no redrive policy.
-    target: OnceCell<Option<String>>,
+    /// When looked up, and the URL (None: the source has no redrive policy).
+    target: Mutex<Option<(std::time::Instant, Option<String>)>>,
     /// The source queue's ARN (read with the redrive policy): the `qc-source-arn` of every send.
     source_arn: OnceCell<String>,
 }
@@ -51,19 +56,23 @@ impl DeadLetter {
         DeadLetter {
             client,
             source_url: source_url.to_string(),
-            target: OnceCell::new(),
+            target: Mutex::new(None),
             source_arn: OnceCell::new(),
         }
     }
 
     /// The DLQ's URL, None without a redrive policy. A failed lookup is not cached: the next poison
     /// message tries again.
-    pub async fn target(&self) -> Result<Option<&str>, DeadLetterError> {
-        let t = self
-            .target
-            .get_or_try_init(|| async { self.look_up().await })
-            .await?;
-        Ok(t.as_deref())
+    pub async fn target(&self) -> Result<Option<String>, DeadLetterError> {
+        let mut t = self.target.lock().await;
+        if let Some((at, url)) = &*t
+            && at.elapsed() < TARGET_TTL
+        {
+            return Ok(url.clone());
+        }
+        let url = self.look_up().await?;
+        *t = Some((std::time::Instant::now(), url.clone()));
+        Ok(url)
     }
 
     async fn look_up(&self) -> Result<Option<String>, DeadLetterError> {
@@ -171,10 +180,14 @@ impl DeadLetter {
             // The message id dedups a resend within SQS's five-minute window (FIFO DLQs only).
             req = req.message_group_id(g).message_deduplication_id(&msg.id);
         }
-        let out = req
-            .send()
-            .await
-            .map_err(|e| DeadLetterError::SendMessage(crate::aws::error_chain(&e)))?;
+        let out = match req.send().await {
+            Ok(out) => out,
+            Err(e) => {
+                // The DLQ may be gone or the redrive policy changed: look it up again next time.
+                *self.target.lock().await = None;
+                return Err(DeadLetterError::SendMessage(crate::aws::error_chain(&e)));
+            }
+        };
         Ok(Sent {
             copy_id: out.message_id.unwrap_or_default(),
             reason_attached,

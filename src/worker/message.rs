@@ -841,7 +841,7 @@ impl Processor {
                 self,
                 &lease.msg,
                 deadline,
-                Box::pin(dl.send(target, &lease.msg, reason)),
+                Box::pin(dl.send(&target, &lease.msg, reason)),
             )
             .await;
         match sent {
@@ -1137,6 +1137,13 @@ impl Processor {
                     .await;
                 return Attempt::Ended(ended);
             }
+            Err(Payload::Duplicate(reason)) => {
+                drop(pass);
+                m.outcome(OutcomeLabel::Duplicate);
+                tracing::info!(message_id = %lease.msg.id, reason = %reason, "a copy of a message already handled; deleting it without calling the handler");
+                let ended = self.settle(lease, Happened::KeyDone, &reason).await;
+                return Attempt::Ended(ended);
+            }
             Err(Payload::Transient(reason)) => {
                 m.outcome(OutcomeLabel::Transient);
                 let hold = pass.record(Outcome::Failure {
@@ -1278,6 +1285,8 @@ enum Payload {
     Poison(String),
     /// It may be fetched later.
     Transient(String),
+    /// A copy of a message already handled: its object was deleted here after that one.
+    Duplicate(String),
 }
 
 impl Processor {
@@ -1307,6 +1316,7 @@ impl Processor {
             }
             Some(Err(super::s3::FetchError::Poison(reason))) => Err(Payload::Poison(reason)),
             Some(Err(super::s3::FetchError::Transient(reason))) => Err(Payload::Transient(reason)),
+            Some(Err(super::s3::FetchError::Duplicate(reason))) => Err(Payload::Duplicate(reason)),
             None => Err(Payload::Transient(format!(
                 "fetching the S3 payload {ptr} timed out"
             ))),

@@ -167,8 +167,41 @@ impl Config {
                 "must be at most 10000 per worker; run more replicas for more",
             );
         }
-        if self.s3_payloads.is_some_and(|s| s.max_bytes == 0) {
-            return bad("--s3-payload-max", "must be at least 1 byte, e.g. 64MiB");
+        if let Some(s3) = &self.s3_payloads {
+            if s3.max_bytes == 0 {
+                return bad("--s3-payload-max", "must be at least 1 byte, e.g. 64MiB");
+            }
+            if s3.budget < 1024 {
+                return bad(
+                    "--s3-payload-budget",
+                    "must be at least 1KiB, e.g. 64MiB (half the container's memory limit is the default)",
+                );
+            }
+            if s3.delete_after && self.unwrap_sns != UnwrapSns::Off {
+                return bad(
+                    "--s3-delete-after",
+                    "cannot go with --unwrap-sns on or auto: an SNS fan-out puts one S3 object behind a pointer in every subscriber's queue, and the first to finish would delete it for all; leave --s3-delete-after out and expire payloads with an S3 lifecycle rule",
+                );
+            }
+            if s3.buckets.is_empty() {
+                return bad(
+                    "--s3-bucket",
+                    "is required with --s3-payloads: name the buckets payloads may come from (repeat the flag, or QC_S3_BUCKETS=a,b), e.g. --s3-bucket team-a.payloads; a pointer into any other bucket is poison",
+                );
+            }
+            if let Some(b) = s3.buckets.iter().find(|b| {
+                b.is_empty()
+                    || !b.bytes().all(|c| {
+                        c.is_ascii_lowercase() || c.is_ascii_digit() || b".-*?".contains(&c)
+                    })
+            }) {
+                return Err(WorkerError::ValidateFlags {
+                    flag: "--s3-bucket",
+                    reason: format!(
+                        "{b:?} is not an S3 bucket name or pattern: lowercase letters, digits, '.', '-', and '*' or '?' as wildcards"
+                    ),
+                });
+            }
         }
         if !(1..=MAX_BATCH_ITEMS).contains(&self.batch_max_items) {
             return bad(
@@ -579,7 +612,7 @@ pub async fn run(
     );
     processor.confirm_deletes = info.fifo;
     processor.unwrap_sns = config.unwrap_sns;
-    if let Some(settings) = config.s3_payloads {
+    if let Some(settings) = config.s3_payloads.clone() {
         processor.s3 = Some(s3::S3Payloads::new(&sdk, settings));
     }
     let processor = Arc::new(processor);

@@ -24,6 +24,102 @@ pub struct Pointer {
     pub key: String,
 }
 
+/// Bytes of payload in flight are counted in KiB (a semaphore's permits are u32 per acquire).
+const UNIT: u64 = 1024;
+
+/// Without a container memory limit (or `--s3-payload-budget`): bytes of payloads held at once.
+pub const DEFAULT_BUDGET: u64 = 512 * 1024 * 1024;
+
+/// The default budget: half the container's memory limit (cgroup v2 `memory.max`, else v1
+/// `memory.limit_in_bytes`), the other half left for the worker itself, the read buffers and the
+/// handler's copy of what it is sent; `DEFAULT_BUDGET` where no limit is set.
+pub fn default_budget() -> u64 {
+    let read = |path: &str| std::fs::read_to_string(path).ok();
+    read("/sys/fs/cgroup/memory.max")
+        .and_then(|t| memory_limit(&t))
+        .or_else(|| {
+            read("/sys/fs/cgroup/memory/memory.limit_in_bytes").and_then(|t| memory_limit(&t))
+        })
+        .map_or(DEFAULT_BUDGET, |limit| limit / 2)
+}
+
+/// A cgroup memory limit file's value: None for "max" or v1's "no limit" (a page-rounded i64::MAX).
+fn memory_limit(text: &str) -> Option<u64> {
+    let v: u64 = text.trim().parse().ok()?;
+    (v < 1 << 62).then_some(v)
+}
+
+/// Payload bytes held at once (`--s3-payload-budget`): a fetch takes its object's size from it
+/// before reading, and the payload gives it back when the last copy of its bytes is dropped (after
+/// the handler call). Past it, fetches wait; none ever reads beyond it.
+#[derive(Clone)]
+pub struct Budget {
+    units: std::sync::Arc<tokio::sync::Semaphore>,
+    bytes: u64,
+}
+
+impl Budget {
+    pub fn new(bytes: u64) -> Budget {
+        let units = usize::try_from(bytes / UNIT)
+            .unwrap_or(usize::MAX)
+            .clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+        Budget {
+            units: std::sync::Arc::new(tokio::sync::Semaphore::new(units)),
+            bytes,
+        }
+    }
+
+    /// Bytes not taken now.
+    pub fn available(&self) -> u64 {
+        self.units.available_permits() as u64 * UNIT
+    }
+
+    /// Waits until `len` bytes are free and takes them; None if `len` is over the whole budget.
+    async fn take(&self, len: u64) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let units = u32::try_from(len.div_ceil(UNIT).max(1)).ok()?;
+        if u64::from(units) * UNIT > self.bytes.max(UNIT) {
+            return None;
+        }
+        self.units.clone().acquire_many_owned(units).await.ok()
+    }
+}
+
+/// A payload's bytes with its share of the budget, given back on drop.
+struct Held {
+    data: Vec<u8>,
+    _share: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+/// Objects this worker deleted (`--s3-delete-after`), newest kept: a later pointer at one of them is
+/// a copy of a message already handled (a duplicate delivery), not a dangling pointer.
+#[derive(Default)]
+struct Deleted {
+    set: std::collections::HashSet<String>,
+    order: std::collections::VecDeque<String>,
+}
+
+/// How many deleted objects are remembered.
+const DELETED_KEPT: usize = 100_000;
+
+impl Deleted {
+    fn insert(&mut self, id: String) {
+        if self.set.insert(id.clone()) {
+            self.order.push_back(id);
+            while self.order.len() > DELETED_KEPT {
+                if let Some(old) = self.order.pop_front() {
+                    self.set.remove(&old);
+                }
+            }
+        }
+    }
+}
+
 impl std::fmt::Display for Pointer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "s3://{}/{}", self.bucket, self.key)
@@ -79,25 +175,45 @@ pub fn view_with(msg: &Message, payload: Bytes) -> Message {
 /// Why a payload could not be fetched.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FetchError {
-    /// It can never be fetched: the object or bucket does not exist, or it is over the cap.
+    /// It can never be fetched: a bucket not allowed (`--s3-bucket`), the object or bucket does not
+    /// exist, access is denied, or it is over the cap.
     Poison(String),
-    /// It may be fetched later: S3 unreachable, throttled, an error status, access denied.
+    /// It may be fetched later: S3 unreachable, throttled, a server error.
     Transient(String),
+    /// The object is gone because this worker deleted it after handling a message that pointed at
+    /// it (`--s3-delete-after`): this message is a copy of one already handled.
+    Duplicate(String),
 }
 
 /// `--s3-payloads`' settings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
     /// `--s3-delete-after`: delete the object once the message's delete is confirmed.
     pub delete_after: bool,
     /// `--s3-payload-max`: the largest payload fetched.
     pub max_bytes: u64,
+    /// `--s3-bucket`: the buckets (names or `*`/`?` patterns) payloads may come from; a pointer into
+    /// any other is poison before any S3 call.
+    pub buckets: Vec<String>,
+    /// `--s3-payload-budget`: payload bytes held at once ([`default_budget`] when not given).
+    pub budget: u64,
+}
+
+impl Settings {
+    /// Whether a pointer may be followed into `bucket`.
+    pub fn allows(&self, bucket: &str) -> bool {
+        self.buckets
+            .iter()
+            .any(|p| crate::tenancy::glob_matches(p, bucket))
+    }
 }
 
 /// The S3 client and settings of `--s3-payloads`.
 pub struct S3Payloads {
     client: aws_sdk_s3::Client,
-    max_bytes: u64,
+    settings: Settings,
+    budget: Budget,
+    deleted: std::sync::Mutex<Deleted>,
     /// `--s3-delete-after`: delete the object once the message's delete is confirmed.
     pub delete_after: bool,
 }
@@ -111,13 +227,23 @@ impl S3Payloads {
             .build();
         S3Payloads {
             client: aws_sdk_s3::Client::from_conf(conf),
-            max_bytes: settings.max_bytes,
             delete_after: settings.delete_after,
+            budget: Budget::new(settings.budget),
+            deleted: std::sync::Mutex::new(Deleted::default()),
+            settings,
         }
     }
 
     /// The object's bytes, read up to the cap (a longer object is refused before and while it is read).
+    /// A bucket `--s3-bucket` does not allow is refused before any call.
     pub async fn fetch(&self, p: &Pointer) -> Result<Bytes, FetchError> {
+        if !self.settings.allows(&p.bucket) {
+            return Err(FetchError::Poison(format!(
+                "the S3 payload {p} is in bucket {:?}, which this consumer does not fetch from (handler.s3Payloads.buckets / --s3-bucket allows {}); it was not fetched: send payloads to an allowed bucket, or add the bucket to handler.s3Payloads.buckets",
+                p.bucket,
+                self.settings.buckets.join(", ")
+            )));
+        }
         let out = self
             .client
             .get_object()
@@ -126,35 +252,48 @@ impl S3Payloads {
             .send()
             .await
             .map_err(|e| {
-                use aws_sdk_s3::error::ProvideErrorMetadata as _;
-                let code = e.code().unwrap_or_default().to_string();
-                let missing = matches!(
-                    e.as_service_error(),
-                    Some(aws_sdk_s3::operation::get_object::GetObjectError::NoSuchKey(_))
-                ) || code == "NoSuchKey"
-                    || code == "NoSuchBucket";
-                let detail = aws_sdk_s3::error::DisplayErrorContext(&e).to_string();
-                if missing {
-                    FetchError::Poison(format!(
-                        "the S3 payload {p} does not exist ({code}); the message can never be handled"
-                    ))
-                } else {
-                    FetchError::Transient(format!("cannot fetch the S3 payload {p}: {detail}"))
+                let err = fetch_error(p, &e);
+                let ours = self
+                    .deleted
+                    .lock()
+                    .is_ok_and(|d| d.set.contains(&p.to_string()));
+                match err {
+                    FetchError::Poison(reason) if ours && no_such_key(&e) => FetchError::Duplicate(format!(
+                        "the S3 payload {p} was deleted by this worker after a message pointing at it was handled: this one is a copy of it ({reason})"
+                    )),
+                    other => other,
                 }
             })?;
-        let cap = self.max_bytes;
-        if let Some(len) = out.content_length.and_then(|l| u64::try_from(l).ok())
+        let cap = self.settings.max_bytes;
+        let len = out.content_length.and_then(|l| u64::try_from(l).ok());
+        if let Some(len) = len
             && len > cap
         {
             return Err(too_large(p, len, cap));
         }
+        // The object's size (or, not told, the cap) is taken from the budget before a byte is read;
+        // the body waits unread meanwhile.
+        let want = len.unwrap_or(cap);
+        let Some(share) = self.budget.take(want).await else {
+            return Err(FetchError::Poison(format!(
+                "the S3 payload {p} is {want} bytes, more than this worker may hold at once ({} bytes, --s3-payload-budget: half the container's memory limit by default); raise worker.resources.limits.memory",
+                self.budget.bytes
+            )));
+        };
         let mut body = out.body;
-        let mut data = Vec::new();
+        let mut data = Vec::with_capacity(usize::try_from(len.unwrap_or(0)).unwrap_or(0));
         loop {
             match body.try_next().await {
                 Ok(Some(chunk)) => {
-                    if (data.len() + chunk.len()) as u64 > cap {
-                        return Err(too_large(p, (data.len() + chunk.len()) as u64, cap));
+                    let upto = (data.len() + chunk.len()) as u64;
+                    if upto > cap {
+                        return Err(too_large(p, upto, cap));
+                    }
+                    if upto > want {
+                        // Longer than S3 said: never beyond what was taken from the budget.
+                        return Err(FetchError::Transient(format!(
+                            "the S3 payload {p} ran past its Content-Length of {want} bytes"
+                        )));
                     }
                     data.extend_from_slice(&chunk);
                 }
@@ -166,7 +305,15 @@ impl S3Payloads {
                 }
             }
         }
-        Ok(Bytes::from(data))
+        Ok(Bytes::from_owner(Held {
+            data,
+            _share: share,
+        }))
+    }
+
+    /// Payload bytes that may be taken now (for tests and logs).
+    pub fn budget_available(&self) -> u64 {
+        self.budget.available()
     }
 
     /// Deletes the object (best effort: a failure is logged, the object stays).
@@ -179,12 +326,74 @@ impl S3Payloads {
             .send()
             .await
         {
-            Ok(_) => tracing::debug!(message_id, payload = %p, "S3 payload deleted"),
+            Ok(_) => {
+                if let Ok(mut d) = self.deleted.lock() {
+                    d.insert(p.to_string());
+                }
+                tracing::debug!(message_id, payload = %p, "S3 payload deleted");
+            }
             Err(e) => {
                 tracing::warn!(message_id, payload = %p, error = %aws_sdk_s3::error::DisplayErrorContext(&e), "cannot delete the S3 payload of a handled message; it stays in the bucket");
             }
         }
     }
+}
+
+/// S3 errors that no retry can mend are poison: the object or bucket is missing, or this worker's
+/// identity may not read it (an IAM refusal is the bucket's owner saying no, not an outage, and must
+/// not open the breaker). Anything else (throttling, 5xx, no connection) is transient.
+const POISON_CODES: [&str; 6] = [
+    "NoSuchKey",
+    "NoSuchBucket",
+    "AccessDenied",
+    "AllAccessDisabled",
+    "InvalidBucketName",
+    "InvalidObjectState",
+];
+
+fn fetch_error(
+    p: &Pointer,
+    e: &aws_sdk_s3::error::SdkError<
+        aws_sdk_s3::operation::get_object::GetObjectError,
+        aws_smithy_runtime_api::http::Response,
+    >,
+) -> FetchError {
+    use aws_sdk_s3::error::ProvideErrorMetadata as _;
+    let code = e.code().unwrap_or_default().to_string();
+    let status = e.raw_response().map(|r| r.status().as_u16());
+    let poison = matches!(
+        e.as_service_error(),
+        Some(aws_sdk_s3::operation::get_object::GetObjectError::NoSuchKey(_))
+    ) || POISON_CODES.contains(&code.as_str())
+        || (code.is_empty() && matches!(status, Some(403 | 404)));
+    let detail = aws_sdk_s3::error::DisplayErrorContext(e).to_string();
+    if poison {
+        FetchError::Poison(format!(
+            "the S3 payload {p} cannot be fetched: S3 answered {} ({}, HTTP {}); the message can never be handled",
+            if code.is_empty() {
+                "no error code"
+            } else {
+                &code
+            },
+            e.message().unwrap_or("no message"),
+            status.map_or_else(|| "-".to_string(), |s| s.to_string()),
+        ))
+    } else {
+        FetchError::Transient(format!("cannot fetch the S3 payload {p}: {detail}"))
+    }
+}
+
+fn no_such_key(
+    e: &aws_sdk_s3::error::SdkError<
+        aws_sdk_s3::operation::get_object::GetObjectError,
+        aws_smithy_runtime_api::http::Response,
+    >,
+) -> bool {
+    use aws_sdk_s3::error::ProvideErrorMetadata as _;
+    matches!(
+        e.as_service_error(),
+        Some(aws_sdk_s3::operation::get_object::GetObjectError::NoSuchKey(_))
+    ) || e.code() == Some("NoSuchKey")
 }
 
 fn too_large(p: &Pointer, len: u64, cap: u64) -> FetchError {
@@ -262,6 +471,42 @@ mod tests {
             let e = pointer_of(&msg(&bad)).unwrap().unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn the_budget_comes_from_the_cgroup_limit() {
+        assert_eq!(memory_limit("134217728\n"), Some(134_217_728));
+        assert_eq!(memory_limit("max\n"), None);
+        assert_eq!(
+            memory_limit("9223372036854771712\n"),
+            None,
+            "cgroup v1: no limit"
+        );
+        assert_eq!(memory_limit(""), None);
+    }
+
+    #[tokio::test]
+    async fn a_payload_holds_its_share_until_its_last_copy_is_dropped() {
+        let b = Budget::new(10 * 1024);
+        let first = b.take(6 * 1024).await.unwrap();
+        assert_eq!(b.available(), 4 * 1024);
+        assert!(b.take(11 * 1024).await.is_none(), "over the whole budget");
+        let payload = Bytes::from_owner(Held {
+            data: vec![1; 10],
+            _share: first,
+        });
+        let copy = payload.clone();
+        let waiting = tokio::spawn({
+            let b = b.clone();
+            async move { b.take(6 * 1024).await.is_some() }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "waits while the payload is held");
+        drop(payload);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "a copy still holds it");
+        drop(copy);
+        assert!(waiting.await.unwrap());
     }
 
     #[test]

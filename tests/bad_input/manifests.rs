@@ -854,7 +854,7 @@ fn chart_values_for_the_tenancy_policy() {
             Err(msg) => assert!(msg.contains("tenancy"), "{name}: {msg}"),
         }
     }
-    let preset = r#"tenancy.rules=[{"namespaces":["*"],"requireRoleArn":true,"roleArns":["arn:aws:iam::*:role/qc-{namespace}-*"],"queues":["arn:aws:sqs:*:*:{namespace}-*"]}]"#;
+    let preset = r#"tenancy.rules=[{"namespaces":["*"],"requireRoleArn":true,"roleArns":["arn:aws:iam::*:role/qc-{namespace}_*"],"queues":["arn:aws:sqs:*:*:{namespace}_*"]}]"#;
     let Some(ok) = helm_template(&["--set-json", preset]) else {
         return;
     };
@@ -875,12 +875,14 @@ fn chart_values_for_the_tenancy_policy() {
         .find(|e| e["name"] == "QC_TENANCY_POLICY")
         .unwrap_or_else(|| panic!("no QC_TENANCY_POLICY in {ok}"));
     let policy = qc::tenancy::TenancyPolicy::parse(env["value"].as_str().unwrap()).unwrap();
-    let url = "https://sqs.us-east-1.amazonaws.com/111111111111/team-a-orders";
+    let url = "https://sqs.us-east-1.amazonaws.com/111111111111/team-a_orders";
     let tenant = |ns, role| qc::tenancy::Tenant {
         namespace: ns,
         queue_url: url,
         region: Some("us-east-1"),
         role_arn: role,
+        buckets: &[],
+        alarm_actions: &[],
     };
     assert!(
         policy.check(&tenant("team-a", None)).is_err(),
@@ -889,14 +891,14 @@ fn chart_values_for_the_tenancy_policy() {
     policy
         .check(&tenant(
             "team-a",
-            Some("arn:aws:iam::111111111111:role/qc-team-a-orders"),
+            Some("arn:aws:iam::111111111111:role/qc-team-a_orders"),
         ))
         .unwrap();
     assert!(
         policy
             .check(&tenant(
                 "team-b",
-                Some("arn:aws:iam::111111111111:role/qc-team-b-orders")
+                Some("arn:aws:iam::111111111111:role/qc-team-b_orders")
             ))
             .is_err(),
         "another namespace's queue"

@@ -14,7 +14,8 @@ use super::backoff::{retry_delay, within_twelve_hours};
 pub enum Happened {
     /// The handler answered success.
     Succeeded,
-    /// Its idempotency key is already done (handled elsewhere, or before).
+    /// It was handled already: its idempotency key is done (elsewhere, or before), or its S3
+    /// payload was deleted here after a success.
     KeyDone,
     /// It can never succeed: the handler said so (HTTP 400/422, exit 65), or its SNS envelope or
     /// S3 pointer cannot be read, or it cannot be handed to the handler at all.

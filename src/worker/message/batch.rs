@@ -162,6 +162,11 @@ impl Processor {
                     .settle(lease, Happened::Poison(reason.clone()), &reason)
                     .await)
             }
+            Err(Payload::Duplicate(reason)) => {
+                self.metrics.outcome(OutcomeLabel::Duplicate);
+                tracing::info!(message_id = %lease.msg.id, reason = %reason, "a copy of a message already handled; deleting it without calling the handler");
+                Err(self.settle(lease, Happened::KeyDone, &reason).await)
+            }
             Err(Payload::Transient(reason)) => {
                 self.metrics.outcome(OutcomeLabel::Transient);
                 let failed = Happened::Failed {
