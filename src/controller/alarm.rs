@@ -8,6 +8,7 @@ use crate::api::QueueConsumer;
 use crate::aws::cloudwatch::{AlarmDeletion, AlarmOwner, AlarmWrite, Alarms, Ensured};
 
 use super::Error;
+use super::access::AccessBinding;
 use super::pipeline::{AlarmPlan, alarm_name};
 use super::status::{AlarmStatus, AlarmSync};
 
@@ -91,13 +92,20 @@ pub async fn sync(
     plan: &AlarmPlan,
     alarms: &dyn Alarms,
     api: &Api<QueueConsumer>,
+    access: Option<&AccessBinding>,
 ) -> AlarmOutcome {
     let previous = previous(qc);
     match plan {
         AlarmPlan::Unchanged => AlarmOutcome::unchanged(previous),
         AlarmPlan::Keep(want) => {
+            // In namespaced mode the operator's access to this namespace is held first: a finalizer it
+            // could no longer remove would hold the namespace's deletion for good.
             if !has_finalizer(qc)
-                && let Err(e) = add_finalizer(qc, api).await
+                && let Err(e) = async {
+                    hold_access(qc, access).await?;
+                    add_finalizer(qc, api).await
+                }
+                .await
             {
                 // No alarm without the finalizer that deletes it.
                 return failed(previous, e.reason(), e.to_string());
@@ -155,6 +163,9 @@ pub async fn sync(
             if let Err(e) = remove_finalizer(qc, api).await {
                 return failed(previous, e.reason(), e.to_string());
             }
+            if let Err(e) = release_access(qc, access).await {
+                return failed(previous, e.reason(), e.to_string());
+            }
             AlarmOutcome {
                 status: AlarmStatus {
                     sync: AlarmSync::NotManaged,
@@ -163,6 +174,38 @@ pub async fn sync(
                 change,
             }
         }
+    }
+}
+
+/// Namespaced mode: hold the operator's RoleBinding in the QueueConsumer's namespace.
+async fn hold_access(qc: &QueueConsumer, access: Option<&AccessBinding>) -> Result<(), Error> {
+    match (access, qc.metadata.namespace.as_deref()) {
+        (Some(access), Some(ns)) => access.hold(ns).await,
+        _ => Ok(()),
+    }
+}
+
+/// Namespaced mode: after a finalizer came off, let go of the operator's RoleBinding if it is being
+/// deleted and nothing else there needs it.
+pub async fn release_access(
+    qc: &QueueConsumer,
+    access: Option<&AccessBinding>,
+) -> Result<(), Error> {
+    match (access, qc.metadata.namespace.as_deref()) {
+        (Some(access), Some(ns)) => {
+            access
+                .release_when_done(ns, qc.metadata.uid.as_deref())
+                .await
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A finalizer patch under the operator's field manager, so `managedFields` names who holds it.
+fn finalizer_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(super::apply::FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
     }
 }
 
@@ -181,7 +224,7 @@ pub async fn add_finalizer(qc: &QueueConsumer, api: &Api<QueueConsumer>) -> Resu
         ]),
     };
     let patch: json_patch::Patch = serde_json::from_value(ops).map_err(Error::EncodePatch)?;
-    api.patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
+    api.patch(&name, &finalizer_params(), &Patch::Json::<()>(patch))
         .await
         .map_err(Error::AddFinalizer)?;
     Ok(())
@@ -204,7 +247,7 @@ pub async fn remove_finalizer(qc: &QueueConsumer, api: &Api<QueueConsumer>) -> R
         {"op": "remove", "path": path},
     ]))
     .map_err(Error::EncodePatch)?;
-    api.patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
+    api.patch(&name, &finalizer_params(), &Patch::Json::<()>(patch))
         .await
         .map_err(Error::RemoveFinalizer)?;
     Ok(())

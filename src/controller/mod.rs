@@ -3,10 +3,12 @@
 //! scaling, status). Each step is a function below; the error backoff, Events, the worker pods and the
 //! deletion path have modules of their own.
 
+pub mod access;
 pub mod alarm;
 pub mod apply;
 pub mod backoff;
 mod cleanup;
+pub mod client;
 pub mod error;
 pub mod events;
 pub mod key;
@@ -93,6 +95,9 @@ pub struct Context {
     pub reconcile_timeout: std::time::Duration,
     /// The reconciles that run at once, shared fairly between namespaces (`run` sizes it).
     pub reconcile_slots: Arc<slots::Slots>,
+    /// Namespaced mode: the operator's RoleBinding in each watched namespace, held while QueueConsumers
+    /// there hold finalizers (`run --access-binding`; none otherwise).
+    pub access: Option<access::AccessBinding>,
 }
 
 /// A reconcile normally takes well under a second; each AWS call is bounded by the SDK's operation
@@ -132,6 +137,7 @@ impl Context {
             limits: AdminLimits::default(),
             reconcile_timeout: DEFAULT_RECONCILE_TIMEOUT,
             reconcile_slots: slots::Slots::new(usize::from(run::DEFAULT_RECONCILE_CONCURRENCY)),
+            access: None,
         }
     }
 
@@ -375,7 +381,16 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         status: alarm_status,
         change: alarm_change,
     } = match &clients {
-        Ok(clients) => alarm::sync(qc, &decision.alarm, clients.alarms.as_ref(), &qcs).await,
+        Ok(clients) => {
+            alarm::sync(
+                qc,
+                &decision.alarm,
+                clients.alarms.as_ref(),
+                &qcs,
+                ctx.access.as_ref(),
+            )
+            .await
+        }
         Err(_) => alarm::AlarmOutcome::not_checked(qc),
     };
 
