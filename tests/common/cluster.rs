@@ -80,6 +80,11 @@ pub fn tool(name: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("{name} not found: source scripts/lib.sh and run ensure_helm"))
 }
 
+/// A cluster-wide operator reconciles every QueueConsumer in the cluster: a test running one holds this
+/// for writing, so no test of the same binary has QueueConsumers of its own meanwhile (they hold it for
+/// reading).
+pub static CLUSTER_WIDE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 /// The chart's CRD is installed by the first release of a run; later ones find it there (helm refuses to
 /// adopt a CRD another release owns), as a second install in a real cluster would.
 static CRD_INSTALL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -241,6 +246,17 @@ impl Cluster {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// The requests of `user` since `from` that RBAC refused (the authorizer's decision `forbid`; a 403
+    /// for a namespace being deleted is admission's, not RBAC's), as "verb URI".
+    pub async fn rbac_refusals(&self, user: &str, from: usize) -> Vec<String> {
+        self.audit_events(user, from, |_| true)
+            .await
+            .iter()
+            .filter(|e| e["annotations"]["authorization.k8s.io/decision"] == "forbid")
+            .map(|e| format!("{} {}", e["verb"], e["requestURI"]))
+            .collect()
     }
 
     /// Lines in the audit log now: pass to `audit_events` to see only what comes after.

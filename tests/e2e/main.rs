@@ -161,17 +161,12 @@ async fn reconciles_under_the_charts_rbac(
 
     // Every request the operator made in this scenario was allowed by the chart's RBAC.
     let user = release.user();
-    let audit = cluster.audit_events(&user, mark, |_| true).await;
     assert!(
-        !audit.is_empty(),
+        !cluster.audit_events(&user, mark, |_| true).await.is_empty(),
         "the audit log shows the operator's requests"
     );
-    let refused: Vec<String> = audit
-        .iter()
-        .filter(|e| e["responseStatus"]["code"] == 403)
-        .map(|e| format!("{} {}", e["verb"], e["requestURI"]))
-        .collect();
-    assert!(refused.is_empty(), "403s for {user}: {refused:#?}");
+    let refused = cluster.rbac_refusals(&user, mark).await;
+    assert!(refused.is_empty(), "RBAC refused {user}: {refused:#?}");
 
     // Deletion: the finalizer holds it until the alarm is deleted, then the garbage collector takes the
     // Deployment.
@@ -207,6 +202,7 @@ async fn namespaced_install_reconciles_under_the_charts_rbac() {
     let Some(cluster) = cluster::connect(test).await else {
         return;
     };
+    let _shared = cluster::CLUSTER_WIDE.read().await;
     let op_ns = cluster::unique("e2e-op");
     let team = cluster::unique("e2e-team");
     cluster.namespace(&op_ns, true).await;
@@ -236,6 +232,7 @@ async fn cluster_wide_install_reconciles_and_scales_in_any_namespace() {
     let Some(cluster) = cluster::connect(test).await else {
         return;
     };
+    let _alone = cluster::CLUSTER_WIDE.write().await;
     let op_ns = cluster::unique("e2e-all");
     let team = cluster::unique("e2e-any");
     cluster.namespace(&op_ns, true).await;
