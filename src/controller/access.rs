@@ -111,7 +111,7 @@ impl AccessBinding {
             .items
             .into_iter()
             .filter(|qc| qc.metadata.uid.as_deref() != except)
-            .filter(super::alarm::has_finalizer)
+            .filter(super::finalizer::has_finalizer)
             .count();
         if holding > 0 {
             tracing::info!(
@@ -148,7 +148,7 @@ impl AccessBinding {
             .map_err(Error::HoldAccess)?
             .items
             .iter()
-            .any(super::alarm::has_finalizer);
+            .any(super::finalizer::has_finalizer);
         if any {
             self.hold(ns).await
         } else {

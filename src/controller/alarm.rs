@@ -12,8 +12,7 @@ use super::access::AccessBinding;
 use super::pipeline::{AlarmPlan, alarm_name};
 use super::status::{AlarmStatus, AlarmSync};
 
-/// Finalizer that holds a QueueConsumer until its CloudWatch alarm is deleted.
-pub const FINALIZER: &str = "sqs.consumers.dev/cleanup";
+pub use super::finalizer::{FINALIZER, has_finalizer};
 
 /// AlarmSynced is Unknown for this reason when the alarm's description is too old to trust.
 pub const ALARM_NOT_REFRESHED: &str = "AlarmNotRefreshed";
@@ -48,14 +47,6 @@ impl AlarmOutcome {
     pub fn not_checked(qc: &QueueConsumer) -> AlarmOutcome {
         AlarmOutcome::unchanged(previous(qc))
     }
-}
-
-pub fn has_finalizer(qc: &QueueConsumer) -> bool {
-    qc.metadata
-        .finalizers
-        .iter()
-        .flatten()
-        .any(|f| f == FINALIZER)
 }
 
 /// Who an alarm belongs to: written into its tags when it is created, checked before it is deleted.

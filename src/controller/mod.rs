@@ -11,6 +11,7 @@ mod cleanup;
 pub mod client;
 pub mod error;
 pub mod events;
+pub mod finalizer;
 pub mod key;
 pub mod manage;
 pub mod metrics;
