@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared setup for scripts/test and scripts/demo: tools in a cache outside the clone, services on loopback.
 # Sourced, not run. Every step is idempotent.
 
@@ -23,7 +24,7 @@ ensure_venv() {
   fi
 }
 
-# shellcheck (Debian's), which actionlint runs on the workflows' `run:` scripts.
+# The shellcheck tool (Debian's), which actionlint runs on the workflows' `run:` scripts.
 ensure_shellcheck() {
   if ! command -v shellcheck >/dev/null 2>&1; then
     log "installing shellcheck"
@@ -276,8 +277,8 @@ ensure_crdserver() {
 # The server's etcd listens on PORT+10000 and PORT+10001, so the port is picked below 55000.
 start_crdserver() {
   ensure_crdserver || return 1
-  local port run i
-  for i in $(seq 1 50); do
+  local port run
+  for _ in $(seq 1 50); do
     port=$(free_port)
     [ "$port" -lt 55000 ] && ! (exec 3<>"/dev/tcp/127.0.0.1/$((port + 10000))") 2>/dev/null \
       && ! (exec 3<>"/dev/tcp/127.0.0.1/$((port + 10001))") 2>/dev/null && break
@@ -306,6 +307,24 @@ start_crdserver() {
     "$run/kubeconfig" >"$run/kubeconfig-v3"
   export QC_TEST_KUBECONFIG=$run/kubeconfig-v3
   log "CRD server (apiextensions-apiserver + etcd) on https://127.0.0.1:$port, kubeconfig $QC_TEST_KUBECONFIG"
+}
+
+# A real Kubernetes control plane (kube-apiserver, kube-controller-manager, kube-scheduler, etcd) built from
+# the k8s.io/kubernetes Go modules by scripts/k8s-cluster.sh (cached under $QC_CACHE/k8s), started on loopback
+# in a run directory of its own and stopped with the other services. Exports QC_TEST_CLUSTER_KUBECONFIG
+# (cluster admin) and QC_TEST_CLUSTER_AUDIT_LOG (the API server's audit log, metadata of every request).
+# shellcheck source=scripts/k8s-cluster.sh
+source "$(dirname "${BASH_SOURCE[0]}")/k8s-cluster.sh"
+start_k8s_cluster() {
+  local run b
+  run=$(mktemp -d "$QC_CACHE/k8s/cluster.XXXXXX")
+  QC_RUN_DIRS+=("$run")
+  if ! k8s_up "$run"; then
+    return 1
+  fi
+  for b in "${QC_K8S_BINARIES[@]}"; do QC_PIDS+=("$(cat "$run/$b.pid")"); done
+  export QC_TEST_CLUSTER_KUBECONFIG=$QC_K8S_KUBECONFIG QC_TEST_CLUSTER_AUDIT_LOG=$run/audit.log
+  log "Kubernetes control plane: kubeconfig $QC_TEST_CLUSTER_KUBECONFIG, resident $(k8s_rss_mib "$run") MiB"
 }
 
 # Podman for the image layer (scripts/image, tests/image.rs). Installed from the distribution (apt) when

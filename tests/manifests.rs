@@ -208,7 +208,10 @@ fn assert_lease_role(docs: &[Value]) {
         rules[1]["resourceNames"],
         json!(["qc-queue-consumer-operator"])
     );
-    assert_eq!(rules[1]["verbs"], json!(["get", "update", "patch"]));
+    assert_eq!(
+        rules[1]["verbs"],
+        json!(["get", "list", "watch", "update", "patch"])
+    );
     let binding = find(
         docs,
         "RoleBinding",
@@ -242,16 +245,42 @@ fn chart_default_rbac_is_the_documented_least_privilege() {
 }
 
 #[test]
-fn chart_namespaced_mode_writes_nothing_cluster_wide() {
+fn chart_namespaced_mode_grants_nothing_cluster_wide() {
     let Some(docs) = render(&["--set-json", r#"watchNamespaces=["team-a","team-b"]"#]) else {
         return;
     };
     let docs = docs.unwrap();
     assert!(kinds(&docs, "ClusterRoleBinding").is_empty());
+    // The controller's rules in one ClusterRole, bound only by RoleBindings in the watched namespaces (a
+    // namespace's deletion must not delete them under the controller: docs/install.md); besides it only
+    // the view/edit aggregation roles, which nothing binds to the controller.
+    // Named after the release namespace too: namespaced releases of one name in two namespaces coexist.
+    let role = find(&docs, "ClusterRole", "qc-system-qc-queue-consumer-operator");
+    let mut expected = expected_controller_grants();
+    for verb in ["get", "patch"] {
+        expected.insert((
+            "rbac.authorization.k8s.io".to_string(),
+            "rolebindings".to_string(),
+            verb.to_string(),
+        ));
+    }
+    assert_eq!(grants(&role["rules"]), expected);
+    let own_binding = role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["resources"] == json!(["rolebindings"]))
+        .unwrap();
+    assert_eq!(
+        own_binding["resourceNames"],
+        json!(["qc-queue-consumer-operator"])
+    );
     let cluster_roles = kinds(&docs, "ClusterRole");
-    // Only the view/edit aggregation roles remain, and nothing binds them to the controller.
-    assert_eq!(cluster_roles.len(), 2);
-    for role in &cluster_roles {
+    assert_eq!(cluster_roles.len(), 3);
+    for role in cluster_roles
+        .iter()
+        .filter(|r| r["metadata"]["name"] != "qc-system-qc-queue-consumer-operator")
+    {
         let labels = role["metadata"]["labels"].as_object().unwrap();
         assert!(
             labels
@@ -261,16 +290,23 @@ fn chart_namespaced_mode_writes_nothing_cluster_wide() {
         );
     }
     for ns in ["team-a", "team-b"] {
-        let role = docs
-            .iter()
-            .find(|d| d["kind"] == "Role" && d["metadata"]["namespace"] == ns)
-            .unwrap_or_else(|| panic!("no Role in {ns}"));
-        assert_eq!(grants(&role["rules"]), expected_controller_grants());
+        assert!(
+            !docs
+                .iter()
+                .any(|d| d["kind"] == "Role" && d["metadata"]["namespace"] == ns),
+            "a Role in {ns}"
+        );
         let binding = docs
             .iter()
             .find(|d| d["kind"] == "RoleBinding" && d["metadata"]["namespace"] == ns)
             .unwrap_or_else(|| panic!("no RoleBinding in {ns}"));
-        assert_eq!(binding["roleRef"]["kind"], "Role");
+        assert_eq!(binding["roleRef"]["kind"], "ClusterRole");
+        assert_eq!(
+            binding["roleRef"]["name"],
+            "qc-system-qc-queue-consumer-operator"
+        );
+        assert_eq!(binding["name"], serde_json::Value::Null);
+        assert_eq!(binding["metadata"]["name"], "qc-queue-consumer-operator");
         assert_eq!(binding["subjects"][0]["namespace"], NS);
     }
     assert_lease_role(&docs);
@@ -278,8 +314,12 @@ fn chart_namespaced_mode_writes_nothing_cluster_wide() {
     let a = args(deployment);
     assert!(a.contains(&"--namespace=team-a".to_string()), "{a:?}");
     assert!(a.contains(&"--namespace=team-b".to_string()), "{a:?}");
+    assert!(
+        a.contains(&"--access-binding=qc-queue-consumer-operator".to_string()),
+        "{a:?}"
+    );
 
-    // With the CRD and aggregation off, the release creates no cluster-scoped object at all.
+    // With the CRD and aggregation off, the release's only cluster-scoped object is that ClusterRole.
     let docs = render(&[
         "--set-json",
         r#"watchNamespaces=["team-a"]"#,
@@ -295,7 +335,10 @@ fn chart_namespaced_mode_writes_nothing_cluster_wide() {
         .filter(|d| d["metadata"]["namespace"].is_null())
         .map(|d| format!("{} {}", d["kind"], d["metadata"]["name"]))
         .collect();
-    assert!(cluster_scoped.is_empty(), "{cluster_scoped:?}");
+    assert_eq!(
+        cluster_scoped,
+        [r#""ClusterRole" "qc-system-qc-queue-consumer-operator""#]
+    );
 }
 
 #[test]

@@ -49,8 +49,14 @@ pub mod reason {
     pub const DEPLOYMENT_UNAVAILABLE: &str = "DeploymentUnavailable";
     pub const QUEUE_UNREACHABLE: &str = "QueueUnreachable";
     pub const CONFIG_INVALID: &str = "ConfigInvalid";
+    // ConfigValid
+    /// The API server refused the worker Deployment for its pod template (unknown field, bad value).
+    pub const TEMPLATE_INVALID: &str = "TemplateInvalid";
     /// The Deployment's progress deadline passed, or its pods crash-loop.
     pub const ROLLOUT_STALLED: &str = "RolloutStalled";
+    /// The Deployment cannot create pods (its ReplicaFailure condition: Pod Security admission, a quota,
+    /// a webhook); the message carries the Deployment's reason and message.
+    pub const REPLICA_FAILURE: &str = "ReplicaFailure";
     /// A new pod template is rolling out: not yet observed by the Deployment controller, pods of an
     /// older template still running, or new ones not yet all available. A change of replicas alone is
     /// no rollout.

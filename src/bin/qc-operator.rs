@@ -122,6 +122,10 @@ struct RunArgs {
     leader_election: bool,
     #[arg(long, default_value = "qc-operator", value_name = "NAME")]
     lease_name: String,
+    /// Namespaced mode: the RoleBinding giving this operator its access in each watched namespace, held
+    /// with a finalizer while QueueConsumers there hold theirs (the chart sets it; docs/install.md).
+    #[arg(long, value_name = "NAME", requires = "namespaces")]
+    access_binding: Option<String>,
     /// Namespace of the Lease; default: the pod's own (POD_NAMESPACE).
     #[arg(long, env = "POD_NAMESPACE", value_name = "NS")]
     lease_namespace: Option<String>,
@@ -421,6 +425,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         max_consumers_per_namespace: args.max_consumers_per_namespace,
     };
     let reconcile_timeout = args.reconcile_timeout.as_std();
+    let access_binding = args.access_binding.clone();
     let render = qc::render::RenderOptions {
         worker_image: args
             .worker_image
@@ -431,9 +436,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         .build()
         .context("start the async runtime")?;
     rt.block_on(async move {
-        let client = kube::Client::try_default()
-            .await
-            .context("connect to the Kubernetes API (in-cluster service account or KUBECONFIG)")?;
+        let client = qc::controller::client::client().await?;
         let mut ctx = qc::controller::Context::new(
             client,
             std::sync::Arc::new(qc::controller::observe::SdkProvider::new(aws)),
@@ -444,6 +447,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         ctx.tenancy = tenancy;
         ctx.limits = limits;
         ctx.reconcile_timeout = reconcile_timeout;
+        ctx.access = access_binding
+            .map(|name| qc::controller::access::AccessBinding::new(ctx.client.clone(), name));
         let ctx = std::sync::Arc::new(ctx);
         qc::controller::run::run(ctx, opts, shutdown_signal())
             .await
@@ -580,7 +585,9 @@ fn redrive(args: RedriveArgs) -> ExitCode {
         return ExitCode::from(2);
     };
     let result = rt.block_on(async {
-        let client = kube::Client::try_default().await?;
+        let client = qc::controller::client::client()
+            .await
+            .map_err(|e| kube::Error::Service(Box::new(e)))?;
         qc::controller::redrive::request(client, ns, name, &token).await
     });
     match result {

@@ -8,11 +8,11 @@ use crate::api::QueueConsumer;
 use crate::aws::cloudwatch::{AlarmDeletion, AlarmOwner, AlarmWrite, Alarms, Ensured};
 
 use super::Error;
+use super::access::AccessBinding;
 use super::pipeline::{AlarmPlan, alarm_name};
 use super::status::{AlarmStatus, AlarmSync};
 
-/// Finalizer that holds a QueueConsumer until its CloudWatch alarm is deleted.
-pub const FINALIZER: &str = "sqs.consumers.dev/cleanup";
+pub use super::finalizer::{FINALIZER, has_finalizer};
 
 /// AlarmSynced is Unknown for this reason when the alarm's description is too old to trust.
 pub const ALARM_NOT_REFRESHED: &str = "AlarmNotRefreshed";
@@ -49,14 +49,6 @@ impl AlarmOutcome {
     }
 }
 
-pub fn has_finalizer(qc: &QueueConsumer) -> bool {
-    qc.metadata
-        .finalizers
-        .iter()
-        .flatten()
-        .any(|f| f == FINALIZER)
-}
-
 /// Who an alarm belongs to: written into its tags when it is created, checked before it is deleted.
 pub fn owner(qc: &QueueConsumer) -> AlarmOwner {
     AlarmOwner {
@@ -91,13 +83,20 @@ pub async fn sync(
     plan: &AlarmPlan,
     alarms: &dyn Alarms,
     api: &Api<QueueConsumer>,
+    access: Option<&AccessBinding>,
 ) -> AlarmOutcome {
     let previous = previous(qc);
     match plan {
         AlarmPlan::Unchanged => AlarmOutcome::unchanged(previous),
         AlarmPlan::Keep(want) => {
+            // In namespaced mode the operator's access to this namespace is held first: a finalizer it
+            // could no longer remove would hold the namespace's deletion for good.
             if !has_finalizer(qc)
-                && let Err(e) = add_finalizer(qc, api).await
+                && let Err(e) = async {
+                    hold_access(qc, access).await?;
+                    add_finalizer(qc, api).await
+                }
+                .await
             {
                 // No alarm without the finalizer that deletes it.
                 return failed(previous, e.reason(), e.to_string());
@@ -155,6 +154,9 @@ pub async fn sync(
             if let Err(e) = remove_finalizer(qc, api).await {
                 return failed(previous, e.reason(), e.to_string());
             }
+            if let Err(e) = release_access(qc, access).await {
+                return failed(previous, e.reason(), e.to_string());
+            }
             AlarmOutcome {
                 status: AlarmStatus {
                     sync: AlarmSync::NotManaged,
@@ -163,6 +165,38 @@ pub async fn sync(
                 change,
             }
         }
+    }
+}
+
+/// Namespaced mode: hold the operator's RoleBinding in the QueueConsumer's namespace.
+async fn hold_access(qc: &QueueConsumer, access: Option<&AccessBinding>) -> Result<(), Error> {
+    match (access, qc.metadata.namespace.as_deref()) {
+        (Some(access), Some(ns)) => access.hold(ns).await,
+        _ => Ok(()),
+    }
+}
+
+/// Namespaced mode: after a finalizer came off, let go of the operator's RoleBinding if it is being
+/// deleted and nothing else there needs it.
+pub async fn release_access(
+    qc: &QueueConsumer,
+    access: Option<&AccessBinding>,
+) -> Result<(), Error> {
+    match (access, qc.metadata.namespace.as_deref()) {
+        (Some(access), Some(ns)) => {
+            access
+                .release_when_done(ns, qc.metadata.uid.as_deref())
+                .await
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A finalizer patch under the operator's field manager, so `managedFields` names who holds it.
+fn finalizer_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(super::apply::FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
     }
 }
 
@@ -181,7 +215,7 @@ pub async fn add_finalizer(qc: &QueueConsumer, api: &Api<QueueConsumer>) -> Resu
         ]),
     };
     let patch: json_patch::Patch = serde_json::from_value(ops).map_err(Error::EncodePatch)?;
-    api.patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
+    api.patch(&name, &finalizer_params(), &Patch::Json::<()>(patch))
         .await
         .map_err(Error::AddFinalizer)?;
     Ok(())
@@ -204,7 +238,7 @@ pub async fn remove_finalizer(qc: &QueueConsumer, api: &Api<QueueConsumer>) -> R
         {"op": "remove", "path": path},
     ]))
     .map_err(Error::EncodePatch)?;
-    api.patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
+    api.patch(&name, &finalizer_params(), &Patch::Json::<()>(patch))
         .await
         .map_err(Error::RemoveFinalizer)?;
     Ok(())

@@ -44,6 +44,7 @@ pub(super) async fn cleanup(
             )
             .await;
             alarm::remove_finalizer(qc, qcs).await?;
+            alarm::release_access(qc, ctx.access.as_ref()).await?;
             return Ok(Action::await_change());
         }
     };
@@ -70,5 +71,6 @@ pub(super) async fn cleanup(
         }
     }
     alarm::remove_finalizer(qc, qcs).await?;
+    alarm::release_access(qc, ctx.access.as_ref()).await?;
     Ok(Action::await_change())
 }

@@ -23,6 +23,10 @@ pub enum Error {
     AddFinalizer(#[source] kube::Error),
     #[error("remove finalizer: {0}")]
     RemoveFinalizer(#[source] kube::Error),
+    #[error("hold the operator's RoleBinding: {0}")]
+    HoldAccess(#[source] kube::Error),
+    #[error("let go of the operator's RoleBinding: {0}")]
+    ReleaseAccess(#[source] kube::Error),
     #[error("encode patch: {0}")]
     EncodePatch(#[source] serde_json::Error),
     #[error("delete dead-letter alarm: {0}")]
@@ -46,6 +50,8 @@ impl Error {
             Error::WriteStatus(_) => "WriteStatusFailed",
             Error::AddFinalizer(_) => "AddFinalizerFailed",
             Error::RemoveFinalizer(_) => "RemoveFinalizerFailed",
+            Error::HoldAccess(_) => "HoldAccessFailed",
+            Error::ReleaseAccess(_) => "ReleaseAccessFailed",
             Error::EncodePatch(_) => "EncodePatchFailed",
             Error::DeleteAlarm(_) => "DeleteAlarmFailed",
             Error::DeadlineExceeded(_) => "ReconcileDeadlineExceeded",
@@ -60,10 +66,12 @@ impl Error {
         | Error::ScaleDeployment(kube_err)
         | Error::WriteStatus(kube_err)
         | Error::AddFinalizer(kube_err)
-        | Error::RemoveFinalizer(kube_err)) = self
+        | Error::RemoveFinalizer(kube_err)
+        | Error::HoldAccess(kube_err)
+        | Error::ReleaseAccess(kube_err)) = self
         else {
             return false;
         };
-        matches!(kube_err, kube::Error::Api(s) if s.code == 409 || (s.code == 422 && matches!(self, Error::AddFinalizer(_) | Error::RemoveFinalizer(_))))
+        matches!(kube_err, kube::Error::Api(s) if s.code == 409 || (s.code == 422 && matches!(self, Error::AddFinalizer(_) | Error::RemoveFinalizer(_) | Error::HoldAccess(_) | Error::ReleaseAccess(_))))
     }
 }

@@ -90,7 +90,11 @@ impl Context {
         };
         let events: Api<k8s_openapi::api::events::v1::Event> =
             Api::namespaced(self.client.clone(), ns.as_deref().unwrap_or("default"));
-        if let Err(e) = events.create(&PostParams::default(), &ev).await {
+        let params = PostParams {
+            field_manager: Some(super::apply::FIELD_MANAGER.to_string()),
+            ..PostParams::default()
+        };
+        if let Err(e) = events.create(&params, &ev).await {
             tracing::warn!(error = %e, reason, "could not publish event");
         }
     }

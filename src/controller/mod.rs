@@ -3,12 +3,15 @@
 //! scaling, status). Each step is a function below; the error backoff, Events, the worker pods and the
 //! deletion path have modules of their own.
 
+pub mod access;
 pub mod alarm;
 pub mod apply;
 pub mod backoff;
 mod cleanup;
+pub mod client;
 pub mod error;
 pub mod events;
+pub mod finalizer;
 pub mod key;
 pub mod manage;
 pub mod metrics;
@@ -33,7 +36,7 @@ use std::sync::{Arc, Mutex};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -93,6 +96,9 @@ pub struct Context {
     pub reconcile_timeout: std::time::Duration,
     /// The reconciles that run at once, shared fairly between namespaces (`run` sizes it).
     pub reconcile_slots: Arc<slots::Slots>,
+    /// Namespaced mode: the operator's RoleBinding in each watched namespace, held while QueueConsumers
+    /// there hold finalizers (`run --access-binding`; none otherwise).
+    pub access: Option<access::AccessBinding>,
 }
 
 /// A reconcile normally takes well under a second; each AWS call is bounded by the SDK's operation
@@ -132,6 +138,7 @@ impl Context {
             limits: AdminLimits::default(),
             reconcile_timeout: DEFAULT_RECONCILE_TIMEOUT,
             reconcile_slots: slots::Slots::new(usize::from(run::DEFAULT_RECONCILE_CONCURRENCY)),
+            access: None,
         }
     }
 
@@ -334,7 +341,17 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     // apply; a Deployment someone else controls is neither changed nor reported as ours
     let mut deployment = live.filter(|d| pipeline::controls(qc, d));
     let applied =
-        apply_deployment(ctx, &deployments, &name, &decision.rollout, &mut deployment).await?;
+        match apply_deployment(ctx, &deployments, &name, &decision.rollout, &mut deployment).await?
+        {
+            DeploymentWrite::Done(applied) => applied,
+            DeploymentWrite::TemplateRefused(message) => {
+                decision
+                    .report
+                    .findings
+                    .push(crate::validate::template_invalid(&message));
+                None
+            }
+        };
 
     // scale: the policy on the Deployment as it is now; replicas go out as their own manager's apply
     if deployment.is_some() {
@@ -386,7 +403,16 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         status: alarm_status,
         change: alarm_change,
     } = match &clients {
-        Ok(clients) => alarm::sync(qc, &decision.alarm, clients.alarms.as_ref(), &qcs).await,
+        Ok(clients) => {
+            alarm::sync(
+                qc,
+                &decision.alarm,
+                clients.alarms.as_ref(),
+                &qcs,
+                ctx.access.as_ref(),
+            )
+            .await
+        }
         Err(_) => alarm::AlarmOutcome::not_checked(qc),
     };
 
@@ -622,36 +648,73 @@ async fn aws_clients(
     Ok(ctx.aws.clients(target).await)
 }
 
+/// What applying the Deployment came to.
+enum DeploymentWrite {
+    /// Written (what was done, for an Event), or nothing to write.
+    Done(Option<Applied>),
+    /// The API server refused the Deployment for what the pod template says (strict field validation: an
+    /// unknown field such as `serviceAcountName`, a bad quantity, a container without an image): its
+    /// message, for ConfigValid=False/TemplateInvalid. The Deployment stays as it was.
+    TemplateRefused(String),
+}
+
 /// Server-side apply of the rendered Deployment when it differs from `deployment` (the one this
-/// QueueConsumer controls, if any), which becomes the Deployment as written. What was done, for an Event.
+/// QueueConsumer controls, if any), which becomes the Deployment as written. With strict field
+/// validation: `spec.template` is an open object in the CRD, so a typo in it reaches the API server only
+/// here, and without it the server drops the unknown field with a warning nobody reads.
 async fn apply_deployment(
     ctx: &Context,
     deployments: &Api<Deployment>,
     name: &str,
     rollout: &Rollout,
     deployment: &mut Option<Deployment>,
-) -> Result<Option<Applied>, Error> {
+) -> Result<DeploymentWrite, Error> {
     let Rollout::Apply(rendered) = rollout else {
-        return Ok(None);
+        return Ok(DeploymentWrite::Done(None));
     };
     let desired = apply::with_fingerprint((**rendered).clone());
     if !apply::needs_apply(&desired, deployment.as_ref()) {
-        return Ok(None);
+        return Ok(DeploymentWrite::Done(None));
     }
-    let written = deployments
+    let written = match deployments
         .patch(
             name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
+            &PatchParams::apply(FIELD_MANAGER)
+                .force()
+                .validation_strict(),
             &Patch::Apply(&desired),
         )
         .await
-        .map_err(Error::ApplyDeployment)?;
+    {
+        Ok(written) => written,
+        // 400: strict decoding (unknown or duplicate field, a value of the wrong type or form); 422:
+        // the object's validation (a required field missing, a value out of range).
+        Err(kube::Error::Api(s)) if s.code == 400 || s.code == 422 => {
+            return Ok(DeploymentWrite::TemplateRefused(s.message));
+        }
+        // Server-side apply merges before it converts the object, so a malformed value (a quantity
+        // such as `12XB`) fails there as a 500. A dry-run create decodes the object as sent and names
+        // what is wrong (400 or 422); anything else leaves the apply's own error standing.
+        Err(kube::Error::Api(s)) if s.code >= 500 => {
+            let dry_run = PostParams {
+                dry_run: true,
+                field_manager: Some(FIELD_MANAGER.to_string()),
+            };
+            match deployments.create(&dry_run, &desired).await {
+                Err(kube::Error::Api(d)) if d.code == 400 || d.code == 422 => {
+                    return Ok(DeploymentWrite::TemplateRefused(d.message));
+                }
+                _ => return Err(Error::ApplyDeployment(kube::Error::Api(s))),
+            }
+        }
+        Err(e) => return Err(Error::ApplyDeployment(e)),
+    };
     ctx.metrics
         .deployment_applies
         .fetch_add(1, Ordering::Relaxed);
     let applied = Applied::of(deployment.as_ref(), &written);
     *deployment = Some(written);
-    Ok(Some(applied))
+    Ok(DeploymentWrite::Done(Some(applied)))
 }
 
 /// Writes `spec.replicas` when the decision changes it, as the scaler's own field manager; before a

@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use futures::StreamExt;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
+use kube::api::PostParams;
 use kube::runtime::{Controller, controller};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube_lease_manager::LeaseManagerBuilder;
@@ -18,6 +20,7 @@ use crate::api::QueueConsumer;
 use crate::render::{LABEL_MANAGED_BY, MANAGED_BY_VALUE};
 use crate::telemetry::{self, Exposition, Probes, TelemetryError};
 
+use super::apply::FIELD_MANAGER;
 use super::{Context, error_policy, reconcile, triggers};
 
 /// Leader election on a coordination.k8s.io/v1 Lease.
@@ -112,38 +115,44 @@ async fn lead(
     health: &Health,
     shutdown: Stop,
 ) -> Result<(), RunError> {
-    let manager = LeaseManagerBuilder::new(ctx.client.clone(), &leader.lease_name)
-        .with_namespace(&leader.lease_namespace)
-        .with_identity(&leader.identity)
-        .with_duration(leader.lease_seconds)
-        .with_grace(leader.grace_seconds)
-        .build()
-        .await
-        .map_err(|source| RunError::StartLeaderElection {
-            namespace: leader.lease_namespace.clone(),
-            name: leader.lease_name.clone(),
-            source,
-        })?;
-    let (mut leading, task) = manager.watch().await;
-    // A standby is healthy and ready: it only waits.
-    health.ready.store(true, Ordering::Relaxed);
+    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &leader.lease_namespace);
+    ensure_lease(&leases, leader).await;
     tracing::info!(lease = %leader.lease_name, identity = %leader.identity, "waiting for the leader lease");
-    loop {
-        if *leading.borrow_and_update() {
-            break;
-        }
-        tokio::select! {
-            changed = leading.changed() => if changed.is_err() {
-                return Err(lost(leader));
-            },
-            () = shutdown.clone() => {
-                // Dropping the receiver makes the manager release and stop.
-                drop(leading);
-                let _ = task.await;
-                return Ok(());
+    // A standby tries for the Lease when it expires (the manager's own timer) or as soon as a watch shows it
+    // released: a leader that steps down clears the holder, and waiting out the lease duration would leave
+    // the QueueConsumers without a controller for that long. A manager built afresh reads the Lease anew.
+    let mut built = false;
+    let manager = loop {
+        // The first failure stops `run` (a Lease it can never read is a set-up error); later ones retry.
+        let manager = match build_manager(ctx, leader).await {
+            Ok(manager) => manager,
+            Err(e) if !built => return Err(e),
+            Err(e) => {
+                tracing::warn!(error = %e, "leader election: reading the lease failed; trying again");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                continue;
             }
+        };
+        built = true;
+        // A standby is healthy and ready: it only waits.
+        health.ready.store(true, Ordering::Relaxed);
+        tokio::select! {
+            changed = manager.changed() => match changed {
+                Ok(true) => break manager,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, lease = %leader.lease_name, "leader election: reading the lease failed; trying again");
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+            },
+            () = released(&leases, &leader.lease_name) => {
+                tracing::debug!(lease = %leader.lease_name, "the leader released the lease");
+            }
+            () = shutdown.clone() => return Ok(()),
         }
-    }
+    };
+    // The manager renews from here on; dropping the receiver makes it release the Lease and stop.
+    let (mut leading, task) = manager.watch().await;
     health.leading.store(true, Ordering::Relaxed);
     tracing::info!(identity = %leader.identity, "became the leader");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -180,6 +189,69 @@ fn lost(leader: &LeaderOptions) -> RunError {
     }
 }
 
+async fn build_manager(
+    ctx: &Context,
+    leader: &LeaderOptions,
+) -> Result<kube_lease_manager::LeaseManager, RunError> {
+    LeaseManagerBuilder::new(ctx.client.clone(), &leader.lease_name)
+        .with_namespace(&leader.lease_namespace)
+        .with_identity(&leader.identity)
+        .with_duration(leader.lease_seconds)
+        .with_grace(leader.grace_seconds)
+        .with_field_manager(FIELD_MANAGER)
+        .build()
+        .await
+        .map_err(|source| RunError::StartLeaderElection {
+            namespace: leader.lease_namespace.clone(),
+            name: leader.lease_name.clone(),
+            source,
+        })
+}
+
+/// Creates the Lease under the operator's field manager when it is missing (the lease manager would create
+/// it without one). Any failure is left to the lease manager, which creates it or says why it cannot.
+async fn ensure_lease(leases: &Api<Lease>, leader: &LeaderOptions) {
+    let lease = Lease {
+        metadata: kube::api::ObjectMeta {
+            name: Some(leader.lease_name.clone()),
+            ..kube::api::ObjectMeta::default()
+        },
+        spec: None,
+    };
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PostParams::default()
+    };
+    if let Ok(None) = leases.get_opt(&leader.lease_name).await
+        && let Err(e) = leases.create(&params, &lease).await
+    {
+        tracing::debug!(error = %e, lease = %leader.lease_name, "creating the lease");
+    }
+}
+
+/// Resolves when a watch of the Lease shows it released: a change to no holder after the watch began (what
+/// the initial list shows, the lease manager has just read itself). Watch errors (the chart grants list and
+/// watch of this Lease; an older Role may not) only delay a takeover: the lease manager's own timer still
+/// takes over after the lease duration.
+async fn released(leases: &Api<Lease>, name: &str) {
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let events = watcher(leases.clone(), config).default_backoff();
+    futures::pin_mut!(events);
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Apply(lease)) => {
+                let holder = lease.spec.and_then(|s| s.holder_identity);
+                if holder.is_none_or(|h| h.is_empty()) {
+                    return;
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, lease = %name, "watching the lease"),
+        }
+    }
+    std::future::pending::<()>().await;
+}
+
 /// One Controller per namespace, all sharing the context (and so the facts cache).
 async fn controllers(ctx: &Arc<Context>, namespaces: &[String], concurrency: u16, stop: Stop) {
     let scopes: Vec<Option<String>> = if namespaces.is_empty() {
@@ -207,6 +279,11 @@ async fn controllers(ctx: &Arc<Context>, namespaces: &[String], concurrency: u16
                 namespace = ns.as_deref().unwrap_or("<all>"),
                 "watching QueueConsumers"
             );
+            if let (Some(access), Some(n)) = (ctx.access.as_ref(), ns.as_deref())
+                && let Err(e) = access.settle(n).await
+            {
+                tracing::warn!(namespace = n, error = %e, "cannot check the operator's RoleBinding");
+            }
             // Only our Deployments: a cluster's other Deployments are neither cached nor watched.
             let owned = watcher::Config::default()
                 .labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY_VALUE}"));

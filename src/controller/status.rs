@@ -398,6 +398,7 @@ fn code_reason(code: &str) -> &'static str {
     crate::validate::codes::ALL
         .iter()
         .chain(crate::validate::limits::ALL)
+        .chain(&[reason::TEMPLATE_INVALID])
         .find(|c| **c == code)
         .copied()
         .unwrap_or("ErrorFinding")
@@ -606,6 +607,16 @@ fn ready(i: &StatusInputs<'_>, queue: &Cond, config: &Cond, name: &str) -> Cond 
         } else {
             rollout_stalled(d, i.workers)
         };
+        // The Deployment controller cannot create pods (Pod Security admission, quota, a webhook): the
+        // most useful thing Ready can say, since no rollout or replica will come before it is fixed.
+        if let Some(why) = replica_failure(d) {
+            return Cond::new(
+                t,
+                Status::False,
+                reason::REPLICA_FAILURE,
+                format!("Deployment {name} cannot create its pods: {why}"),
+            );
+        }
         if let Some(why) = stalled {
             return Cond::new(
                 t,
@@ -705,6 +716,26 @@ fn rolling_out(d: &Deployment, new_template: bool, was_rolling_out: bool) -> Opt
             "{updated} of {want} replica(s) run the current pod template, {available} available"
         )
     })
+}
+
+/// The Deployment's ReplicaFailure condition (copied from its ReplicaSet: pods refused at creation), as
+/// "Reason: message".
+fn replica_failure(d: &Deployment) -> Option<String> {
+    d.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| {
+            c.type_.as_deref() == Some("ReplicaFailure") && c.status.as_deref() == Some("True")
+        })
+        .map(|c| {
+            format!(
+                "{}: {}",
+                c.reason.as_deref().unwrap_or("ReplicaFailure"),
+                c.message.as_deref().unwrap_or("no message")
+            )
+        })
 }
 
 /// Why the rollout is stuck, if it is: the Deployment controller gave up waiting for progress

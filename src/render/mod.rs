@@ -182,9 +182,17 @@ pub fn termination_grace_seconds(spec: &QueueConsumerSpec) -> i64 {
 }
 
 /// The owner reference that ties the Deployment to its QueueConsumer; None before the object exists
-/// in a cluster (no uid), e.g. in `qc-operator plan`.
+/// in a cluster (no uid), e.g. in `qc-operator plan`. It blocks the owner's deletion, as the built-in
+/// controllers' references do (Deployment → ReplicaSet → Pod): a foreground deletion of the QueueConsumer
+/// (`kubectl delete --cascade=foreground`, Argo CD's default) then ends only once its Deployment, and so
+/// its draining pods, are gone, and tools that wait for a deletion wait for the workers too. Setting it
+/// needs `update` on `queueconsumers/finalizers` where OwnerReferencesPermissionEnforcement runs, which
+/// the chart grants (docs/security.md); a background deletion is unchanged.
 pub fn owner_reference(qc: &QueueConsumer) -> Option<OwnerReference> {
-    qc.controller_owner_ref(&())
+    qc.controller_owner_ref(&()).map(|o| OwnerReference {
+        block_owner_deletion: Some(true),
+        ..o
+    })
 }
 
 /// The worker Deployment for `qc`. Replicas are left unset: the scaler owns them.

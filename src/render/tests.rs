@@ -210,6 +210,7 @@ fn layouts_per_handler_mode() {
             ("QueueConsumer", "orders", "u-1")
         );
         assert_eq!(owner.controller, Some(true));
+        assert_eq!(owner.block_owner_deletion, Some(true));
         assert_eq!(d.metadata.namespace.as_deref(), Some("shop"));
     }
 }

@@ -242,6 +242,17 @@ fn finding(code: &str, severity: Severity, message: String, recommendation: Stri
     }
 }
 
+/// The API server refused the worker Deployment for its pod template (strict field validation): an
+/// Error finding with the server's message, so ConfigValid is False with reason `TemplateInvalid`.
+pub fn template_invalid(server_message: &str) -> Finding {
+    finding(
+        crate::api::conditions::reason::TEMPLATE_INVALID,
+        Severity::Error,
+        format!("the API server refused the worker Deployment: {server_message}"),
+        "fix spec.template (field names are case-sensitive; `kubectl explain pod.spec` lists them); the Deployment stays as it was until then".to_string(),
+    )
+}
+
 /// Run every rule that the available facts allow.
 pub fn evaluate(spec: &QueueConsumerSpec, facts: Option<&Facts>) -> Report {
     let mut report = Report::default();
@@ -327,10 +338,14 @@ fn two_digits_up(v: u64) -> u64 {
     v.div_ceil(unit).saturating_mul(unit)
 }
 
-/// What in a pod template the restricted Pod Security Standard forbids (the checks a namespace
-/// enforcing `restricted` would refuse the worker pods for), each as "where: what".
+/// What in a pod template the restricted Pod Security Standard forbids or asks for and is missing (the
+/// checks a namespace enforcing `restricted` would refuse the worker pods for), each as "where: what".
+/// `first_filled`: the exec layout, where render gives the first container (the handler, which runs the
+/// worker) the fields the standard asks for that the user left unset (`render::restrict_unset`); the http
+/// layout leaves every container of the template as the user wrote it.
 pub fn restricted_violations(
     template: &k8s_openapi::api::core::v1::PodTemplateSpec,
+    first_filled: bool,
 ) -> Vec<String> {
     let mut out = Vec::new();
     let Some(pod) = &template.spec else {
@@ -375,11 +390,18 @@ pub fn restricted_violations(
         .flatten()
         .map(|c| ("initContainers", c))
         .chain(pod.containers.iter().map(|c| ("containers", c)));
-    for (list, c) in containers {
+    let pod_context = pod.security_context.clone().unwrap_or_default();
+    for (i, (list, c)) in containers.enumerate() {
+        let at = format!("template.spec.{list}[{}].securityContext", c.name);
+        let filled = first_filled
+            && list == "containers"
+            && i == pod.init_containers.iter().flatten().count();
+        if !filled {
+            missing_restricted(&at, c.security_context.as_ref(), &pod_context, &mut out);
+        }
         let Some(sc) = &c.security_context else {
             continue;
         };
-        let at = format!("template.spec.{list}[{}].securityContext", c.name);
         if sc.privileged == Some(true) {
             out.push(format!("{at}.privileged: true"));
         }
@@ -404,8 +426,41 @@ pub fn restricted_violations(
     out
 }
 
+/// What the restricted standard asks of every container and `sc` (with the pod's context) leaves out.
+fn missing_restricted(
+    at: &str,
+    sc: Option<&k8s_openapi::api::core::v1::SecurityContext>,
+    pod: &k8s_openapi::api::core::v1::PodSecurityContext,
+    out: &mut Vec<String>,
+) {
+    let sc = sc.cloned().unwrap_or_default();
+    if sc.allow_privilege_escalation != Some(false) {
+        out.push(format!("{at}.allowPrivilegeEscalation: not false"));
+    }
+    let drops_all = sc
+        .capabilities
+        .as_ref()
+        .and_then(|c| c.drop.as_ref())
+        .is_some_and(|d| d.iter().any(|c| c == "ALL"));
+    if !drops_all {
+        out.push(format!("{at}.capabilities.drop: without ALL"));
+    }
+    let non_root = sc.run_as_non_root.or(pod.run_as_non_root);
+    if non_root != Some(true) {
+        out.push(format!(
+            "{at}.runAsNonRoot: not true (here or in the pod's securityContext)"
+        ));
+    }
+    if sc.seccomp_profile.is_none() && pod.seccomp_profile.is_none() {
+        out.push(format!(
+            "{at}.seccompProfile: unset (RuntimeDefault or Localhost, here or in the pod's securityContext)"
+        ));
+    }
+}
+
 fn offline_rules(spec: &QueueConsumerSpec, out: &mut Vec<Finding>) {
-    let violations = restricted_violations(&spec.template);
+    let exec = matches!(spec.handler.one(), Some(crate::api::Handler::Exec(_)));
+    let violations = restricted_violations(&spec.template, exec);
     if !violations.is_empty() {
         out.push(finding(
             codes::POD_NOT_RESTRICTED,
@@ -414,7 +469,7 @@ fn offline_rules(spec: &QueueConsumerSpec, out: &mut Vec<Finding>) {
                 "the worker pods break the restricted Pod Security Standard: {}; a namespace enforcing it refuses them, and a handler compromised through a message gets that access",
                 violations.join(", ")
             ),
-            "remove those settings from spec.template (the worker needs none of them), or run the consumer in a namespace whose Pod Security level allows them on purpose".to_string(),
+            "set what the standard asks for in spec.template's containers (allowPrivilegeEscalation: false, capabilities.drop: [ALL], runAsNonRoot: true, seccompProfile.type: RuntimeDefault) and remove what it forbids (the worker needs none of it), or run the consumer in a namespace whose Pod Security level allows them on purpose".to_string(),
         ));
     }
     let q = &spec.queue;

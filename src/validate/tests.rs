@@ -762,15 +762,72 @@ fn pod_settings_the_restricted_standard_forbids_are_named() {
     ] {
         assert!(f.message.contains(named), "{named} missing: {}", f.message);
     }
-    assert!(!f.message.contains("[side]"), "{}", f.message);
-    // A plain template: no finding.
+    // side sets runAsNonRoot and seccomp itself; what it leaves out is named (issue 42, F2).
+    assert!(
+        f.message.contains(
+            "template.spec.containers[side].securityContext.allowPrivilegeEscalation: not false"
+        ),
+        "{}",
+        f.message
+    );
+    assert!(
+        !f.message.contains("[side].securityContext.runAsNonRoot"),
+        "{}",
+        f.message
+    );
+    assert!(
+        !f.message.contains("[side].securityContext.seccompProfile"),
+        "{}",
+        f.message
+    );
+}
+
+#[test]
+fn the_http_layout_s_containers_must_state_what_restricted_asks_for() {
+    // Issue 42, F2: the http layout leaves the user's containers as written, so a plain one is refused
+    // by a namespace enforcing restricted, and each missing field is named.
     let plain =
         spec("template: {spec: {containers: [{name: app, image: x}]}}\nprocessing: {p99: 2s}\n");
+    let report = evaluate(&plain, None);
+    let f = report
+        .findings
+        .iter()
+        .find(|f| f.code == codes::POD_NOT_RESTRICTED)
+        .expect("a PodNotRestricted finding");
+    for named in [
+        "containers[app].securityContext.allowPrivilegeEscalation: not false",
+        "containers[app].securityContext.capabilities.drop: without ALL",
+        "containers[app].securityContext.runAsNonRoot: not true",
+        "containers[app].securityContext.seccompProfile: unset",
+    ] {
+        assert!(f.message.contains(named), "{named} missing: {}", f.message);
+    }
+    // Stated at the pod level, runAsNonRoot and seccomp count for every container.
+    let stated = spec(
+        "template:\n  spec:\n    securityContext: {runAsNonRoot: true, seccompProfile: {type: RuntimeDefault}}\n    containers: [{name: app, image: x, securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}}]\nprocessing: {p99: 2s}\n",
+    );
     assert!(
-        !evaluate(&plain, None)
+        !evaluate(&stated, None)
             .findings
             .iter()
             .any(|f| f.code == codes::POD_NOT_RESTRICTED)
+    );
+    // The exec layout: render fills the handler container's fields; a sidecar is the user's.
+    let exec: QueueConsumerSpec = serde_saphyr::from_str(
+        "queue: {url: https://sqs.us-east-1.amazonaws.com/1/q}\nhandler: {exec: {command: [/h]}}\ntemplate: {spec: {containers: [{name: app, image: x}, {name: side, image: y}]}}\nprocessing: {p99: 2s}\n",
+    )
+    .expect("test spec parses");
+    let f = evaluate(&exec, None)
+        .findings
+        .into_iter()
+        .find(|f| f.code == codes::POD_NOT_RESTRICTED)
+        .expect("the sidecar's finding");
+    assert!(!f.message.contains("[app]"), "{}", f.message);
+    assert!(
+        f.message
+            .contains("containers[side].securityContext.allowPrivilegeEscalation"),
+        "{}",
+        f.message
     );
 }
 

@@ -1,6 +1,7 @@
 //! Shared helpers of the integration tests: the real servers started by `scripts/test`.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod fixture;
 pub mod fuzz;
 pub mod k8s;

@@ -1,457 +1,285 @@
-//! End to end on a real cluster: install the chart, run moto in the cluster, apply a QueueConsumer for a
-//! queue with a dead-letter queue, and wait until it is Ready with its worker Deployment in place.
+//! End to end on a real Kubernetes control plane (kube-apiserver, kube-controller-manager, kube-scheduler,
+//! etcd; `scripts/test` starts one built from the k8s.io/kubernetes modules): the chart installed with
+//! helm into namespaces enforcing the restricted Pod Security Standard, `qc-operator run` out of cluster
+//! with a TokenRequest token of the chart's ServiceAccount (so every request meets the chart's RBAC), and
+//! QueueConsumers on moto's SQS and CloudWatch, in the namespaced and the cluster-wide mode.
 //!
-//! It touches a cluster only when both KUBECONFIG and QC_E2E_IMAGE are set (a KUBECONFIG alone may point at
-//! production); otherwise it prints why and passes. Variables (docs/install.md, "End-to-end test"):
-//!   QC_E2E_IMAGE        image built from the Dockerfile that the cluster can pull (e.g. loaded into kind)
-//!   QC_E2E_MOTO_IMAGE   moto server image, default motoserver/moto:latest
-//!   QC_E2E_INSTALL_CRDS false when the CRD already exists (another release owns it), default true
-//!   QC_E2E_KEEP=1       leave the namespaces for debugging
+//! There is no node: pods stay Pending. Deployments, ReplicaSets (the controller-manager's), Pod admission,
+//! status, Events, Leases, finalizers and garbage collection are the real ones. With
+//! `QC_REQUIRE_CLUSTER=1` (scripts/test) these tests cannot skip.
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+#[path = "../common/mod.rs"]
+mod common;
 
-use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
-use aws_sdk_sqs::types::QueueAttributeName;
+use common::cluster::{self, Cluster, Operator, Release, eventually};
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use qc::api::QueueConsumer;
 
-const CHART: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/charts/queue-consumer-operator"
-);
-const MOTO_PORT: u16 = 5000;
-
-struct Env {
-    image: String,
-    moto_image: String,
-    install_crds: bool,
-    keep: bool,
+fn condition(qc: &QueueConsumer, type_: &str) -> Option<(String, String, String)> {
+    qc.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
-fn env() -> Result<Env, String> {
-    if std::env::var_os("KUBECONFIG").is_none() {
-        return Err("KUBECONFIG is not set".into());
-    }
-    let image = std::env::var("QC_E2E_IMAGE").map_err(|_| {
-        "KUBECONFIG is set but QC_E2E_IMAGE is not (the image the cluster runs; see docs/install.md)"
-            .to_string()
-    })?;
-    Ok(Env {
-        image,
-        moto_image: std::env::var("QC_E2E_MOTO_IMAGE")
-            .unwrap_or_else(|_| "motoserver/moto:latest".into()),
-        install_crds: std::env::var("QC_E2E_INSTALL_CRDS").as_deref() != Ok("false"),
-        keep: std::env::var("QC_E2E_KEEP").as_deref() == Ok("1"),
-    })
+async fn apply(cluster: &Cluster, ns: &str, doc: &serde_json::Value) {
+    let qcs: Api<QueueConsumer> = Api::namespaced(cluster.admin.clone(), ns);
+    qcs.patch(
+        "orders",
+        &PatchParams::apply("e2e-user"),
+        &Patch::Apply(doc),
+    )
+    .await
+    .expect("the QueueConsumer applies");
 }
 
-fn tool(name: &str) -> PathBuf {
-    let cache = std::env::var_os("HOME")
-        .map(|h| PathBuf::from(h).join(".cache/queue-consumer-operator/bin"));
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    cache
-        .into_iter()
-        .chain(std::env::split_paths(&path))
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("{name} not found: source scripts/lib.sh and run ensure_helm"))
+/// The chart's own Deployment got a ReplicaSet and a Pod past the restricted profile's admission (the pod
+/// then waits for a node, which this control plane has none of).
+async fn chart_pod_admitted(cluster: &Cluster, release: &Release) {
+    let pods: Api<Pod> = Api::namespaced(cluster.admin.clone(), &release.namespace);
+    let rss: Api<ReplicaSet> = Api::namespaced(cluster.admin.clone(), &release.namespace);
+    eventually(
+        30,
+        "the chart's controller Pod is admitted under restricted",
+        String::new,
+        || async {
+            let rs = rss.list(&ListParams::default()).await.ok()?;
+            let failure = rs.items.iter().find_map(|r| {
+                r.status
+                    .as_ref()?
+                    .conditions
+                    .as_ref()?
+                    .iter()
+                    .find(|c| c.type_.as_deref() == Some("ReplicaFailure"))
+                    .cloned()
+            });
+            assert!(
+                failure.is_none(),
+                "the chart's ReplicaSet cannot create its pod: {failure:?}"
+            );
+            let list = pods.list(&ListParams::default()).await.ok()?;
+            (!list.items.is_empty()).then_some(())
+        },
+    )
+    .await;
 }
 
-fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Output {
-    let mut cmd = Command::new(tool(program));
-    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
-    if stdin.is_some() {
-        cmd.stdin(Stdio::piped());
-    }
-    let mut child = cmd.spawn().unwrap();
-    if let Some(input) = stdin {
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-    }
-    child.wait_with_output().unwrap()
-}
-
-fn ok(program: &str, args: &[&str], stdin: Option<&str>) -> String {
-    let out = run(program, args, stdin);
-    assert!(
-        out.status.success(),
-        "{program} {args:?} failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+/// Everything a working install shows for one QueueConsumer in `ns`: Ready, an owned Deployment with a
+/// ReplicaSet of the controller-manager's, the Lease held by `op`, Events, and no 403 in the audit log.
+async fn reconciles_under_the_charts_rbac(
+    cluster: &Cluster,
+    release: &Release,
+    op: &Operator,
+    ns: &str,
+) {
+    let mark = cluster.audit_mark();
+    let url = cluster::queue_with_dlq(&common::unique_name("e2e")).await;
+    apply(
+        cluster,
+        ns,
+        &cluster::restricted_consumer(ns, "orders", &url),
+    )
+    .await;
+    let qcs: Api<QueueConsumer> = Api::namespaced(cluster.admin.clone(), ns);
+    let ready = eventually(
+        60,
+        "Ready=True",
+        || op.logs(),
+        || async {
+            let qc = qcs.get("orders").await.ok()?;
+            let ready = condition(&qc, "Ready")?;
+            (ready.0 == "True").then_some(qc)
+        },
+    )
+    .await;
+    assert_eq!(
+        ready.metadata.finalizers.as_deref(),
+        Some(&[qc::controller::alarm::FINALIZER.to_string()][..]),
+        "the DLQ alarm's finalizer"
     );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn unique(prefix: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!(
-        "{prefix}-{}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed),
-        nanos % 100_000
-    )
-}
-
-/// Deletes what the test created, in the order that lets the controller run its finalizer.
-struct Cleanup {
-    ns: String,
-    moto_ns: String,
-    release: String,
-    keep: bool,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        if self.keep {
-            eprintln!(
-                "QC_E2E_KEEP=1: left namespaces {} and {}",
-                self.ns, self.moto_ns
-            );
-            return;
-        }
-        let _ = run(
-            "kubectl",
-            &[
-                "-n",
-                &self.ns,
-                "delete",
-                "queueconsumers",
-                "--all",
-                "--wait",
-                "--timeout=120s",
-            ],
-            None,
-        );
-        let _ = run(
-            "helm",
-            &["uninstall", &self.release, "-n", &self.ns, "--wait"],
-            None,
-        );
-        for ns in [&self.ns, &self.moto_ns] {
-            let _ = run(
-                "kubectl",
-                &["delete", "namespace", ns, "--wait=false"],
-                None,
-            );
-        }
-    }
-}
-
-struct PortForward(Child, u16);
-
-impl PortForward {
-    fn start(ns: &str, target: &str, port: u16) -> PortForward {
-        let mut child = Command::new(tool("kubectl"))
-            .args(["-n", ns, "port-forward", target, &format!("0:{port}")])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        // "Forwarding from 127.0.0.1:PORT -> 5000"
-        let local = line
-            .split_whitespace()
-            .nth(2)
-            .and_then(|a| a.rsplit(':').next())
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("unexpected port-forward output: {line:?}"));
-        PortForward(child, local)
-    }
-}
-
-impl Drop for PortForward {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn moto_manifest(ns: &str, image: &str) -> String {
-    format!(
-        r"apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: moto, namespace: {ns}}}
-spec:
-  selector: {{matchLabels: {{app: moto}}}}
-  template:
-    metadata: {{labels: {{app: moto}}}}
-    spec:
-      containers:
-        - name: moto
-          image: {image}
-          ports: [{{containerPort: {MOTO_PORT}}}]
-          readinessProbe: {{httpGet: {{path: /moto-api/, port: {MOTO_PORT}}}}}
----
-apiVersion: v1
-kind: Service
-metadata: {{name: moto, namespace: {ns}}}
-spec:
-  selector: {{app: moto}}
-  ports: [{{port: {MOTO_PORT}, targetPort: {MOTO_PORT}}}]
-"
-    )
-}
-
-/// A QueueConsumer that may scale to zero: with an empty queue, Ready needs the queue reachable, the
-/// config valid and the (zero-replica) Deployment available, which is what an install must deliver.
-fn consumer_manifest(ns: &str, name: &str, queue_url: &str, endpoint: &str, image: &str) -> String {
-    format!(
-        r#"apiVersion: sqs.consumers.dev/v1alpha1
-kind: QueueConsumer
-metadata: {{name: {name}, namespace: {ns}}}
-spec:
-  queue: {{url: "{queue_url}", region: us-east-1, endpoint: "{endpoint}"}}
-  processing: {{p99: 1s, timeout: 10s, concurrency: 2, batchSize: 2}}
-  # Never runs: the queue stays empty, so the Deployment stays at zero replicas.
-  handler:
-    exec: {{command: ["/usr/local/bin/qc-worker", "--version"]}}
-  template:
-    spec:
-      containers:
-        - name: handler
-          image: {image}
-  scaling: {{minReplicas: 0, maxReplicas: 1}}
-  deadLetter: {{alarm: false}}
-"#
-    )
-}
-
-async fn create_queues(endpoint: &str, name: &str) {
-    let conf = aws_sdk_sqs::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .endpoint_url(endpoint)
-        .credentials_provider(Credentials::new("testing", "testing", None, None, "e2e"))
-        .http_client(qc::aws::http_client())
-        .build();
-    let sqs = aws_sdk_sqs::Client::from_conf(conf);
-    let dlq = sqs
-        .create_queue()
-        .queue_name(format!("{name}-dlq"))
-        .attributes(QueueAttributeName::MessageRetentionPeriod, "1209600")
-        .send()
+    let leases: Api<Lease> = Api::namespaced(cluster.admin.clone(), &release.namespace);
+    let lease = leases
+        .get(&release.fullname)
         .await
-        .unwrap();
-    let dlq_arn = sqs
-        .get_queue_attributes()
-        .queue_url(dlq.queue_url().unwrap())
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .unwrap()
-        .attributes()
-        .unwrap()[&QueueAttributeName::QueueArn]
-        .clone();
-    let redrive = format!(r#"{{"deadLetterTargetArn":"{dlq_arn}","maxReceiveCount":"5"}}"#);
-    sqs.create_queue()
-        .queue_name(name)
-        .attributes(QueueAttributeName::VisibilityTimeout, "30")
-        .attributes(QueueAttributeName::RedrivePolicy, redrive)
-        .send()
-        .await
-        .unwrap();
-}
+        .expect("the chart's Lease");
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some(op.identity.as_str()),
+        "the operator holds the chart's Lease"
+    );
 
-/// "repo:tag" or "repo@sha256:..." as chart values.
-fn image_values(image: &str) -> Vec<String> {
-    if let Some((repo, digest)) = image.split_once('@') {
-        return vec![
-            format!("image.repository={repo}"),
-            format!("image.digest={digest}"),
-        ];
-    }
-    match image.rsplit_once(':') {
-        Some((repo, tag)) if !tag.contains('/') => vec![
-            format!("image.repository={repo}"),
-            format!("image.tag={tag}"),
-        ],
-        _ => vec![format!("image.repository={image}")],
-    }
+    // The worker Deployment: controlled by the QueueConsumer; the controller-manager made its ReplicaSet.
+    let deployments: Api<Deployment> = Api::namespaced(cluster.admin.clone(), ns);
+    let d = deployments
+        .get("orders")
+        .await
+        .expect("the worker Deployment");
+    let owner = &d
+        .metadata
+        .owner_references
+        .as_ref()
+        .expect("owner references")[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str(), owner.controller),
+        ("QueueConsumer", "orders", Some(true))
+    );
+    let rss: Api<ReplicaSet> = Api::namespaced(cluster.admin.clone(), ns);
+    eventually(
+        30,
+        "a ReplicaSet of the worker Deployment",
+        String::new,
+        || async {
+            let list = rss.list(&ListParams::default()).await.ok()?;
+            list.items
+                .iter()
+                .any(|r| {
+                    r.metadata
+                        .owner_references
+                        .iter()
+                        .flatten()
+                        .any(|o| o.kind == "Deployment" && o.name == "orders")
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    let events: Api<Event> = Api::namespaced(cluster.admin.clone(), ns);
+    let ours = events
+        .list(&ListParams::default())
+        .await
+        .expect("Events")
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.kind.as_deref() == Some("QueueConsumer"))
+        .count();
+    assert!(ours > 0, "the operator records Events on the QueueConsumer");
+
+    // Every request the operator made in this scenario was allowed by the chart's RBAC.
+    let user = release.user();
+    assert!(
+        !cluster.audit_events(&user, mark, |_| true).await.is_empty(),
+        "the audit log shows the operator's requests"
+    );
+    let refused = cluster.rbac_refusals(&user, mark).await;
+    assert!(refused.is_empty(), "RBAC refused {user}: {refused:#?}");
+
+    // Deletion: the finalizer holds it until the alarm is deleted, then the garbage collector takes the
+    // Deployment.
+    qcs.delete("orders", &DeleteParams::default())
+        .await
+        .expect("delete the QueueConsumer");
+    eventually(
+        60,
+        "the QueueConsumer is deleted",
+        || op.logs(),
+        || async { qcs.get_opt("orders").await.ok()?.is_none().then_some(()) },
+    )
+    .await;
+    eventually(
+        60,
+        "the garbage collector deletes the worker Deployment",
+        String::new,
+        || async {
+            deployments
+                .get_opt("orders")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chart_installs_and_a_queue_consumer_becomes_ready() {
-    let env = match env() {
-        Ok(env) => env,
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return;
-        }
+async fn namespaced_install_reconciles_under_the_charts_rbac() {
+    let test = "namespaced_install_reconciles_under_the_charts_rbac";
+    let Some(cluster) = cluster::connect(test).await else {
+        return;
     };
-    let ns = unique("qc-e2e");
-    let moto_ns = format!("{ns}-moto");
-    let release = "qc".to_string();
-    let _cleanup = Cleanup {
-        ns: ns.clone(),
-        moto_ns: moto_ns.clone(),
-        release: release.clone(),
-        keep: env.keep,
-    };
-
-    // The operator's namespace enforces the restricted Pod Security Standard: its pods must pass admission.
-    ok("kubectl", &["create", "namespace", &ns], None);
-    ok(
-        "kubectl",
-        &[
-            "label",
-            "namespace",
-            &ns,
-            "pod-security.kubernetes.io/enforce=restricted",
-        ],
-        None,
-    );
-    // moto's image is not built for the restricted profile: it gets a namespace of its own.
-    ok("kubectl", &["create", "namespace", &moto_ns], None);
-    ok(
-        "kubectl",
-        &["apply", "-f", "-"],
-        Some(&moto_manifest(&moto_ns, &env.moto_image)),
-    );
-    ok(
-        "kubectl",
-        &[
-            "-n",
-            &moto_ns,
-            "rollout",
-            "status",
-            "deployment/moto",
-            "--timeout=180s",
-        ],
-        None,
-    );
-
-    let queue = unique("orders");
-    {
-        let forward = PortForward::start(&moto_ns, "svc/moto", MOTO_PORT);
-        create_queues(&format!("http://127.0.0.1:{}", forward.1), &queue).await;
-    }
-    let in_cluster = format!("http://moto.{moto_ns}.svc:{MOTO_PORT}");
-    let queue_url = format!("{in_cluster}/123456789012/{queue}");
-
-    let mut helm_args: Vec<String> = [
-        "install",
-        &release,
-        CHART,
-        "--namespace",
-        &ns,
-        "--wait",
-        "--timeout",
-        "3m",
-        "--set",
-        "aws.region=us-east-1",
-        "--set-json",
-        r#"env=[{"name":"AWS_ACCESS_KEY_ID","value":"testing"},{"name":"AWS_SECRET_ACCESS_KEY","value":"testing"}]"#,
-        "--set",
-        &format!("crds.install={}", env.install_crds),
-        "--set-json",
-        &format!(r#"watchNamespaces=["{ns}"]"#),
-        // The in-cluster moto is a tenant-chosen endpoint: allowed explicitly, as an operator would.
-        "--set-json",
-        &format!(r#"aws.allowedEndpoints=["{in_cluster}"]"#),
-    ]
-    .iter()
-    .map(std::string::ToString::to_string)
-    .collect();
-    for v in image_values(&env.image) {
-        helm_args.push("--set".into());
-        helm_args.push(v);
-    }
-    let helm_args: Vec<&str> = helm_args.iter().map(String::as_str).collect();
-    ok("helm", &helm_args, None);
-
-    let name = "orders";
-    ok(
-        "kubectl",
-        &["apply", "-f", "-"],
-        Some(&consumer_manifest(
-            &ns,
-            name,
-            &queue_url,
-            &in_cluster,
-            &env.image,
-        )),
-    );
-    let wait = run(
-        "kubectl",
-        &[
-            "-n",
-            &ns,
-            "wait",
-            "--for=condition=Ready",
-            &format!("queueconsumer/{name}"),
-            "--timeout=180s",
-        ],
-        None,
-    );
-    if !wait.status.success() {
-        let status = run(
-            "kubectl",
-            &["-n", &ns, "get", "queueconsumer", name, "-o", "yaml"],
-            None,
-        );
-        let logs = run(
-            "kubectl",
-            &[
-                "-n",
-                &ns,
-                "logs",
-                "deployment/qc-queue-consumer-operator",
-                "--tail=100",
-            ],
-            None,
-        );
-        panic!(
-            "QueueConsumer {ns}/{name} did not become Ready:\n{}\n{}\ncontroller logs:\n{}",
-            String::from_utf8_lossy(&wait.stderr),
-            String::from_utf8_lossy(&status.stdout),
-            String::from_utf8_lossy(&logs.stdout)
-        );
-    }
-
-    // The worker Deployment exists, is owned by the QueueConsumer and carries the documented labels.
-    let owner = ok(
-        "kubectl",
-        &[
-            "-n",
-            &ns,
-            "get",
-            "deployment",
-            name,
-            "-o",
-            "jsonpath={.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name} {.metadata.labels.app\\.kubernetes\\.io/managed-by}",
-        ],
-        None,
-    );
-    assert_eq!(owner.trim(), format!("QueueConsumer/{name} qc-operator"));
+    let _shared = cluster::CLUSTER_WIDE.read().await;
+    let op_ns = cluster::unique("e2e-op");
+    let team = cluster::unique("e2e-team");
+    cluster.namespace(&op_ns, true).await;
+    cluster.namespace(&team, true).await;
+    let watch = format!(r#"watchNamespaces=["{team}"]"#);
+    let release = Release::install(
+        &cluster,
+        &cluster::unique("qc"),
+        &op_ns,
+        &["--set-json", &watch],
+    )
+    .await;
+    chart_pod_admitted(&cluster, &release).await;
+    let op = release.operator(&cluster, "op-0", &[]).await;
+    Box::pin(reconciles_under_the_charts_rbac(
+        &cluster, &release, &op, &team,
+    ))
+    .await;
+    drop(op);
+    cluster.delete_namespace(&team).await;
+    cluster.delete_namespace(&op_ns).await;
 }
 
-#[test]
-fn image_values_split_tags_and_digests() {
-    assert_eq!(
-        image_values("registry.example:5000/qc:0.1.0"),
-        [
-            "image.repository=registry.example:5000/qc",
-            "image.tag=0.1.0"
-        ]
-    );
-    assert_eq!(
-        image_values("registry.example:5000/qc"),
-        ["image.repository=registry.example:5000/qc"]
-    );
-    assert_eq!(
-        image_values("qc@sha256:abc"),
-        ["image.repository=qc", "image.digest=sha256:abc"]
-    );
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_wide_install_reconciles_and_scales_in_any_namespace() {
+    let test = "cluster_wide_install_reconciles_and_scales_in_any_namespace";
+    let Some(cluster) = cluster::connect(test).await else {
+        return;
+    };
+    let _alone = cluster::CLUSTER_WIDE.write().await;
+    let op_ns = cluster::unique("e2e-all");
+    let team = cluster::unique("e2e-any");
+    cluster.namespace(&op_ns, true).await;
+    cluster.namespace(&team, true).await;
+    let release = Release::install(&cluster, &cluster::unique("qcall"), &op_ns, &[]).await;
+    chart_pod_admitted(&cluster, &release).await;
+    let op = release.operator(&cluster, "op-all-0", &[]).await;
+
+    // Scaling on a real Deployment: messages in the queue make a replica; its Pod passes restricted.
+    let url = cluster::queue_with_dlq(&common::unique_name("e2e-scale")).await;
+    let sqs = common::sqs_client().await;
+    common::send_numbered(&sqs, &url, "order", 40).await;
+    let doc = cluster::restricted_consumer(&team, "scaled", &url);
+    let qcs: Api<QueueConsumer> = Api::namespaced(cluster.admin.clone(), &team);
+    qcs.patch(
+        "scaled",
+        &PatchParams::apply("e2e-user"),
+        &Patch::Apply(&doc),
+    )
+    .await
+    .expect("the QueueConsumer applies");
+    let deployments: Api<Deployment> = Api::namespaced(cluster.admin.clone(), &team);
+    let pods: Api<Pod> = Api::namespaced(cluster.admin.clone(), &team);
+    eventually(
+        60,
+        "a worker Pod for the backlog",
+        || op.logs(),
+        || async {
+            let d = deployments.get_opt("scaled").await.ok()??;
+            let replicas = d.spec.replicas?;
+            if replicas < 1 {
+                return None;
+            }
+            let list = pods.list(&ListParams::default()).await.ok()?;
+            (!list.items.is_empty()).then_some(())
+        },
+    )
+    .await;
+    qcs.delete("scaled", &DeleteParams::default())
+        .await
+        .expect("delete");
+
+    Box::pin(reconciles_under_the_charts_rbac(
+        &cluster, &release, &op, &team,
+    ))
+    .await;
+    drop(op);
+    cluster.delete_namespace(&team).await;
+    cluster.delete_namespace(&op_ns).await;
 }

@@ -2,7 +2,7 @@
 //! fields a manager stopped sending), JSON merge patch, JSON patch, the status subresource, and the
 //! ownership moves of a plain update.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
@@ -99,8 +99,16 @@ impl State {
                 }
                 let mut next = live.clone();
                 // Fields this manager applied before and no longer sends are removed unless another
-                // manager still owns them.
+                // manager still owns them. Only within what this apply can write: the API server keeps
+                // a manager's entries per subresource, so an apply to /status never removes the
+                // finalizers its manager patched on the main resource (and the reverse).
+                let in_scope = |p: &Path| {
+                    !kind.status_subresource
+                        || (p.first().map(String::as_str) == Some("status")) == status
+                };
                 let before = owners.get(&manager).cloned().unwrap_or_default();
+                let (before, out_of_scope): (BTreeSet<Path>, BTreeSet<Path>) =
+                    before.into_iter().partition(|p| in_scope(p));
                 for p in before
                     .iter()
                     .filter(|p| !sent.iter().any(|s| related(s, p)))
@@ -113,7 +121,10 @@ impl State {
                     }
                 }
                 merge(&mut next, &applied);
-                owners.insert(manager.clone(), sent);
+                owners.insert(
+                    manager.clone(),
+                    sent.into_iter().chain(out_of_scope).collect(),
+                );
                 let next = listed(kind, next, &live_listed, &sent_listed);
                 self.commit(tx, kind, ns, name, next, owners)
             }

@@ -68,8 +68,19 @@ pub fn need(r: &Recorded) -> Need {
             None => plural.to_string(),
         },
         verb: verb.to_string(),
-        // Lists, watches and creates carry no name RBAC could match.
-        name: name.filter(|_| verb != "create"),
+        // Creates carry no name RBAC could match; a list or watch does when it selects one object by
+        // `fieldSelector=metadata.name=NAME`, as the API server authorizes it (the real control plane
+        // grants a standby's watch of its own Lease that way: tests/e2e, tests/k8s_real.rs).
+        name: match verb {
+            "create" => None,
+            "list" | "watch" => r
+                .query
+                .get("fieldSelector")
+                .and_then(|f| f.strip_prefix("metadata.name="))
+                .filter(|n| !n.contains(','))
+                .map(str::to_string),
+            _ => name,
+        },
     }
 }
 

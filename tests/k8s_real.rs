@@ -1,0 +1,606 @@
+//! What only a real control plane shows (kube-apiserver with RBAC, admission and an audit log,
+//! kube-controller-manager's namespace, Deployment and garbage collectors): each test here failed before
+//! the fix it names (issue 42). The chart is installed with helm and `qc-operator run` runs out of cluster
+//! with its ServiceAccount's token, as in tests/e2e; `QC_REQUIRE_CLUSTER=1` (scripts/test) makes a missing
+//! cluster a failure.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::cluster::{self, Cluster, Release, eventually};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PropagationPolicy};
+use qc::api::QueueConsumer;
+
+async fn apply(cluster: &Cluster, ns: &str, doc: &serde_json::Value) {
+    let name = doc["metadata"]["name"].as_str().expect("a name");
+    Api::<QueueConsumer>::namespaced(cluster.admin.clone(), ns)
+        .patch(name, &PatchParams::apply("test-user"), &Patch::Apply(doc))
+        .await
+        .expect("the QueueConsumer applies");
+}
+
+fn ready(qc: &QueueConsumer) -> bool {
+    qc.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+    })
+}
+
+async fn alarm_exists(name: &str) -> bool {
+    let conf = qc::aws::sdk_config(Some("us-east-1"), Some(&common::sqs_endpoint())).await;
+    let cw = aws_sdk_cloudwatch::Client::new(&conf);
+    !cw.describe_alarms()
+        .alarm_names(name)
+        .send()
+        .await
+        .expect("DescribeAlarms on moto")
+        .metric_alarms()
+        .is_empty()
+}
+
+/// F1: in namespaced mode, deleting a watched namespace deletes the operator's RoleBinding in the same sweep
+/// as the QueueConsumers. It must still complete, with the DLQ alarm deleted; it used to hang for good
+/// (`remove finalizer: … Forbidden`, retried forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_watched_namespace_completes_and_deletes_the_alarm() {
+    let test = "deleting_a_watched_namespace_completes_and_deletes_the_alarm";
+    let Some(cluster) = cluster::connect(test).await else {
+        return;
+    };
+    let op_ns = cluster::unique("f1-op");
+    let team = cluster::unique("f1-team");
+    cluster.namespace(&op_ns, true).await;
+    cluster.namespace(&team, true).await;
+    let watch = format!(r#"watchNamespaces=["{team}"]"#);
+    let release = Release::install(
+        &cluster,
+        &cluster::unique("qc"),
+        &op_ns,
+        &["--set-json", &watch],
+    )
+    .await;
+    let op = release.operator(&cluster, "op-0", &[]).await;
+
+    let mut alarms = Vec::new();
+    let qcs: Api<QueueConsumer> = Api::namespaced(cluster.admin.clone(), &team);
+    for name in ["orders", "refunds"] {
+        let url = cluster::queue_with_dlq(&common::unique_name("f1")).await;
+        apply(
+            &cluster,
+            &team,
+            &cluster::restricted_consumer(&team, name, &url),
+        )
+        .await;
+        let alarm = eventually(
+            60,
+            "the DLQ alarm is created",
+            || op.logs(),
+            || async {
+                let qc = qcs.get(name).await.ok()?;
+                let alarm = qc
+                    .status
+                    .as_ref()?
+                    .dead_letter
+                    .as_ref()?
+                    .alarm_name
+                    .clone()?;
+                (ready(&qc) && alarm_exists(&alarm).await).then_some(alarm)
+            },
+        )
+        .await;
+        alarms.push(alarm);
+    }
+
+    let namespaces: Api<Namespace> = Api::all(cluster.admin.clone());
+    namespaces
+        .delete(&team, &DeleteParams::default())
+        .await
+        .expect("delete the namespace");
+    eventually(
+        90,
+        "the deleted namespace is gone",
+        || {
+            let qc_state = std::process::Command::new(cluster::tool("kubectl"))
+                .args([
+                    "get",
+                    "queueconsumers,rolebindings",
+                    "-n",
+                    &team,
+                    "-o",
+                    "yaml",
+                ])
+                .env("KUBECONFIG", &cluster.kubeconfig)
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            format!("{qc_state}\noperator log:\n{}", op.logs())
+        },
+        || async {
+            namespaces
+                .get_opt(&team)
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    for alarm in &alarms {
+        assert!(!alarm_exists(alarm).await, "alarm {alarm} was left behind");
+    }
+    // No write was refused (the bug: the finalizer's removal, Forbidden forever). Reads of the namespace
+    // are refused once it is gone with the binding: the operator still watches what it was told to.
+    let refused: Vec<String> = cluster
+        .rbac_refusals(&release.user(), 0)
+        .await
+        .into_iter()
+        .filter(|r| {
+            !["\"list\"", "\"watch\"", "\"get\""]
+                .iter()
+                .any(|v| r.starts_with(v))
+        })
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "RBAC refused the operator's writes: {refused:#?}"
+    );
+    drop(op);
+    cluster.delete_namespace(&op_ns).await;
+}
+
+/// F4: every request of the operator says who it is (User-Agent `qc-operator/VERSION`), and every write,
+/// finalizer patches and Events included, names its field manager: the audit log shows each one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_has_the_user_agent_and_every_write_a_field_manager() {
+    let test = "every_request_has_the_user_agent_and_every_write_a_field_manager";
+    let Some(cluster) = cluster::connect(test).await else {
+        return;
+    };
+    let op_ns = cluster::unique("f4-op");
+    let team = cluster::unique("f4-team");
+    cluster.namespace(&op_ns, true).await;
+    cluster.namespace(&team, true).await;
+    let watch = format!(r#"watchNamespaces=["{team}"]"#);
+    let release = Release::install(
+        &cluster,
+        &cluster::unique("qc"),
+        &op_ns,
+        &["--set-json", &watch],
+    )
+    .await;
+    let mut op = release.operator(&cluster, "op-0", &[]).await;
+    let url = cluster::queue_with_dlq(&common::unique_name("f4")).await;
+    apply(
+        &cluster,
+        &team,
+        &cluster::restricted_consumer(&team, "orders", &url),
+    )
+    .await;
+    let qcs: Api<QueueConsumer> = Api::namespaced(cluster.admin.clone(), &team);
+    eventually(
+        60,
+        "Ready",
+        || op.logs(),
+        || async { ready(&qcs.get("orders").await.ok()?).then_some(()) },
+    )
+    .await;
+    qcs.delete("orders", &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually(
+        60,
+        "deleted",
+        || op.logs(),
+        || async { qcs.get_opt("orders").await.ok()?.is_none().then_some(()) },
+    )
+    .await;
+    op.stop();
+
+    let agent = format!("qc-operator/{}", env!("CARGO_PKG_VERSION"));
+    let is_write =
+        |e: &serde_json::Value| matches!(e["verb"].as_str(), Some("create" | "update" | "patch"));
+    let events = cluster
+        .audit_events(&release.user(), 0, |events| {
+            // The finalizer's removal (after its addition) is the last write of the scenario.
+            events
+                .iter()
+                .filter(|e| {
+                    is_write(e)
+                        && e["objectRef"]["resource"] == "queueconsumers"
+                        && e["objectRef"]["subresource"].is_null()
+                })
+                .count()
+                >= 2
+        })
+        .await;
+    let writes: Vec<&serde_json::Value> = events.iter().filter(|e| is_write(e)).collect();
+    let kinds: std::collections::BTreeSet<String> = writes
+        .iter()
+        .map(|e| {
+            format!(
+                "{} {}{}",
+                e["verb"].as_str().unwrap_or(""),
+                e["objectRef"]["resource"].as_str().unwrap_or(""),
+                e["objectRef"]["subresource"]
+                    .as_str()
+                    .map(|s| format!("/{s}"))
+                    .unwrap_or_default()
+            )
+        })
+        .collect();
+    for needed in [
+        "patch queueconsumers",
+        "patch queueconsumers/status",
+        "patch deployments",
+        "create events",
+        "patch leases",
+    ] {
+        assert!(
+            kinds.contains(needed),
+            "no {needed} in the audit log: {kinds:?}"
+        );
+    }
+    let wrong_agent: Vec<String> = events
+        .iter()
+        .filter(|e| e["userAgent"] != agent.as_str())
+        .map(|e| format!("{} {} as {}", e["verb"], e["requestURI"], e["userAgent"]))
+        .collect();
+    assert!(
+        wrong_agent.is_empty(),
+        "requests without User-Agent {agent}: {wrong_agent:#?}"
+    );
+    let unmanaged: Vec<String> = writes
+        .iter()
+        .filter(|e| {
+            !e["requestURI"]
+                .as_str()
+                .is_some_and(|u| u.contains("fieldManager=qc-operator"))
+        })
+        .map(|e| format!("{} {}", e["verb"], e["requestURI"]))
+        .collect();
+    assert!(
+        unmanaged.is_empty(),
+        "writes without a qc-operator field manager: {unmanaged:#?}"
+    );
+    cluster.delete_namespace(&team).await;
+    cluster.delete_namespace(&op_ns).await;
+}
+
+fn holder(lease: &Lease) -> Option<String> {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.clone())
+        .filter(|h| !h.is_empty())
+}
+
+/// F5: when the leader steps down (SIGTERM: it releases the Lease), the standby takes over within 2 s of
+/// the release, by watching the Lease; it used to wait for its next poll (9.3 s seen).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_over_within_two_seconds_of_a_release() {
+    let test = "a_standby_takes_over_within_two_seconds_of_a_release";
+    let Some(cluster) = cluster::connect(test).await else {
+        return;
+    };
+    let op_ns = cluster::unique("f5-op");
+    cluster.namespace(&op_ns, true).await;
+    // Watching only its own namespace: the replicas reconcile no other test's QueueConsumers.
+    let watch = format!(r#"watchNamespaces=["{op_ns}"]"#);
+    let release = Release::install(
+        &cluster,
+        &cluster::unique("qcf5"),
+        &op_ns,
+        &["--set-json", &watch],
+    )
+    .await;
+    let leases: Api<Lease> = Api::namespaced(cluster.admin.clone(), &op_ns);
+    let mut a = release.operator(&cluster, "op-a", &[]).await;
+    eventually(
+        30,
+        "op-a leads",
+        || a.logs(),
+        || async {
+            let lease = leases.get_opt(&release.fullname).await.ok()??;
+            (holder(&lease).as_deref() == Some("op-a")).then_some(())
+        },
+    )
+    .await;
+    let b = release.operator(&cluster, "op-b", &[]).await;
+    eventually(
+        30,
+        "op-b stands by",
+        || b.logs(),
+        || async {
+            b.logs()
+                .contains("waiting for the leader lease")
+                .then_some(())
+        },
+    )
+    .await;
+    // Some renewals go by first, so op-b has read the Lease as held for a while.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // Time the takeover from the release as the API server shows it.
+    let watch = {
+        let leases = leases.clone();
+        let name = release.fullname.clone();
+        tokio::spawn(async move {
+            let mut released_at = None;
+            loop {
+                let lease = leases.get(&name).await.expect("the Lease");
+                match (holder(&lease).as_deref(), released_at) {
+                    (None, None) => released_at = Some(Instant::now()),
+                    (Some("op-b"), Some(at)) => return Instant::now().duration_since(at),
+                    (Some("op-b"), None) => return Duration::ZERO,
+                    _ => {}
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    a.stop();
+    let took = tokio::time::timeout(Duration::from_secs(30), watch)
+        .await
+        .unwrap_or_else(|_| panic!("op-b never took over\n{}", b.logs()))
+        .expect("the timing task");
+    eprintln!("takeover {} ms after the release", took.as_millis());
+    assert!(
+        took <= Duration::from_secs(2),
+        "op-b took over {took:?} after op-a released the Lease\n{}",
+        b.logs()
+    );
+    cluster.delete_namespace(&op_ns).await;
+}
+
+/// F7: the worker Deployment's owner reference blocks its owner's deletion (blockOwnerDeletion, as the
+/// built-in controllers set it), so a foreground deletion of a QueueConsumer (`kubectl delete
+/// --cascade=foreground`, Argo CD's default) finishes only after its Deployment is gone. Setting it passes
+/// OwnerReferencesPermissionEnforcement under the chart's RBAC (update on queueconsumers/finalizers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreground_deletion_waits_for_the_worker_deployment() {
+    let test = "foreground_deletion_waits_for_the_worker_deployment";
+    let Some(cluster) = cluster::connect(test).await else {
+        return;
+    };
+    let op_ns = cluster::unique("f7-op");
+    let team = cluster::unique("f7-team");
+    cluster.namespace(&op_ns, true).await;
+    cluster.namespace(&team, true).await;
+    let watch = format!(r#"watchNamespaces=["{team}"]"#);
+    let release = Release::install(
+        &cluster,
+        &cluster::unique("qc"),
+        &op_ns,
+        &["--set-json", &watch],
+    )
+    .await;
+    let op = release.operator(&cluster, "op-0", &[]).await;
+    let url = cluster::queue_with_dlq(&common::unique_name("f7")).await;
+    let mut doc = cluster::restricted_consumer(&team, "orders", &url);
+    doc["spec"]["deadLetter"]["alarm"] = false.into();
+    apply(&cluster, &team, &doc).await;
+    let qcs: Api<QueueConsumer> = Api::namespaced(cluster.admin.clone(), &team);
+    let deployments: Api<Deployment> = Api::namespaced(cluster.admin.clone(), &team);
+    let d = eventually(
+        60,
+        "the worker Deployment",
+        || op.logs(),
+        || async { deployments.get_opt("orders").await.ok()? },
+    )
+    .await;
+    let owner = &d.metadata.owner_references.as_ref().expect("an owner")[0];
+    assert_eq!(owner.block_owner_deletion, Some(true), "{owner:?}");
+
+    qcs.delete(
+        "orders",
+        &DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Foreground),
+            ..DeleteParams::default()
+        },
+    )
+    .await
+    .expect("delete in the foreground");
+    // While the QueueConsumer is still there, the Deployment goes; the QueueConsumer never goes first.
+    let deadline = Instant::now() + Duration::from_mins(1);
+    loop {
+        let qc = qcs.get_opt("orders").await.expect("read the QueueConsumer");
+        let dep = deployments
+            .get_opt("orders")
+            .await
+            .expect("read the Deployment");
+        match (qc, dep) {
+            (None, Some(_)) => panic!("the QueueConsumer was deleted before its worker Deployment"),
+            (None, None) => break,
+            _ => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the foreground deletion did not finish"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(op);
+    cluster.delete_namespace(&team).await;
+    cluster.delete_namespace(&op_ns).await;
+}
+
+/// F2: the http sample's handler container lacks what the restricted Pod Security Standard asks for. In a
+/// namespace enforcing it, `check` names the missing fields, and Ready carries the Deployment's
+/// ReplicaFailure (FailedCreate, with PodSecurity's message) instead of a bare "no available replica yet".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_refused_by_pod_security_show_in_ready_and_in_check() {
+    let test = "pods_refused_by_pod_security_show_in_ready_and_in_check";
+    let Some(cluster) = cluster::connect(test).await else {
+        return;
+    };
+    let sample = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/restricted/http_without_security_context.yaml"
+    );
+    let check = std::process::Command::new(env!("CARGO_BIN_EXE_qc-operator"))
+        .args(["check", sample])
+        .output()
+        .expect("qc-operator check runs");
+    let said = String::from_utf8_lossy(&check.stdout);
+    for missing in [
+        "PodNotRestricted",
+        "containers[handler].securityContext.allowPrivilegeEscalation",
+        "containers[handler].securityContext.capabilities.drop",
+        "containers[handler].securityContext.runAsNonRoot",
+        "containers[handler].securityContext.seccompProfile",
+    ] {
+        assert!(
+            said.contains(missing),
+            "check does not say {missing}:\n{said}"
+        );
+    }
+
+    let op_ns = cluster::unique("f2-op");
+    let team = cluster::unique("f2-team");
+    cluster.namespace(&op_ns, true).await;
+    cluster.namespace(&team, true).await;
+    let watch = format!(r#"watchNamespaces=["{team}"]"#);
+    let release = Release::install(
+        &cluster,
+        &cluster::unique("qcf2"),
+        &op_ns,
+        &["--set-json", &watch],
+    )
+    .await;
+    let op = release.operator(&cluster, "op-0", &[]).await;
+    let url = cluster::queue_with_dlq(&common::unique_name("f2")).await;
+    let mut doc: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(sample).expect("the manifest"))
+            .expect("YAML");
+    doc["metadata"]["namespace"] = team.clone().into();
+    doc["spec"]["queue"]["url"] = url.into();
+    doc["spec"]["queue"]["endpoint"] = common::sqs_endpoint().into();
+    apply(&cluster, &team, &doc).await;
+    let qcs: Api<QueueConsumer> = Api::namespaced(cluster.admin.clone(), &team);
+    let (reason, message) = eventually(
+        60,
+        "Ready says why there is no pod",
+        || op.logs(),
+        || async {
+            let qc = qcs.get("orders").await.ok()?;
+            let c = qc
+                .status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "Ready" && c.reason == "ReplicaFailure")?;
+            Some((c.reason, c.message))
+        },
+    )
+    .await;
+    assert_eq!(reason, "ReplicaFailure");
+    for part in [
+        "FailedCreate",
+        "violates PodSecurity",
+        "allowPrivilegeEscalation != false",
+    ] {
+        assert!(
+            message.contains(part),
+            "Ready's message lacks {part:?}: {message}"
+        );
+    }
+    drop(op);
+    cluster.delete_namespace(&team).await;
+    cluster.delete_namespace(&op_ns).await;
+}
+
+/// Strict templates: `spec.template` is an open object in the CRD, so what is wrong in it (a memory of
+/// `12XB`, a container without an image) reached the API server only in the Deployment, whose refusal went
+/// to the controller's log alone. The controller applies with strict field validation, and a refusal makes
+/// ConfigValid False with reason TemplateInvalid and the server's message, and a Warning Event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_the_api_server_refuses_is_reported_as_template_invalid() {
+    let test = "a_template_the_api_server_refuses_is_reported_as_template_invalid";
+    let Some(cluster) = cluster::connect(test).await else {
+        return;
+    };
+    let op_ns = cluster::unique("tmpl-op");
+    let team = cluster::unique("tmpl-team");
+    cluster.namespace(&op_ns, true).await;
+    cluster.namespace(&team, true).await;
+    let watch = format!(r#"watchNamespaces=["{team}"]"#);
+    let release = Release::install(
+        &cluster,
+        &cluster::unique("qc"),
+        &op_ns,
+        &["--set-json", &watch],
+    )
+    .await;
+    let op = release.operator(&cluster, "op-0", &[]).await;
+    let url = cluster::queue_with_dlq(&common::unique_name("tmpl")).await;
+    let qcs: Api<QueueConsumer> = Api::namespaced(cluster.admin.clone(), &team);
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(cluster.admin.clone(), &team);
+    for (name, template, says) in [
+        (
+            "memory",
+            serde_json::json!({"containers": [{"name": "handler", "image": "example.org/h:1",
+                "resources": {"limits": {"memory": "12XB"}}}]}),
+            "quantities must match",
+        ),
+        (
+            "noimage",
+            serde_json::json!({"containers": [{"name": "handler"}]}),
+            "image: Required value",
+        ),
+    ] {
+        let mut doc = cluster::restricted_consumer(&team, name, &url);
+        doc["spec"]["deadLetter"]["alarm"] = false.into();
+        for (k, v) in template.as_object().expect("an object") {
+            doc["spec"]["template"]["spec"][k] = v.clone();
+        }
+        apply(&cluster, &team, &doc).await;
+        let message = eventually(
+            60,
+            "ConfigValid=False/TemplateInvalid",
+            || op.logs(),
+            || async {
+                let qc = qcs.get(name).await.ok()?;
+                let c = qc
+                    .status?
+                    .conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "ConfigValid" && c.status == "False")?;
+                (c.reason == "TemplateInvalid").then_some(c.message)
+            },
+        )
+        .await;
+        assert!(message.contains(says), "{name}: {message}");
+        let event = eventually(
+            30,
+            "a TemplateInvalid Event",
+            || op.logs(),
+            || async {
+                events
+                    .list(&kube::api::ListParams::default())
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .find(|e| {
+                        e.reason.as_deref() == Some("TemplateInvalid")
+                            && e.involved_object.name.as_deref() == Some(name)
+                    })
+            },
+        )
+        .await;
+        assert_eq!(event.type_.as_deref(), Some("Warning"));
+        let deployments: Api<Deployment> = Api::namespaced(cluster.admin.clone(), &team);
+        assert!(
+            deployments.get_opt(name).await.expect("read").is_none(),
+            "{name}: a Deployment was written"
+        );
+    }
+    drop(op);
+    cluster.delete_namespace(&team).await;
+    cluster.delete_namespace(&op_ns).await;
+}
