@@ -304,7 +304,7 @@ async fn a_consumer_outside_its_namespace_policy_never_reaches_aws() {
 }
 
 /// `spec.aws.roleArn`: the controller assumes the role (the SDK's AssumeRoleProvider, session
-/// `qc-NAMESPACE-NAME`, ExternalId `qc:NAMESPACE`) and signs every other call for that QueueConsumer —
+/// `qc-NAMESPACE.NAME`, ExternalId `qc:NAMESPACE`) and signs every other call for that QueueConsumer —
 /// queue, DLQ, CloudWatch — with the role's credentials; only AssumeRole itself goes out as the
 /// controller. A QueueConsumer of the same queue without a role reads it as the controller, on its own:
 /// the role is part of the facts cache's key, so neither is handed the other's read.
@@ -373,7 +373,7 @@ async fn a_consumer_with_a_role_makes_every_call_as_that_role() {
     let signed = sent.matches("Credential=").count();
     assert!(assume >= 1, "the role was assumed:\n{sent}");
     assert!(sent.contains("RoleArn=arn%3Aaws%3Aiam%3A%3A123456789012%3Arole%2Fqc-team-a_orders"));
-    assert!(sent.contains("RoleSessionName=qc-team-a-orders"), "{sent}");
+    assert!(sent.contains("RoleSessionName=qc-team-a.orders"), "{sent}");
     assert!(sent.contains("ExternalId=qc%3Ateam-a"), "{sent}");
     assert!(
         sent.contains("AmazonSQS.GetQueueAttributes") && sent.contains("Action=DescribeAlarms"),

@@ -283,7 +283,7 @@ async fn a_role_reaches_its_own_queue_only_for_the_controller_and_the_worker() {
         .args(["--region", "us-east-1", "--role-arn", ROLE])
         .args([
             "--role-session-name",
-            "qc-team-a-orders",
+            "qc-team-a.orders",
             "--role-external-id",
             "qc:team-a",
         ])

@@ -329,7 +329,7 @@ impl QueueManage {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[x_kube(validation = Rule::new("!has(self.roleArn) || self.roleArn.matches('^arn:aws(-[a-z]+)*:iam::[0-9]{12}:role/[A-Za-z0-9+=,.@_/-]+$')").message("aws.roleArn must be an IAM role ARN such as arn:aws:iam::123456789012:role/orders-consumer").reason(Reason::FieldValueInvalid))]
 pub struct AwsSpec {
-    /// IAM role the controller assumes (STS AssumeRole, session `qc-NAMESPACE-NAME`, ExternalId
+    /// IAM role the controller assumes (STS AssumeRole, session `qc-NAMESPACE.NAME`, ExternalId
     /// `qc:NAMESPACE`) for every AWS call it makes for this QueueConsumer, and the worker assumes from
     /// its pod identity. The operator's tenancy policy may require it and limits which roles a namespace
     /// may name. Default: none (the controller's and the pods' own identities).

@@ -14,7 +14,7 @@ const SESSION_NAME_MAX: usize = 64;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Role {
     pub arn: String,
-    /// `qc-NAMESPACE-NAME` (shortened with a hash past 64 characters): CloudTrail shows which
+    /// `qc-NAMESPACE.NAME` (shortened with a hash past 64 characters): CloudTrail shows which
     /// QueueConsumer a call was made for.
     pub session_name: String,
     /// `qc:NAMESPACE`: a role's trust policy can pin it to one namespace
@@ -56,11 +56,12 @@ pub fn external_id(namespace: &str) -> String {
     format!("qc:{namespace}")
 }
 
-/// `qc-NAMESPACE-NAME`, within STS's 64 characters: a longer one keeps its first 55 characters and
+/// `qc-NAMESPACE.NAME`, within STS's 64 characters: a longer one keeps its first 55 characters and
 /// ends in 8 hex digits of a hash of the whole, so two QueueConsumers never share one. Namespaces and
 /// names are DNS labels and subdomains, all characters STS accepts.
 pub fn session_name(namespace: &str, name: &str) -> String {
-    let full = format!("qc-{namespace}-{name}");
+    // A namespace holds no '.', so the first '.' ends it: `a-b/c` and `a/b-c` get two names.
+    let full = format!("qc-{namespace}.{name}");
     if full.len() <= SESSION_NAME_MAX {
         return full;
     }
@@ -95,7 +96,7 @@ mod tests {
     #[test]
     fn names_of_a_consumer() {
         let r = Role::for_consumer("arn:aws:iam::1:role/r", "team-a", "orders");
-        assert_eq!(r.session_name, "qc-team-a-orders");
+        assert_eq!(r.session_name, "qc-team-a.orders");
         assert_eq!(r.external_id, "qc:team-a");
         let b = Role::for_consumer("arn:aws:iam::1:role/r", "team-b", "orders");
         assert_ne!(r.grant(), b.grant(), "namespaces never share a grant");
@@ -120,6 +121,11 @@ mod tests {
                 .all(|c| c.is_ascii_alphanumeric() || "+=,.@-_".contains(c)),
             "{a}"
         );
-        assert_eq!(session_name("a", "b"), "qc-a-b");
+        assert_eq!(session_name("a", "b"), "qc-a.b");
+        assert_ne!(
+            session_name("a-b", "c"),
+            session_name("a", "b-c"),
+            "#41: one session name for two QueueConsumers"
+        );
     }
 }

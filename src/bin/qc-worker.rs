@@ -44,7 +44,7 @@ struct Cli {
     /// for every SQS call: the QueueConsumer's spec.aws.roleArn.
     #[arg(long, env = "QC_ROLE_ARN", value_name = "ARN")]
     role_arn: Option<String>,
-    /// Session name of the assumed role (the controller renders qc-NAMESPACE-NAME).
+    /// Session name of the assumed role (the controller renders qc-NAMESPACE.NAME).
     #[arg(
         long,
         env = "QC_ROLE_SESSION_NAME",

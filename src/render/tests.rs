@@ -800,7 +800,7 @@ fn the_worker_assumes_the_consumers_role_in_both_layouts() {
         );
         assert_eq!(
             arg_after(&args, "--role-session-name"),
-            Some("qc-shop-orders")
+            Some("qc-shop.orders")
         );
         assert_eq!(arg_after(&args, "--role-external-id"), Some("qc:shop"));
         // Flags before the exec layout's `--`, where they are still qc-worker's.
