@@ -584,3 +584,241 @@ async fn s3_payload_delete_with_unwrap_sns_is_config_invalid_and_never_rendered(
     );
     assert!(!args.contains("--s3-delete-after"), "{args}");
 }
+
+/// Account B of the cross-account test: the queue's, the DLQ's and the alarm's (the controller, the
+/// worker and moto's default credentials are account A, 123456789012).
+const ACCOUNT_B: &str = "210987654321";
+
+/// An SDK config signed as `role`, assumed with ExternalId `qc:team-a`: moto hands AssumeRole's
+/// credentials to the role's account, so these are account B's own clients.
+async fn assumed(role: &str) -> aws_types::SdkConfig {
+    let base = qc::aws::sdk_config(Some("us-east-1"), Some(&common::sqs_endpoint())).await;
+    let c = aws_sdk_sts::Client::new(&base)
+        .assume_role()
+        .role_arn(role)
+        .role_session_name("qc-test-setup")
+        .external_id("qc:team-a")
+        .send()
+        .await
+        .unwrap()
+        .credentials
+        .unwrap();
+    base.into_builder()
+        .credentials_provider(
+            aws_credential_types::provider::SharedCredentialsProvider::new(
+                aws_credential_types::Credentials::new(
+                    c.access_key_id(),
+                    c.secret_access_key(),
+                    Some(c.session_token().to_string()),
+                    None,
+                    "test",
+                ),
+            ),
+        )
+        .build()
+}
+
+/// A queue named `name` with a DLQ named `dlq` (maxReceiveCount 5) holding `visible` and `dead`
+/// messages: (queue URL, DLQ URL).
+async fn queue_with_dlq(
+    sqs: &aws_sdk_sqs::Client,
+    name: &str,
+    dlq: &str,
+    visible: usize,
+    dead: usize,
+) -> (String, String) {
+    use aws_sdk_sqs::types::QueueAttributeName;
+    let dlq_url = common::create_queue(sqs, dlq, &[]).await;
+    let dlq_arn = common::queue_arn(sqs, &dlq_url).await;
+    let url = common::create_queue(
+        sqs,
+        name,
+        &[(
+            QueueAttributeName::RedrivePolicy,
+            json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 5}).to_string(),
+        )],
+    )
+    .await;
+    common::send_numbered(sqs, &url, "m", visible).await;
+    common::send_numbered(sqs, &dlq_url, "d", dead).await;
+    (url, dlq_url)
+}
+
+async fn alarms_named(conf: &aws_types::SdkConfig, name: &str) -> usize {
+    aws_sdk_cloudwatch::Client::new(conf)
+        .describe_alarms()
+        .alarm_names(name)
+        .send()
+        .await
+        .unwrap()
+        .metric_alarms
+        .unwrap_or_default()
+        .len()
+}
+
+/// #41 item 7 (and item 5's second half): cross-account end to end on moto with two accounts. The
+/// controller and the worker run as account A; team-a's queue, its DLQ and the alarm live in account B,
+/// reached through `spec.aws.roleArn` (a role in B, ExternalId `qc:team-a`). Account A holds a queue
+/// and a DLQ of the same names with other counts: every read, the alarm and the worker's receives must
+/// land in B, never on A's namesakes. Beside it, under a policy that allows team-a only B's roles and
+/// queues, A's same-named queue and a role in A are refused before any connection to the endpoint.
+#[tokio::test]
+async fn a_queue_in_another_account_is_read_alarmed_and_consumed_there_through_the_role() {
+    let role = format!("arn:aws:iam::{ACCOUNT_B}:role/qc-team-a_orders");
+    let in_b = assumed(&role).await;
+    let (sqs_a, sqs_b) = (sqs_in("us-east-1").await, aws_sdk_sqs::Client::new(&in_b));
+    let (name, dlq) = (
+        common::unique_name("team-a_orders"),
+        common::unique_name("team-a_dlq"),
+    );
+    let (url_a, _) = queue_with_dlq(&sqs_a, &name, &dlq, 5, 2).await;
+    let (url_b, dlq_b) = queue_with_dlq(&sqs_b, &name, &dlq, 3, 1).await;
+    assert!(url_b.contains(&format!("/{ACCOUNT_B}/")), "{url_b}");
+    assert!(url_a.contains("/123456789012/"), "{url_a}");
+
+    let fake = FakeKube::new();
+    let proxies = [
+        common::counting_proxy(&common::sqs_endpoint()).await,
+        common::counting_proxy(&common::sqs_endpoint()).await,
+        common::counting_proxy(&common::sqs_endpoint()).await,
+    ];
+    let mut ctx = Context::new(
+        fake.client(),
+        Arc::new(SdkProvider::default()),
+        RenderOptions {
+            worker_image: TEST_WORKER_IMAGE.into(),
+        },
+        None,
+    );
+    ctx.endpoints = AllowedEndpoints::parse(proxies.iter().map(|p| p.endpoint.as_str())).unwrap();
+    ctx.tenancy = TenancyPolicy::parse(&format!(
+        r#"
+rules:
+  - namespaces: [team-a]
+    requireRoleArn: true
+    roleArns: ["arn:aws:iam::{ACCOUNT_B}:role/qc-{{namespace}}_*"]
+    queues: ["arn:aws:sqs:*:{ACCOUNT_B}:{{namespace}}_*"]
+"#
+    ))
+    .unwrap();
+    let ctx = Arc::new(ctx);
+    let role_in_a = "arn:aws:iam::123456789012:role/qc-team-a_orders".to_string();
+    let rows = [
+        ("orders", &url_b, &role, None),
+        ("namesake", &url_a, &role, Some("QueueNotAllowed")),
+        ("role-in-a", &url_b, &role_in_a, Some("RoleArnNotAllowed")),
+    ];
+    for ((name, url, role, refused), proxy) in rows.iter().zip(&proxies) {
+        fake.create(
+            QUEUE_CONSUMERS,
+            consumer(name)
+                .namespace(NS)
+                .queue_url(url)
+                .endpoint(&proxy.endpoint)
+                .set("/spec/queue/region", "us-east-1")
+                .set("/spec/aws/roleArn", role.as_str())
+                .timeout("10s")
+                .wait_time("1s")
+                .image("team-a/orders:1")
+                .alarm(true)
+                .scaling(json!({"pollInterval": "5m"}))
+                .json(),
+        );
+        reconcile(Arc::new(qc(&fake, name)), ctx.clone())
+            .await
+            .unwrap();
+        let q = qc(&fake, name);
+        if let Some(reason) = refused {
+            let valid = fake_kube::condition_of(q, "ConfigValid");
+            assert_eq!(
+                (valid.status.as_str(), valid.reason.as_str()),
+                ("False", *reason),
+                "{name}: {}",
+                valid.message
+            );
+            assert!(
+                valid.message.contains("no AWS call is made"),
+                "{name}: {}",
+                valid.message
+            );
+            assert_eq!(proxy.count(), 0, "{name}: no connection to its endpoint");
+            continue;
+        }
+        assert_eq!(
+            fake_kube::condition_of(q.clone(), "QueueReachable").status,
+            "True",
+            "{name}"
+        );
+        let status = q.status.unwrap();
+        let queue = status.queue.unwrap();
+        assert_eq!(
+            queue.visible,
+            Some(3),
+            "B's queue read, not A's namesake (5)"
+        );
+        let dead = status.dead_letter.unwrap();
+        // Through the consumer's endpoint (the counting forwarder): the same account and name.
+        let path = |u: &str| u.splitn(4, '/').nth(3).map(str::to_string);
+        assert_eq!(dead.url.as_deref().and_then(path), path(&dlq_b), "B's DLQ");
+        assert_eq!(dead.visible, Some(1), "B's DLQ read, not A's namesake (2)");
+    }
+
+    // The alarm: in account B, none of its name in account A.
+    let alarm = qc::controller::pipeline::alarm_name(&qc(&fake, "orders"));
+    let base = qc::aws::sdk_config(Some("us-east-1"), Some(&common::sqs_endpoint())).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while alarms_named(&in_b, &alarm).await == 0 && std::time::Instant::now() < deadline {
+        // The controller describes the alarm in the background and creates it at a later reconcile.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        reconcile(Arc::new(qc(&fake, "orders")), ctx.clone())
+            .await
+            .unwrap();
+    }
+    assert_eq!(alarms_named(&in_b, &alarm).await, 1, "the alarm is in B");
+    assert_eq!(alarms_named(&base, &alarm).await, 0, "and not in A");
+
+    // The worker, as account A with `--role-arn`, consumes B's 3 messages; A's 5 stay.
+    let mut worker = std::process::Command::new(env!("CARGO_BIN_EXE_qc-worker"))
+        .args([
+            "--queue-url",
+            &url_b,
+            "--endpoint-url",
+            &common::sqs_endpoint(),
+        ])
+        .args(["--region", "us-east-1", "--role-arn", &role])
+        .args(["--role-session-name", "qc-team-a.orders"])
+        .args(["--role-external-id", "qc:team-a"])
+        .args(["--wait-time", "1s", "--metrics-addr", "127.0.0.1:0"])
+        .args(["--exec", "--", "true"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let left = |sqs: aws_sdk_sqs::Client, url: String| async move {
+        use aws_sdk_sqs::types::QueueAttributeName as A;
+        let a = sqs
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(A::All)
+            .send()
+            .await
+            .unwrap()
+            .attributes
+            .unwrap_or_default();
+        let n = |k: A| a.get(&k).and_then(|v| v.parse::<u64>().ok()).unwrap();
+        n(A::ApproximateNumberOfMessages) + n(A::ApproximateNumberOfMessagesNotVisible)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while left(sqs_b.clone(), url_b.clone()).await > 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+    let _ = worker.kill();
+    let out = worker.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(left(sqs_b, url_b).await, 0, "B's queue consumed:\n{log}");
+    assert_eq!(
+        left(sqs_a, url_a).await,
+        5,
+        "A's namesake untouched:\n{log}"
+    );
+}

@@ -154,8 +154,8 @@ async fn an_outage_at_defaults_pauses_intake_instead_of_filling_the_dlq() {
 }
 
 /// (b) A tenth of the messages always fail with 500 while the rest succeed: the breaker never opens,
-/// every healthy message is handled once, each failing one is called maxReceiveCount times and
-/// reaches the DLQ as without a breaker.
+/// every healthy message is handled once, each failing one is called once per receive (a copy of a
+/// message still held here excepted) and reaches the DLQ as without a breaker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenth_of_messages_always_failing_never_opens_it() {
     let q = TestQueue::new("tenth", 10, 3, false).await;
@@ -195,10 +195,24 @@ async fn a_tenth_of_messages_always_failing_never_opens_it() {
         .map(|(_, b)| b.clone())
         .collect();
     each_succeeded_once(&h, &healthy);
+    // Each of the 20 is called once per receive (3, maxReceiveCount), except where a receive was a
+    // copy of a message still held here (its lease ran out on a loaded machine): a copy starts no
+    // call (#40 item 3), so every missing call is one such copy, told apart and counted.
     let counts = h.counts_by_body();
+    let mut missing = 0;
     for (n, b) in bodies.iter().enumerate().filter(|(n, _)| n % 10 == 0) {
-        assert_eq!(counts.get(b), Some(&3), "message {n}: one call per receive");
+        let calls = counts.get(b).copied().unwrap_or(0);
+        assert!((1..=3).contains(&calls), "message {n}: {calls} calls");
+        missing += 3 - calls;
     }
+    let copies = w
+        .metric("qc_worker_duplicate_receives_total")
+        .await
+        .unwrap_or(0.0);
+    assert!(
+        f64::from(u32::try_from(missing).unwrap()) <= copies,
+        "{missing} receives without a call, {copies} copies told apart"
+    );
     w.stop().await;
 }
 

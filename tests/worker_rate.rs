@@ -188,13 +188,20 @@ async fn sigterm_while_paced_loses_and_repeats_nothing() {
         handled < 50,
         "paced at 5/s, yet {handled} calls before SIGTERM"
     );
-    // Nothing is held waiting for tokens: nothing to release, nothing left invisible.
+    // Nothing is held waiting for tokens: nothing to release but what a receive already on its way
+    // at the signal brings back (a loaded moto answers in a second: it is released at once, unhandled),
+    // nothing left invisible.
     let log = w.log_text();
     let stopped = w.log_lines("stopped");
-    assert_eq!(
-        stopped.first().and_then(|l| l["released"].as_u64()),
-        Some(0),
-        "released on SIGTERM; log:\n{log}"
+    let receiving = w
+        .log_lines("shutting down: no new receives, finishing in-flight messages")
+        .first()
+        .and_then(|l| l["receiving"].as_u64())
+        .expect("the shutdown line names the receives on their way");
+    let released = stopped.first().and_then(|l| l["released"].as_u64());
+    assert!(
+        released.is_some_and(|r| r <= receiving * 10),
+        "released {released:?} on SIGTERM with {receiving} receives on their way; log:\n{log}"
     );
     assert!(took < SECS(5), "drain took {took:?}; log:\n{log}");
     let (_, invisible, _) = q.counts().await;

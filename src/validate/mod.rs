@@ -80,10 +80,10 @@ pub fn message_slots(spec: &QueueConsumerSpec) -> u32 {
 /// What a worker may hold waiting for a slot: `batchSize` + ceil(`batchSize` / 2) with the heartbeat
 /// on (their leases are extended while they wait) on a standard queue, else none (the worker
 /// receives only into free slots). With a declared mean the worker's own test
-/// (`worker::prefetch_pays`) at the longest round trip it sizes by: a mean of 2s or more means
+/// (`worker::core::plan::prefetch_pays`) at the longest round trip it sizes by: a mean of 2s or more means
 /// none, as the worker measures it. Without a declared mean, the most it may hold.
-/// In batch mode, `worker::batch_prefetch_calls` whole calls of `maxItems`, under the same test.
-/// The worker's own rules (`worker::prefetch`), so the prediction cannot drift from what it does.
+/// In batch mode, `worker::core::plan::batch_prefetch_calls` whole calls of `maxItems`, under the same test.
+/// The worker's own rules (`worker::core::plan::prefetch`), so the prediction cannot drift from what it does.
 pub fn prefetch(spec: &QueueConsumerSpec) -> u32 {
     let p = &spec.processing;
     let fixed_interval = match p.heartbeat.interval {
@@ -93,9 +93,9 @@ pub fn prefetch(spec: &QueueConsumerSpec) -> u32 {
         HeartbeatInterval::Auto => Some(std::time::Duration::MAX),
     };
     if let Some(mean) = p.mean
-        && !crate::worker::prefetch_pays(
+        && !crate::worker::core::plan::prefetch_pays(
             mean.as_std(),
-            crate::worker::PREFETCH_ROUND_TRIP_CEILING,
+            crate::worker::core::plan::PREFETCH_ROUND_TRIP_CEILING,
             fixed_interval,
         )
     {
@@ -104,10 +104,14 @@ pub fn prefetch(spec: &QueueConsumerSpec) -> u32 {
     let fifo = crate::aws::facts::is_fifo(&spec.queue.url);
     if let Some(b) = &spec.handler.batch {
         // Batch mode: whole calls' worth, waiting for a running call to end.
-        return crate::worker::batch_prefetch_calls(p.concurrency, p.heartbeat.enabled, fifo)
-            .saturating_mul(b.max_items.max(1));
+        return crate::worker::core::plan::batch_prefetch_calls(
+            p.concurrency,
+            p.heartbeat.enabled,
+            fifo,
+        )
+        .saturating_mul(b.max_items.max(1));
     }
-    crate::worker::prefetch(p.batch_size, p.concurrency, p.heartbeat.enabled, fifo)
+    crate::worker::core::plan::prefetch(p.batch_size, p.concurrency, p.heartbeat.enabled, fifo)
 }
 
 /// Time to work through what one replica holds: P × ceil(in-flight / C). In batch mode P is a
@@ -214,12 +218,12 @@ pub fn receive_count_for_outage(spec: &QueueConsumerSpec, vt: Duration) -> Optio
 }
 
 /// How long the breaker may hold a message through an outage (OutageHoldBeyondRetention), when it is
-/// on: `outageTolerance`, else the worker's own default (`worker::breaker::DEFAULT_OUTAGE_TOLERANCE`).
+/// on: `outageTolerance`, else the worker's own default (`worker::core::breaker::DEFAULT_OUTAGE_TOLERANCE`).
 pub fn outage_hold(spec: &QueueConsumerSpec) -> Option<Duration> {
     let p = &spec.processing;
     p.breaker.enabled.then(|| {
         p.outage_tolerance.unwrap_or(Duration::from_std(
-            crate::worker::breaker::DEFAULT_OUTAGE_TOLERANCE,
+            crate::worker::core::breaker::DEFAULT_OUTAGE_TOLERANCE,
         ))
     })
 }

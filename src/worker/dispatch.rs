@@ -17,15 +17,11 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::core::backoff::error_backoff;
+use super::core::plan::{self, Fill, Gate, Held, Measured, Next, Receiving};
 use super::message::{Ended, Freed, Lease, Processor};
 use super::metrics::Readiness;
 use super::rate::{Grant, Limiter};
 use super::sqs::{Message, SqsError};
-
-/// Parallel receives at most; more only while the queue keeps returning messages.
-const MAX_PARALLEL_RECEIVES: usize = 8;
-/// Longest wait for more slots to free up before receiving a partial batch.
-const MAX_FILL_WAIT: Duration = Duration::from_millis(100);
 
 pub struct Settings {
     pub concurrency: usize,
@@ -46,6 +42,24 @@ pub struct Settings {
     pub batch: Option<BatchSettings>,
     /// `processing.maxRate`: this pod's share in messages per second (`worker::rate`); None: unlimited.
     pub rate: Option<tokio::sync::watch::Receiver<f64>>,
+}
+
+impl Settings {
+    /// The planner's view of these settings.
+    fn shape(&self) -> plan::Shape {
+        plan::Shape {
+            concurrency: self.concurrency,
+            batch_size: self.batch_size,
+            fifo: self.fifo,
+            prefetch: self.prefetch,
+            early_max: self.early_max,
+            heartbeat: self.heartbeat,
+            calls: self.batch.map(|b| plan::Calls {
+                max_items: b.max_items,
+                prefetch_calls: b.prefetch_calls,
+            }),
+        }
+    }
 }
 
 /// Batch mode: `concurrency` counts handler calls, each with up to `max_items` messages.
@@ -122,40 +136,27 @@ impl Dispatcher {
             .clone()
             .map(|share| Limiter::new(share, s.batch_size, metrics.clone(), Instant::now()));
         let mut rate_wake: Option<Instant>;
+        let shape = s.shape();
 
         loop {
-            // Messages wait locally for a slot only once handler time and round trip are measured
-            // and a round trip is a noticeable share of a handler call (`worker::prefetch_pays`):
-            // for slow handlers a batch held ahead buys nothing and spends visibility.
-            // Batch mode: a call's time is the mean, and whole calls' worth wait ahead.
-            let pays = match (latency_ewma, receive_ewma) {
-                (Some(mean), Some(rtt)) => crate::worker::prefetch_pays(
-                    Duration::from_secs_f64(mean),
-                    Duration::from_secs_f64(rtt),
-                    s.heartbeat,
-                ),
-                _ => false,
+            // What may be held and how receives go out: `core::plan`, from what is measured and held.
+            let measured = Measured {
+                handler: latency_ewma.and_then(|l| Duration::try_from_secs_f64(l).ok()),
+                round_trip: receive_ewma.and_then(|r| Duration::try_from_secs_f64(r).ok()),
             };
-            let prefetch = if pays && s.batch.is_none() {
-                s.prefetch
-            } else {
-                0
+            let gate = match p.breaker.cap() {
+                None => Gate::Closed,
+                Some(0) if p.breaker.wants_message(Instant::now(), in_flight) => Gate::WantsFresh,
+                Some(n) => Gate::Slots(n),
             };
-            // Batch mode: as many calls' worth as are expected to end during one round trip.
-            let ahead_calls = match (s.batch, latency_ewma, receive_ewma) {
-                (Some(b), Some(mean), Some(rtt)) if pays && b.prefetch_calls > 0 => {
-                    let ending = if mean > 0.0 {
-                        (rtt * s.concurrency as f64 / mean).ceil() as usize
-                    } else {
-                        b.prefetch_calls
-                    };
-                    ending.clamp(1, b.prefetch_calls)
-                }
-                _ => 0,
-            };
-            let may_prefetch = s.prefetch > 0 || s.batch.is_some_and(|b| b.prefetch_calls > 0);
-            if may_prefetch && prefetching != (prefetch + ahead_calls > 0) {
-                prefetching = prefetch + ahead_calls > 0;
+            let plan = plan::plan(
+                &shape,
+                measured,
+                held(in_flight, &waiting, &tasks, reserved),
+                gate,
+            );
+            if shape.may_prefetch() && prefetching != plan.prefetching {
+                prefetching = plan.prefetching;
                 tracing::info!(
                     mean_handler_ms = latency_ewma.map(|l| (l * 1000.0) as u64),
                     receive_round_trip_ms = receive_ewma.map(|r| (r * 1000.0) as u64),
@@ -167,88 +168,37 @@ impl Dispatcher {
                     }
                 );
             }
-            // The next whole batch is asked for while a few messages still wait: as many as slots
-            // are expected to free during one receive round trip (C × round trip / mean handler
-            // time), at most `early_max`; else slots that free before it returns idle that long.
-            let early = match (prefetch, receive_ewma, latency_ewma) {
-                (1.., Some(rtt), Some(mean)) => crate::worker::early_receive(
-                    s.concurrency,
-                    Duration::from_secs_f64(rtt),
-                    Duration::from_secs_f64(mean),
-                    s.early_max,
-                ),
-                _ => 0,
-            };
-            let mut capacity = match s.batch {
-                // Messages in running calls, plus a whole call's worth for each free call: a
-                // received message always has a call to go into once its batch is due.
-                Some(b) if !s.fifo => {
-                    let in_calls = in_flight.saturating_sub(waiting.len());
-                    in_calls
-                        + (s.concurrency.saturating_sub(tasks.len()) + ahead_calls) * b.max_items
-                }
-                Some(b) => s.concurrency * b.max_items,
-                None => s.concurrency + prefetch + early,
-            };
-            // The outage breaker: no receives while open (but fresh messages to probe with when the
-            // probe wants one), its slow-start slots while recovering.
-            if let Some(cap) = p.breaker.cap() {
-                capacity = if cap == 0
-                    && reserved == 0
-                    && p.breaker.wants_message(Instant::now(), in_flight)
-                {
-                    // Fresh messages beside those held, to probe with (probes alternate between
-                    // them); a batch, so one on its first receive is likely among them.
-                    in_flight + s.batch_size
-                } else {
-                    capacity.min(cap)
-                };
-            }
             // Open: messages waiting for a slot go to the breaker's gate, where they make no call
             // until admitted (its slow start keeps calls within the slots), so a probe can take them.
-            if p.breaker.cap() == Some(0) && !waiting.is_empty() && !draining {
+            if matches!(gate, Gate::Slots(0) | Gate::WantsFresh) && !waiting.is_empty() && !draining
+            {
                 if s.batch.is_some() {
                     start_batches(&p, &mut tasks, &mut waiting, s, usize::MAX);
                 } else {
                     start_waiting(&p, &mut tasks, &mut waiting, in_flight, usize::MAX);
                 }
             }
-            let full = s.batch_size.min(capacity).max(1);
-            // Message slots (batch mode's calls each take up to max_items), and what may be held
-            // ahead of them: as many receives at once as whole batches fit in both, so a round trip
-            // longer than a handler call is covered by several receives in flight.
-            let slots = s.concurrency * s.batch.map_or(1, |b| b.max_items);
-            let ahead = prefetch + early + ahead_calls * s.batch.map_or(0, |b| b.max_items);
-            let max_parallel = (slots + ahead)
-                .div_ceil(full)
-                .clamp(1, MAX_PARALLEL_RECEIVES);
             rate_wake = None;
             if !draining && paused.is_none() && backoff_until.is_none() {
                 loop {
-                    let free = capacity.saturating_sub(in_flight + reserved);
-                    let want = free.min(s.batch_size);
-                    if want == 0 {
-                        break;
-                    }
-                    // While messages wait locally every slot is busy and the next ones are
-                    // at hand: a partial receive would only cost a request. The next receive goes
-                    // out, whole, when no more than `early` messages of the waiting batch still wait.
-                    let launch = if receives.is_empty() {
-                        want >= full || (waiting.is_empty() && (in_flight == 0 || fill_ready))
-                    } else {
-                        want >= full && !last_empty && receives.len() < max_parallel
+                    let receiving = Receiving {
+                        out: receives.len(),
+                        last_empty,
+                        fill: match (fill_at, fill_ready) {
+                            (None, _) => Fill::Unset,
+                            (Some(_), false) => Fill::Pending,
+                            (Some(_), true) => Fill::Due,
+                        },
                     };
-                    if !launch {
-                        if receives.is_empty() && waiting.is_empty() && fill_at.is_none() {
-                            // More slots may free up in a moment: one full receive beats several small
-                            // ones, and waiting a tenth of a handler call re-joins batches that drifted apart.
-                            let wait = latency_ewma
-                                .map_or(Duration::ZERO, |l| Duration::from_secs_f64(l / 10.0))
-                                .min(MAX_FILL_WAIT);
+                    let h = held(in_flight, &waiting, &tasks, reserved);
+                    let want = match plan::next_receive(&plan, &shape, measured, h, receiving) {
+                        Next::Hold => break,
+                        Next::WaitToFill(wait) => {
                             fill_at = Some(Instant::now() + wait);
+                            break;
                         }
-                        break;
-                    }
+                        Next::Receive(want) => want,
+                    };
                     let want = match limiter.as_mut().map(|l| l.grant(want, Instant::now())) {
                         None => want,
                         Some(Grant::Take(n)) => n,
@@ -482,6 +432,16 @@ impl Dispatcher {
                 }
             }
         }
+    }
+}
+
+/// What the dispatcher holds, as the planner sees it.
+fn held(in_flight: usize, waiting: &VecDeque<Lease>, tasks: &JoinSet<()>, reserved: usize) -> Held {
+    Held {
+        in_flight,
+        waiting: waiting.len(),
+        calls: tasks.len(),
+        reserved,
     }
 }
 

@@ -32,6 +32,10 @@ use crate::api::{
 use crate::telemetry::{self, TelemetryError};
 
 use self::core::backoff;
+pub use self::core::plan::{
+    PREFETCH_ROUND_TRIP_CEILING, PREFETCH_ROUND_TRIP_SHARE, batch_prefetch_calls, early_receive,
+    early_receive_max, prefetch, prefetch_pays,
+};
 use handler::{ExecHandler, Handler, HandlerError, HttpHandler, QueueContext};
 use idempotency::{IdempotencyError, MemoryStore, RedisStore, Store};
 use message::Processor;
@@ -346,89 +350,6 @@ pub struct Summary {
     pub deleted: u64,
     pub released: u64,
     pub sqs_requests: u64,
-}
-
-/// Messages one worker may hold beyond its `concurrency` slots, waiting for a slot or in a receive
-/// in flight: one batch, plus at most `early_receive_max` still waiting when the next whole batch is
-/// asked for, while heartbeats keep their leases, on a standard queue (a FIFO message already waits
-/// behind its group); none without heartbeats, whose leases would run out while they wait. That is
-/// max(`batch_size` + ceil(`batch_size` / 2), `concurrency`): with many slots, up to one message per
-/// slot, so what is held ahead never takes longer than one handler time per slot to start. The
-/// worker holds them only while prefetch pays (`prefetch_pays`), and only as many as one receive
-/// round trip needs; `validate::prefetch` predicts with this function and that one.
-pub fn prefetch(batch_size: u32, concurrency: u32, heartbeat: bool, fifo: bool) -> u32 {
-    if heartbeat && !fifo {
-        batch_size.saturating_add(early_receive_max(batch_size, concurrency))
-    } else {
-        0
-    }
-}
-
-/// Batch mode's prefetch (`--batch-max-items` > 1): whole calls' worth of messages (`maxItems` each)
-/// one worker may hold ahead, waiting for a running call to end, while heartbeats keep their leases
-/// on a standard queue: at most half its calls, rounded up (the worker asks for as many as it
-/// expects to end during one receive round trip, at least one, while prefetch pays). None on FIFO
-/// queues (a message already waits behind its group) or without heartbeats.
-pub fn batch_prefetch_calls(calls: u32, heartbeat: bool, fifo: bool) -> u32 {
-    if heartbeat && !fifo {
-        calls.max(1).div_ceil(2)
-    } else {
-        0
-    }
-}
-
-/// Prefetch pays while one receive round trip is more than this share of a handler call: below it a
-/// slot that waits a round trip for its next message loses less than 2 % of its time, and holding
-/// messages ahead would only spend their visibility.
-pub const PREFETCH_ROUND_TRIP_SHARE: f64 = 0.02;
-/// The longest receive round trip prefetch is sized by: an in-region SQS receive takes 10-30 ms, and
-/// a slower one (a congested path) does not make prefetch pay for handlers of seconds. With it,
-/// validation predicts exactly when the worker may prefetch: only for a mean handler time under
-/// `PREFETCH_ROUND_TRIP_CEILING` / `PREFETCH_ROUND_TRIP_SHARE` (2 s).
-pub const PREFETCH_ROUND_TRIP_CEILING: StdDuration = StdDuration::from_millis(40);
-
-/// Whether messages may wait locally for a slot, from the mean handler time and the receive round
-/// trip: only while the round trip (at most `PREFETCH_ROUND_TRIP_CEILING`) is more than
-/// `PREFETCH_ROUND_TRIP_SHARE` of a handler call, and the mean is below the heartbeat interval (a
-/// message that would wait longer than that for a slot costs heartbeats and is better left on the
-/// queue for another consumer).
-pub fn prefetch_pays(
-    mean: StdDuration,
-    round_trip: StdDuration,
-    heartbeat: Option<StdDuration>,
-) -> bool {
-    let rtt = round_trip.min(PREFETCH_ROUND_TRIP_CEILING).as_secs_f64();
-    heartbeat.is_some_and(|hb| mean < hb) && rtt > mean.as_secs_f64() * PREFETCH_ROUND_TRIP_SHARE
-}
-
-/// The most messages that may still wait locally (or be on their way in receives already sent) when
-/// the next whole-batch receive goes out: half a batch, rounded up, or with more slots than a batch
-/// and a half, `concurrency` − `batch_size` (so the whole held ahead is at most one message per slot).
-/// The worker asks that early by the messages its slots are expected to take during one receive
-/// round trip (concurrency × round trip / mean handler time), within this cap (docs/worker.md): at
-/// C = 100 and a 25 ms handler that is some 60 messages, several receives in flight at once.
-pub fn early_receive_max(batch_size: u32, concurrency: u32) -> u32 {
-    batch_size
-        .div_ceil(2)
-        .max(concurrency.saturating_sub(batch_size))
-}
-
-/// How many messages may still wait (or be on their way) when the next whole batch is asked for:
-/// those `concurrency` slots are expected to take during one receive round trip,
-/// ceil(C × round trip / mean handler time), at most `max` (`early_receive_max`). A mean of zero
-/// (handlers faster than the clock) asks for the most.
-pub fn early_receive(
-    concurrency: usize,
-    round_trip: StdDuration,
-    mean: StdDuration,
-    max: usize,
-) -> usize {
-    if mean.is_zero() {
-        return max;
-    }
-    // A float past usize's range converts to usize::MAX: the cap still holds.
-    let taken = concurrency as f64 * round_trip.as_secs_f64() / mean.as_secs_f64();
-    (taken.ceil() as usize).min(max)
 }
 
 /// Says where the TLS clients' roots come from when they are not the system's.
@@ -967,75 +888,6 @@ mod tests {
             mutate(&mut c);
             assert_eq!(flag_of(&c), Some(flag));
         }
-    }
-
-    #[test]
-    fn batch_mode_receives_at_most_half_its_calls_ahead() {
-        assert_eq!(batch_prefetch_calls(1, true, false), 1);
-        assert_eq!(batch_prefetch_calls(10, true, false), 5);
-        assert_eq!(batch_prefetch_calls(7, true, false), 4);
-        // Never none for a worker with calls, nothing without heartbeats or on FIFO.
-        assert_eq!(batch_prefetch_calls(0, true, false), 1);
-        assert_eq!(batch_prefetch_calls(10, false, false), 0);
-        assert_eq!(batch_prefetch_calls(10, true, true), 0);
-    }
-
-    #[test]
-    fn what_is_held_ahead_grows_with_the_slots_to_one_message_a_slot() {
-        // #31 item 1: one batch plus half a batch while that is more than the slots...
-        assert_eq!(early_receive_max(10, 1), 5);
-        assert_eq!(early_receive_max(10, 10), 5);
-        assert_eq!(early_receive_max(10, 15), 5);
-        assert_eq!(prefetch(10, 1, true, false), 15);
-        assert_eq!(prefetch(10, 15, true, false), 15);
-        // ...then one message a slot in all, so what waits starts within one handler time a slot.
-        assert_eq!(early_receive_max(10, 16), 6);
-        assert_eq!(early_receive_max(10, 100), 90);
-        assert_eq!(prefetch(10, 100, true, false), 100);
-        assert_eq!(prefetch(1, 1, true, false), 2);
-        assert_eq!(prefetch(1, 50, true, false), 50);
-        // Nothing ahead without heartbeats or on FIFO queues, whatever the slots.
-        assert_eq!(prefetch(10, 100, false, false), 0);
-        assert_eq!(prefetch(10, 100, true, true), 0);
-    }
-
-    #[test]
-    fn the_early_receive_covers_what_the_slots_take_during_one_round_trip() {
-        let ms = StdDuration::from_millis;
-        // C = 100, 25 ms handlers, a 15 ms round trip: 60 messages go in one round trip.
-        assert_eq!(early_receive(100, ms(15), ms(25), 90), 60);
-        // Rounded up: a slot that frees during the round trip finds a message.
-        assert_eq!(early_receive(10, ms(15), ms(25), 5), 5);
-        assert_eq!(early_receive(1, ms(15), ms(25), 5), 1);
-        assert_eq!(early_receive(1, ms(1), ms(2000), 5), 1);
-        // Never past the cap, however fast the handler or slow the round trip.
-        assert_eq!(early_receive(100, ms(40), ms(1), 90), 90);
-        assert_eq!(early_receive(100, ms(15), StdDuration::ZERO, 90), 90);
-        assert_eq!(
-            early_receive(100, StdDuration::from_hours(1), ms(1), 90),
-            90
-        );
-        // A round trip too short to measure: none held back for it.
-        assert_eq!(early_receive(100, StdDuration::ZERO, ms(25), 90), 0);
-    }
-
-    #[test]
-    fn prefetch_pays_while_a_round_trip_is_a_noticeable_share_of_a_call() {
-        let ms = StdDuration::from_millis;
-        let hb = Some(StdDuration::from_secs(10));
-        // 20 ms round trip: 2 % of a 1 s call is exactly 20 ms, so it pays only below 1 s.
-        assert!(prefetch_pays(ms(50), ms(20), hb));
-        assert!(prefetch_pays(ms(999), ms(20), hb));
-        assert!(!prefetch_pays(ms(1000), ms(20), hb));
-        assert!(!prefetch_pays(ms(2000), ms(20), hb));
-        // A round trip past the ceiling counts as the ceiling: never for a mean of 2 s or more.
-        assert!(prefetch_pays(ms(1999), StdDuration::from_secs(5), hb));
-        assert!(!prefetch_pays(ms(2000), StdDuration::from_secs(5), hb));
-        // Not without heartbeats, nor for a mean at or above the heartbeat interval.
-        assert!(!prefetch_pays(ms(50), ms(20), None));
-        assert!(!prefetch_pays(ms(50), ms(20), Some(ms(50))));
-        // An instant handler: any round trip is a large share.
-        assert!(prefetch_pays(StdDuration::ZERO, ms(1), hb));
     }
 
     #[test]
