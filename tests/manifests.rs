@@ -1239,3 +1239,91 @@ fn chart_admission_policy_lets_the_controller_touch_only_its_own() {
         &before
     )));
 }
+
+/// What the release workflow does to the chart before `helm package` (scripts/chart-release): the image
+/// from the registry, and Chart.yaml naming the repository, its icon and its Artifact Hub links.
+#[test]
+fn chart_release_names_the_repository_registry_and_icon_and_lints_strict() {
+    let Some(helm) = tool("helm") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let chart = dir.path().join("queue-consumer-operator");
+    copy_dir(&repo(CHART), &chart);
+    let repository = "https://github.com/example/queue-consumer-operator";
+    let out = Command::new("bash")
+        .arg(repo("scripts/chart-release"))
+        .arg(&chart)
+        .args([repository, "registry.example/example", "0.1.0"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(chart.join("Chart.yaml")).unwrap())
+            .unwrap();
+    assert_eq!(meta["home"], repository);
+    assert_eq!(meta["sources"], json!([repository]));
+    let icon = meta["icon"].as_str().unwrap();
+    let icon_path = icon
+        .strip_prefix(&format!("{repository}/raw/v0.1.0/"))
+        .unwrap_or_else(|| panic!("{icon}"));
+    assert!(repo(icon_path).is_file(), "{icon_path}");
+    let images: Value = serde_saphyr::from_str(
+        meta["annotations"]["artifacthub.io/images"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let image = "registry.example/example/queue-consumer-operator:0.1.0";
+    assert_eq!(images[0]["image"], image);
+    let links: Value = serde_saphyr::from_str(
+        meta["annotations"]["artifacthub.io/links"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(links[0]["url"], repository);
+    // The Artifact Hub CRD example is the README's QueueConsumer, valid for `qc-operator check`.
+    let example: Value = serde_saphyr::from_str(
+        meta["annotations"]["artifacthub.io/crdsExamples"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let file = dir.path().join("example.yaml");
+    std::fs::write(&file, serde_json::to_string(&example[0]).unwrap()).unwrap();
+    let check = Command::new(env!("CARGO_BIN_EXE_qc-operator"))
+        .arg("check")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(
+        check.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+
+    let lint = Command::new(&helm)
+        .args(["lint", "--strict"])
+        .arg(&chart)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&lint.stdout);
+    assert!(lint.status.success(), "{said}");
+    assert!(!said.contains("icon is recommended"), "{said}");
+    let docs = render_chart(&chart, &[]).unwrap().unwrap();
+    let d = find(&docs, "Deployment", "qc-queue-consumer-operator");
+    assert_eq!(container(d)["image"], image);
+
+    // Once only: a second run would write every key twice.
+    let again = Command::new("bash")
+        .arg(repo("scripts/chart-release"))
+        .arg(&chart)
+        .args([repository, "registry.example/example", "0.1.0"])
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+}
