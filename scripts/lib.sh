@@ -123,6 +123,22 @@ ensure_promtool() {
   fi
 }
 
+# cargo-deny (licences, advisories, duplicate versions, sources: deny.toml), built from its crate once into
+# $QC_CACHE/cargo-deny-VERSION with --locked; a new pin builds afresh beside the old one. Exports QC_CARGO_DENY.
+QC_CARGO_DENY_VERSION=0.20.2
+ensure_cargo_deny() {
+  local root="$QC_CACHE/cargo-deny-$QC_CARGO_DENY_VERSION"
+  QC_CARGO_DENY="$root/bin/cargo-deny"
+  if [ ! -x "$QC_CARGO_DENY" ]; then
+    log "installing cargo-deny $QC_CARGO_DENY_VERSION into $root (once, a few minutes)"
+    # Its own target directory: the project's build directory keeps only the project's artifacts.
+    CARGO_TARGET_DIR="$QC_CACHE/cargo-install-target" \
+      cargo install --quiet --locked --version "=$QC_CARGO_DENY_VERSION" --root "$root" cargo-deny
+    rm -rf "$QC_CACHE/cargo-install-target"
+  fi
+  export QC_CARGO_DENY
+}
+
 # The dashboard's JSON against Grafana's own dashboard types: @grafana/schema (the types Grafana
 # generates from its dashboard schema) and the TypeScript compiler, from npm, once into the cache;
 # node and npm from Debian when missing.

@@ -1239,3 +1239,480 @@ fn chart_admission_policy_lets_the_controller_touch_only_its_own() {
         &before
     )));
 }
+
+/// The values a corporate install adds (issue 45), all at once: the file a user would write.
+const CORPORATE_VALUES: &str = r#"
+commonLabels: {team: platform, cost-center: "42"}
+extraEnv: [{name: SSL_CERT_FILE, value: /etc/qc-ca/ca-bundle.crt}]
+envFrom: [{secretRef: {name: qc-proxy}}, {configMapRef: {name: qc-env}, prefix: QC_}]
+extraVolumes: [{name: corporate-ca, configMap: {name: corporate-ca}}]
+extraVolumeMounts: [{name: corporate-ca, mountPath: /etc/qc-ca, readOnly: true}]
+networkPolicy:
+  enabled: true
+  metricsFrom: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}}]
+  extraEgress: [{to: [{ipBlock: {cidr: 10.0.0.0/8}}], ports: [{port: 3128, protocol: TCP}]}]
+metrics:
+  serviceMonitor: {enabled: true, namespace: monitoring, labels: {release: prometheus}}
+  podMonitor: {enabled: true, namespace: monitoring}
+  prometheusRule:
+    enabled: true
+    namespace: monitoring
+    alertLabels: {team: platform, severity: page}
+    perAlertLabels: {QueueConsumerQueueUnreachable: {severity: critical, pager: "true"}}
+  grafanaDashboard: {enabled: true}
+podDisruptionBudget: {enabled: true}
+rbac: {admissionPolicy: {enabled: true}}
+"#;
+
+fn render_values(yaml: &str, more: &[&str]) -> Option<Result<Vec<Value>, String>> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("values.yaml");
+    std::fs::write(&file, yaml).unwrap();
+    let mut args = vec!["-f", file.to_str().unwrap()];
+    args.extend_from_slice(more);
+    render(&args)
+}
+
+#[test]
+fn chart_common_labels_reach_every_object_and_the_pods_but_not_the_selector() {
+    let Some(docs) = render_values(CORPORATE_VALUES, &[]) else {
+        return;
+    };
+    let docs = docs.unwrap();
+    assert!(docs.len() >= 15, "{} documents", docs.len());
+    for d in &docs {
+        let labels = &d["metadata"]["labels"];
+        assert_eq!(
+            labels["team"], "platform",
+            "{} {}",
+            d["kind"], d["metadata"]["name"]
+        );
+        assert_eq!(labels["cost-center"], "42", "{}", d["kind"]);
+    }
+    let d = find(&docs, "Deployment", "qc-queue-consumer-operator");
+    assert_eq!(
+        d["spec"]["template"]["metadata"]["labels"]["team"],
+        "platform"
+    );
+    // The selector is immutable: a label added later must not change it.
+    assert!(d["spec"]["selector"]["matchLabels"].get("team").is_none());
+    let defaults = render(&[]).unwrap().unwrap();
+    let plain = find(&defaults, "Deployment", "qc-queue-consumer-operator");
+    assert_eq!(d["spec"]["selector"], plain["spec"]["selector"]);
+}
+
+#[test]
+fn chart_extra_env_env_from_and_volumes_reach_the_controller_container() {
+    let Some(docs) = render_values(CORPORATE_VALUES, &[]) else {
+        return;
+    };
+    let docs = docs.unwrap();
+    let d = find(&docs, "Deployment", "qc-queue-consumer-operator");
+    let c = container(d);
+    let env = c["env"].as_array().unwrap();
+    // The chart's own variables stay, the extra ones come after them.
+    assert_eq!(env[0]["name"], "POD_NAMESPACE");
+    assert_eq!(
+        env.last().unwrap(),
+        &json!({"name": "SSL_CERT_FILE", "value": "/etc/qc-ca/ca-bundle.crt"})
+    );
+    assert_eq!(
+        c["envFrom"],
+        json!([{"secretRef": {"name": "qc-proxy"}}, {"configMapRef": {"name": "qc-env"}, "prefix": "QC_"}])
+    );
+    assert_eq!(
+        c["volumeMounts"],
+        json!([{"name": "corporate-ca", "mountPath": "/etc/qc-ca", "readOnly": true}])
+    );
+    assert_eq!(
+        d["spec"]["template"]["spec"]["volumes"],
+        json!([{"name": "corporate-ca", "configMap": {"name": "corporate-ca"}}])
+    );
+    // The root filesystem stays read-only: the CA comes in as a volume.
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+
+    let defaults = render(&[]).unwrap().unwrap();
+    let d = find(&defaults, "Deployment", "qc-queue-consumer-operator");
+    let c = container(d);
+    for absent in ["envFrom", "volumeMounts"] {
+        assert!(c.get(absent).is_none(), "{absent}: {}", c[absent]);
+    }
+    assert!(d["spec"]["template"]["spec"].get("volumes").is_none());
+}
+
+#[test]
+fn chart_network_policy_lets_in_the_metrics_port_and_out_dns_api_aws_and_the_workers() {
+    let Some(defaults) = render(&[]) else { return };
+    assert!(kinds(&defaults.unwrap(), "NetworkPolicy").is_empty());
+    let docs = render_values(CORPORATE_VALUES, &[]).unwrap().unwrap();
+    let np = find(&docs, "NetworkPolicy", "qc-queue-consumer-operator");
+    let d = find(&docs, "Deployment", "qc-queue-consumer-operator");
+    assert_eq!(np["metadata"]["namespace"], NS);
+    // It selects the controller pods, and only them.
+    assert_eq!(
+        np["spec"]["podSelector"]["matchLabels"],
+        d["spec"]["selector"]["matchLabels"]
+    );
+    assert_eq!(np["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
+    let ingress = np["spec"]["ingress"].as_array().unwrap();
+    assert_eq!(ingress.len(), 1);
+    assert_eq!(
+        ingress[0]["ports"],
+        json!([{"port": container(d)["ports"][0]["name"], "protocol": "TCP"}])
+    );
+    assert_eq!(
+        ingress[0]["from"],
+        json!([{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}])
+    );
+    let egress = np["spec"]["egress"].as_array().unwrap();
+    let ports = |rule: &Value| -> Vec<(Value, Value)> {
+        rule["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| (p["port"].clone(), p["protocol"].clone()))
+            .collect()
+    };
+    assert_eq!(
+        ports(&egress[0]),
+        vec![(json!(53), json!("UDP")), (json!(53), json!("TCP"))]
+    );
+    assert_eq!(
+        ports(&egress[1]),
+        vec![(json!(443), json!("TCP")), (json!(6443), json!("TCP"))]
+    );
+    // The scrape of the worker pods: their port and their labels, as render makes them.
+    let qc = qc::api::QueueConsumer::new(
+        "orders",
+        serde_json::from_value(json!({
+            "queue": {"url": "https://sqs.us-east-1.amazonaws.com/123456789012/orders"},
+            "processing": {"p99": "1s"},
+            "handler": {"http": {}},
+            "template": {"spec": {"containers": [{"name": "app", "image": "app:1"}]}}
+        }))
+        .unwrap(),
+    );
+    let worker = serde_json::to_value(
+        qc::render::deployment(&qc, &qc::render::RenderOptions::default()).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        ports(&egress[2]),
+        vec![(json!(qc::render::METRICS_PORT_NAME), json!("TCP"))]
+    );
+    let peer = &egress[2]["to"][0];
+    assert_eq!(peer["namespaceSelector"], json!({}));
+    for (k, v) in peer["podSelector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(
+            &worker["spec"]["template"]["metadata"]["labels"][k], v,
+            "{k}"
+        );
+    }
+    assert_eq!(
+        egress[3]["ports"],
+        json!([{"port": 3128, "protocol": "TCP"}])
+    );
+    assert_eq!(egress.len(), 4);
+
+    // Namespaced mode: the scrape goes only to the watched namespaces.
+    let docs = render(&[
+        "--set",
+        "networkPolicy.enabled=true",
+        "--set-json",
+        r#"watchNamespaces=["team-a","team-b"]"#,
+    ])
+    .unwrap()
+    .unwrap();
+    let np = find(&docs, "NetworkPolicy", "qc-queue-consumer-operator");
+    let names: Vec<&Value> = np["spec"]["egress"][2]["to"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| &p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"])
+        .collect();
+    assert_eq!(names, vec!["team-a", "team-b"]);
+    // No metricsFrom: any source may reach the metrics port (and only that port).
+    assert!(np["spec"]["ingress"][0].get("from").is_none());
+}
+
+#[test]
+fn chart_monitoring_objects_go_to_their_namespace_with_labels_per_alert() {
+    let Some(docs) = render_values(CORPORATE_VALUES, &[]) else {
+        return;
+    };
+    let docs = docs.unwrap();
+    let sm = find(&docs, "ServiceMonitor", "qc-queue-consumer-operator");
+    assert_eq!(sm["metadata"]["namespace"], "monitoring");
+    // It still scrapes the Service in the release namespace.
+    assert_eq!(sm["spec"]["namespaceSelector"]["matchNames"], json!([NS]));
+    assert_eq!(sm["metadata"]["labels"]["release"], "prometheus");
+    let pm = find(&docs, "PodMonitor", "qc-queue-consumer-operator-workers");
+    assert_eq!(pm["metadata"]["namespace"], "monitoring");
+    let rule = find(&docs, "PrometheusRule", "qc-queue-consumer-operator");
+    assert_eq!(rule["metadata"]["namespace"], "monitoring");
+    let alerts = rule["spec"]["groups"][0]["rules"].as_array().unwrap();
+    assert_eq!(alerts.len(), 6);
+    for alert in alerts {
+        let name = alert["alert"].as_str().unwrap();
+        let labels = &alert["labels"];
+        assert_eq!(labels["team"], "platform", "{name}");
+        if name == "QueueConsumerQueueUnreachable" {
+            assert_eq!(
+                labels,
+                &json!({"team": "platform", "severity": "critical", "pager": "true"})
+            );
+        } else {
+            // alertLabels win over an alert's own severity.
+            assert_eq!(
+                labels,
+                &json!({"team": "platform", "severity": "page"}),
+                "{name}"
+            );
+        }
+    }
+
+    // By default: the release namespace, and each alert's own severity alone.
+    let docs = render(&["--set", "metrics.prometheusRule.enabled=true"])
+        .unwrap()
+        .unwrap();
+    let rule = find(&docs, "PrometheusRule", "qc-queue-consumer-operator");
+    assert_eq!(rule["metadata"]["namespace"], NS);
+    let severities: Vec<(&str, &Value)> = rule["spec"]["groups"][0]["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a["alert"].as_str().unwrap(), &a["labels"]))
+        .collect();
+    for (name, labels) in severities {
+        let want = if name == "QueueConsumerQueueUnreachable" {
+            "critical"
+        } else {
+            "warning"
+        };
+        assert_eq!(labels, &json!({"severity": want}), "{name}");
+    }
+}
+
+#[test]
+fn chart_refuses_bad_new_values_naming_the_field() {
+    let cases: &[(&[&str], &str)] = &[
+        // Helm 4 names the key but not always its place for a propertyNames error (its schema library
+        // reports another instance location), so the key itself is what the message must hold.
+        (&["--set", "commonLabels.bad key=x"], "'bad key'"),
+        (
+            &["--set-json", r#"extraVolumeMounts=[{"name":"ca"}]"#],
+            "mountPath",
+        ),
+        (
+            &["--set-json", r#"extraVolumes=[{"configMap":{}}]"#],
+            "name",
+        ),
+        (
+            &["--set-json", r#"envFrom=[{"secret":{"name":"x"}}]"#],
+            "envFrom",
+        ),
+        (&["--set-json", r#"extraEnv=[{"value":"x"}]"#], "name"),
+        (&["--set", "env[0].name=X"], "env"),
+        (
+            &["--set-json", "networkPolicy.egressPorts=[0]"],
+            "egressPorts",
+        ),
+        (&["--set", "networkPolicy.egress=true"], "egress"),
+        (
+            &["--set", "metrics.serviceMonitor.namespace=Monitoring"],
+            "namespace",
+        ),
+        (
+            &[
+                "--set",
+                "metrics.prometheusRule.perAlertLabels.QueueConsumerDLQNotEmpty.team=x",
+            ],
+            "'QueueConsumerDLQNotEmpty'",
+        ),
+    ];
+    for (args, field) in cases {
+        let Some(result) = render(args) else { return };
+        match result {
+            Ok(_) => panic!("helm template {args:?} rendered; it must fail"),
+            Err(msg) => assert!(msg.contains(field), "{args:?}: {msg}"),
+        }
+    }
+}
+
+/// Every key of values.yaml, as serde reads it: dotted paths, maps of keys descended into.
+fn value_keys(prefix: &str, value: &Value, out: &mut Vec<String>) {
+    if let Some(map) = value.as_object() {
+        for (k, v) in map {
+            let path = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            out.push(path.clone());
+            if v.as_object().is_some_and(|m| !m.is_empty()) {
+                value_keys(&path, v, out);
+            }
+        }
+    }
+}
+
+fn chart_readme(root: &Path) -> std::process::Output {
+    Command::new("python3")
+        .arg(root.join("scripts/chart-readme"))
+        .arg("--check")
+        .output()
+        .expect("run python3 scripts/chart-readme")
+}
+
+#[test]
+fn chart_readme_values_table_is_made_from_values_yaml() {
+    let out = chart_readme(&repo(""));
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Every key serde finds in values.yaml has its row, and no row names a key that is not there.
+    let values: Value = serde_saphyr::from_str(&read(&format!("{CHART}/values.yaml"))).unwrap();
+    let mut keys = Vec::new();
+    value_keys("", &values, &mut keys);
+    let readme = read(&format!("{CHART}/README.md"));
+    let rows: Vec<&str> = readme
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split_once("` |").map(|(k, _)| k))
+        .collect();
+    let row_set: BTreeSet<&str> = rows.iter().copied().collect();
+    assert_eq!(
+        row_set.len(),
+        rows.len(),
+        "a key twice in the table: {rows:?}"
+    );
+    let key_set: BTreeSet<&str> = keys.iter().map(String::as_str).collect();
+    assert_eq!(row_set, key_set);
+    assert!(keys.len() > 100, "{} keys", keys.len());
+
+    // The check fails on drift: a changed default, and a new key, in a copy of the chart.
+    for (change, expect) in [
+        (("replicaCount: 1\n", "replicaCount: 2\n"), "replicaCount"),
+        (
+            ("commonLabels: {}\n", "commonLabels: {}\nnewKey: 1\n"),
+            "newKey",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("scripts")).unwrap();
+        std::fs::copy(
+            repo("scripts/chart-readme"),
+            root.join("scripts/chart-readme"),
+        )
+        .unwrap();
+        let chart = root.join(CHART);
+        std::fs::create_dir_all(&chart).unwrap();
+        std::fs::copy(repo(&format!("{CHART}/README.md")), chart.join("README.md")).unwrap();
+        let values = read(&format!("{CHART}/values.yaml"));
+        assert!(values.contains(change.0), "{change:?}");
+        std::fs::write(
+            chart.join("values.yaml"),
+            values.replacen(change.0, change.1, 1),
+        )
+        .unwrap();
+        let out = chart_readme(root);
+        assert!(!out.status.success(), "{change:?} passed the check");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains(expect),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}
+
+/// What the release workflow does to the chart before `helm package` (scripts/chart-release): the image
+/// from the registry, and Chart.yaml naming the repository, its icon and its Artifact Hub links.
+#[test]
+fn chart_release_names_the_repository_registry_and_icon_and_lints_strict() {
+    let Some(helm) = tool("helm") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let chart = dir.path().join("queue-consumer-operator");
+    copy_dir(&repo(CHART), &chart);
+    let repository = "https://github.com/example/queue-consumer-operator";
+    let out = Command::new("bash")
+        .arg(repo("scripts/chart-release"))
+        .arg(&chart)
+        .args([repository, "registry.example/example", "0.1.0"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(chart.join("Chart.yaml")).unwrap())
+            .unwrap();
+    assert_eq!(meta["home"], repository);
+    assert_eq!(meta["sources"], json!([repository]));
+    let icon = meta["icon"].as_str().unwrap();
+    let icon_path = icon
+        .strip_prefix(&format!("{repository}/raw/v0.1.0/"))
+        .unwrap_or_else(|| panic!("{icon}"));
+    assert!(repo(icon_path).is_file(), "{icon_path}");
+    let images: Value = serde_saphyr::from_str(
+        meta["annotations"]["artifacthub.io/images"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let image = "registry.example/example/queue-consumer-operator:0.1.0";
+    assert_eq!(images[0]["image"], image);
+    let links: Value = serde_saphyr::from_str(
+        meta["annotations"]["artifacthub.io/links"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(links[0]["url"], repository);
+    // The Artifact Hub CRD example is the README's QueueConsumer, valid for `qc-operator check`.
+    let example: Value = serde_saphyr::from_str(
+        meta["annotations"]["artifacthub.io/crdsExamples"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let file = dir.path().join("example.yaml");
+    std::fs::write(&file, serde_json::to_string(&example[0]).unwrap()).unwrap();
+    let check = Command::new(env!("CARGO_BIN_EXE_qc-operator"))
+        .arg("check")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(
+        check.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+
+    let lint = Command::new(&helm)
+        .args(["lint", "--strict"])
+        .arg(&chart)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&lint.stdout);
+    assert!(lint.status.success(), "{said}");
+    assert!(!said.contains("icon is recommended"), "{said}");
+    let docs = render_chart(&chart, &[]).unwrap().unwrap();
+    let d = find(&docs, "Deployment", "qc-queue-consumer-operator");
+    assert_eq!(container(d)["image"], image);
+
+    // Once only: a second run would write every key twice.
+    let again = Command::new("bash")
+        .arg(repo("scripts/chart-release"))
+        .arg(&chart)
+        .args([repository, "registry.example/example", "0.1.0"])
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+}

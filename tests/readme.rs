@@ -285,12 +285,43 @@ fn the_readme_stays_a_front_page() {
     );
 }
 
-/// GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens; a repeated
-/// heading gets `-1`, `-2`, ...
+/// A heading's text as GitHub renders it: code spans keep their text, links their text only, emphasis
+/// markers and a closing run of `#` go.
+fn heading_text(title: &str) -> String {
+    let mut title = title.trim().to_owned();
+    // A closing sequence: `## Title ##` is "Title" (a `#` glued to a word stays).
+    let trimmed = title.trim_end_matches('#');
+    if trimmed.len() < title.len() && (trimmed.is_empty() || trimmed.ends_with(' ')) {
+        title = trimmed.trim_end().to_owned();
+    }
+    while let Some(start) = title.find("](") {
+        let end = title[start..]
+            .find(')')
+            .map_or(title.len(), |e| start + e + 1);
+        title.replace_range(start + 1..end, "");
+    }
+    title.replace(['[', ']', '`', '*'], "")
+}
+
+/// GitHub's anchor for a heading: lower case; letters, digits, `-` and `_` kept, every space a hyphen,
+/// all else dropped; a repeated heading gets `-1`, `-2`, ...; explicit `<a id="...">` or `name="..."`
+/// anchors count too.
 fn anchors(markdown: &str) -> BTreeSet<String> {
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     let mut out = BTreeSet::new();
     for line in outside_fences(markdown) {
+        for attr in ["id=\"", "name=\""] {
+            let mut rest = line;
+            while let Some(at) = rest.find("<a ") {
+                let tag = &rest[at..rest[at..].find('>').map_or(rest.len(), |e| at + e)];
+                if let Some(v) = tag.find(attr).map(|i| &tag[i + attr.len()..])
+                    && let Some(end) = v.find('"')
+                {
+                    out.insert(v[..end].to_owned());
+                }
+                rest = &rest[at + 3..];
+            }
+        }
         let Some(title) = line
             .strip_prefix('#')
             .map(|t| t.trim_start_matches('#'))
@@ -298,17 +329,7 @@ fn anchors(markdown: &str) -> BTreeSet<String> {
         else {
             continue;
         };
-        // The rendered text: code spans keep their text, links their text only.
-        let mut title = title.to_owned();
-        while let Some(start) = title.find("](") {
-            let end = title[start..]
-                .find(')')
-                .map_or(title.len(), |e| start + e + 1);
-            title.replace_range(start + 1..end, "");
-        }
-        let title = title.replace(['[', ']', '`'], "");
-        let slug: String = title
-            .trim()
+        let slug: String = heading_text(title)
             .to_lowercase()
             .chars()
             .filter_map(|c| match c {
@@ -328,44 +349,134 @@ fn anchors(markdown: &str) -> BTreeSet<String> {
     out
 }
 
-/// The targets of the inline links of a page's prose and tables (not of its code blocks).
+/// A line without its code spans: a `[text](target)` inside backticks is no link.
+fn without_code_spans(line: &str) -> String {
+    let mut out = String::new();
+    let mut rest = line;
+    while let Some(start) = rest.find('`') {
+        out.push_str(&rest[..start]);
+        let ticks = rest[start..].len() - rest[start..].trim_start_matches('`').len();
+        let fence = &rest[start..start + ticks];
+        let after = &rest[start + ticks..];
+        match after.find(fence) {
+            Some(end) => rest = &after[end + ticks..],
+            None => {
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The targets of a page's links outside code: inline links and images (`[text](target "title")`,
+/// `<target>` too) and reference definitions (`[label]: target`).
 fn link_targets(markdown: &str) -> Vec<String> {
     let mut out = Vec::new();
     for line in outside_fences(markdown) {
-        let mut rest = line;
+        let line = without_code_spans(line);
+        let trimmed = line.trim_start();
+        if trimmed.starts_with('[')
+            && let Some(close) = trimmed.find("]:")
+            && !trimmed[..close].contains("](")
+        {
+            if let Some(target) = trimmed[close + 2..].split_whitespace().next() {
+                out.push(target.trim_matches(['<', '>']).to_owned());
+            }
+            continue;
+        }
+        let mut rest = line.as_str();
         while let Some(start) = rest.find("](") {
             let after = &rest[start + 2..];
-            let end = after.find(')').unwrap_or(after.len());
-            out.push(after[..end].to_owned());
+            // Balanced parentheses inside a target, as CommonMark allows.
+            let mut depth = 0usize;
+            let end = after
+                .char_indices()
+                .find(|&(_, c)| match c {
+                    '(' => {
+                        depth += 1;
+                        false
+                    }
+                    ')' if depth == 0 => true,
+                    ')' => {
+                        depth -= 1;
+                        false
+                    }
+                    _ => false,
+                })
+                .map_or(after.len(), |(i, _)| i);
+            let inner = after[..end].trim();
+            let target = if let Some(angled) = inner.strip_prefix('<') {
+                angled.split('>').next().unwrap_or_default()
+            } else {
+                inner.split_whitespace().next().unwrap_or_default()
+            };
+            out.push(target.to_owned());
             rest = &after[end..];
         }
     }
     out
 }
 
+/// `%20` and the like in a link, as the browser decodes it.
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && let Some(hex) = text.get(i + 1..i + 3)
+            && let Ok(b) = u8::from_str_radix(hex, 16)
+        {
+            out.push(b);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// The relative links of one page (relative to its own directory) that lead to no file, or to no
 /// heading of a Markdown file.
 fn broken_links(root: &Path, page: &str) -> Vec<String> {
-    let text = read(page);
+    let text =
+        std::fs::read_to_string(root.join(page)).unwrap_or_else(|e| panic!("read {page}: {e}"));
     let dir = Path::new(page).parent().unwrap_or(Path::new(""));
     let mut broken = Vec::new();
     for target in link_targets(&text) {
         if target.contains("://") || target.starts_with("mailto:") {
             continue;
         }
+        if target.is_empty() {
+            broken.push(format!("{page}: a link with no target"));
+            continue;
+        }
         let (path, anchor) = target.split_once('#').unwrap_or((&target, ""));
+        let path = percent_decoded(path);
         let file = if path.is_empty() {
             root.join(page)
+        } else if let Some(from_root) = path.strip_prefix('/') {
+            root.join(from_root)
         } else {
-            root.join(dir).join(path)
+            root.join(dir).join(&path)
         };
         if !file.exists() {
             broken.push(format!("{page}: {target}: no such file"));
             continue;
         }
+        // A link must stay inside the repository: GitHub shows nothing above its root.
+        let inside = file
+            .canonicalize()
+            .is_ok_and(|f| f.starts_with(root.canonicalize().expect("root")));
+        if !inside {
+            broken.push(format!("{page}: {target}: outside the repository"));
+            continue;
+        }
         if !anchor.is_empty() && file.extension().is_some_and(|e| e == "md") {
             let linked = std::fs::read_to_string(&file).unwrap_or_default();
-            if !anchors(&linked).contains(anchor) {
+            if !anchors(&linked).contains(&percent_decoded(anchor)) {
                 broken.push(format!(
                     "{page}: {target}: no heading with the anchor #{anchor}"
                 ));
@@ -373,6 +484,31 @@ fn broken_links(root: &Path, page: &str) -> Vec<String> {
         }
     }
     broken
+}
+
+/// Every Markdown page of the repository a reader reaches: the root's (README, CONTRIBUTING, SECURITY,
+/// CHANGELOG), docs/, and the chart's README.
+fn pages(root: &Path) -> Vec<String> {
+    let mut pages = Vec::new();
+    for dir in ["", "docs", "charts/queue-consumer-operator"] {
+        for entry in std::fs::read_dir(root.join(dir)).expect("read dir") {
+            let path = entry.expect("dir entry").path();
+            if path.extension().is_some_and(|e| e == "md") {
+                let name = path
+                    .file_name()
+                    .expect("name")
+                    .to_string_lossy()
+                    .into_owned();
+                pages.push(if dir.is_empty() {
+                    name
+                } else {
+                    format!("{dir}/{name}")
+                });
+            }
+        }
+    }
+    pages.sort();
+    pages
 }
 
 #[test]
@@ -387,26 +523,65 @@ fn every_relative_link_in_the_readme_leads_to_a_file_and_heading() {
     assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
 }
 
-/// What moved out of the README moved into docs/ with its links: they must lead somewhere too.
+/// What moved out of the README moved into docs/ with its links: they must lead somewhere too, and so
+/// must those of the project's other pages.
 #[test]
 fn every_relative_link_in_the_docs_leads_to_a_file_and_heading() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut pages: Vec<String> = std::fs::read_dir(root.join("docs"))
-        .expect("read docs/")
-        .map(|e| e.expect("dir entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "md"))
-        .map(|p| format!("docs/{}", p.file_name().expect("name").to_string_lossy()))
-        .collect();
-    pages.sort();
-    assert!(pages.len() >= 10, "docs/ pages: {pages:?}");
+    let pages = pages(root);
+    for must in [
+        "README.md",
+        "CONTRIBUTING.md",
+        "SECURITY.md",
+        "CHANGELOG.md",
+        "docs/testing.md",
+        "charts/queue-consumer-operator/README.md",
+    ] {
+        assert!(pages.iter().any(|p| p == must), "{must} not in {pages:?}");
+    }
+    assert!(pages.len() >= 20, "pages: {pages:?}");
     let broken: Vec<String> = pages.iter().flat_map(|p| broken_links(root, p)).collect();
     assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+/// The check finds what it is for: a missing file, a missing anchor, a link out of the repository; and
+/// leaves alone a link in code, an absolute URL and a good one of each kind.
+#[test]
+fn the_link_check_finds_each_kind_of_broken_link() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path().join("repo");
+    std::fs::create_dir_all(root.join("docs")).expect("mkdir");
+    std::fs::write(
+        root.join("docs/b.md"),
+        "# B page\n## Step 2: run it (`qc-operator run`) ##\n<a id=\"custom\"></a>\n",
+    )
+    .expect("write");
+    std::fs::write(dir.path().join("outside.md"), "# Outside\n").expect("write");
+    let page = "[ok](docs/b.md#step-2-run-it-qc-operator-run) [ok](docs/b.md#custom) \
+                [ok](<docs/b.md> \"title\") [ok](#a-page) [ok]: docs/b.md#b-page\n\
+                `[code](docs/none.md)` [web](https://example.org/x.md#y)\n\
+                # A page\n\
+                [gone](docs/none.md) [anchor](docs/b.md#step-3) [up](../outside.md)\n\
+                [ref]: docs/b.md#nowhere\n";
+    std::fs::write(root.join("a.md"), page).expect("write");
+    let broken = broken_links(&root, "a.md");
+    assert_eq!(
+        broken,
+        vec![
+            "a.md: docs/none.md: no such file",
+            "a.md: docs/b.md#step-3: no heading with the anchor #step-3",
+            "a.md: ../outside.md: outside the repository",
+            "a.md: docs/b.md#nowhere: no heading with the anchor #nowhere",
+        ],
+        "{broken:#?}"
+    );
 }
 
 #[test]
 fn anchors_are_made_as_github_makes_them() {
     let page = "# Top\n## Batch mode (`handler.batch`)\n### Reference run: quiet, main 2fc284f (issue #12)\n\
-                ```sh\n# not a heading\n```\n## Top\n## When the handler's dependency fails\n";
+                ```sh\n# not a heading\n```\n## Top\n## When the handler's dependency fails\n\
+                ## Closed heading ##\n## **Bold** and [a link](x.md)\n## 2a. Helm\n";
     let got = anchors(page);
     for want in [
         "top",
@@ -414,6 +589,9 @@ fn anchors_are_made_as_github_makes_them() {
         "batch-mode-handlerbatch",
         "reference-run-quiet-main-2fc284f-issue-12",
         "when-the-handlers-dependency-fails",
+        "closed-heading",
+        "bold-and-a-link",
+        "2a-helm",
     ] {
         assert!(got.contains(want), "{want} not in {got:?}");
     }

@@ -11,7 +11,7 @@ use qc::api::{Duration, HeartbeatInterval, IdempotencyKey, IdempotencyStore, OnP
 use qc::worker::{Config, HandlerConfig};
 
 /// mimalloc instead of the C library's malloc: allocation was an eighth of the worker's CPU per
-/// message with glibc's (docs/benchmarks.md), and the image's musl malloc is slower still.
+/// message with glibc's (docs/benchmarks-history.md), and the image's musl malloc is slower still.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -554,7 +554,7 @@ fn main() -> ExitCode {
     };
     // One thread: the worker waits on I/O almost all the time, and on one thread its tasks never
     // wake each other across threads (a third fewer CPU per message than 2 worker threads, measured in
-    // docs/benchmarks.md; one core still handles far more messages than one consumer gets).
+    // docs/benchmarks-history.md; one core still handles far more messages than one consumer gets).
     // TOKIO_WORKER_THREADS=N asks for a multi-threaded runtime with N threads instead.
     let mut builder = match worker_threads(std::env::var_os("TOKIO_WORKER_THREADS")) {
         Ok(None) => tokio::runtime::Builder::new_current_thread(),

@@ -5,7 +5,7 @@
 //! HTTP/1.0 honoured. Callers write the request head themselves.
 //!
 //! Why not hyper's pooled client: per request it costs a spawned connection task, two channel hops
-//! and a header map, about as much CPU as the rest of the worker together (docs/benchmarks.md).
+//! and a header map, about as much CPU as the rest of the worker together (docs/benchmarks-history.md).
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;

@@ -28,6 +28,18 @@ app.kubernetes.io/component: controller
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The labels of one alert of the PrometheusRule: its severity, then alertLabels, then perAlertLabels.NAME. */}}
+{{- define "qc.alertLabels" -}}
+{{- $rule := .root.Values.metrics.prometheusRule }}
+{{- $labels := dict "severity" .severity }}
+{{- $labels = mergeOverwrite $labels (deepCopy ($rule.alertLabels | default dict)) }}
+{{- $labels = mergeOverwrite $labels (deepCopy (get ($rule.perAlertLabels | default dict) .name | default dict)) }}
+{{- toYaml $labels }}
 {{- end }}
 
 {{- define "qc.serviceAccountName" -}}
