@@ -6,6 +6,7 @@
 #   bash scripts/k8s-cluster.sh build          # build (or reuse) the binaries, print their directory
 #   bash scripts/k8s-cluster.sh up RUN_DIR     # build, start, print the admin kubeconfig; stop with `down`
 #   bash scripts/k8s-cluster.sh down RUN_DIR   # stop what `up` started (by PID)
+#   bash scripts/k8s-cluster.sh restart-apiserver RUN_DIR [SECONDS_DOWN] [TERM|KILL]
 # Binaries and the Go build cache live under $QC_CACHE/k8s (about 3 GB of cache, ~10 minutes once on 2 cores).
 
 QC_CACHE="${QC_CACHE:-$HOME/.cache/queue-consumer-operator}"
@@ -139,9 +140,27 @@ k8s_up() {
   k8s_kubeconfig "$run/controller-manager.kubeconfig" "$server" "$pki/ca.crt" "$pki/controller-manager.crt" "$pki/controller-manager.key"
   k8s_kubeconfig "$run/scheduler.kubeconfig" "$server" "$pki/ca.crt" "$pki/scheduler.crt" "$pki/scheduler.key"
   # Every request's metadata (user, user agent, verb, object, request URI with its fieldManager) in
-  # RUN/audit.log, one JSON line each: tests read what the operator really sent.
-  printf '%s\n' 'apiVersion: audit.k8s.io/v1' 'kind: Policy' 'omitStages: [RequestReceived]' \
-    'rules: [{level: Metadata}]' >"$run/audit-policy.yaml"
+  # RUN/audit.log, one JSON line each: tests read what the operator really sent. Writes of QueueConsumers
+  # and Deployments (subresources too) also carry the object sent and the object stored: the response's
+  # resourceVersion tells a write that changed something from one the server found unchanged (a no-op keeps
+  # the resourceVersion), which is how tests/k8s_failover.rs counts duplicate writes. QC_K8S_AUDIT_OBJECTS=0:
+  # metadata only (scripts/bench-cluster: thousands of objects, whose bodies would cost the API server).
+  cat >"$run/audit-policy.yaml" <<'POLICY'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: RequestResponse
+    verbs: [create, update, patch]
+    resources:
+      - {group: sqs.consumers.dev, resources: [queueconsumers, queueconsumers/status]}
+      - {group: apps, resources: [deployments, deployments/status]}
+  - level: Metadata
+POLICY
+  if [ "${QC_K8S_AUDIT_OBJECTS:-1}" = 0 ]; then
+    printf '%s\n' 'apiVersion: audit.k8s.io/v1' 'kind: Policy' 'omitStages: [RequestReceived]' \
+      'rules: [{level: Metadata}]' >"$run/audit-policy.yaml"
+  fi
   local bin=$QC_K8S_BIN
   # Each process in a session of its own (setsid), so a terminal's Ctrl-C reaches the caller, which stops
   # them by PID; --unsafe-no-fsync: the data is thrown away with RUN.
@@ -155,7 +174,9 @@ k8s_up() {
   # service-account tokens (TokenRequest); a loopback advertise address, which the endpoint reconciler
   # refuses, hence none; front-proxy flags, without which the controller-manager and scheduler log
   # CA-bundle errors several times a second.
-  setsid "$bin/kube-apiserver" --etcd-servers "http://127.0.0.1:$etcd_client" \
+  # Its arguments are kept in RUN/kube-apiserver.args (one a line), so `k8s_restart_apiserver` starts it
+  # again as it was.
+  printf '%s\n' --etcd-servers "http://127.0.0.1:$etcd_client" \
     --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api" --endpoint-reconciler-type none \
     --authorization-mode RBAC --enable-admission-plugins OwnerReferencesPermissionEnforcement \
     --client-ca-file "$pki/ca.crt" --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
@@ -167,9 +188,8 @@ k8s_up() {
     --requestheader-extra-headers-prefix X-Remote-Extra- \
     --proxy-client-cert-file "$pki/front-proxy-client.crt" --proxy-client-key-file "$pki/front-proxy-client.key" \
     --audit-policy-file "$run/audit-policy.yaml" --audit-log-path "$run/audit.log" --audit-log-format json \
-    --audit-log-maxsize 500 --audit-log-maxbackup 1 \
-    >"$run/kube-apiserver.log" 2>&1 &
-  echo $! >"$run/kube-apiserver.pid"
+    --audit-log-maxsize 500 --audit-log-maxbackup 1 >"$run/kube-apiserver.args"
+  k8s_start_apiserver "$run"
   # The controller-manager and scheduler once the API server serves (with its RBAC bootstrap policy):
   # started earlier, the controller-manager is refused its own configuration and exits.
   if ! k8s_wait "$run" 60 /readyz etcd kube-apiserver; then
@@ -198,6 +218,30 @@ k8s_up() {
     return 1
   fi
   k8s_log "Kubernetes $QC_K8S_VERSION control plane on $server ready in $((SECONDS - started)) s (state and logs in $run)"
+}
+
+# Starts kube-apiserver with the arguments `k8s_up` kept in RUN (its log appended to), and writes its PID.
+k8s_start_apiserver() {
+  local run=$1 args
+  mapfile -t args <"$run/kube-apiserver.args"
+  setsid "$QC_K8S_BIN/kube-apiserver" "${args[@]}" >>"$run/kube-apiserver.log" 2>&1 &
+  echo $! >"$run/kube-apiserver.pid"
+}
+
+# Stops RUN's kube-apiserver (SIGNAL: TERM, a graceful stop, or KILL), keeps it down for SECONDS, starts it
+# again with the same arguments (same port, certificates and etcd: the state survives) and waits for
+# /readyz. For tests of what a client sees across an API server restart (tests/k8s_failover.rs).
+# k8s_restart_apiserver RUN SECONDS [SIGNAL]
+k8s_restart_apiserver() {
+  local run=$1 down=$2 signal=${3:-TERM} pid
+  k8s_build || return 1
+  pid=$(cat "$run/kube-apiserver.pid") || return 1
+  kill "-$signal" "$pid" 2>/dev/null || { k8s_log "kube-apiserver ($pid) is not running"; return 1; }
+  for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$pid" 2>/dev/null && { kill -9 "$pid" 2>/dev/null; sleep 0.2; }
+  sleep "$down"
+  k8s_start_apiserver "$run"
+  k8s_wait "$run" 120 /readyz etcd kube-apiserver || { k8s_log "kube-apiserver did not come back"; return 1; }
 }
 
 # Whether RUN's API server answers PATH (as cluster admin) within SECONDS, while the processes named
@@ -263,6 +307,7 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
     build) k8s_build && printf '%s\n' "$QC_K8S_BIN" ;;
     up) k8s_up "${2:?RUN_DIR}" && k8s_log "resident $(k8s_rss_mib "$2") MiB" && printf '%s\n' "$QC_K8S_KUBECONFIG" ;;
     down) k8s_down "${2:?RUN_DIR}" ;;
-    *) echo "usage: $0 build | up RUN_DIR | down RUN_DIR" >&2; exit 2 ;;
+    restart-apiserver) k8s_restart_apiserver "${2:?RUN_DIR}" "${3:-0}" "${4:-TERM}" ;;
+    *) echo "usage: $0 build | up RUN_DIR | down RUN_DIR | restart-apiserver RUN_DIR [SECONDS_DOWN] [TERM|KILL]" >&2; exit 2 ;;
   esac
 fi

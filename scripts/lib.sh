@@ -178,7 +178,13 @@ free_port() {
 
 QC_PIDS=()
 QC_RUN_DIRS=()
+QC_K8S_RUNS=()
 stop_services() {
+  # Control planes by the PIDs in their run directories: a test may have restarted the API server.
+  for run in "${QC_K8S_RUNS[@]:-}"; do
+    [ -n "$run" ] && k8s_down "$run"
+  done
+  QC_K8S_RUNS=()
   for pid in "${QC_PIDS[@]:-}"; do
     # A killed service exits 143; that must not become the script's status under set -e.
     [ -n "$pid" ] && kill "$pid" 2>/dev/null && { wait "$pid" 2>/dev/null || true; }
@@ -328,7 +334,9 @@ start_crdserver() {
 # A real Kubernetes control plane (kube-apiserver, kube-controller-manager, kube-scheduler, etcd) built from
 # the k8s.io/kubernetes Go modules by scripts/k8s-cluster.sh (cached under $QC_CACHE/k8s), started on loopback
 # in a run directory of its own and stopped with the other services. Exports QC_TEST_CLUSTER_KUBECONFIG
-# (cluster admin) and QC_TEST_CLUSTER_AUDIT_LOG (the API server's audit log, metadata of every request).
+# (cluster admin), QC_TEST_CLUSTER_AUDIT_LOG (the API server's audit log, metadata of every request) and
+# QC_TEST_CLUSTER_RUN_DIR (its run directory: `bash scripts/k8s-cluster.sh restart-apiserver` takes it).
+# Every port is free and the directory is new, so it runs beside another run's control plane.
 # shellcheck source=scripts/k8s-cluster.sh
 source "$(dirname "${BASH_SOURCE[0]}")/k8s-cluster.sh"
 start_k8s_cluster() {
@@ -338,8 +346,9 @@ start_k8s_cluster() {
   if ! k8s_up "$run"; then
     return 1
   fi
-  for b in "${QC_K8S_BINARIES[@]}"; do QC_PIDS+=("$(cat "$run/$b.pid")"); done
+  QC_K8S_RUNS+=("$run")
   export QC_TEST_CLUSTER_KUBECONFIG=$QC_K8S_KUBECONFIG QC_TEST_CLUSTER_AUDIT_LOG=$run/audit.log
+  export QC_TEST_CLUSTER_RUN_DIR=$run
   log "Kubernetes control plane: kubeconfig $QC_TEST_CLUSTER_KUBECONFIG, resident $(k8s_rss_mib "$run") MiB"
 }
 

@@ -61,6 +61,24 @@ impl Error {
     /// Another writer got there first (409, or a JSON-patch test that no longer holds): retry soon
     /// with fresh state rather than back off.
     pub fn is_conflict(&self) -> bool {
+        let Some(kube_err) = self.kube_error() else {
+            return false;
+        };
+        matches!(kube_err, kube::Error::Api(s) if s.code == 409 || (s.code == 422 && matches!(self, Error::AddFinalizer(_) | Error::RemoveFinalizer(_) | Error::HoldAccess(_) | Error::ReleaseAccess(_))))
+    }
+
+    /// The API server did not answer (connection refused or cut, a timeout) or answered that it cannot
+    /// serve now (503, 504): nothing about this QueueConsumer failed, the cluster's API did.
+    pub fn is_api_unavailable(&self) -> bool {
+        match self.kube_error() {
+            Some(kube::Error::Api(s)) => s.code == 503 || s.code == 504,
+            Some(kube::Error::HyperError(_) | kube::Error::Service(_)) => true,
+            _ => false,
+        }
+    }
+
+    /// The API server's answer (or the failure to get one) of a step that talks to it.
+    fn kube_error(&self) -> Option<&kube::Error> {
         let (Error::ReadDeployment(kube_err)
         | Error::ApplyDeployment(kube_err)
         | Error::ScaleDeployment(kube_err)
@@ -70,8 +88,8 @@ impl Error {
         | Error::HoldAccess(kube_err)
         | Error::ReleaseAccess(kube_err)) = self
         else {
-            return false;
+            return None;
         };
-        matches!(kube_err, kube::Error::Api(s) if s.code == 409 || (s.code == 422 && matches!(self, Error::AddFinalizer(_) | Error::RemoveFinalizer(_) | Error::HoldAccess(_) | Error::ReleaseAccess(_))))
+        Some(kube_err)
     }
 }

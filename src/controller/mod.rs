@@ -87,6 +87,9 @@ pub struct Context {
     stores: Mutex<Vec<Store<QueueConsumer>>>,
     /// When this process last wrote each QueueConsumer's status (and so its counts).
     status_written: Mutex<HashMap<ConsumerKey, crate::scaling::Timestamp>>,
+    /// The status this process last wrote for each QueueConsumer, with the resourceVersion the write
+    /// left, until the watch cache shows that write (`status_as_written`).
+    status_sent: Mutex<HashMap<ConsumerKey, SentStatus>>,
     /// How long the counts in a status stand when nothing else changed ([`status::COUNTS_REFRESH`];
     /// tests shorten it).
     pub counts_refresh: std::time::Duration,
@@ -134,6 +137,7 @@ impl Context {
             backoff: backoff::Backoff::default(),
             stores: Mutex::new(Vec::new()),
             status_written: Mutex::new(HashMap::new()),
+            status_sent: Mutex::new(HashMap::new()),
             counts_refresh: status::COUNTS_REFRESH,
             limits: AdminLimits::default(),
             reconcile_timeout: DEFAULT_RECONCILE_TIMEOUT,
@@ -195,7 +199,39 @@ impl Context {
             .map(|q| ConsumerKey::of(&q))
             .collect();
         crate::sync::lock(&self.status_written).retain(|k, _| live.contains(k));
+        crate::sync::lock(&self.status_sent).retain(|k, _| live.contains(k));
     }
+
+    /// The status as this process last wrote it, when the watch cache's `qc` does not show that write
+    /// yet; None when it does (or nothing was written). A reconcile that runs on a cached object older
+    /// than its own last status write (several watch events at once, as on a takeover or a burst of
+    /// changes) compares with what it wrote, not with the older status: otherwise it writes the same
+    /// status again (a request the server answers with nothing changed) and emits the same transition
+    /// Events twice. resourceVersions are compared as the integers kube-apiserver makes them (etcd
+    /// revisions); one that is not an integer is taken as caught up.
+    fn status_as_written(&self, qc: &QueueConsumer) -> Option<QueueConsumerStatus> {
+        let key = ConsumerKey::of(qc);
+        let mut sent = crate::sync::lock(&self.status_sent);
+        let entry = sent.get(&key)?;
+        let cached = qc
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(|rv| rv.parse::<u64>().ok());
+        match cached {
+            Some(cached) if cached < entry.resource_version => Some(entry.status.clone()),
+            _ => {
+                sent.remove(&key);
+                None
+            }
+        }
+    }
+}
+
+/// A status write of this process and the resourceVersion it left.
+struct SentStatus {
+    resource_version: u64,
+    status: QueueConsumerStatus,
 }
 
 /// namespace/name, for log lines.
@@ -263,6 +299,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         ctx.redrives.forget(&ConsumerKey::of(qc));
         ctx.workers.forget(&ConsumerKey::of(qc));
         crate::sync::lock(&ctx.status_written).remove(&ConsumerKey::of(qc));
+        crate::sync::lock(&ctx.status_sent).remove(&ConsumerKey::of(qc));
         ctx.metrics.consumers.remove(&ns, &qc.name_any());
         return cleanup::cleanup(qc, ctx, &qcs, clients.as_ref()).await;
     }
@@ -465,7 +502,9 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         qc.metadata.generation,
         &observe::now(),
     );
-    let mut old_status = qc.status.clone().unwrap_or_default();
+    let mut old_status = ctx
+        .status_as_written(qc)
+        .unwrap_or_else(|| qc.status.clone().unwrap_or_default());
     let foreign = status::foreign_condition_types(&qc.metadata, FIELD_MANAGER);
     old_status
         .conditions
@@ -492,14 +531,30 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         ctx.counts_refresh,
     );
     if write == status::StatusWrite::Write {
-        if let Err(e) = write_status(ctx, &qcs, &name, &new_status).await {
-            // A conflict retries at once with fresh state, through the error policy.
-            if e.is_conflict() {
-                return Err(e);
+        match write_status(ctx, &qcs, &name, &new_status).await {
+            Ok(written) => {
+                if let Some(rv) = written
+                    .metadata
+                    .resource_version
+                    .as_deref()
+                    .and_then(|rv| rv.parse::<u64>().ok())
+                {
+                    crate::sync::lock(&ctx.status_sent).insert(
+                        key.clone(),
+                        SentStatus {
+                            resource_version: rv,
+                            status: new_status.clone(),
+                        },
+                    );
+                }
             }
-            // Status is a report: failing to write it must not slow the next poll (or scaling).
-            step_failed(ctx, qc, &e).await;
-            return Ok(Action::requeue(qc.spec.scaling.poll_interval.as_std()));
+            // A conflict retries at once with fresh state, through the error policy.
+            Err(e) if e.is_conflict() => return Err(e),
+            Err(e) => {
+                // Status is a report: failing to write it must not slow the next poll (or scaling).
+                step_failed(ctx, qc, &e).await;
+                return Ok(Action::requeue(qc.spec.scaling.poll_interval.as_std()));
+            }
         }
         crate::sync::lock(&ctx.status_written).insert(key, write_at);
     }
@@ -770,22 +825,23 @@ async fn write_status(
     qcs: &Api<QueueConsumer>,
     name: &str,
     status: &QueueConsumerStatus,
-) -> Result<(), Error> {
+) -> Result<QueueConsumer, Error> {
     let patch = json!({
         "apiVersion": API_VERSION,
         "kind": KIND,
         "metadata": {"name": name},
         "status": status,
     });
-    qcs.patch_status(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map_err(Error::WriteStatus)?;
+    let written = qcs
+        .patch_status(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map_err(Error::WriteStatus)?;
     ctx.metrics.status_writes.fetch_add(1, Ordering::Relaxed);
-    Ok(())
+    Ok(written)
 }
 
 /// Events of the alarm step: its write, and its failure (also counted as a reconcile error).

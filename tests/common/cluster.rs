@@ -26,6 +26,8 @@ pub struct Cluster {
     pub admin: kube::Client,
     pub kubeconfig: String,
     pub audit_log: Option<PathBuf>,
+    /// The control plane's run directory (`QC_TEST_CLUSTER_RUN_DIR`): what `restart_apiserver` needs.
+    pub run_dir: Option<PathBuf>,
 }
 
 /// The cluster, or None after a loud skip message (a failure when `QC_REQUIRE_CLUSTER=1`).
@@ -50,6 +52,7 @@ pub async fn connect(test: &str) -> Option<Cluster> {
         admin,
         kubeconfig,
         audit_log: std::env::var_os("QC_TEST_CLUSTER_AUDIT_LOG").map(PathBuf::from),
+        run_dir: std::env::var_os("QC_TEST_CLUSTER_RUN_DIR").map(PathBuf::from),
     })
 }
 
@@ -174,6 +177,21 @@ impl Cluster {
         service_account: &str,
         dir: &Path,
     ) -> PathBuf {
+        self.service_account_token(namespace, service_account, dir, service_account)
+            .await
+            .0
+    }
+
+    /// As `service_account_kubeconfig`, into `dir/NAMESPACE-FILE.kubeconfig`, with the token's credential
+    /// id as audit events show it (`user.extra["authentication.kubernetes.io/credential-id"]`, "JTI=…"):
+    /// two clients of one ServiceAccount, each with a token of its own, are told apart in the audit log.
+    pub async fn service_account_token(
+        &self,
+        namespace: &str,
+        service_account: &str,
+        dir: &Path,
+        file: &str,
+    ) -> (PathBuf, String) {
         let sas: Api<ServiceAccount> = Api::namespaced(self.admin.clone(), namespace);
         let request = TokenRequest {
             spec: Some(TokenRequestSpec {
@@ -193,7 +211,16 @@ impl Cluster {
         let cluster = admin.clusters[0].cluster.clone().expect("a cluster entry");
         let server = cluster.server.expect("a server");
         let ca = cluster.certificate_authority.expect("a CA file");
-        let path = dir.join(format!("{namespace}-{service_account}.kubeconfig"));
+        let path = dir.join(format!("{namespace}-{file}.kubeconfig"));
+        let credential = {
+            use base64::Engine as _;
+            let claims = token.split('.').nth(1).expect("a JWT");
+            let claims = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(claims.trim_end_matches('='))
+                .expect("base64url claims");
+            let claims: serde_json::Value = serde_json::from_slice(&claims).expect("JSON claims");
+            format!("JTI={}", claims["jti"].as_str().expect("a jti claim"))
+        };
         std::fs::write(
             &path,
             format!(
@@ -203,7 +230,7 @@ impl Cluster {
             ),
         )
         .expect("write the ServiceAccount's kubeconfig");
-        path
+        (path, credential)
     }
 
     /// The container arguments of the chart's Deployment `namespace/name` as installed.
@@ -257,6 +284,32 @@ impl Cluster {
             .filter(|e| e["annotations"]["authorization.k8s.io/decision"] == "forbid")
             .map(|e| format!("{} {}", e["verb"], e["requestURI"]))
             .collect()
+    }
+
+    /// Stops kube-apiserver (`signal`: "TERM" or "KILL"), keeps it down `down_secs`, starts it again as it
+    /// was and waits for /readyz (scripts/k8s-cluster.sh `restart-apiserver`). Every client of the cluster
+    /// sees the outage: run it only where no other test needs the API server meanwhile.
+    pub fn restart_apiserver(&self, down_secs: u64, signal: &str) {
+        let run = self
+            .run_dir
+            .as_ref()
+            .expect("QC_TEST_CLUSTER_RUN_DIR names the control plane's run directory");
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/k8s-cluster.sh");
+        let out = Command::new("bash")
+            .arg(script)
+            .arg("restart-apiserver")
+            .arg(run)
+            .arg(down_secs.to_string())
+            .arg(signal)
+            .stdin(Stdio::null())
+            .output()
+            .expect("bash runs");
+        assert!(
+            out.status.success(),
+            "restarting kube-apiserver failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// Lines in the audit log now: pass to `audit_events` to see only what comes after.
@@ -367,6 +420,10 @@ impl Release {
     /// Starts `qc-operator run` with the chart's own arguments (the metrics address moved to a free loopback
     /// port), as the pod `identity` of the chart's namespace, with the ServiceAccount's token.
     pub async fn operator(&self, cluster: &Cluster, identity: &str, extra: &[&str]) -> Operator {
+        // A token of its own, so its requests are told apart from another replica's in the audit log.
+        let (kubeconfig, credential) = cluster
+            .service_account_token(&self.namespace, &self.fullname, self.dir.path(), identity)
+            .await;
         let mut args = cluster.chart_args(&self.namespace, &self.fullname).await;
         let addr = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
@@ -381,7 +438,7 @@ impl Release {
         let log = self.dir.path().join(format!("{identity}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_qc-operator"))
             .args(&args)
-            .env("KUBECONFIG", &self.kubeconfig)
+            .env("KUBECONFIG", &kubeconfig)
             .env("POD_NAMESPACE", &self.namespace)
             .env("POD_NAME", identity)
             .env("RUST_LOG", "info,qc=debug")
@@ -392,6 +449,7 @@ impl Release {
         Operator {
             child: Some(child),
             identity: identity.to_string(),
+            credential,
             log,
             metrics: format!("http://{addr}/metrics"),
         }
@@ -402,6 +460,8 @@ impl Release {
 pub struct Operator {
     pub child: Option<Child>,
     pub identity: String,
+    /// Its token's credential id in audit events (`Operator::made`).
+    pub credential: String,
     pub log: PathBuf,
     pub metrics: String,
 }
@@ -430,6 +490,20 @@ impl Operator {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Whether this operator made the audit event `e` (by its token's credential id).
+    pub fn made(&self, e: &serde_json::Value) -> bool {
+        e["user"]["extra"]["authentication.kubernetes.io/credential-id"]
+            .as_array()
+            .is_some_and(|ids| ids.iter().any(|id| id == self.credential.as_str()))
+    }
+
+    /// Whether the process still runs.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
     /// SIGKILL: no release, no goodbye.

@@ -87,6 +87,21 @@ pub(super) fn default_deployment(obj: &mut Value) {
             c.entry("terminationMessagePath")
                 .or_insert(json!("/dev/termination-log"));
             c.entry("terminationMessagePolicy").or_insert(json!("File"));
+            // A struct, not a pointer, in the API's Go types: always there, empty or not.
+            c.entry("resources").or_insert(json!({}));
+            for e in c
+                .get_mut("env")
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+            {
+                if let Some(f) = e
+                    .pointer_mut("/valueFrom/fieldRef")
+                    .and_then(Value::as_object_mut)
+                {
+                    f.entry("apiVersion").or_insert(json!("v1"));
+                }
+            }
             for p in c
                 .get_mut("ports")
                 .and_then(Value::as_array_mut)
@@ -109,5 +124,12 @@ pub(super) fn default_deployment(obj: &mut Value) {
                 }
             }
         }
+    }
+}
+
+/// The Lease's spec is a struct in the API's Go types: a Lease created without one reads back with `{}`.
+pub(super) fn default_lease(obj: &mut Value) {
+    if let Some(o) = obj.as_object_mut() {
+        o.entry("spec").or_insert(json!({}));
     }
 }

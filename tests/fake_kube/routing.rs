@@ -236,8 +236,15 @@ impl FakeKube {
             }
             ("DELETE", Some(name)) => {
                 let ns = route.namespace.clone().unwrap_or_default();
-                st.delete(events, route.kind, &ns, name)
-                    .map(|o| Reply::Json(200, o))
+                let foreground = body
+                    .as_ref()
+                    .is_some_and(|b| b["propagationPolicy"] == "Foreground");
+                if foreground {
+                    st.delete_foreground(events, route.kind, &ns, name)
+                } else {
+                    st.delete(events, route.kind, &ns, name)
+                }
+                .map(|o| Reply::Json(200, o))
             }
             _ => Err(err(
                 405,

@@ -7,10 +7,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
-use super::defaulting::{default_deployment, default_queue_consumer};
+use super::defaulting::{default_deployment, default_lease, default_queue_consumer};
 use super::fields::{canonical, leaf_set};
 use super::{
-    ApiError, DEPLOYMENTS, Kind, Path, QUEUE_CONSUMERS, State, Stored, WatchEntry, err, not_found,
+    ApiError, DEPLOYMENTS, Kind, LEASES, Path, QUEUE_CONSUMERS, State, Stored, WatchEntry, err,
+    not_found,
 };
 
 /// RFC 3339 in UTC at second precision, as the API server writes timestamps.
@@ -154,6 +155,9 @@ impl State {
         if kind == QUEUE_CONSUMERS {
             default_queue_consumer(&mut object);
         }
+        if kind == LEASES {
+            default_lease(&mut object);
+        }
         let mut owners = BTreeMap::new();
         owners.insert(manager.to_string(), leaf_set(&canonical(kind, &object)));
         self.objects.insert(
@@ -186,6 +190,9 @@ impl State {
         }
         if kind == QUEUE_CONSUMERS {
             default_queue_consumer(&mut next);
+        }
+        if kind == LEASES {
+            default_lease(&mut next);
         }
         // Identity fields stay the server's.
         for f in [
@@ -248,6 +255,72 @@ impl State {
         Ok(next)
     }
 
+    /// A foreground deletion (`propagationPolicy: Foreground`), as the API server and the garbage collector
+    /// carry it out: the object is marked (deletionTimestamp, the `foregroundDeletion` finalizer) and that is
+    /// the answer; then its dependents are deleted and the finalizer removed, which removes the object
+    /// unless other finalizers hold it. The fake does the collector's part at once.
+    pub(super) fn delete_foreground(
+        &mut self,
+        tx: &broadcast::Sender<WatchEntry>,
+        kind: Kind,
+        ns: &str,
+        name: &str,
+    ) -> Result<Value, ApiError> {
+        const FOREGROUND: &str = "foregroundDeletion";
+        let key = (kind, ns.to_string(), name.to_string());
+        let stored = self
+            .objects
+            .get(&key)
+            .ok_or_else(|| not_found(kind, name))?
+            .clone();
+        if stored.object["metadata"].get("deletionTimestamp").is_some() {
+            return Ok(stored.object);
+        }
+        let mut marked = stored.object.clone();
+        let mut finalizers: Vec<Value> = marked["metadata"]["finalizers"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        finalizers.push(json!(FOREGROUND));
+        marked["metadata"]["finalizers"] = json!(finalizers);
+        marked["metadata"]["deletionTimestamp"] = json!(now());
+        marked["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+        let g = marked["metadata"]["generation"].as_i64().unwrap_or(0) + 1;
+        marked["metadata"]["generation"] = json!(g);
+        marked["metadata"]["resourceVersion"] = json!(self.next_rv().to_string());
+        self.objects.get_mut(&key).unwrap().object = marked.clone();
+        self.publish(tx, kind, ns, "MODIFIED", marked.clone());
+        // The collector: dependents first, then the owner's finalizer.
+        let uid = marked["metadata"]["uid"].clone();
+        for (k, d_ns, d_name) in self.dependents_of(&uid) {
+            let _ = self.delete(tx, k, &d_ns, &d_name);
+        }
+        let mut next = marked.clone();
+        finalizers.retain(|f| f != FOREGROUND);
+        if finalizers.is_empty() {
+            self.remove(tx, kind, ns, name);
+        } else {
+            next["metadata"]["finalizers"] = json!(finalizers);
+            next["metadata"]["resourceVersion"] = json!(self.next_rv().to_string());
+            self.objects.get_mut(&key).unwrap().object = next.clone();
+            self.publish(tx, kind, ns, "MODIFIED", next);
+        }
+        Ok(marked)
+    }
+
+    /// What names `uid` in its ownerReferences.
+    fn dependents_of(&self, uid: &Value) -> Vec<(Kind, String, String)> {
+        self.objects
+            .iter()
+            .filter(|(_, s)| {
+                s.object["metadata"]["ownerReferences"]
+                    .as_array()
+                    .is_some_and(|refs| refs.iter().any(|r| &r["uid"] == uid))
+            })
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
     pub(super) fn delete(
         &mut self,
         tx: &broadcast::Sender<WatchEntry>,
@@ -301,17 +374,7 @@ impl State {
         gone["metadata"]["resourceVersion"] = json!(rv.to_string());
         self.publish(tx, kind, ns, "DELETED", gone.clone());
         let uid = gone["metadata"]["uid"].clone();
-        let dependents: Vec<(Kind, String, String)> = self
-            .objects
-            .iter()
-            .filter(|(_, s)| {
-                s.object["metadata"]["ownerReferences"]
-                    .as_array()
-                    .is_some_and(|refs| refs.iter().any(|r| r["uid"] == uid))
-            })
-            .map(|(k, _)| k.clone())
-            .collect();
-        for (k, ns, name) in dependents {
+        for (k, ns, name) in self.dependents_of(&uid) {
             let _ = self.delete(tx, k, &ns, &name);
         }
         gone
