@@ -70,7 +70,7 @@ impl SdkQueueWriter {
     pub fn new(client: aws_sdk_sqs::Client, sts: aws_sdk_sts::Client) -> Self {
         SdkQueueWriter {
             client: super::operator_sqs(client),
-            sts,
+            sts: super::operator_sts(sts),
         }
     }
 }

@@ -162,6 +162,16 @@ pub fn operator_cloudwatch(client: aws_sdk_cloudwatch::Client) -> aws_sdk_cloudw
     }
 }
 
+/// [`operator_sqs`] for the controller's STS client (`manage: create` asks it for the account).
+pub fn operator_sts(client: aws_sdk_sts::Client) -> aws_sdk_sts::Client {
+    match aws_config::AppName::new(OPERATOR_APP_NAME) {
+        Ok(app) => {
+            aws_sdk_sts::Client::from_conf(client.config().to_builder().app_name(app).build())
+        }
+        Err(_) => client,
+    }
+}
+
 /// `sdk_config` with the controller's deadlines (the worker's long polls need longer reads) and its
 /// app name in the user agent.
 pub async fn controller_sdk_config(
