@@ -13,6 +13,9 @@ QC_CACHE="${QC_CACHE:-$HOME/.cache/queue-consumer-operator}"
 QC_K8S_MODULE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/k8s"
 QC_K8S_VERSION=v1.37.2
 QC_K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler etcd)
+# The address the API server binds to and advertises: loopback, or the node's (scripts/k8s-node.sh) so
+# pods reach it.
+QC_K8S_ADDRESS=${QC_K8S_ADDRESS:-127.0.0.1}
 
 k8s_log() { printf '==> %s\n' "$*" >&2; }
 
@@ -24,8 +27,8 @@ k8s_bin_dir() {
   printf '%s\n' "$QC_CACHE/k8s/control-plane-$key"
 }
 
-# Builds the four binaries into k8s_bin_dir (once; a finished build leaves a .complete marker). Sets
-# QC_K8S_BIN. Go from PATH: 1.26 is what TESTBED.md found fine (1.27 needs GOEXPERIMENT=nojsonv2 for OpenAPI).
+# Builds the four binaries, and the kubelet of scripts/k8s-node.sh, into k8s_bin_dir (once; a finished
+# build leaves a .complete marker). Sets QC_K8S_BIN. Go from PATH: 1.26 is what TESTBED.md found fine (1.27 needs GOEXPERIMENT=nojsonv2 for OpenAPI).
 k8s_build() {
   QC_K8S_BIN=$(k8s_bin_dir)
   [ -f "$QC_K8S_BIN/.complete" ] && return 0
@@ -46,7 +49,7 @@ k8s_build() {
   if ! (cd "$QC_K8S_MODULE_DIR" && export GOCACHE="$QC_CACHE/k8s/gocache" GOFLAGS=-mod=readonly CGO_ENABLED=0 &&
     go build -trimpath -ldflags "$ldflags" -o "$QC_K8S_BIN.tmp/" \
       k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-      k8s.io/kubernetes/cmd/kube-scheduler &&
+      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet &&
     go build -trimpath -ldflags "-s -w" -o "$QC_K8S_BIN.tmp/etcd" go.etcd.io/etcd/server/v3) \
     >"$QC_CACHE/k8s/build.log" 2>&1; then
     tail -20 "$QC_CACHE/k8s/build.log" >&2
@@ -54,7 +57,7 @@ k8s_build() {
     return 1
   fi
   local b
-  for b in "${QC_K8S_BINARIES[@]}"; do
+  for b in "${QC_K8S_BINARIES[@]}" kubelet; do
     [ -x "$QC_K8S_BIN.tmp/$b" ] || { k8s_log "the build made no $b"; return 1; }
   done
   rm -rf "$QC_K8S_BIN" && mv "$QC_K8S_BIN.tmp" "$QC_K8S_BIN" && touch "$QC_K8S_BIN/.complete"
@@ -121,15 +124,17 @@ k8s_up() {
   rm -rf "$run/etcd-data" "$pki" && mkdir -p "$pki"
   local api etcd_client etcd_peer cm sched
   api=$(k8s_free_port) etcd_client=$(k8s_free_port) etcd_peer=$(k8s_free_port) cm=$(k8s_free_port) sched=$(k8s_free_port)
-  local server=https://127.0.0.1:$api client_ext
+  local addr=$QC_K8S_ADDRESS
+  local server=https://$addr:$api client_ext
   client_ext=$(printf '%s\n' 'basicConstraints=CA:FALSE' 'keyUsage=critical,digitalSignature,keyEncipherment' 'extendedKeyUsage=clientAuth')
   {
     k8s_cert "$pki" ca "/CN=qc-test-ca" - "" &&
       k8s_cert "$pki" front-proxy-ca "/CN=qc-test-front-proxy-ca" - "" &&
       k8s_cert "$pki" apiserver "/CN=kube-apiserver" ca "$(printf '%s\n' \
         'basicConstraints=CA:FALSE' 'keyUsage=critical,digitalSignature,keyEncipherment' 'extendedKeyUsage=serverAuth' \
-        'subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local')" &&
+        "subjectAltName=IP:127.0.0.1,IP:$addr,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local")" &&
       k8s_cert "$pki" admin "/O=system:masters/CN=qc-admin" ca "$client_ext" &&
+      k8s_cert "$pki" apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" ca "$client_ext" &&
       k8s_cert "$pki" controller-manager "/CN=system:kube-controller-manager" ca "$client_ext" &&
       k8s_cert "$pki" scheduler "/CN=system:kube-scheduler" ca "$client_ext" &&
       k8s_cert "$pki" front-proxy-client "/CN=front-proxy-client" front-proxy-ca "$client_ext" &&
@@ -170,15 +175,19 @@ POLICY
     --initial-cluster "qc-test=http://127.0.0.1:$etcd_peer" --listen-metrics-urls "" \
     >"$run/etcd.log" 2>&1 &
   echo $! >"$run/etcd.pid"
-  # RBAC; the default admission plugins (PodSecurity among them) plus OwnerReferencesPermissionEnforcement;
+  # The Node authorizer and RBAC; the default admission plugins (PodSecurity among them) plus
+  # OwnerReferencesPermissionEnforcement and NodeRestriction (for the kubelet of scripts/k8s-node.sh, which
+  # the API server reaches with a client certificate of its own for logs and exec);
   # service-account tokens (TokenRequest); a loopback advertise address, which the endpoint reconciler
   # refuses, hence none; front-proxy flags, without which the controller-manager and scheduler log
   # CA-bundle errors several times a second.
   # Its arguments are kept in RUN/kube-apiserver.args (one a line), so `k8s_restart_apiserver` starts it
   # again as it was.
   printf '%s\n' --etcd-servers "http://127.0.0.1:$etcd_client" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api" --endpoint-reconciler-type none \
-    --authorization-mode RBAC --enable-admission-plugins OwnerReferencesPermissionEnforcement \
+    --bind-address "$addr" --advertise-address "$addr" --secure-port "$api" --endpoint-reconciler-type none \
+    --authorization-mode Node,RBAC --enable-admission-plugins OwnerReferencesPermissionEnforcement,NodeRestriction \
+    --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
+    --kubelet-preferred-address-types InternalIP \
     --client-ca-file "$pki/ca.crt" --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
     --service-account-issuer https://kubernetes.default.svc.cluster.local \
     --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \

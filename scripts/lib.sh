@@ -181,10 +181,13 @@ QC_RUN_DIRS=()
 QC_K8S_RUNS=()
 stop_services() {
   # Control planes by the PIDs in their run directories: a test may have restarted the API server.
+  # The node first (its pods and host changes), then its control plane, then the node's address.
   for run in "${QC_K8S_RUNS[@]:-}"; do
+    [ -n "$run" ] && k8s_node_down "$run"
     [ -n "$run" ] && k8s_down "$run"
   done
   QC_K8S_RUNS=()
+  if [ -n "${QC_NODE_NETWORK:-}" ]; then k8s_node_network_down; QC_NODE_NETWORK=; fi
   for pid in "${QC_PIDS[@]:-}"; do
     # A killed service exits 143; that must not become the script's status under set -e.
     [ -n "$pid" ] && kill "$pid" 2>/dev/null && { wait "$pid" 2>/dev/null || true; }
@@ -339,6 +342,8 @@ start_crdserver() {
 # Every port is free and the directory is new, so it runs beside another run's control plane.
 # shellcheck source=scripts/k8s-cluster.sh
 source "$(dirname "${BASH_SOURCE[0]}")/k8s-cluster.sh"
+# shellcheck source=scripts/k8s-node.sh
+source "$(dirname "${BASH_SOURCE[0]}")/k8s-node.sh"
 start_k8s_cluster() {
   local run b
   run=$(mktemp -d "$QC_CACHE/k8s/cluster.XXXXXX")
@@ -350,6 +355,36 @@ start_k8s_cluster() {
   export QC_TEST_CLUSTER_KUBECONFIG=$QC_K8S_KUBECONFIG QC_TEST_CLUSTER_AUDIT_LOG=$run/audit.log
   export QC_TEST_CLUSTER_RUN_DIR=$run
   log "Kubernetes control plane: kubeconfig $QC_TEST_CLUSTER_KUBECONFIG, resident $(k8s_rss_mib "$run") MiB"
+}
+
+# The node's address, before the control plane starts (it binds there so pods reach it): sets
+# QC_K8S_ADDRESS. Returns 1 with the reason when this machine cannot run the node (not root, no containerd).
+prepare_k8s_node() {
+  k8s_node_ensure || return 1
+  k8s_node_network_up || { log "cannot add the node's address $QC_NODE_IP"; return 1; }
+  QC_NODE_NETWORK=1
+  export QC_K8S_ADDRESS=$QC_NODE_IP
+  # Behind an egress proxy, the node's address still goes direct.
+  export NO_PROXY="${NO_PROXY:+$NO_PROXY,}$QC_NODE_IP" no_proxy="${no_proxy:+$no_proxy,}$QC_NODE_IP"
+}
+
+# The node for the control plane start_k8s_cluster started, with IMAGEs (podman's) imported, and a moto
+# on the node's address that pods reach. Exports QC_TEST_NODE_NAME, QC_TEST_NODE_IP, QC_TEST_NODE_TAINT
+# (pods that tolerate it run on the node; others stay Pending) and QC_TEST_NODE_SQS_ENDPOINT.
+start_k8s_node() {
+  local run=$QC_TEST_CLUSTER_RUN_DIR
+  k8s_node_up "$run" || return 1
+  k8s_node_import "$run" "$@" || return 1
+  local port
+  port=$(free_port)
+  # moto with atomic receives (scripts/moto-atomic-receive.py): the scenarios count every handling.
+  "$QC_VENV/bin/python" "$(dirname "${BASH_SOURCE[0]}")/moto-atomic-receive.py" -H "$QC_NODE_IP" -p "$port" \
+    >"$QC_CACHE/moto-node.log" 2>&1 &
+  QC_PIDS+=($!)
+  wait_http "http://$QC_NODE_IP:$port/moto-api/" 30 || return 1
+  export QC_TEST_NODE_NAME=$QC_NODE_NAME QC_TEST_NODE_IP=$QC_NODE_IP QC_TEST_NODE_TAINT=$QC_NODE_TAINT_KEY
+  export QC_TEST_NODE_SQS_ENDPOINT="http://$QC_NODE_IP:$port"
+  log "node $QC_NODE_NAME with images $*; moto for pods on $QC_TEST_NODE_SQS_ENDPOINT"
 }
 
 # Podman for the image layer (scripts/image, tests/image.rs). Installed from the distribution (apt) when
