@@ -257,14 +257,26 @@ spec:
             "-o",
             "jsonpath={range .items[*].status.conditions[*]}{.type}={.status} {.reason}: {.message}{\"\\n\"}{end}",
         ]);
-        out += &kubectl(&[
-            "logs",
-            "-A",
+        let op_namespaces = kubectl(&[
+            "get",
+            "pods",
+            "--all-namespaces",
             "-l",
             "app.kubernetes.io/component=controller",
-            "--tail=15",
-            "--prefix",
+            "-o",
+            "jsonpath={.items[*].metadata.namespace}",
         ]);
+        for op_ns in op_namespaces.split_whitespace().collect::<BTreeSet<_>>() {
+            out += &kubectl(&[
+                "logs",
+                "-n",
+                op_ns,
+                "-l",
+                "app.kubernetes.io/component=controller",
+                "--tail=15",
+                "--prefix",
+            ]);
+        }
         out
     }
 
@@ -652,8 +664,13 @@ async fn scales_from_zero_drains_and_returns_to_zero() {
     );
     let again = assert_handled_once(seen_at.path(), &sent);
     eprintln!("{again} received more than once before their handling");
-    assert_eq!(counts(&sqs, &url).await, (0, 0), "the queue is empty");
+    eventually(60, "the queue empty", String::new, || async {
+        (counts(&sqs, &url).await == (0, 0)).then_some(())
+    })
+    .await;
     assert_eq!(counts(&sqs, &dlq).await, (0, 0), "nothing dead-lettered");
+    // Still once each with the queue empty: nothing came back for a second handling meanwhile.
+    assert_handled_once(seen_at.path(), &sent);
     drop(op);
 }
 
@@ -804,6 +821,8 @@ async fn deleting_a_busy_worker_pod_loses_nothing_and_cuts_nothing() {
     })
     .await;
     assert_eq!(counts(&sqs, &dlq).await, (0, 0), "nothing dead-lettered");
+    // Still once each with the queue empty: nothing came back for a second handling meanwhile.
+    assert_handled_once(seen_at.path(), &sent);
     drop(op);
 }
 
@@ -912,7 +931,276 @@ async fn killing_the_leading_controller_hands_scaling_over() {
     );
     let again = assert_handled_once(seen_at.path(), &sent);
     eprintln!("{again} received again before their handling");
-    assert_eq!(counts(&sqs, &url).await, (0, 0), "the queue is empty");
+    eventually(60, "the queue empty", String::new, || async {
+        (counts(&sqs, &url).await == (0, 0)).then_some(())
+    })
+    .await;
     assert_eq!(counts(&sqs, &dlq).await, (0, 0), "nothing dead-lettered");
+    // Still once each with the queue empty: nothing came back for a second handling meanwhile.
+    assert_handled_once(seen_at.path(), &sent);
+    drop(op);
+}
+
+/// The condition `type_` of the QueueConsumer `name`: (status, reason).
+async fn condition(node: &Node, ns: &str, name: &str, type_: &str) -> Option<(String, String)> {
+    let qc = Api::<QueueConsumer>::namespaced(node.cluster.admin.clone(), ns)
+        .get(name)
+        .await
+        .ok()?;
+    qc.status?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+/// The worker pods' `controller.kubernetes.io/pod-deletion-cost` (None: not set).
+fn deletion_cost(pod: &Pod) -> Option<i64> {
+    pod.metadata
+        .annotations
+        .as_ref()?
+        .get("controller.kubernetes.io/pod-deletion-cost")?
+        .parse()
+        .ok()
+}
+
+/// (b) Scale-in while messages are in flight: three busy replicas, then the backlog runs out and the
+/// controller scales in step by step. Each pod the ReplicaSet removes is one the controller gave the lowest
+/// pod-deletion-cost (its in-flight count) among the running ones; what the removed pods had in hand
+/// finishes or is released: every message handled exactly once, none cut short.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_in_removes_the_least_busy_pods_and_cuts_nothing() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(node) = node("scale_in_removes_the_least_busy_pods_and_cuts_nothing").await else {
+        return;
+    };
+    let (op_ns, ns) = (cluster::unique("node-op"), cluster::unique("node-b"));
+    node.namespace(&ns, false).await;
+    let op = node.operator(&op_ns, &ns).await;
+    let sqs = node.sqs().await;
+    let (url, dlq) = queues(&sqs, "node-b").await;
+    let seen_at = seen_dir();
+    let mut doc = node.consumer(&ns, "orders", &url, seen_at.path(), 3);
+    // Declared as what it is (2 s a message), so three replicas are what the backlog asks for.
+    doc["spec"]["processing"]["p99"] = "3s".into();
+    doc["spec"]["scaling"]["maxBacklogAge"] = "20s".into();
+    node.apply(&ns, &doc).await;
+    eventually(
+        90,
+        "an idle Deployment at 0 replicas",
+        || node.describe(&ns),
+        || async { (node.workers(&ns, "orders").await? == (0, 0)).then_some(()) },
+    )
+    .await;
+    // The last one lingers 8 s (within the 10 s timeout): when the backlog is gone one pod still has it in hand while the others
+    // are idle, and the scale-in must keep that pod.
+    let mut bodies: Vec<String> = (0..240).map(|i| format!("slow {i}")).collect();
+    bodies.push("linger 240".to_string());
+    let sent = send(&sqs, &url, &bodies).await;
+    eventually(
+        120,
+        "three Ready replicas",
+        || node.describe(&ns),
+        || async { (node.workers(&ns, "orders").await? == (3, 3)).then_some(()) },
+    )
+    .await;
+    // Every pod the ReplicaSet takes away while others run: its cost and theirs, from one list.
+    let pods: Api<Pod> = Api::namespaced(node.cluster.admin.clone(), &ns);
+    let selector = "app.kubernetes.io/instance=orders".to_string();
+    let mut removed: BTreeMap<String, (Option<i64>, Vec<Option<i64>>)> = BTreeMap::new();
+    let mut story: Vec<String> = Vec::new();
+    let t0 = Instant::now();
+    let deadline = t0 + std::time::Duration::from_secs(300);
+    loop {
+        let list = pods
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        let survivors: Vec<Option<i64>> = list
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .map(deletion_cost)
+            .collect();
+        for p in list
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_some())
+        {
+            let name = p.metadata.name.clone().expect("a name");
+            if !removed.contains_key(&name) {
+                let pods: Vec<_> = list
+                    .iter()
+                    .map(|p| {
+                        format!(
+                            "{} cost {:?} ready {} deleting {} rs {:?}",
+                            p.metadata.name.as_deref().unwrap_or("?"),
+                            deletion_cost(p),
+                            ready(p),
+                            p.metadata.deletion_timestamp.is_some(),
+                            p.metadata
+                                .labels
+                                .as_ref()
+                                .and_then(|l| l.get("pod-template-hash"))
+                        )
+                    })
+                    .collect();
+                story.push(format!(
+                    "{:.1} s: {name} removed; {pods:?}",
+                    t0.elapsed().as_secs_f64()
+                ));
+            }
+            removed
+                .entry(name)
+                .or_insert_with(|| (deletion_cost(p), survivors.clone()));
+        }
+        if seen(seen_at.path()).len() >= sent.len() && list.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not drained and scaled to zero within 300 s: {} seen\n{}",
+            seen(seen_at.path()).len(),
+            node.describe(&ns)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "removed pods (their cost, the survivors' costs then): {removed:?}\n{}",
+        story.join("\n")
+    );
+    let mut checked = 0;
+    for (name, (cost, survivors)) in &removed {
+        if survivors.is_empty() {
+            continue; // the last ones, to zero: nothing to compare with
+        }
+        let cost = cost.unwrap_or_else(|| panic!("{name} was removed with no deletion cost set"));
+        for s in survivors {
+            let s = s.unwrap_or(i64::MAX);
+            assert!(
+                cost <= s,
+                "{name} (cost {cost}) went before a pod of cost {s}: {removed:?}"
+            );
+        }
+        checked += 1;
+    }
+    assert!(
+        checked >= 1,
+        "no scale-in with pods left running was seen: {removed:?}"
+    );
+    let again = assert_handled_once(seen_at.path(), &sent);
+    eprintln!("{again} received again before their handling");
+    eventually(60, "the queue empty", String::new, || async {
+        (counts(&sqs, &url).await == (0, 0)).then_some(())
+    })
+    .await;
+    assert_eq!(counts(&sqs, &dlq).await, (0, 0), "nothing dead-lettered");
+    // Still once each with the queue empty: nothing came back for a second handling meanwhile.
+    assert_handled_once(seen_at.path(), &sent);
+    drop(op);
+}
+
+/// (d) The handler's dependency down for 60 s (every call answers 503): the workers' breakers open,
+/// `HandlerHealthy` turns False, the controller holds the replicas it had (no scale-out onto the
+/// failing dependency), nothing reaches the DLQ; once the dependency is back every message is handled
+/// exactly once and `HandlerHealthy` is True again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dependency_down_for_a_minute_holds_replicas_and_dead_letters_nothing() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(node) =
+        node("a_dependency_down_for_a_minute_holds_replicas_and_dead_letters_nothing").await
+    else {
+        return;
+    };
+    let (op_ns, ns) = (cluster::unique("node-op"), cluster::unique("node-d"));
+    node.namespace(&ns, false).await;
+    let op = node.operator(&op_ns, &ns).await;
+    let sqs = node.sqs().await;
+    let (url, dlq) = queues(&sqs, "node-d").await;
+    let seen_at = seen_dir();
+    let mut doc = node.consumer(&ns, "orders", &url, seen_at.path(), 3);
+    doc["spec"]["scaling"]["minReplicas"] = 1.into();
+    node.apply(&ns, &doc).await;
+    eventually(
+        120,
+        "one Ready worker",
+        || node.describe(&ns),
+        || async { (node.workers(&ns, "orders").await? == (1, 1)).then_some(()) },
+    )
+    .await;
+    std::fs::write(seen_at.path().join("down"), b"").expect("the dependency goes down");
+    let down = Instant::now();
+    // A backlog three replicas would be asked for, were the handler healthy.
+    let bodies: Vec<String> = (0..1500).map(|i| format!("message {i}")).collect();
+    let sent = send(&sqs, &url, &bodies).await;
+    eventually(
+        60,
+        "HandlerHealthy False",
+        || node.describe(&ns),
+        || async {
+            let (status, _) = condition(&node, &ns, "orders", "HandlerHealthy").await?;
+            (status == "False").then_some(())
+        },
+    )
+    .await;
+    let unhealthy_after = down.elapsed().as_secs_f64();
+    let mut most = 0;
+    while down.elapsed() < std::time::Duration::from_secs(60) {
+        if let Some((replicas, _)) = node.workers(&ns, "orders").await {
+            most = most.max(replicas);
+        }
+        assert_eq!(
+            counts(&sqs, &dlq).await,
+            (0, 0),
+            "dead-lettered during the outage"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    std::fs::remove_file(seen_at.path().join("down")).expect("the dependency comes back");
+    eprintln!(
+        "HandlerHealthy False {unhealthy_after:.1} s into the outage; at most {most} replicas during it"
+    );
+    assert!(
+        most <= 1,
+        "scaled out onto a failing dependency: {most} replicas"
+    );
+    assert!(
+        seen(seen_at.path()).is_empty(),
+        "handled while the dependency was down"
+    );
+    eventually(
+        300,
+        "all 1,500 handled after the recovery",
+        || {
+            format!(
+                "{} seen\n{}",
+                seen(seen_at.path()).len(),
+                node.describe(&ns)
+            )
+        },
+        || async { (seen(seen_at.path()).len() >= sent.len()).then_some(()) },
+    )
+    .await;
+    eventually(
+        60,
+        "HandlerHealthy True again",
+        || node.describe(&ns),
+        || async {
+            let (status, _) = condition(&node, &ns, "orders", "HandlerHealthy").await?;
+            (status == "True").then_some(())
+        },
+    )
+    .await;
+    let again = assert_handled_once(seen_at.path(), &sent);
+    eprintln!(
+        "recovered in {:.1} s; {again} received again before their handling",
+        down.elapsed().as_secs_f64() - 60.0
+    );
+    eventually(60, "the queue empty", String::new, || async {
+        (counts(&sqs, &url).await == (0, 0)).then_some(())
+    })
+    .await;
+    assert_eq!(counts(&sqs, &dlq).await, (0, 0), "nothing dead-lettered");
+    // Still once each with the queue empty: nothing came back for a second handling meanwhile.
+    assert_handled_once(seen_at.path(), &sent);
     drop(op);
 }

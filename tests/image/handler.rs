@@ -12,7 +12,7 @@
 //! its receipt. A body containing `slow` is answered after 2 seconds, so the
 //! test can stop the pod while messages are in flight. As a container's PID 1 it ignores SIGTERM (no
 //! handler is installed), like a handler held up by the preStop hook the controller renders: it keeps
-//! serving while the worker drains.
+//! serving while the worker drains. Over HTTP, a body containing `linger` is answered after 8 seconds.
 //!
 //! Its "dependency" is down while a file `down` exists beside $SEEN_FILE: every message is then answered
 //! with 503 (exec: exit 75) and not recorded, as a handler whose database is unreachable would.
@@ -151,7 +151,9 @@ fn serve(stream: TcpStream, seen: &Mutex<File>) {
             ("POST", Some(_)) if dependency_down() => "503 Service Unavailable",
             ("POST", Some(id)) => {
                 note("started", &id, &count);
-                if contains(&body, b"slow") {
+                if contains(&body, b"linger") {
+                    std::thread::sleep(Duration::from_secs(8));
+                } else if contains(&body, b"slow") {
                     std::thread::sleep(Duration::from_secs(2));
                 }
                 match seen.lock() {
