@@ -1204,3 +1204,302 @@ async fn a_dependency_down_for_a_minute_holds_replicas_and_dead_letters_nothing(
     assert_handled_once(seen_at.path(), &sent);
     drop(op);
 }
+
+/// A tag of the test handler's image for a rollout, made in the node's containerd (nothing is pulled).
+fn tag_handler_image(node: &Node, tag: &str) -> String {
+    let run = std::env::var("QC_TEST_CLUSTER_RUN_DIR").expect("QC_TEST_CLUSTER_RUN_DIR");
+    let socket = format!("{run}/node/containerd/containerd.sock");
+    let repo = node
+        .handler_image
+        .rsplit_once(':')
+        .map_or(node.handler_image.as_str(), |(r, _)| r);
+    let target = format!("{repo}:{tag}");
+    let out = std::process::Command::new("ctr")
+        .args([
+            "-a",
+            &socket,
+            "-n",
+            "k8s.io",
+            "images",
+            "tag",
+            "--force",
+            &node.handler_image,
+            &target,
+        ])
+        .output()
+        .expect("ctr runs");
+    assert!(
+        out.status.success(),
+        "ctr images tag: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    target
+}
+
+/// The ReplicaSet hash in a worker pod's name (orders-HASH-SUFFIX).
+fn pod_hash(pod: &str) -> &str {
+    pod.rsplit('-').nth(1).unwrap_or(pod)
+}
+
+/// (e) A rollout of a new handler image under load: the old pods drain and go, the new ones take over;
+/// no message lost or handled twice, and the QueueConsumer's Ready follows the rollout (False with
+/// RollingOut while it runs, True once every pod runs the new image).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_under_load_loses_nothing_and_ready_follows_it() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(node) = node("a_rollout_under_load_loses_nothing_and_ready_follows_it").await else {
+        return;
+    };
+    let (op_ns, ns) = (cluster::unique("node-op"), cluster::unique("node-e"));
+    node.namespace(&ns, false).await;
+    let op = node.operator(&op_ns, &ns).await;
+    let sqs = node.sqs().await;
+    let (url, dlq) = queues(&sqs, "node-e").await;
+    let seen_at = seen_dir();
+    let mut doc = node.consumer(&ns, "orders", &url, seen_at.path(), 2);
+    doc["spec"]["scaling"]["minReplicas"] = 2.into();
+    node.apply(&ns, &doc).await;
+    eventually(
+        120,
+        "two Ready workers",
+        || node.describe(&ns),
+        || async { (node.workers(&ns, "orders").await? == (2, 2)).then_some(()) },
+    )
+    .await;
+    let bodies: Vec<String> = (0..600)
+        .map(|i| {
+            if i % 5 == 0 {
+                format!("slow {i}")
+            } else {
+                format!("message {i}")
+            }
+        })
+        .collect();
+    let sent = send(&sqs, &url, &bodies).await;
+    eventually(
+        60,
+        "50 handled",
+        || node.describe(&ns),
+        || async { (seen(seen_at.path()).len() >= 50).then_some(()) },
+    )
+    .await;
+    let v2 = tag_handler_image(&node, &format!("rollout-{}", std::process::id()));
+    doc["spec"]["template"]["spec"]["containers"][0]["image"] = v2.clone().into();
+    node.apply(&ns, &doc).await;
+    let rolled = Instant::now();
+    // Ready as the rollout goes: every (status, reason) it shows, in order.
+    let mut ready_seen: Vec<(String, String)> = Vec::new();
+    let deadline = rolled + std::time::Duration::from_secs(240);
+    loop {
+        if let Some(r) = condition(&node, &ns, "orders", "Ready").await
+            && ready_seen.last() != Some(&r)
+        {
+            ready_seen.push(r);
+        }
+        let pods = node.worker_pods(&ns, "orders").await;
+        let all_new = pods.len() == 2
+            && pods.iter().all(|p| {
+                ready(p)
+                    && p.spec.as_ref().is_some_and(|s| {
+                        s.containers
+                            .iter()
+                            .any(|c| c.image.as_deref() == Some(v2.as_str()))
+                    })
+            });
+        let leaving = Api::<Pod>::namespaced(node.cluster.admin.clone(), &ns)
+            .list(&ListParams::default().labels("app.kubernetes.io/instance=orders"))
+            .await
+            .map(|l| l.items.len())
+            .unwrap_or(0);
+        if all_new && leaving == 2 && ready_seen.last().is_some_and(|(s, _)| s == "True") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the rollout did not complete within 240 s; Ready went {ready_seen:?}\n{}",
+            node.describe(&ns)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "rolled out in {:.1} s; Ready went {ready_seen:?}",
+        rolled.elapsed().as_secs_f64()
+    );
+    assert!(
+        ready_seen
+            .iter()
+            .any(|(s, r)| s == "False" && r == "RollingOut"),
+        "Ready never said RollingOut during the rollout: {ready_seen:?}"
+    );
+    eventually(
+        240,
+        "all 600 handled",
+        || {
+            format!(
+                "{} seen\n{}",
+                seen(seen_at.path()).len(),
+                node.describe(&ns)
+            )
+        },
+        || async { (seen(seen_at.path()).len() >= sent.len()).then_some(()) },
+    )
+    .await;
+    let hashes: BTreeSet<String> = notes(seen_at.path(), "receipts")
+        .values()
+        .flatten()
+        .map(|(_, pod)| pod_hash(pod).to_string())
+        .collect();
+    assert!(
+        hashes.len() >= 2,
+        "handled by the old and the new pods: {hashes:?}"
+    );
+    eventually(60, "the queue empty", String::new, || async {
+        (counts(&sqs, &url).await == (0, 0)).then_some(())
+    })
+    .await;
+    assert_eq!(counts(&sqs, &dlq).await, (0, 0), "nothing dead-lettered");
+    let again = assert_handled_once(seen_at.path(), &sent);
+    eprintln!("{again} received again before their handling");
+    drop(op);
+}
+
+/// (g) The exec layout (qc-worker copied into the handler's own image, a process per message) on a FIFO
+/// queue: six message groups, scaled from zero to several replicas and back; within each group the
+/// messages are handled in the order sent, each exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_layout_on_a_fifo_queue_keeps_each_groups_order_across_scaling() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(node) =
+        node("exec_layout_on_a_fifo_queue_keeps_each_groups_order_across_scaling").await
+    else {
+        return;
+    };
+    let (op_ns, ns) = (cluster::unique("node-op"), cluster::unique("node-g"));
+    node.namespace(&ns, false).await;
+    let op = node.operator(&op_ns, &ns).await;
+    let sqs = node.sqs().await;
+    let dlq = common::create_queue(
+        &sqs,
+        &format!("{}.fifo", common::unique_name("node-g-dlq")),
+        &[
+            (A::FifoQueue, "true".into()),
+            (A::MessageRetentionPeriod, "1209600".into()),
+        ],
+    )
+    .await;
+    let arn = common::queue_arn(&sqs, &dlq).await;
+    let url = common::create_queue(
+        &sqs,
+        &format!("{}.fifo", common::unique_name("node-g")),
+        &[
+            (A::FifoQueue, "true".into()),
+            (A::VisibilityTimeout, "30".into()),
+            (
+                A::RedrivePolicy,
+                format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"5"}}"#),
+            ),
+        ],
+    )
+    .await;
+    let seen_at = seen_dir();
+    let mut doc = node.consumer(&ns, "orders", &url, seen_at.path(), 3);
+    doc["spec"]["handler"] = json!({"exec": {"command": ["/app/make-thumbnail"]}});
+    doc["spec"]["processing"]["concurrency"] = 3.into();
+    doc["spec"]["template"]["spec"]["containers"][0]["env"] =
+        json!([{"name": "SEEN_FILE", "value": "/seen/ids"}]);
+    node.apply(&ns, &doc).await;
+    eventually(
+        90,
+        "an idle Deployment at 0 replicas",
+        || node.describe(&ns),
+        || async { (node.workers(&ns, "orders").await? == (0, 0)).then_some(()) },
+    )
+    .await;
+    // 6 groups of 40, interleaved as sent; each message's (group, place in its group) by its id.
+    let mut order: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    for i in 0..40 {
+        let entries: Vec<_> = (0..6)
+            .map(|g| {
+                SendMessageBatchRequestEntry::builder()
+                    .id(format!("g{g}"))
+                    .message_body(format!("group {g} message {i}"))
+                    .message_group_id(format!("g{g}"))
+                    .message_deduplication_id(format!("g{g}-{i}"))
+                    .build()
+                    .expect("an entry")
+            })
+            .collect();
+        let out = sqs
+            .send_message_batch()
+            .queue_url(&url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .expect("send a batch");
+        assert!(out.failed.is_empty(), "{:?}", out.failed);
+        for s in out.successful {
+            let g: usize = s.id[1..].parse().expect("a group");
+            order.insert(s.message_id, (g, i));
+        }
+    }
+    let sent: BTreeSet<String> = order.keys().cloned().collect();
+    let peak = std::sync::atomic::AtomicI32::new(0);
+    eventually(
+        400,
+        "all 240 handled",
+        || {
+            format!(
+                "{} seen\n{}",
+                seen(seen_at.path()).len(),
+                node.describe(&ns)
+            )
+        },
+        || async {
+            if let Some((replicas, _)) = node.workers(&ns, "orders").await {
+                peak.fetch_max(replicas, std::sync::atomic::Ordering::Relaxed);
+            }
+            (seen(seen_at.path()).len() >= sent.len()).then_some(())
+        },
+    )
+    .await;
+    eventually(
+        180,
+        "scaled back to zero",
+        || node.describe(&ns),
+        || async { (node.workers(&ns, "orders").await? == (0, 0)).then_some(()) },
+    )
+    .await;
+    let peak = peak.load(std::sync::atomic::Ordering::Relaxed);
+    // The receipts in the order they were written: per group, places must rise.
+    let text = std::fs::read_to_string(seen_at.path().join("receipts")).expect("receipts");
+    let mut last: BTreeMap<usize, usize> = BTreeMap::new();
+    let mut pods = BTreeSet::new();
+    for line in text.lines() {
+        let mut parts = line.split(' ');
+        let id = parts.next().expect("an id");
+        let pod = parts.nth(1).expect("a pod");
+        pods.insert(pod.to_string());
+        let (g, i) = order[id];
+        if let Some(prev) = last.insert(g, i) {
+            assert!(
+                prev < i,
+                "group {g}: message {i} handled after {prev}\n{text}"
+            );
+        }
+    }
+    eprintln!(
+        "peak {peak} replicas, {} pods handled; each group in order",
+        pods.len()
+    );
+    assert!(
+        peak >= 2 && pods.len() >= 2,
+        "no scale event: peak {peak}, pods {pods:?}"
+    );
+    eventually(60, "the queue empty", String::new, || async {
+        (counts(&sqs, &url).await == (0, 0)).then_some(())
+    })
+    .await;
+    assert_eq!(counts(&sqs, &dlq).await, (0, 0), "nothing dead-lettered");
+    assert_handled_once(seen_at.path(), &sent);
+    drop(op);
+}
