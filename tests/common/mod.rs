@@ -5,6 +5,7 @@ pub mod cluster;
 pub mod fixture;
 pub mod fuzz;
 pub mod k8s;
+pub mod node;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

@@ -6,7 +6,7 @@
 //! that answers each POST with 204 after recording its `ce-id` header, and GET /healthz with 200.
 //!
 //! Records go to $SEEN_FILE (default /seen/ids), one id a line, appended with a single write each, so the
-//! test counts what the handler really saw; beside it, `receipts` gets "ID RECEIVE_COUNT HOSTNAME" a line,
+//! test counts what the handler really saw; beside it, `receipts` gets "ID RECEIVE_COUNT HOSTNAME UNIX_MILLIS" a line,
 //! so a test can tell a message SQS (or moto) delivered twice from one a worker handled twice; and
 //! `started` the same when a message's handling begins, so a handling cut short shows as a start without
 //! its receipt. A body containing `slow` is answered after 2 seconds, so the
@@ -47,11 +47,14 @@ fn fail(msg: &str) -> ! {
     std::process::exit(1)
 }
 
-/// "ID RECEIVE_COUNT HOSTNAME" appended to the file `name` beside $SEEN_FILE.
+/// "ID RECEIVE_COUNT HOSTNAME UNIX_MILLIS" appended to the file `name` beside $SEEN_FILE.
 fn note(name: &str, id: &str, receive_count: &str) {
     let path = std::path::Path::new(&seen_path()).with_file_name(name);
     let host = std::env::var("HOSTNAME").unwrap_or_default();
-    let line = format!("{id} {receive_count} {host}\n");
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let line = format!("{id} {receive_count} {host} {ms}\n");
     let written = OpenOptions::new()
         .create(true)
         .append(true)
