@@ -101,6 +101,14 @@ k8s_node_up() {
   k8s_node_build || return 1
   k8s_node_network_up || { k8s_node_log "cannot add the node's address $QC_NODE_IP on $QC_NODE_IFACE"; return 1; }
   local node=$run/node pki=$run/pki started=$SECONDS
+  # One node per machine: its names and subnet are fixed. Another run's node (or one a killed run left)
+  # would share the bridge and the pods' addresses.
+  if [ ! -f "$node/kubelet.pid" ] && { ip link show "$QC_POD_BRIDGE" >/dev/null 2>&1 ||
+    iptables -w -S QC-NODE-EGRESS >/dev/null 2>&1; }; then
+    k8s_node_log "another node is up on this machine ($QC_POD_BRIDGE or the QC-NODE-EGRESS chain exists): stop it"
+    k8s_node_log "first (bash scripts/k8s-node.sh down ITS_RUN_DIR), or remove them if its run was killed"
+    return 1
+  fi
   mkdir -p "$node"/{containerd,cni/net.d,cni/ipam,kubelet,pod-logs}
   QC_NODE_CONTAINERD=$node/containerd/containerd.sock
   cat /proc/sys/net/ipv4/ip_forward >"$node/ip_forward.before"

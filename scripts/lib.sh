@@ -361,6 +361,12 @@ start_k8s_cluster() {
 # QC_K8S_ADDRESS. Returns 1 with the reason when this machine cannot run the node (not root, no containerd).
 prepare_k8s_node() {
   k8s_node_ensure || return 1
+  # One node per machine (fixed names and subnet): another run's, or one a killed run left, is not reused.
+  if ip link show "$QC_NODE_IFACE" >/dev/null 2>&1; then
+    log "the node's interface $QC_NODE_IFACE exists: another run's node is up, or a killed run left it"
+    log "(stop that run, or: bash scripts/k8s-node.sh network-down)"
+    return 1
+  fi
   k8s_node_network_up || { log "cannot add the node's address $QC_NODE_IP"; return 1; }
   QC_NODE_NETWORK=1
   export QC_K8S_ADDRESS=$QC_NODE_IP

@@ -518,7 +518,7 @@ async fn a_dependency_down_for_a_minute_holds_replicas_and_dead_letters_nothing(
     std::fs::write(seen_at.path().join("down"), b"").expect("the dependency goes down");
     let down = Instant::now();
     // A backlog three replicas would be asked for, were the handler healthy.
-    let bodies: Vec<String> = (0..1500).map(|i| format!("message {i}")).collect();
+    let bodies: Vec<String> = (0..600).map(|i| format!("message {i}")).collect();
     let sent = send(&sqs, &url, &bodies).await;
     eventually(
         60,
@@ -557,7 +557,7 @@ async fn a_dependency_down_for_a_minute_holds_replicas_and_dead_letters_nothing(
     );
     eventually(
         300,
-        "all 1,500 handled after the recovery",
+        "all 600 handled after the recovery",
         || {
             format!(
                 "{} seen\n{}",
