@@ -643,6 +643,32 @@ pub struct HandlerSpec {
     /// Default: off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub s3_payloads: Option<S3PayloadsSpec>,
+    /// A JSON Schema (draft 2020-12 unless the schema's `$schema` names another) in a ConfigMap of
+    /// the QueueConsumer's namespace: a message whose body (as the handler would get it, after SNS
+    /// unwrapping and the S3 payload fetch) is not JSON or does not validate is poison, with the first
+    /// validation error as its reason, before any handler call. The worker refuses to start on a
+    /// schema that does not compile; remote `$ref`s are never fetched. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<SchemaSpec>,
+}
+
+/// `handler.schema`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SchemaSpec {
+    /// The ConfigMap key holding the schema (JSON), mounted read-only into the worker. Required.
+    pub config_map_key_ref: ConfigMapKeyRef,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ConfigMapKeyRef {
+    /// Name of the ConfigMap, in the QueueConsumer's namespace. Required.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// Key within the ConfigMap. Required.
+    #[schemars(length(min = 1))]
+    pub key: String,
 }
 
 /// `handler.s3Payloads`.

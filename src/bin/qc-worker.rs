@@ -119,6 +119,10 @@ struct Cli {
         value_name = "BUCKET"
     )]
     s3_buckets: Vec<String>,
+    /// A JSON Schema file (handler.schema): a body that is not JSON or does not match it is poison,
+    /// with the first validation error as its reason, before any handler call.
+    #[arg(long, env = "QC_SCHEMA_FILE")]
+    schema_file: Option<PathBuf>,
     /// With --s3-payloads: delete the object once the message's delete is confirmed.
     #[arg(long, env = "QC_S3_DELETE_AFTER")]
     s3_delete_after: bool,
@@ -294,6 +298,7 @@ fn config(cli: Cli) -> anyhow::Result<Config> {
                 .s3_payload_budget
                 .map_or_else(qc::worker::s3::default_budget, |b| b as u64),
         }),
+        schema_file: cli.schema_file,
         idempotency_store: cli.idempotency_store,
         idempotency_key: cli.idempotency_key,
         idempotency_ttl: cli.idempotency_ttl,
@@ -703,6 +708,14 @@ mod tests {
             },
         };
         assert_eq!(got.handler, want, "{name}");
+        assert_eq!(
+            got.schema_file.as_deref(),
+            s.handler
+                .schema
+                .as_ref()
+                .map(|_| std::path::Path::new(qc::render::SCHEMA_FILE)),
+            "{name}"
+        );
         let s3 = s.handler.s3_payloads.clone().unwrap_or_default();
         assert_eq!(got.s3_payloads.is_some(), s3.enabled, "{name}");
         assert_eq!(

@@ -886,3 +886,57 @@ fn without_max_rate_no_share_flag_nor_volume() {
             .any(|v| v.name == RATE_VOLUME)
     );
 }
+
+/// #48: `handler.schema` mounts its ConfigMap key read-only into the container that runs the worker
+/// (no other), not optional, and passes the file with `--schema-file`.
+#[test]
+fn schema_renders_the_config_map_mount_and_the_flag() {
+    for (mut spec, container) in [(http_spec(), "qc-worker"), (exec_spec(), "app")] {
+        spec["handler"]["schema"] =
+            json!({"configMapKeyRef": {"name": "order-schema", "key": "order.json"}});
+        let d = render(spec);
+        let args = worker_command_line(&d);
+        assert_eq!(
+            arg_after(&args, "--schema-file"),
+            Some(SCHEMA_FILE),
+            "{container}"
+        );
+        let p = pod(&d);
+        let v = p
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == SCHEMA_VOLUME)
+            .expect("the schema volume");
+        let cm = v.config_map.as_ref().unwrap();
+        assert_eq!(cm.name, "order-schema");
+        assert_eq!(cm.optional, Some(false));
+        let items = cm.items.as_ref().unwrap();
+        assert_eq!(
+            (items[0].key.as_str(), items[0].path.as_str()),
+            ("order.json", "schema.json")
+        );
+        let mounted: Vec<&str> = p
+            .containers
+            .iter()
+            .filter(|c| {
+                c.volume_mounts.iter().flatten().any(|m| {
+                    m.name == SCHEMA_VOLUME
+                        && m.read_only == Some(true)
+                        && m.mount_path == SCHEMA_MOUNT
+                })
+            })
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(mounted, [container]);
+    }
+    let d = render(http_spec());
+    assert!(!worker_command_line(&d).iter().any(|a| a == "--schema-file"));
+    assert!(
+        !pod(&d)
+            .volumes
+            .iter()
+            .flatten()
+            .any(|v| v.name == SCHEMA_VOLUME)
+    );
+}

@@ -92,6 +92,9 @@ pub fn worker_args(
             args.push("--s3-delete-after".into());
         }
     }
+    if spec.handler.schema.is_some() {
+        args.extend(["--schema-file".into(), super::SCHEMA_FILE.into()]);
+    }
     if spec
         .handler
         .exec

@@ -57,6 +57,8 @@ pub struct Processor {
     pub dead_letter: Option<DeadLetter>,
     /// `--s3-payloads`: the S3 client that fetches Extended Client payloads.
     pub s3: Option<super::s3::S3Payloads>,
+    /// `--schema-file`: the JSON Schema a body must match before a handler call.
+    pub schema: Option<super::core::schema::Schema>,
     pub deleter: Batcher,
     pub releaser: Batcher,
     pub freed: mpsc::UnboundedSender<Freed>,
@@ -684,6 +686,7 @@ impl Processor {
             on_poison,
             unwrap_sns: UnwrapSns::Off,
             s3: None,
+            schema: None,
             dead_letter,
             deleter,
             releaser,
@@ -1157,6 +1160,14 @@ impl Processor {
                 };
             }
         };
+        if let Some(reason) = self.schema_violation(view.unwrap_or(&lease.msg)) {
+            m.outcome(OutcomeLabel::Poison);
+            drop(pass);
+            let ended = self
+                .settle(lease, Happened::Poison(reason.clone()), &reason)
+                .await;
+            return Attempt::Ended(ended);
+        }
         let mut claimed: Option<(String, String)> = None;
         if let Some(store) = &self.store {
             match key_of(&self.key, view.unwrap_or(&lease.msg)) {
@@ -1290,6 +1301,12 @@ enum Payload {
 }
 
 impl Processor {
+    /// Why `msg` (what the handler would get) fails `--schema-file`; None when it passes or there
+    /// is no schema. Checked before the idempotency claim: a body that can never be handled takes no key.
+    fn schema_violation(&self, msg: &Message) -> Option<String> {
+        self.schema.as_ref()?.violation(&msg.body)
+    }
+
     /// The handler's view with the Extended Client payload of the message (or of `view`) fetched,
     /// under the message's heartbeat; Ok(None) when that is no pointer or `--s3-payloads` is off.
     async fn fetch_payload(

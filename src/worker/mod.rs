@@ -68,6 +68,8 @@ pub enum WorkerError {
     SetUpHandler(#[from] HandlerError),
     #[error(transparent)]
     ConnectStore(#[from] IdempotencyError),
+    #[error("cannot use --schema-file {path}: {reason}")]
+    LoadSchema { path: String, reason: String },
 }
 
 /// The handler the worker calls.
@@ -105,6 +107,8 @@ pub struct Config {
     /// `--s3-payloads` (with `--s3-delete-after`, `--s3-payload-max`): fetch the Extended Client's
     /// S3 payloads for the handler (`worker::s3`). None: off.
     pub s3_payloads: Option<s3::Settings>,
+    /// `--schema-file`: a JSON Schema every body must match before a handler call (`core::schema`).
+    pub schema_file: Option<std::path::PathBuf>,
     pub idempotency_store: IdempotencyStore,
     pub idempotency_key: IdempotencyKey,
     pub idempotency_ttl: Duration,
@@ -375,6 +379,8 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<Summary, WorkerError> {
     config.validate()?;
+    // Read once at start: a schema that does not compile stops the worker before any receive.
+    let schema = config.schema_file.as_deref().map(load_schema).transpose()?;
     let metrics = Arc::new(Metrics::default());
     let listener = telemetry::bind_probes(&config.metrics_addr).await?;
     if let Ok(addr) = listener.local_addr() {
@@ -536,6 +542,7 @@ pub async fn run(
     if let Some(settings) = config.s3_payloads.clone() {
         processor.s3 = Some(s3::S3Payloads::new(&sdk, settings));
     }
+    processor.schema = schema;
     let processor = Arc::new(processor);
 
     let total = config.shutdown_timeout();
@@ -716,6 +723,16 @@ async fn open_store(
     }
 }
 
+/// Reads and compiles `--schema-file`; the error names the file and the fix.
+fn load_schema(path: &std::path::Path) -> Result<self::core::schema::Schema, WorkerError> {
+    let err = |reason: String| WorkerError::LoadSchema {
+        path: path.display().to_string(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    self::core::schema::Schema::compile(&text).map_err(|e| err(e.to_string()))
+}
+
 /// The queue's name: the last path segment of its URL.
 pub use crate::aws::facts::queue_name_from_url as queue_name;
 
@@ -734,6 +751,7 @@ fn log_start(config: &Config, info: &QueueInfo, heartbeat: Option<StdDuration>) 
         on_poison = config.on_poison.as_str(),
         unwrap_sns = config.unwrap_sns.as_str(),
         s3_payloads = config.s3_payloads.is_some(),
+        schema_file = config.schema_file.as_ref().map(|p| p.display().to_string()),
         batch_max_items = config.batch_max_items,
         batch_max_wait = %config.batch_max_wait,
         idempotency_store = config.idempotency_store.as_str(),
@@ -790,6 +808,7 @@ mod tests {
             batch_max_wait: Duration::from_secs(1),
             exec_pass_aws_credentials: false,
             s3_payloads: None,
+            schema_file: None,
             idempotency_store: IdempotencyStore::None,
             idempotency_key: IdempotencyKey::MessageId,
             idempotency_ttl: Duration::from_secs(86_400),

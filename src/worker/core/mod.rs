@@ -8,3 +8,4 @@ pub mod backoff;
 pub mod breaker;
 pub mod fate;
 pub mod plan;
+pub mod schema;

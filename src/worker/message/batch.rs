@@ -79,6 +79,15 @@ impl Processor {
                     continue;
                 }
             };
+            if let Some(reason) = self.schema_violation(view.as_ref().unwrap_or(&lease.msg)) {
+                self.metrics.outcome(OutcomeLabel::Poison);
+                let ended = self
+                    .settle(&mut lease, Happened::Poison(reason.clone()), &reason)
+                    .await;
+                stop_group(&mut stopped, fifo, &lease, ended);
+                results[at].1 = Some(ended);
+                continue;
+            }
             items.push(Item {
                 at,
                 lease,

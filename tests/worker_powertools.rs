@@ -1,0 +1,180 @@
+//! #48 against moto with the real `qc-worker`: `--schema-file` (handler.schema) and `--filter`
+//! (spec.filter.patterns) decide before any handler call; what they let through is handled as usual.
+
+#[path = "common/mod.rs"]
+mod common;
+#[path = "worker/support.rs"]
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+
+const SECS: fn(u64) -> Duration = Duration::from_secs;
+
+const ORDER_SCHEMA: &str = r#"{
+    "type": "object",
+    "required": ["orderId", "amount"],
+    "properties": {"orderId": {"type": "string"}, "amount": {"type": "number", "minimum": 0}}
+}"#;
+
+/// Every body the handler saw, from single calls and from batch calls (a JSON array of
+/// structured CloudEvents whose `data` is the body).
+fn bodies_seen(h: &HttpHandler) -> Vec<String> {
+    let mut out = Vec::new();
+    for c in h.calls() {
+        let text = String::from_utf8_lossy(&c.body).to_string();
+        match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(serde_json::Value::Array(events)) => {
+                for e in events {
+                    let data = e.get("data").cloned().unwrap_or_default();
+                    out.push(match data {
+                        serde_json::Value::String(s) => s,
+                        other => other.to_string(),
+                    });
+                }
+            }
+            _ => out.push(text),
+        }
+    }
+    out
+}
+
+/// The orderId of each body (JSON; a batch call re-encodes the JSON it carries), or the body itself.
+fn order_ids(bodies: &[String]) -> Vec<String> {
+    bodies
+        .iter()
+        .map(|b| {
+            serde_json::from_str::<serde_json::Value>(b)
+                .ok()
+                .and_then(|v| v.get("orderId")?.as_str().map(str::to_string))
+                .unwrap_or_else(|| b.clone())
+        })
+        .collect()
+}
+
+/// A body that is not JSON or does not match the schema reaches the DLQ with the first validation
+/// error as its reason and never the handler; valid ones are handled once. In single and in batch mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_that_fail_the_schema_are_dead_lettered_with_the_reason_before_any_call() {
+    for batch in [false, true] {
+        let q = TestQueue::new("schema", 30, 3, false).await;
+        let dir = tempfile::tempdir().unwrap();
+        let schema = dir.path().join("schema.json");
+        std::fs::write(&schema, ORDER_SCHEMA).unwrap();
+        let good = [
+            r#"{"orderId":"o-1","amount":1}"#,
+            r#"{"orderId":"o-2","amount":0}"#,
+            r#"{"orderId":"o-3","amount":2.5}"#,
+        ];
+        for b in good {
+            q.send_one(b).await;
+        }
+        q.send_one(r#"{"amount":1}"#).await;
+        q.send_one(r#"{"orderId":"o-9","amount":-4}"#).await;
+        q.send_one("not json").await;
+        let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
+        let mut extra = vec![
+            "--schema-file",
+            schema.to_str().unwrap(),
+            "--http-url",
+            &h.url,
+        ];
+        if batch {
+            extra.extend(["--batch-max-items", "10", "--batch-max-wait", "200ms"]);
+        }
+        let mut w = Worker::start(&q.args(&extra));
+        eventually(SECS(30), "the source drained", || q.is_empty()).await;
+        eventually(SECS(30), "three in the DLQ", || async {
+            q.dlq_visible().await == 3
+        })
+        .await;
+        assert_eq!(
+            w.metric("qc_worker_messages_processed_total{outcome=\"poison\"}")
+                .await,
+            Some(3.0),
+            "batch {batch}"
+        );
+        w.stop().await;
+
+        let mut seen = order_ids(&bodies_seen(&h));
+        seen.sort();
+        assert_eq!(
+            seen,
+            ["o-1", "o-2", "o-3"],
+            "batch {batch}: only valid bodies, once each"
+        );
+        let mut dlq = drain_dlq(&q).await;
+        dlq.sort_by(|a, b| a.0.cmp(&b.0));
+        let reasons: Vec<(String, String)> = dlq
+            .iter()
+            .map(|(body, attrs, _)| {
+                (
+                    body.clone(),
+                    attrs.get("qc-poison-reason").cloned().unwrap_or_default(),
+                )
+            })
+            .collect();
+        assert_eq!(reasons.len(), 3, "batch {batch}: {reasons:?}");
+        let want = [
+            (r#"{"amount":1}"#, ["at /:", "orderId"]),
+            (
+                r#"{"orderId":"o-9","amount":-4}"#,
+                ["at /amount:", "minimum"],
+            ),
+            ("not json", ["not JSON", "handler.schema"]),
+        ];
+        for (body, needles) in want {
+            let (_, reason) = reasons
+                .iter()
+                .find(|(b, _)| b == body)
+                .unwrap_or_else(|| panic!("batch {batch}: {body} not in the DLQ: {reasons:?}"));
+            for n in needles {
+                assert!(
+                    reason.contains(n),
+                    "batch {batch}: {body}: {reason:?} lacks {n:?}"
+                );
+            }
+        }
+    }
+}
+
+/// A schema file that is missing, not JSON, or does not compile (a remote `$ref`, never fetched)
+/// stops the worker at start, naming the flag and the file, before any receive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_that_cannot_be_used_stops_the_worker_before_any_receive() {
+    let q = TestQueue::new("schema-bad", 30, 3, false).await;
+    q.send_one(r#"{"orderId":"o-1","amount":1}"#).await;
+    let dir = tempfile::tempdir().unwrap();
+    let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
+    let cases = [
+        ("missing.json", None, "No such file"),
+        ("broken.json", Some("{type: object"), "not JSON"),
+        (
+            "remote.json",
+            Some(r#"{"$ref": "https://example.invalid/order.json"}"#),
+            "does not compile",
+        ),
+    ];
+    for (name, text, needle) in cases {
+        let path = dir.path().join(name);
+        if let Some(t) = text {
+            std::fs::write(&path, t).unwrap();
+        }
+        let mut w = Worker::start(&q.args(&[
+            "--schema-file",
+            path.to_str().unwrap(),
+            "--http-url",
+            &h.url,
+        ]));
+        let status = w.wait_exit(SECS(20)).await;
+        assert!(!status.success(), "{name}: {status:?}");
+        let log = w.log_text();
+        assert!(log.contains("--schema-file"), "{name}: {log}");
+        assert!(log.contains(name), "{name}: {log}");
+        assert!(log.contains(needle), "{name}: {log}");
+    }
+    assert!(h.calls().is_empty());
+    let (visible, in_flight, _) = q.counts().await;
+    assert_eq!((visible, in_flight), (1, 0), "never received");
+}
