@@ -134,6 +134,29 @@ fn flag_rows() -> Vec<FlagRow> {
             vec!["--s3-delete-after", "needs --s3-payloads"],
         ),
         row(
+            "filter pattern that is not JSON",
+            with(&["--filter", "{\"body\": {\"type\": [\"order\"]}"]),
+            vec![
+                "--filter",
+                "filter pattern 0 at line 1 column 28",
+                "not JSON",
+            ],
+        ),
+        row(
+            "filter pattern with a misspelt operator",
+            with(&[
+                "--filter",
+                "{\"body\": [\"x\"]}",
+                "--filter",
+                "{\"body\": {\"type\": [{\"prefx\": \"o\"}]}}",
+            ]),
+            vec![
+                "--filter",
+                "filter pattern 1 at body.type[0].prefx",
+                "unknown operator",
+            ],
+        ),
+        row(
             "s3 payload max 0",
             with(&["--s3-payloads", "--s3-payload-max", "0"]),
             vec!["--s3-payload-max", "at least 1 byte"],

@@ -178,3 +178,147 @@ async fn a_schema_that_cannot_be_used_stops_the_worker_before_any_receive() {
     let (visible, in_flight, _) = q.counts().await;
     assert_eq!((visible, in_flight), (1, 0), "never received");
 }
+
+async fn send_with_attribute(q: &TestQueue, body: &str, name: &str, value: &str) {
+    q.client
+        .send_message()
+        .queue_url(&q.url)
+        .message_body(body)
+        .message_attributes(
+            name,
+            aws_sdk_sqs::types::MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(value)
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+}
+
+/// Two patterns (OR): orders by body, anything marked high priority by attribute. What matches
+/// neither (refunds, a plain-text body) is deleted without a call, counted, logged at debug; what
+/// matches one is handled once. In single and in batch mode. Nothing reaches the DLQ.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_no_pattern_matches_are_deleted_without_a_call_and_counted() {
+    for batch in [false, true] {
+        let q = TestQueue::new("filter", 30, 3, false).await;
+        for i in 0..4 {
+            q.send_one(&format!(r#"{{"type":"order","orderId":"o-{i}"}}"#))
+                .await;
+        }
+        for i in 0..3 {
+            q.send_one(&format!(r#"{{"type":"refund","orderId":"r-{i}"}}"#))
+                .await;
+        }
+        q.send_one("type=order").await;
+        send_with_attribute(
+            &q,
+            r#"{"type":"refund","orderId":"r-high"}"#,
+            "priority",
+            "high",
+        )
+        .await;
+        send_with_attribute(
+            &q,
+            r#"{"type":"refund","orderId":"r-low"}"#,
+            "priority",
+            "low",
+        )
+        .await;
+        let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
+        let mut extra = vec![
+            "--filter",
+            r#"{"body": {"type": ["order"]}}"#,
+            "--filter",
+            r#"{"messageAttributes": {"priority": {"stringValue": ["high"]}}}"#,
+            "--http-url",
+            &h.url,
+        ];
+        if batch {
+            extra.extend(["--batch-max-items", "10", "--batch-max-wait", "200ms"]);
+        }
+        let dir = std::sync::Arc::new(tempfile::tempdir().unwrap());
+        let mut w = Worker::start_with_env(dir, &q.args(&extra), &[("RUST_LOG", "qc=debug")]);
+        eventually(SECS(30), "the source drained", || q.is_empty()).await;
+        eventually(SECS(10), "five filtered", || async {
+            w.metric("qc_worker_messages_filtered_total").await == Some(5.0)
+        })
+        .await;
+        assert_eq!(
+            w.metric("qc_worker_messages_processed_total{outcome=\"success\"}")
+                .await,
+            Some(5.0),
+            "batch {batch}"
+        );
+        w.stop().await;
+        let mut seen = order_ids(&bodies_seen(&h));
+        seen.sort();
+        assert_eq!(
+            seen,
+            ["o-0", "o-1", "o-2", "o-3", "r-high"],
+            "batch {batch}: the matching ones, once each"
+        );
+        assert_eq!(q.dlq_visible().await, 0);
+        let logged = w.log_lines(
+            "no filter pattern matches the message; deleting it without calling the handler",
+        );
+        assert_eq!(logged.len(), 5, "batch {batch}");
+        assert!(logged.iter().all(|l| l["level"] == "DEBUG"), "{logged:?}");
+    }
+}
+
+/// A filter error never deletes: a body the filter cannot read (nested deeper than the JSON parser
+/// goes) is handed to the handler, and a matching message the handler fails is retried, not deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_the_filter_cannot_read_is_handled_never_deleted_unread() {
+    let q = TestQueue::new("filter-safe", 30, 3, false).await;
+    let deep = format!("{}1{}", "[".repeat(300), "]".repeat(300));
+    q.send_one(&deep).await;
+    q.send_one(r#"{"type":"order","orderId":"fails-once"}"#)
+        .await;
+    let h = HttpHandler::start(|c| {
+        if c.receive_count == 1 && String::from_utf8_lossy(&c.body).contains("fails-once") {
+            Reply::status(500)
+        } else {
+            Reply::ok(Duration::ZERO)
+        }
+    })
+    .await;
+    let mut w = Worker::start(&q.args(&[
+        "--filter",
+        r#"{"body": {"type": ["order"]}}"#,
+        "--retry-base",
+        "1s",
+        "--http-url",
+        &h.url,
+    ]));
+    eventually(SECS(30), "the source drained", || q.is_empty()).await;
+    assert_eq!(
+        w.metric("qc_worker_messages_filtered_total").await,
+        Some(0.0)
+    );
+    w.stop().await;
+    let bodies: Vec<String> = h
+        .calls()
+        .iter()
+        .map(|c| String::from_utf8_lossy(&c.body).to_string())
+        .collect();
+    assert_eq!(
+        bodies.iter().filter(|b| **b == deep).count(),
+        1,
+        "the deep body handled once"
+    );
+    assert_eq!(
+        bodies.iter().filter(|b| b.contains("fails-once")).count(),
+        2,
+        "failed, retried, handled"
+    );
+    assert!(
+        !w.log_lines(
+            "the filter cannot read the message; handing it to the handler rather than deleting it"
+        )
+        .is_empty()
+    );
+}

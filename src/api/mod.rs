@@ -104,6 +104,10 @@ pub struct QueueConsumerSpec {
     /// De-duplication of redelivered messages (SQS delivers at least once). Default: no store.
     #[serde(default)]
     pub idempotency: IdempotencySpec,
+    /// Lambda's event filtering: a message that matches none of `patterns` is DELETED without a
+    /// handler call. Default: none (every message is handled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<FilterSpec>,
     /// Pod template of the user's containers (the handler); the controller adds the `qc-worker`
     /// container. Set `spec.serviceAccountName` to the account whose IAM role may use the queue.
     /// Default: empty (no container: the QueueConsumer is reported as invalid).
@@ -650,6 +654,19 @@ pub struct HandlerSpec {
     /// schema that does not compile; remote `$ref`s are never fetched. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema: Option<SchemaSpec>,
+}
+
+/// `spec.filter`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("size(self.patterns) >= 1 && size(self.patterns) <= 10").message("filter.patterns holds 1 to 10 patterns; remove spec.filter to handle every message").reason(Reason::FieldValueInvalid))]
+pub struct FilterSpec {
+    /// Patterns in Lambda's FilterCriteria syntax, each a JSON object as text over the message's
+    /// record (`body` parsed as JSON, `attributes`, `messageAttributes`), e.g.
+    /// `{"body": {"type": ["order"]}}`: equals, prefix, suffix, equals-ignore-case, anything-but,
+    /// numeric, exists, $or. A message passes when any pattern matches; one that matches none is
+    /// deleted without a handler call (counted in qc_worker_messages_filtered_total). Required.
+    pub patterns: Vec<String>,
 }
 
 /// `handler.schema`.

@@ -119,6 +119,10 @@ struct Cli {
         value_name = "BUCKET"
     )]
     s3_buckets: Vec<String>,
+    /// A filter pattern in Lambda's FilterCriteria syntax (spec.filter.patterns), repeat for more: a
+    /// message no pattern matches is deleted without a handler call.
+    #[arg(long = "filter", value_name = "PATTERN")]
+    filter: Vec<String>,
     /// A JSON Schema file (handler.schema): a body that is not JSON or does not match it is poison,
     /// with the first validation error as its reason, before any handler call.
     #[arg(long, env = "QC_SCHEMA_FILE")]
@@ -299,6 +303,7 @@ fn config(cli: Cli) -> anyhow::Result<Config> {
                 .map_or_else(qc::worker::s3::default_budget, |b| b as u64),
         }),
         schema_file: cli.schema_file,
+        filter: cli.filter,
         idempotency_store: cli.idempotency_store,
         idempotency_key: cli.idempotency_key,
         idempotency_ttl: cli.idempotency_ttl,
@@ -714,6 +719,11 @@ mod tests {
                 .schema
                 .as_ref()
                 .map(|_| std::path::Path::new(qc::render::SCHEMA_FILE)),
+            "{name}"
+        );
+        assert_eq!(
+            got.filter,
+            s.filter.clone().map(|f| f.patterns).unwrap_or_default(),
             "{name}"
         );
         let s3 = s.handler.s3_payloads.clone().unwrap_or_default();

@@ -940,3 +940,28 @@ fn schema_renders_the_config_map_mount_and_the_flag() {
             .any(|v| v.name == SCHEMA_VOLUME)
     );
 }
+
+/// #48: each `spec.filter.patterns` entry becomes one `--filter`, in order, as written.
+#[test]
+fn filter_patterns_render_one_flag_each() {
+    let mut spec = http_spec();
+    spec["filter"] = json!({"patterns": [r#"{"body": {"type": ["order"]}}"#, r#"{"attributes": {"MessageGroupId": [{"exists": true}]}}"#]});
+    let args = worker_command_line(&render(spec));
+    let got: Vec<&str> = args
+        .windows(2)
+        .filter(|w| w[0] == "--filter")
+        .map(|w| w[1].as_str())
+        .collect();
+    assert_eq!(
+        got,
+        [
+            r#"{"body": {"type": ["order"]}}"#,
+            r#"{"attributes": {"MessageGroupId": [{"exists": true}]}}"#
+        ]
+    );
+    assert!(
+        !worker_command_line(&render(http_spec()))
+            .iter()
+            .any(|a| a == "--filter")
+    );
+}

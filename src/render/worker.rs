@@ -92,6 +92,9 @@ pub fn worker_args(
             args.push("--s3-delete-after".into());
         }
     }
+    for pattern in spec.filter.iter().flat_map(|f| &f.patterns) {
+        args.extend(["--filter".into(), pattern.clone()]);
+    }
     if spec.handler.schema.is_some() {
         args.extend(["--schema-file".into(), super::SCHEMA_FILE.into()]);
     }

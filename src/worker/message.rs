@@ -14,6 +14,7 @@ use super::batcher::Batcher;
 use super::breaker::{Breaker, Denied, Kind, Outcome, Pass};
 use super::core::backoff::visibility_secs;
 use super::core::fate::{Facts, Fate, Happened, Policy, decide};
+use super::core::filter::Screen;
 use super::dead_letter::DeadLetter;
 use super::handler::{Cause, Handler, Verdict};
 use super::heartbeat::{Heartbeats, Plan, lease_lost};
@@ -59,6 +60,8 @@ pub struct Processor {
     pub s3: Option<super::s3::S3Payloads>,
     /// `--schema-file`: the JSON Schema a body must match before a handler call.
     pub schema: Option<super::core::schema::Schema>,
+    /// `--filter`: a message no pattern matches is deleted without a call.
+    pub filter: Option<super::core::filter::Filter>,
     pub deleter: Batcher,
     pub releaser: Batcher,
     pub freed: mpsc::UnboundedSender<Freed>,
@@ -687,6 +690,7 @@ impl Processor {
             unwrap_sns: UnwrapSns::Off,
             s3: None,
             schema: None,
+            filter: None,
             dead_letter,
             deleter,
             releaser,
@@ -757,6 +761,10 @@ impl Processor {
         }
         match fate {
             Fate::Delete { success: true } => lease.delete_done().await,
+            Fate::Discard => {
+                tracing::debug!(message_id = %id, receive_count = count, "no filter pattern matches the message; deleting it without calling the handler");
+                lease.delete().await
+            }
             Fate::Delete { success: false } => {
                 tracing::warn!(message_id = %id, receive_count = count, reason, "poison message; deleting it (--on-poison delete)");
                 lease.delete().await
@@ -1020,6 +1028,9 @@ impl Processor {
     pub async fn process(&self, mut lease: Lease) -> Ended {
         let m = &self.metrics;
         lease.beat_inline().await;
+        if let Some(ended) = self.end_filtered(&mut lease).await {
+            return ended;
+        }
         if let Some(ended) = self.end_known_poison(&mut lease).await {
             return ended;
         }
@@ -1060,6 +1071,26 @@ impl Processor {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// A message no `--filter` pattern matches is deleted without a call; None for any other. Only a
+    /// clean non-match deletes: a record the filter cannot read goes on to the handler.
+    async fn end_filtered(&self, lease: &mut Lease) -> Option<Ended> {
+        // A lost lease is the normal path's to settle (abandoned, never deleted with a stale handle).
+        if lease.beat.lost {
+            return None;
+        }
+        match self.filter.as_ref()?.screen(&lease.msg) {
+            Screen::Pass => None,
+            Screen::NoMatch => {
+                self.metrics.filtered.inc();
+                Some(self.settle(lease, Happened::Filtered, "").await)
+            }
+            Screen::Undecided(reason) => {
+                tracing::warn!(message_id = %lease.msg.id, reason = %reason, "the filter cannot read the message; handing it to the handler rather than deleting it");
+                None
             }
         }
     }

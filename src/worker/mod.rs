@@ -109,6 +109,9 @@ pub struct Config {
     pub s3_payloads: Option<s3::Settings>,
     /// `--schema-file`: a JSON Schema every body must match before a handler call (`core::schema`).
     pub schema_file: Option<std::path::PathBuf>,
+    /// `--filter`: patterns in Lambda's FilterCriteria syntax (`core::filter`); none: every message
+    /// is handled.
+    pub filter: Vec<String>,
     pub idempotency_store: IdempotencyStore,
     pub idempotency_key: IdempotencyKey,
     pub idempotency_ttl: Duration,
@@ -174,6 +177,9 @@ impl Config {
                 "--concurrency",
                 "must be at most 10000 per worker; run more replicas for more",
             );
+        }
+        if let Err(e) = self::core::filter::Filter::parse(&self.filter) {
+            return bad("--filter", &e.to_string());
         }
         if let Some(s3) = &self.s3_payloads {
             if s3.max_bytes == 0 {
@@ -543,6 +549,15 @@ pub async fn run(
         processor.s3 = Some(s3::S3Payloads::new(&sdk, settings));
     }
     processor.schema = schema;
+    if !config.filter.is_empty() {
+        let filter = self::core::filter::Filter::parse(&config.filter).map_err(|e| {
+            WorkerError::ValidateFlags {
+                flag: "--filter",
+                reason: e.to_string(),
+            }
+        })?;
+        processor.filter = Some(filter);
+    }
     let processor = Arc::new(processor);
 
     let total = config.shutdown_timeout();
@@ -752,6 +767,7 @@ fn log_start(config: &Config, info: &QueueInfo, heartbeat: Option<StdDuration>) 
         unwrap_sns = config.unwrap_sns.as_str(),
         s3_payloads = config.s3_payloads.is_some(),
         schema_file = config.schema_file.as_ref().map(|p| p.display().to_string()),
+        filter_patterns = config.filter.len(),
         batch_max_items = config.batch_max_items,
         batch_max_wait = %config.batch_max_wait,
         idempotency_store = config.idempotency_store.as_str(),
@@ -809,6 +825,7 @@ mod tests {
             exec_pass_aws_credentials: false,
             s3_payloads: None,
             schema_file: None,
+            filter: Vec::new(),
             idempotency_store: IdempotencyStore::None,
             idempotency_key: IdempotencyKey::MessageId,
             idempotency_ttl: Duration::from_secs(86_400),

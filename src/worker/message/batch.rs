@@ -206,6 +206,9 @@ impl Processor {
                     .await,
             );
         }
+        if let Some(ended) = self.end_filtered(lease).await {
+            return Some(ended);
+        }
         if let Some(ended) = self.end_known_poison(lease).await {
             return Some(ended);
         }
