@@ -134,6 +134,19 @@ fn flag_rows() -> Vec<FlagRow> {
             vec!["--s3-delete-after", "needs --s3-payloads"],
         ),
         row(
+            "dynamodb store without a table",
+            with(&["--idempotency-store", "dynamodb"]),
+            vec![
+                "--dynamodb-table",
+                "is required with --idempotency-store dynamodb",
+            ],
+        ),
+        row(
+            "dynamodb table name with a slash",
+            with(&["--idempotency-store", "dynamodb", "--dynamodb-table", "a/b"]),
+            vec!["--dynamodb-table", "3 to 255 letters"],
+        ),
+        row(
             "filter pattern that is not JSON",
             with(&["--filter", "{\"body\": {\"type\": [\"order\"]}"]),
             vec![

@@ -322,3 +322,130 @@ async fn a_message_the_filter_cannot_read_is_handled_never_deleted_unread() {
         .is_empty()
     );
 }
+
+/// The DynamoDB store compares payloads: a key reused for a different body is poison with the
+/// reason (to the DLQ), while a true duplicate (same key, same body) is deleted as one. Beside it, a
+/// slow call has its claim renewed (UpdateItem) and a failed one gives its claim back (DeleteItem)
+/// and is handled on its next delivery: every call the worker makes to the table, against moto.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamodb_store_a_reused_key_with_another_payload_is_poison_with_a_reason() {
+    // A 3s visibility timeout: heartbeats, and so claim renewals, every second.
+    let q = TestQueue::new("ddb-hash", 3, 5, false).await;
+    let table = common::dynamodb_table(&common::dynamodb_endpoint(), "id").await;
+    let h = HttpHandler::start(|c| {
+        let body = String::from_utf8_lossy(&c.body).to_string();
+        if body.contains("fails-once") && c.receive_count == 1 {
+            Reply::status(500)
+        } else if body.contains("slow") {
+            Reply::ok(Duration::from_millis(2500))
+        } else {
+            Reply::ok(Duration::ZERO)
+        }
+    })
+    .await;
+    let mut w = Worker::start(&q.args(&[
+        "--idempotency-store",
+        "dynamodb",
+        "--dynamodb-table",
+        &table,
+        "--idempotency-key",
+        "jsonPointer:/orderId",
+        "--retry-base",
+        "1s",
+        "--http-url",
+        &h.url,
+    ]));
+    q.send_one(r#"{"orderId":"o-1","amount":1}"#).await;
+    q.send_one(r#"{"orderId":"o-slow","slow":true}"#).await;
+    q.send_one(r#"{"orderId":"o-f","fails-once":true}"#).await;
+    eventually(SECS(30), "the first three handled", || async {
+        h.finished_calls() == 4 && q.is_empty().await
+    })
+    .await;
+    q.send_one(r#"{"orderId":"o-1","amount":1}"#).await;
+    q.send_one(r#"{"orderId":"o-1","amount":2}"#).await;
+    eventually(SECS(30), "the source drained", || q.is_empty()).await;
+    eventually(SECS(30), "one in the DLQ", || async {
+        q.dlq_visible().await == 1
+    })
+    .await;
+    assert_eq!(
+        w.metric("qc_worker_messages_processed_total{outcome=\"duplicate\"}")
+            .await,
+        Some(1.0)
+    );
+    w.stop().await;
+    let calls = calls_by_order(&h);
+    assert_eq!(calls.get("o-1"), Some(&1), "{calls:?}");
+    assert_eq!(calls.get("o-slow"), Some(&1), "{calls:?}");
+    assert_eq!(
+        calls.get("o-f"),
+        Some(&2),
+        "failed, then handled: {calls:?}"
+    );
+    let dlq = drain_dlq(&q).await;
+    assert_eq!(dlq[0].0, r#"{"orderId":"o-1","amount":2}"#);
+    let reason = dlq[0]
+        .1
+        .get("qc-poison-reason")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        reason.contains("o-1") && reason.contains("another payload"),
+        "{reason}"
+    );
+}
+
+/// DynamoDB's answers lost mid-claim (the conditional write lands, the worker never hears): no
+/// message is deleted without a call, none is handled twice. The claims count as a store outage
+/// (retried, receiving paused); when answers flow again, the marks left behind are waited out and
+/// each message is handled once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamodb_answers_lost_mid_claim_neither_delete_nor_double_handle() {
+    // A 3s visibility timeout: a receive in flight when the proxy switches is cut, and its messages
+    // come back soon.
+    let q = TestQueue::new("ddb-lost", 3, 10, false).await;
+    let table = common::dynamodb_table(&common::dynamodb_endpoint(), "id").await;
+    let proxy = FaultProxy::start().await;
+    let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
+    let dir = std::sync::Arc::new(tempfile::tempdir().unwrap());
+    let mut w = Worker::start_with_env(
+        dir,
+        &q.args_via(
+            &proxy.endpoint,
+            &[
+                "--idempotency-store",
+                "dynamodb",
+                "--dynamodb-table",
+                &table,
+                "--idempotency-key",
+                "jsonPointer:/orderId",
+                "--timeout",
+                "2s",
+                "--retry-base",
+                "1s",
+                "--http-url",
+                &h.url,
+            ],
+        ),
+        &[],
+    );
+    w.wait_ready(SECS(30)).await;
+    proxy.set(Fault::DropDynamoDbAnswers).await;
+    let bodies: Vec<String> = (0..5)
+        .map(|i| format!(r#"{{"orderId":"o-{i}"}}"#))
+        .collect();
+    q.send_all(&bodies, |_| String::new()).await;
+    eventually(SECS(30), "claims failed: unready", || async {
+        matches!(w.get("/readyz").await, Some((503, _)))
+    })
+    .await;
+    assert!(h.calls().is_empty(), "no call without an answered claim");
+    let (visible, in_flight, _) = q.counts().await;
+    assert_eq!(visible + in_flight, 5, "nothing deleted");
+    proxy.set(Fault::Forward).await;
+    eventually(SECS(90), "the source drained", || q.is_empty()).await;
+    w.stop().await;
+    h.assert_each_handled_once(&bodies);
+    assert_eq!(q.dlq_visible().await, 0);
+}

@@ -831,8 +831,10 @@ pub struct ExecHandler {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[x_kube(validation = Rule::new("self.store != 'redis' || has(self.redis)").message("idempotency.store redis needs idempotency.redis.urlSecretRef").reason(Reason::FieldValueRequired))]
+#[x_kube(validation = Rule::new("self.store != 'dynamodb' || has(self.dynamodb)").message("idempotency.store dynamodb needs idempotency.dynamodb.table, e.g. dynamodb: {table: orders-idempotency}").reason(Reason::FieldValueRequired))]
 pub struct IdempotencySpec {
-    /// Where handled keys are remembered: none, memory (per pod) or redis (shared). Default: none.
+    /// Where handled keys are remembered: none, memory (per pod), redis or dynamodb (shared).
+    /// Default: none.
     #[serde(default)]
     pub store: IdempotencyStore,
     /// What identifies a message: messageId, jsonPointer:/path/in/body or attribute:Name. Default:
@@ -845,6 +847,11 @@ pub struct IdempotencySpec {
     /// The redis store's connection; required when store is redis. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis: Option<RedisSpec>,
+    /// The DynamoDB store's table, called with the worker's own AWS identity (needs
+    /// dynamodb:GetItem, PutItem, UpdateItem and DeleteItem on it); required when store is dynamodb.
+    /// Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynamodb: Option<DynamoDbSpec>,
 }
 
 impl Default for IdempotencySpec {
@@ -854,8 +861,28 @@ impl Default for IdempotencySpec {
             key: IdempotencyKey::MessageId,
             ttl: defaults::idempotency_ttl(),
             redis: None,
+            dynamodb: None,
         }
     }
+}
+
+/// `idempotency.dynamodb`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("self.table.matches('^[a-zA-Z0-9_.-]{3,255}$')").message("idempotency.dynamodb.table must be a DynamoDB table name: 3 to 255 letters, digits, '_', '-' or '.'").reason(Reason::FieldValueInvalid))]
+pub struct DynamoDbSpec {
+    /// The table (in the queue's region). Its partition key is a String attribute named
+    /// `keyAttribute`, and no sort key. Required.
+    pub table: String,
+    /// The partition key's attribute name. Default: id.
+    #[serde(default = "defaults::dynamodb_key_attribute")]
+    #[schemars(length(min = 1, max = 255))]
+    pub key_attribute: String,
+    /// The attribute holding each item's expiry in epoch seconds: turn on the table's TTL on it so
+    /// DynamoDB removes expired keys. Default: expiresAt.
+    #[serde(default = "defaults::dynamodb_ttl_attribute")]
+    #[schemars(length(min = 1, max = 255))]
+    pub ttl_attribute: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -865,6 +892,8 @@ pub enum IdempotencyStore {
     None,
     Memory,
     Redis,
+    #[serde(rename = "dynamodb")]
+    DynamoDb,
 }
 
 impl IdempotencyStore {
@@ -873,6 +902,7 @@ impl IdempotencyStore {
             IdempotencyStore::None => "none",
             IdempotencyStore::Memory => "memory",
             IdempotencyStore::Redis => "redis",
+            IdempotencyStore::DynamoDb => "dynamodb",
         }
     }
 }
@@ -1491,6 +1521,12 @@ pub mod defaults {
     }
     pub fn idempotency_ttl() -> Duration {
         Duration::from_secs(24 * 3600)
+    }
+    pub fn dynamodb_key_attribute() -> String {
+        "id".to_string()
+    }
+    pub fn dynamodb_ttl_attribute() -> String {
+        "expiresAt".to_string()
     }
     pub fn max_replicas() -> u32 {
         20

@@ -151,6 +151,15 @@ struct Cli {
     /// Redis URL for --idempotency-store redis.
     #[arg(long, env = "QC_REDIS_URL", hide_env_values = true)]
     redis_url: Option<String>,
+    /// DynamoDB table for --idempotency-store dynamodb (called with the worker's own identity).
+    #[arg(long, env = "QC_DYNAMODB_TABLE")]
+    dynamodb_table: Option<String>,
+    /// The table's partition key attribute (a String).
+    #[arg(long, env = "QC_DYNAMODB_KEY_ATTRIBUTE", default_value = "id")]
+    dynamodb_key_attribute: String,
+    /// The attribute holding each item's expiry in epoch seconds (the table's TTL attribute).
+    #[arg(long, env = "QC_DYNAMODB_TTL_ATTRIBUTE", default_value = "expiresAt")]
+    dynamodb_ttl_attribute: String,
 
     /// Cap of the HTTP handler's request head (bytes, or with KiB/MiB); attributes that do not fit are
     /// left out and named in the x-qc-omitted-attributes header.
@@ -246,7 +255,8 @@ fn parse_store(s: &str) -> Result<IdempotencyStore, String> {
         "none" => Ok(IdempotencyStore::None),
         "memory" => Ok(IdempotencyStore::Memory),
         "redis" => Ok(IdempotencyStore::Redis),
-        _ => Err(format!("{s:?}: use none, memory or redis")),
+        "dynamodb" => Ok(IdempotencyStore::DynamoDb),
+        _ => Err(format!("{s:?}: use none, memory, redis or dynamodb")),
     }
 }
 
@@ -308,6 +318,13 @@ fn config(cli: Cli) -> anyhow::Result<Config> {
         idempotency_key: cli.idempotency_key,
         idempotency_ttl: cli.idempotency_ttl,
         redis_url: cli.redis_url,
+        dynamodb: cli
+            .dynamodb_table
+            .map(|table| qc::worker::idempotency::DynamoSettings {
+                table,
+                key_attribute: cli.dynamodb_key_attribute,
+                ttl_attribute: cli.dynamodb_ttl_attribute,
+            }),
         metrics_addr: cli.metrics_addr,
         max_request_head: cli.max_request_head,
         shutdown_timeout: cli.shutdown_timeout,
@@ -724,6 +741,16 @@ mod tests {
         assert_eq!(
             got.filter,
             s.filter.clone().map(|f| f.patterns).unwrap_or_default(),
+            "{name}"
+        );
+        assert_eq!(
+            got.dynamodb
+                .as_ref()
+                .map(|d| (&d.table, &d.key_attribute, &d.ttl_attribute)),
+            i.dynamodb
+                .as_ref()
+                .filter(|_| i.store == IdempotencyStore::DynamoDb)
+                .map(|d| (&d.table, &d.key_attribute, &d.ttl_attribute)),
             "{name}"
         );
         let s3 = s.handler.s3_payloads.clone().unwrap_or_default();

@@ -965,3 +965,26 @@ fn filter_patterns_render_one_flag_each() {
             .any(|a| a == "--filter")
     );
 }
+
+/// #48: the DynamoDB store renders its table and attribute names; nothing for the other stores.
+#[test]
+fn dynamodb_store_renders_its_table_flags() {
+    let mut spec = http_spec();
+    spec["idempotency"] = json!({"store": "dynamodb", "dynamodb": {"table": "orders-idempotency"}});
+    let args = worker_command_line(&render(spec));
+    assert_eq!(arg_after(&args, "--idempotency-store"), Some("dynamodb"));
+    assert_eq!(
+        arg_after(&args, "--dynamodb-table"),
+        Some("orders-idempotency")
+    );
+    assert_eq!(arg_after(&args, "--dynamodb-key-attribute"), Some("id"));
+    assert_eq!(
+        arg_after(&args, "--dynamodb-ttl-attribute"),
+        Some("expiresAt")
+    );
+    assert!(
+        !worker_command_line(&render(http_spec()))
+            .iter()
+            .any(|a| a.starts_with("--dynamodb"))
+    );
+}

@@ -19,7 +19,7 @@ use super::dead_letter::DeadLetter;
 use super::handler::{Cause, Handler, Verdict};
 use super::heartbeat::{Heartbeats, Plan, lease_lost};
 use super::held::{Admission, Held, ReceiptHandle};
-use super::idempotency::{Claim, IdempotencyError, Store, key_of};
+use super::idempotency::{Claim, IdempotencyError, Store, key_of, payload_hash};
 use super::metrics::{Metrics, OutcomeLabel};
 use super::sqs::{Entry, Message, Sqs};
 
@@ -1129,6 +1129,10 @@ impl Processor {
                 m.outcome(OutcomeLabel::Duplicate);
                 (Happened::KeyDone, String::new())
             }
+            Ok(Claim::Mismatch { reason }) => {
+                m.outcome(OutcomeLabel::Poison);
+                (Happened::Poison(reason.clone()), reason)
+            }
             Ok(Claim::InProgress { remaining }) => {
                 m.outcome(OutcomeLabel::InProgressElsewhere);
                 let claim_left = remaining.unwrap_or_else(|| self.claim_lease());
@@ -1207,13 +1211,14 @@ impl Processor {
                     tracing::warn!(message_id = %lease.msg.id, key_source = %self.key, error = %e, "no idempotency key; handling the message without de-duplication");
                 }
                 Ok(key) => {
+                    let hash = payload_hash(&view.unwrap_or(&lease.msg).body);
                     let claim = lease
                         .beat
                         .until(
                             self,
                             &lease.msg,
                             Instant::now() + self.claim_lease(),
-                            Box::pin(store.claim(&key, self.claim_lease())),
+                            Box::pin(store.claim(&key, self.claim_lease(), &hash)),
                         )
                         .await
                         .unwrap_or(Err(IdempotencyError::TimedOut));
@@ -1264,7 +1269,8 @@ impl Processor {
 
         if let Some((key, token)) = &claimed {
             let recorded = if verdict == Verdict::Success {
-                store_call(self, |s| s.complete(key, self.idempotency_ttl)).await
+                let hash = payload_hash(&view.unwrap_or(&lease.msg).body);
+                store_call(self, |s| s.complete(key, self.idempotency_ttl, &hash)).await
             } else {
                 store_call(self, |s| s.abandon(key, token)).await
             };

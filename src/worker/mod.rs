@@ -37,7 +37,7 @@ pub use self::core::plan::{
     early_receive_max, prefetch, prefetch_pays,
 };
 use handler::{ExecHandler, Handler, HandlerError, HttpHandler, QueueContext};
-use idempotency::{IdempotencyError, MemoryStore, RedisStore, Store};
+use idempotency::{DynamoStore, IdempotencyError, MemoryStore, RedisStore, Store};
 use message::Processor;
 use metrics::{Metrics, Readiness};
 use sqs::{QueueInfo, Sqs};
@@ -116,6 +116,8 @@ pub struct Config {
     pub idempotency_key: IdempotencyKey,
     pub idempotency_ttl: Duration,
     pub redis_url: Option<String>,
+    /// `--dynamodb-table` and its attributes: the DynamoDB store's table.
+    pub dynamodb: Option<idempotency::DynamoSettings>,
     pub metrics_addr: String,
     /// Cap of the HTTP handler's request head in bytes; attributes that do not fit are left out.
     pub max_request_head: usize,
@@ -269,6 +271,33 @@ impl Config {
                 "--redis-url",
                 "is required with --idempotency-store redis (e.g. redis://redis:6379/0)",
             );
+        }
+        if self.idempotency_store == IdempotencyStore::DynamoDb {
+            match &self.dynamodb {
+                None => {
+                    return bad(
+                        "--dynamodb-table",
+                        "is required with --idempotency-store dynamodb (e.g. --dynamodb-table orders-idempotency)",
+                    );
+                }
+                Some(d) if !idempotency::valid_table_name(&d.table) => {
+                    return bad(
+                        "--dynamodb-table",
+                        "must be a DynamoDB table name: 3 to 255 letters, digits, '_', '-' or '.'",
+                    );
+                }
+                Some(d)
+                    if d.key_attribute.is_empty()
+                        || d.ttl_attribute.is_empty()
+                        || d.key_attribute == d.ttl_attribute =>
+                {
+                    return bad(
+                        "--dynamodb-key-attribute",
+                        "and --dynamodb-ttl-attribute must be two different non-empty attribute names (defaults: id, expiresAt)",
+                    );
+                }
+                Some(_) => {}
+            }
         }
         if !(MIN_REQUEST_HEAD..=MAX_REQUEST_HEAD).contains(&self.max_request_head) {
             return bad(
@@ -477,7 +506,7 @@ pub async fn run(
 
     handler.set_queue_arn(&info.arn);
     let prefix = store_prefix(&info.arn, region.as_deref(), &config.queue_url);
-    let store = match open_store(&config, prefix, &metrics, signalled()).await? {
+    let store = match open_store(&config, &sdk, prefix, &metrics, signalled()).await? {
         Opened::Store(s) => s,
         Opened::Interrupted => {
             let _ = probes_stop.send(());
@@ -699,6 +728,7 @@ fn store_prefix(arn: &str, region: Option<&str>, url: &str) -> String {
 
 async fn open_store(
     config: &Config,
+    sdk: &aws_types::SdkConfig,
     prefix: String,
     metrics: &Metrics,
     signalled: impl std::future::Future<Output = ()>,
@@ -709,6 +739,32 @@ async fn open_store(
         IdempotencyStore::Memory => Ok(Opened::Store(Some(Store::Memory(MemoryStore::new(
             MEMORY_STORE_CAPACITY,
         ))))),
+        IdempotencyStore::DynamoDb => {
+            let Some(settings) = config.dynamodb.clone() else {
+                return Err(WorkerError::ValidateFlags {
+                    flag: "--dynamodb-table",
+                    reason: "is required with --idempotency-store dynamodb".into(),
+                });
+            };
+            let store = Store::DynamoDb(DynamoStore::new(sdk, settings, prefix));
+            // Not ready until the table answers, as for redis.
+            let mut attempt = 0u32;
+            loop {
+                match store.ping().await {
+                    Ok(()) => return Ok(Opened::Store(Some(store))),
+                    Err(e) => {
+                        attempt = attempt.saturating_add(1);
+                        let delay = backoff::error_backoff(attempt, fastrand::f64());
+                        tracing::error!(error = %e, attempt, retry_in_ms = delay.as_millis() as u64, "idempotency store unreachable; not ready");
+                        metrics.set_readiness(Readiness::Failing(e.to_string()));
+                        tokio::select! {
+                            () = tokio::time::sleep(delay) => {}
+                            () = &mut signalled => return Ok(Opened::Interrupted),
+                        }
+                    }
+                }
+            }
+        }
         IdempotencyStore::Redis => {
             let url = config.redis_url.clone().unwrap_or_default();
             if let Err(e) = redis::Client::open(url.as_str()) {
@@ -825,6 +881,7 @@ mod tests {
             exec_pass_aws_credentials: false,
             s3_payloads: None,
             schema_file: None,
+            dynamodb: None,
             filter: Vec::new(),
             idempotency_store: IdempotencyStore::None,
             idempotency_key: IdempotencyKey::MessageId,
