@@ -221,6 +221,8 @@ start_moto() {
   QC_PIDS+=($!)
   wait_http "http://127.0.0.1:$port/moto-api/" 30
   export QC_TEST_SQS_ENDPOINT="http://127.0.0.1:$port"
+  # The same server answers DynamoDB (the idempotency store's tests).
+  export QC_TEST_DYNAMODB_ENDPOINT="$QC_TEST_SQS_ENDPOINT"
   # The https test starts a second moto of its own, with a test CA's certificate.
   export QC_TEST_MOTO_SERVER="$QC_VENV/bin/moto_server"
   export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1

@@ -130,10 +130,19 @@ pub async fn run(
                 Document::Valid(qc) => {
                     let name = display_name(&qc);
                     let (outcome, would_change) = match facts_for(&qc, source, live).await {
-                        Ok(facts) => (
-                            Outcome::Report(validate::evaluate(&qc.spec, facts.as_ref())),
-                            facts.map(|f| would_change(&qc, &f)).unwrap_or_default(),
-                        ),
+                        Ok(facts) => {
+                            let mut report = validate::evaluate(&qc.spec, facts.as_ref());
+                            // The queue as it is now, before this spec rolls out: live only.
+                            if let (FactsSource::Live(_), Some(f)) = (source, &facts) {
+                                report
+                                    .findings
+                                    .extend(validate::filter_on_backlog(&qc.spec, &f.queue));
+                            }
+                            (
+                                Outcome::Report(report),
+                                facts.map(|f| would_change(&qc, &f)).unwrap_or_default(),
+                            )
+                        }
                         Err(e) => (Outcome::NoFacts(e), Vec::new()),
                     };
                     out.checked.push(Checked {

@@ -134,6 +134,42 @@ fn flag_rows() -> Vec<FlagRow> {
             vec!["--s3-delete-after", "needs --s3-payloads"],
         ),
         row(
+            "dynamodb store without a table",
+            with(&["--idempotency-store", "dynamodb"]),
+            vec![
+                "--dynamodb-table",
+                "is required with --idempotency-store dynamodb",
+            ],
+        ),
+        row(
+            "dynamodb table name with a slash",
+            with(&["--idempotency-store", "dynamodb", "--dynamodb-table", "a/b"]),
+            vec!["--dynamodb-table", "3 to 255 letters"],
+        ),
+        row(
+            "filter pattern that is not JSON",
+            with(&["--filter", "{\"body\": {\"type\": [\"order\"]}"]),
+            vec![
+                "--filter",
+                "filter pattern 0 at line 1 column 28",
+                "not JSON",
+            ],
+        ),
+        row(
+            "filter pattern with a misspelt operator",
+            with(&[
+                "--filter",
+                "{\"body\": [\"x\"]}",
+                "--filter",
+                "{\"body\": {\"type\": [{\"prefx\": \"o\"}]}}",
+            ]),
+            vec![
+                "--filter",
+                "filter pattern 1 at body.type[0].prefx",
+                "unknown operator",
+            ],
+        ),
+        row(
             "s3 payload max 0",
             with(&["--s3-payloads", "--s3-payload-max", "0"]),
             vec!["--s3-payload-max", "at least 1 byte"],

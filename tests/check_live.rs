@@ -197,3 +197,67 @@ fn live_sends_nothing_to_an_endpoint_nobody_allowed() {
     assert_eq!(code, 2, "{out}{err}");
     assert!(allowed.join().unwrap(), "the allowed endpoint was asked");
 }
+
+/// #48: a filter deletes what it does not match, so `check --live` warns (FilterOnBacklog) when the
+/// queue already holds messages, and says nothing of it on an empty queue or without a filter. A
+/// pattern that does not parse is an Error with its position, live or not.
+#[tokio::test]
+async fn live_check_warns_of_a_filter_on_a_queue_with_a_backlog() {
+    let client = common::sqs_client().await;
+    let (url, _) = create(&client, &common::unique_name("live-filter"), &[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let write = |filter: &str| {
+        let path = dir.path().join("qc.yaml");
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: sqs.consumers.dev/v1alpha1\nkind: QueueConsumer\nmetadata: {{name: live, namespace: t}}\nspec:\n  queue:\n    url: {url}\n  processing: {{p99: 2s}}\n  handler: {{http: {{}}}}\n{filter}"
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let allow = common::sqs_endpoint();
+    let run = |path: &std::path::Path| {
+        check(
+            &[
+                "--live",
+                "--allowed-endpoint",
+                &allow,
+                path.to_str().unwrap(),
+            ],
+            Some(&common::sqs_endpoint()),
+        )
+    };
+    let filter = "  filter:\n    patterns: ['{\"body\": {\"type\": [\"order\"]}}']\n";
+    let (_, out, err) = run(&write(filter));
+    assert!(
+        !out.contains("FilterOnBacklog"),
+        "empty queue:\n{out}\n{err}"
+    );
+
+    client
+        .send_message()
+        .queue_url(&url)
+        .message_body("{\"type\":\"refund\"}")
+        .send()
+        .await
+        .unwrap();
+    let (_, out, err) = run(&write(filter));
+    assert!(
+        out.contains("Warning  FilterOnBacklog") && out.contains("about 1 message"),
+        "one message waiting:\n{out}\n{err}"
+    );
+    let (_, out, _) = run(&write(""));
+    assert!(!out.contains("FilterOnBacklog"), "no filter:\n{out}");
+
+    let (code, out, err) = run(&write(
+        "  filter:\n    patterns: ['{\"body\": {\"type\": [{\"prefx\": \"o\"}]}}']\n",
+    ));
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert!(
+        out.contains("Error    FilterPatternInvalid")
+            && out.contains("filter.patterns[0] at body.type[0].prefx"),
+        "{out}"
+    );
+}

@@ -9,7 +9,8 @@
 //! so does a policy that asks for more than the code uses.
 //!
 //! The operation names below are the complete operation lists of aws-sdk-sqs, aws-sdk-cloudwatch and
-//! aws-sdk-sts (their `src/operation/` modules), so a call to any operation of these services is seen.
+//! aws-sdk-sts (their `src/operation/` modules), so a call to any operation of these services is seen;
+//! for S3 and DynamoDB, the operations a worker could plausibly call.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -106,6 +107,25 @@ const S3_OPERATIONS: &[&str] = &[
     "put_object",
 ];
 
+/// The DynamoDB operations a worker could call (`idempotency.store: dynamodb`): the item and table
+/// operations of aws-sdk-dynamodb the scanner looks for.
+const DYNAMODB_OPERATIONS: &[&str] = &[
+    "batch_get_item",
+    "batch_write_item",
+    "create_table",
+    "delete_item",
+    "delete_table",
+    "describe_table",
+    "describe_time_to_live",
+    "get_item",
+    "put_item",
+    "transact_get_items",
+    "transact_write_items",
+    "update_item",
+    "update_table",
+    "update_time_to_live",
+];
+
 /// `get_queue_attributes` -> `GetQueueAttributes`.
 fn pascal(snake: &str) -> String {
     snake
@@ -161,6 +181,7 @@ fn calls(source: &str) -> BTreeSet<String> {
         ("cloudwatch", CLOUDWATCH_OPERATIONS),
         ("sts", STS_OPERATIONS),
         ("s3", S3_OPERATIONS),
+        ("dynamodb", DYNAMODB_OPERATIONS),
     ] {
         for op in ops {
             if source.contains(&format!(".{op}()")) {

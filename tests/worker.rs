@@ -913,9 +913,16 @@ fn effects_by_order(h: &HttpHandler) -> HashMap<String, usize> {
     m
 }
 
+/// Two replicas sharing a store (redis, then DynamoDB: one test run on each shared store).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_store_makes_duplicates_and_visibility_lapses_take_effect_once() {
-    let q = TestQueue::new("redis-dedup", 2, 10, false).await;
+async fn shared_store_makes_duplicates_and_visibility_lapses_take_effect_once() {
+    for redis in [true, false] {
+        shared_store_dedups(redis).await;
+    }
+}
+
+async fn shared_store_dedups(redis: bool) {
+    let q = TestQueue::new("shared-dedup", 2, 10, false).await;
     // o-1 is sent twice (a producer retry); o-2's handler outlives the 2s lease with heartbeats off,
     // so it is delivered again while the first call still runs.
     let mut bodies = vec![
@@ -942,7 +949,20 @@ async fn redis_store_makes_duplicates_and_visibility_lapses_take_effect_once() {
         &h.url,
     ]);
     // Two workers share the store, as replicas of one QueueConsumer do.
-    let mut ws = Replicas::start(&[a, redis_orders_args()].concat());
+    let table = common::dynamodb_table(&common::dynamodb_endpoint(), "id").await;
+    let store = if redis {
+        redis_orders_args()
+    } else {
+        args(&[
+            "--idempotency-store",
+            "dynamodb",
+            "--dynamodb-table",
+            &table,
+            "--idempotency-key",
+            "jsonPointer:/orderId",
+        ])
+    };
+    let mut ws = Replicas::start(&[a, store].concat());
     eventually(SECS(90), "queue drained", || q.is_empty()).await;
     let effects = effects_by_order(&h);
     for i in 1..10 {
@@ -965,18 +985,36 @@ async fn redis_store_makes_duplicates_and_visibility_lapses_take_effect_once() {
         waited >= 1.0,
         "o-2 was seen in progress while its first call ran: {waited}"
     );
-    // The store holds the keys as done, under the queue's prefix.
-    let client = redis::Client::open(common::redis_url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    // Keyed by the queue's ARN: a queue of the same name in another region or account has keys of
-    // its own.
+    // The store holds the keys as done, under the queue's prefix. Keyed by the queue's ARN: a
+    // queue of the same name in another region or account has keys of its own.
     let arn = common::queue_arn(&q.client, &q.url).await;
-    let v: Option<String> = redis::cmd("GET")
-        .arg(format!("qc:idem:{arn}:o-2"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(v.as_deref(), Some("done"));
+    let key = format!("qc:idem:{arn}:o-2");
+    let v = if redis {
+        let client = redis::Client::open(common::redis_url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let v: Option<String> = redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        v
+    } else {
+        let conf = qc::aws::sdk_config(Some("us-east-1"), Some(&common::dynamodb_endpoint())).await;
+        let item = aws_sdk_dynamodb::Client::new(&conf)
+            .get_item()
+            .table_name(&table)
+            .key(
+                "id",
+                aws_sdk_dynamodb::types::AttributeValue::S(key.clone()),
+            )
+            .send()
+            .await
+            .unwrap()
+            .item
+            .unwrap_or_default();
+        item.get("status").and_then(|v| v.as_s().ok()).cloned()
+    };
+    assert_eq!(v.as_deref(), Some("done"), "redis {redis}");
     ws.stop().await;
 }
 

@@ -192,26 +192,83 @@ impl Drop for OwnRedis {
     }
 }
 
-/// While redis is down every claim fails: receiving on would back each message off and cycle the
-/// backlog through its receives into the DLQ without one handler call, so the worker stops receiving.
+/// A shared idempotency store the test can take down and bring back: a redis-server of its own, or
+/// moto's DynamoDB behind a proxy that fails every DynamoDB request (SQS passes through).
+enum OutageStore {
+    Redis(OwnRedis),
+    DynamoDb(FaultProxy),
+}
+
+impl OutageStore {
+    async fn start(redis: bool) -> OutageStore {
+        if redis {
+            OutageStore::Redis(OwnRedis::start())
+        } else {
+            OutageStore::DynamoDb(FaultProxy::start().await)
+        }
+    }
+
+    /// The worker's flags for this store on `q` (the DynamoDB one reaches SQS and the table
+    /// through the proxy).
+    async fn args(&self, q: &TestQueue, extra: &[&str]) -> Vec<String> {
+        match self {
+            OutageStore::Redis(r) => {
+                let url = r.url();
+                let mut a = vec!["--idempotency-store", "redis", "--redis-url", &url];
+                a.extend(extra);
+                q.args(&a)
+            }
+            OutageStore::DynamoDb(p) => {
+                let table = common::dynamodb_table(&common::dynamodb_endpoint(), "id").await;
+                let mut a = vec![
+                    "--idempotency-store",
+                    "dynamodb",
+                    "--dynamodb-table",
+                    &table,
+                ];
+                a.extend(extra);
+                q.args_via(&p.endpoint, &a)
+            }
+        }
+    }
+
+    async fn down(&mut self) {
+        match self {
+            OutageStore::Redis(r) => r.down(),
+            OutageStore::DynamoDb(p) => {
+                p.set(Fault::FailDynamoDb(500, "InternalServerError")).await;
+            }
+        }
+    }
+
+    async fn up(&mut self) {
+        match self {
+            OutageStore::Redis(r) => r.up(),
+            OutageStore::DynamoDb(p) => p.set(Fault::Forward).await,
+        }
+    }
+}
+
+/// While the store (redis, or DynamoDB) is down every claim fails: receiving on would back each
+/// message off and cycle the backlog through its receives into the DLQ without one handler call, so
+/// the worker stops receiving. One test, run on each shared store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_outage_makes_the_worker_unready_and_stops_receiving_until_it_returns() {
+    for redis in [true, false] {
+        store_outage_on(redis).await;
+    }
+}
+
+async fn store_outage_on(redis_store: bool) {
     let q = TestQueue::new("store-outage", 2, 3, false).await;
     let h = HttpHandler::start(|_| Reply::ok(Duration::ZERO)).await;
-    let mut redis = OwnRedis::start();
-    let a = q.args(&[
-        "--idempotency-store",
-        "redis",
-        "--redis-url",
-        &redis.url(),
-        "--retry-base",
-        "1s",
-        "--http-url",
-        &h.url,
-    ]);
+    let mut redis = OutageStore::start(redis_store).await;
+    let a = redis
+        .args(&q, &["--retry-base", "1s", "--http-url", &h.url])
+        .await;
     let mut w = Worker::start(&a);
     w.wait_ready(SECS(30)).await;
-    redis.down();
+    redis.down().await;
     let bodies = numbered(20);
     q.send_all(&bodies, |_| String::new()).await;
     eventually(SECS(30), "worker unready", || async {
@@ -227,7 +284,7 @@ async fn store_outage_makes_the_worker_unready_and_stops_receiving_until_it_retu
     );
     assert_eq!(q.dlq_visible().await, 0, "nothing reached the DLQ");
     assert!(h.calls().is_empty(), "no handler call without a claim");
-    redis.up();
+    redis.up().await;
     eventually(SECS(60), "queue drained after the store returned", || {
         q.is_empty()
     })
@@ -236,7 +293,7 @@ async fn store_outage_makes_the_worker_unready_and_stops_receiving_until_it_retu
     h.assert_each_handled_once(&bodies);
     assert_eq!(q.dlq_visible().await, 0);
     eprintln!(
-        "drill store-outage: sent {}, handled {}, received while down {received_during}, received in all {:?}, deleted {:?}, dlq {}",
+        "drill store-outage (redis {redis_store}): sent {}, handled {}, received while down {received_during}, received in all {:?}, deleted {:?}, dlq {}",
         bodies.len(),
         h.calls().len(),
         w.metric("qc_worker_messages_received_total").await,

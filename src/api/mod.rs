@@ -104,6 +104,10 @@ pub struct QueueConsumerSpec {
     /// De-duplication of redelivered messages (SQS delivers at least once). Default: no store.
     #[serde(default)]
     pub idempotency: IdempotencySpec,
+    /// Lambda's event filtering: a message that matches none of `patterns` is DELETED without a
+    /// handler call. Default: none (every message is handled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<FilterSpec>,
     /// Pod template of the user's containers (the handler); the controller adds the `qc-worker`
     /// container. Set `spec.serviceAccountName` to the account whose IAM role may use the queue.
     /// Default: empty (no container: the QueueConsumer is reported as invalid).
@@ -643,6 +647,45 @@ pub struct HandlerSpec {
     /// Default: off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub s3_payloads: Option<S3PayloadsSpec>,
+    /// A JSON Schema (draft 2020-12 unless the schema's `$schema` names another) in a ConfigMap of
+    /// the QueueConsumer's namespace: a message whose body (as the handler would get it, after SNS
+    /// unwrapping and the S3 payload fetch) is not JSON or does not validate is poison, with the first
+    /// validation error as its reason, before any handler call. The worker refuses to start on a
+    /// schema that does not compile; remote `$ref`s are never fetched. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<SchemaSpec>,
+}
+
+/// `spec.filter`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("size(self.patterns) >= 1 && size(self.patterns) <= 10").message("filter.patterns holds 1 to 10 patterns; remove spec.filter to handle every message").reason(Reason::FieldValueInvalid))]
+pub struct FilterSpec {
+    /// Patterns in Lambda's FilterCriteria syntax, each a JSON object as text over the message's
+    /// record (`body` parsed as JSON, `attributes`, `messageAttributes`), e.g.
+    /// `{"body": {"type": ["order"]}}`: equals, prefix, suffix, equals-ignore-case, anything-but,
+    /// numeric, exists, $or. A message passes when any pattern matches; one that matches none is
+    /// deleted without a handler call (counted in qc_worker_messages_filtered_total). Required.
+    pub patterns: Vec<String>,
+}
+
+/// `handler.schema`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SchemaSpec {
+    /// The ConfigMap key holding the schema (JSON), mounted read-only into the worker. Required.
+    pub config_map_key_ref: ConfigMapKeyRef,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ConfigMapKeyRef {
+    /// Name of the ConfigMap, in the QueueConsumer's namespace. Required.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// Key within the ConfigMap. Required.
+    #[schemars(length(min = 1))]
+    pub key: String,
 }
 
 /// `handler.s3Payloads`.
@@ -788,8 +831,10 @@ pub struct ExecHandler {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[x_kube(validation = Rule::new("self.store != 'redis' || has(self.redis)").message("idempotency.store redis needs idempotency.redis.urlSecretRef").reason(Reason::FieldValueRequired))]
+#[x_kube(validation = Rule::new("self.store != 'dynamodb' || has(self.dynamodb)").message("idempotency.store dynamodb needs idempotency.dynamodb.table, e.g. dynamodb: {table: orders-idempotency}").reason(Reason::FieldValueRequired))]
 pub struct IdempotencySpec {
-    /// Where handled keys are remembered: none, memory (per pod) or redis (shared). Default: none.
+    /// Where handled keys are remembered: none, memory (per pod), redis or dynamodb (shared).
+    /// Default: none.
     #[serde(default)]
     pub store: IdempotencyStore,
     /// What identifies a message: messageId, jsonPointer:/path/in/body or attribute:Name. Default:
@@ -802,6 +847,11 @@ pub struct IdempotencySpec {
     /// The redis store's connection; required when store is redis. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis: Option<RedisSpec>,
+    /// The DynamoDB store's table, called with the worker's own AWS identity (needs
+    /// dynamodb:GetItem, PutItem, UpdateItem and DeleteItem on it); required when store is dynamodb.
+    /// Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynamodb: Option<DynamoDbSpec>,
 }
 
 impl Default for IdempotencySpec {
@@ -811,8 +861,28 @@ impl Default for IdempotencySpec {
             key: IdempotencyKey::MessageId,
             ttl: defaults::idempotency_ttl(),
             redis: None,
+            dynamodb: None,
         }
     }
+}
+
+/// `idempotency.dynamodb`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("self.table.matches('^[a-zA-Z0-9_.-]{3,255}$')").message("idempotency.dynamodb.table must be a DynamoDB table name: 3 to 255 letters, digits, '_', '-' or '.'").reason(Reason::FieldValueInvalid))]
+pub struct DynamoDbSpec {
+    /// The table (in the queue's region). Its partition key is a String attribute named
+    /// `keyAttribute`, and no sort key. Required.
+    pub table: String,
+    /// The partition key's attribute name. Default: id.
+    #[serde(default = "defaults::dynamodb_key_attribute")]
+    #[schemars(length(min = 1, max = 255))]
+    pub key_attribute: String,
+    /// The attribute holding each item's expiry in epoch seconds: turn on the table's TTL on it so
+    /// DynamoDB removes expired keys. Default: expiresAt.
+    #[serde(default = "defaults::dynamodb_ttl_attribute")]
+    #[schemars(length(min = 1, max = 255))]
+    pub ttl_attribute: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -822,6 +892,8 @@ pub enum IdempotencyStore {
     None,
     Memory,
     Redis,
+    #[serde(rename = "dynamodb")]
+    DynamoDb,
 }
 
 impl IdempotencyStore {
@@ -830,6 +902,7 @@ impl IdempotencyStore {
             IdempotencyStore::None => "none",
             IdempotencyStore::Memory => "memory",
             IdempotencyStore::Redis => "redis",
+            IdempotencyStore::DynamoDb => "dynamodb",
         }
     }
 }
@@ -1448,6 +1521,12 @@ pub mod defaults {
     }
     pub fn idempotency_ttl() -> Duration {
         Duration::from_secs(24 * 3600)
+    }
+    pub fn dynamodb_key_attribute() -> String {
+        "id".to_string()
+    }
+    pub fn dynamodb_ttl_attribute() -> String {
+        "expiresAt".to_string()
     }
     pub fn max_replicas() -> u32 {
         20

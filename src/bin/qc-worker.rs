@@ -119,6 +119,14 @@ struct Cli {
         value_name = "BUCKET"
     )]
     s3_buckets: Vec<String>,
+    /// A filter pattern in Lambda's FilterCriteria syntax (spec.filter.patterns), repeat for more: a
+    /// message no pattern matches is deleted without a handler call.
+    #[arg(long = "filter", value_name = "PATTERN")]
+    filter: Vec<String>,
+    /// A JSON Schema file (handler.schema): a body that is not JSON or does not match it is poison,
+    /// with the first validation error as its reason, before any handler call.
+    #[arg(long, env = "QC_SCHEMA_FILE")]
+    schema_file: Option<PathBuf>,
     /// With --s3-payloads: delete the object once the message's delete is confirmed.
     #[arg(long, env = "QC_S3_DELETE_AFTER")]
     s3_delete_after: bool,
@@ -143,6 +151,15 @@ struct Cli {
     /// Redis URL for --idempotency-store redis.
     #[arg(long, env = "QC_REDIS_URL", hide_env_values = true)]
     redis_url: Option<String>,
+    /// DynamoDB table for --idempotency-store dynamodb (called with the worker's own identity).
+    #[arg(long, env = "QC_DYNAMODB_TABLE")]
+    dynamodb_table: Option<String>,
+    /// The table's partition key attribute (a String).
+    #[arg(long, env = "QC_DYNAMODB_KEY_ATTRIBUTE", default_value = "id")]
+    dynamodb_key_attribute: String,
+    /// The attribute holding each item's expiry in epoch seconds (the table's TTL attribute).
+    #[arg(long, env = "QC_DYNAMODB_TTL_ATTRIBUTE", default_value = "expiresAt")]
+    dynamodb_ttl_attribute: String,
 
     /// Cap of the HTTP handler's request head (bytes, or with KiB/MiB); attributes that do not fit are
     /// left out and named in the x-qc-omitted-attributes header.
@@ -238,7 +255,8 @@ fn parse_store(s: &str) -> Result<IdempotencyStore, String> {
         "none" => Ok(IdempotencyStore::None),
         "memory" => Ok(IdempotencyStore::Memory),
         "redis" => Ok(IdempotencyStore::Redis),
-        _ => Err(format!("{s:?}: use none, memory or redis")),
+        "dynamodb" => Ok(IdempotencyStore::DynamoDb),
+        _ => Err(format!("{s:?}: use none, memory, redis or dynamodb")),
     }
 }
 
@@ -294,10 +312,19 @@ fn config(cli: Cli) -> anyhow::Result<Config> {
                 .s3_payload_budget
                 .map_or_else(qc::worker::s3::default_budget, |b| b as u64),
         }),
+        schema_file: cli.schema_file,
+        filter: cli.filter,
         idempotency_store: cli.idempotency_store,
         idempotency_key: cli.idempotency_key,
         idempotency_ttl: cli.idempotency_ttl,
         redis_url: cli.redis_url,
+        dynamodb: cli
+            .dynamodb_table
+            .map(|table| qc::worker::idempotency::DynamoSettings {
+                table,
+                key_attribute: cli.dynamodb_key_attribute,
+                ttl_attribute: cli.dynamodb_ttl_attribute,
+            }),
         metrics_addr: cli.metrics_addr,
         max_request_head: cli.max_request_head,
         shutdown_timeout: cli.shutdown_timeout,
@@ -703,6 +730,29 @@ mod tests {
             },
         };
         assert_eq!(got.handler, want, "{name}");
+        assert_eq!(
+            got.schema_file.as_deref(),
+            s.handler
+                .schema
+                .as_ref()
+                .map(|_| std::path::Path::new(qc::render::SCHEMA_FILE)),
+            "{name}"
+        );
+        assert_eq!(
+            got.filter,
+            s.filter.clone().map(|f| f.patterns).unwrap_or_default(),
+            "{name}"
+        );
+        assert_eq!(
+            got.dynamodb
+                .as_ref()
+                .map(|d| (&d.table, &d.key_attribute, &d.ttl_attribute)),
+            i.dynamodb
+                .as_ref()
+                .filter(|_| i.store == IdempotencyStore::DynamoDb)
+                .map(|d| (&d.table, &d.key_attribute, &d.ttl_attribute)),
+            "{name}"
+        );
         let s3 = s.handler.s3_payloads.clone().unwrap_or_default();
         assert_eq!(got.s3_payloads.is_some(), s3.enabled, "{name}");
         assert_eq!(

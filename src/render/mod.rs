@@ -7,10 +7,11 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, DownwardAPIVolumeFile, DownwardAPIVolumeSource,
-    EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, Lifecycle, LifecycleHandler,
-    ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
-    SeccompProfile, SecretKeySelector, SecurityContext, SleepAction, Volume, VolumeMount,
+    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, DownwardAPIVolumeFile,
+    DownwardAPIVolumeSource, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath,
+    Lifecycle, LifecycleHandler, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec,
+    Probe, ResourceRequirements, SeccompProfile, SecretKeySelector, SecurityContext, SleepAction,
+    Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -38,6 +39,10 @@ pub const COPIED_WORKER_BINARY: &str = "/qc/bin/qc-worker";
 pub const RATE_VOLUME: &str = "qc-rate-share";
 pub const RATE_MOUNT: &str = "/etc/qc/rate";
 pub const RATE_SHARE_FILE: &str = "/etc/qc/rate/share";
+/// `handler.schema`: the ConfigMap key, mounted read-only into the container that runs the worker.
+pub const SCHEMA_VOLUME: &str = "qc-schema";
+pub const SCHEMA_MOUNT: &str = "/etc/qc/schema";
+pub const SCHEMA_FILE: &str = "/etc/qc/schema/schema.json";
 /// The worker's /metrics, /healthz and /readyz port, unless the pod already uses it.
 pub const DEFAULT_METRICS_PORT: u16 = 9090;
 pub const METRICS_PORT_NAME: &str = "qc-metrics";
@@ -302,6 +307,9 @@ pub fn deployment(qc: &QueueConsumer, opts: &RenderOptions) -> Result<Deployment
     if qc.spec.processing.max_rate.is_some() {
         add_rate_share(&mut pod, exec);
     }
+    if let Some(schema) = &qc.spec.handler.schema {
+        add_schema(&mut pod, exec, &schema.config_map_key_ref);
+    }
 
     // qc-worker never calls the Kubernetes API, so the pods get no API token unless the user's template
     // asks for one. IRSA and EKS Pod Identity project tokens of their own and are unaffected.
@@ -394,7 +402,7 @@ fn check_reserved_names(pod: &PodSpec) -> Result<(), RenderError> {
             }
         }
     }
-    for name in [WORKER_VOLUME, RATE_VOLUME] {
+    for name in [WORKER_VOLUME, RATE_VOLUME, SCHEMA_VOLUME] {
         if let Some(index) = pod.volumes.iter().flatten().position(|v| v.name == name) {
             return Err(RenderError::ReservedVolumeName { index, name });
         }
@@ -511,6 +519,41 @@ fn add_rate_share(pod: &mut PodSpec, exec: bool) {
         c.volume_mounts.get_or_insert_default().push(VolumeMount {
             name: RATE_VOLUME.into(),
             mount_path: RATE_MOUNT.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+    }
+}
+
+/// `handler.schema`: the ConfigMap key as `SCHEMA_FILE`, in the container that runs the worker. Not
+/// optional: a missing ConfigMap or key keeps the pod from starting (a visible error) rather than
+/// running a worker that checks nothing.
+fn add_schema(pod: &mut PodSpec, exec: bool, r: &crate::api::ConfigMapKeyRef) {
+    pod.volumes.get_or_insert_default().push(Volume {
+        name: SCHEMA_VOLUME.into(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: r.name.clone(),
+            items: Some(vec![KeyToPath {
+                key: r.key.clone(),
+                path: "schema.json".into(),
+                ..KeyToPath::default()
+            }]),
+            optional: Some(false),
+            ..ConfigMapVolumeSource::default()
+        }),
+        ..Volume::default()
+    });
+    let container = if exec {
+        pod.containers.first_mut()
+    } else {
+        pod.containers
+            .iter_mut()
+            .find(|c| c.name == WORKER_CONTAINER)
+    };
+    if let Some(c) = container {
+        c.volume_mounts.get_or_insert_default().push(VolumeMount {
+            name: SCHEMA_VOLUME.into(),
+            mount_path: SCHEMA_MOUNT.into(),
             read_only: Some(true),
             ..VolumeMount::default()
         });

@@ -886,3 +886,105 @@ fn without_max_rate_no_share_flag_nor_volume() {
             .any(|v| v.name == RATE_VOLUME)
     );
 }
+
+/// #48: `handler.schema` mounts its ConfigMap key read-only into the container that runs the worker
+/// (no other), not optional, and passes the file with `--schema-file`.
+#[test]
+fn schema_renders_the_config_map_mount_and_the_flag() {
+    for (mut spec, container) in [(http_spec(), "qc-worker"), (exec_spec(), "app")] {
+        spec["handler"]["schema"] =
+            json!({"configMapKeyRef": {"name": "order-schema", "key": "order.json"}});
+        let d = render(spec);
+        let args = worker_command_line(&d);
+        assert_eq!(
+            arg_after(&args, "--schema-file"),
+            Some(SCHEMA_FILE),
+            "{container}"
+        );
+        let p = pod(&d);
+        let v = p
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == SCHEMA_VOLUME)
+            .expect("the schema volume");
+        let cm = v.config_map.as_ref().unwrap();
+        assert_eq!(cm.name, "order-schema");
+        assert_eq!(cm.optional, Some(false));
+        let items = cm.items.as_ref().unwrap();
+        assert_eq!(
+            (items[0].key.as_str(), items[0].path.as_str()),
+            ("order.json", "schema.json")
+        );
+        let mounted: Vec<&str> = p
+            .containers
+            .iter()
+            .filter(|c| {
+                c.volume_mounts.iter().flatten().any(|m| {
+                    m.name == SCHEMA_VOLUME
+                        && m.read_only == Some(true)
+                        && m.mount_path == SCHEMA_MOUNT
+                })
+            })
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(mounted, [container]);
+    }
+    let d = render(http_spec());
+    assert!(!worker_command_line(&d).iter().any(|a| a == "--schema-file"));
+    assert!(
+        !pod(&d)
+            .volumes
+            .iter()
+            .flatten()
+            .any(|v| v.name == SCHEMA_VOLUME)
+    );
+}
+
+/// #48: each `spec.filter.patterns` entry becomes one `--filter`, in order, as written.
+#[test]
+fn filter_patterns_render_one_flag_each() {
+    let mut spec = http_spec();
+    spec["filter"] = json!({"patterns": [r#"{"body": {"type": ["order"]}}"#, r#"{"attributes": {"MessageGroupId": [{"exists": true}]}}"#]});
+    let args = worker_command_line(&render(spec));
+    let got: Vec<&str> = args
+        .windows(2)
+        .filter(|w| w[0] == "--filter")
+        .map(|w| w[1].as_str())
+        .collect();
+    assert_eq!(
+        got,
+        [
+            r#"{"body": {"type": ["order"]}}"#,
+            r#"{"attributes": {"MessageGroupId": [{"exists": true}]}}"#
+        ]
+    );
+    assert!(
+        !worker_command_line(&render(http_spec()))
+            .iter()
+            .any(|a| a == "--filter")
+    );
+}
+
+/// #48: the DynamoDB store renders its table and attribute names; nothing for the other stores.
+#[test]
+fn dynamodb_store_renders_its_table_flags() {
+    let mut spec = http_spec();
+    spec["idempotency"] = json!({"store": "dynamodb", "dynamodb": {"table": "orders-idempotency"}});
+    let args = worker_command_line(&render(spec));
+    assert_eq!(arg_after(&args, "--idempotency-store"), Some("dynamodb"));
+    assert_eq!(
+        arg_after(&args, "--dynamodb-table"),
+        Some("orders-idempotency")
+    );
+    assert_eq!(arg_after(&args, "--dynamodb-key-attribute"), Some("id"));
+    assert_eq!(
+        arg_after(&args, "--dynamodb-ttl-attribute"),
+        Some("expiresAt")
+    );
+    assert!(
+        !worker_command_line(&render(http_spec()))
+            .iter()
+            .any(|a| a.starts_with("--dynamodb"))
+    );
+}

@@ -92,6 +92,26 @@ pub fn worker_args(
             args.push("--s3-delete-after".into());
         }
     }
+    if let Some(d) = i
+        .dynamodb
+        .as_ref()
+        .filter(|_| i.store == crate::api::IdempotencyStore::DynamoDb)
+    {
+        args.extend([
+            "--dynamodb-table".into(),
+            d.table.clone(),
+            "--dynamodb-key-attribute".into(),
+            d.key_attribute.clone(),
+            "--dynamodb-ttl-attribute".into(),
+            d.ttl_attribute.clone(),
+        ]);
+    }
+    for pattern in spec.filter.iter().flat_map(|f| &f.patterns) {
+        args.extend(["--filter".into(), pattern.clone()]);
+    }
+    if spec.handler.schema.is_some() {
+        args.extend(["--schema-file".into(), super::SCHEMA_FILE.into()]);
+    }
     if spec
         .handler
         .exec

@@ -25,6 +25,10 @@ pub const OUTAGE_HOLD_BEYOND_RETENTION: &str = "OutageHoldBeyondRetention";
 pub const POD_NOT_RESTRICTED: &str = "PodNotRestricted";
 pub const MAX_RATE_BELOW_BACKLOG: &str = "MaxRateBelowBacklog";
 pub const S3_PAYLOAD_DELETE_WITH_SNS: &str = "S3PayloadDeleteWithSns";
+pub const FILTER_PATTERN_INVALID: &str = "FilterPatternInvalid";
+/// `check --live` only (never in status, where a busy queue would always carry it): a filter on a
+/// queue that holds messages.
+pub const FILTER_ON_BACKLOG: &str = "FilterOnBacklog";
 
 /// Rules that need only the spec.
 pub const OFFLINE_RULES: &[&str] = &[
@@ -38,6 +42,7 @@ pub const OFFLINE_RULES: &[&str] = &[
     POD_NOT_RESTRICTED,
     MAX_RATE_BELOW_BACKLOG,
     S3_PAYLOAD_DELETE_WITH_SNS,
+    FILTER_PATTERN_INVALID,
 ];
 
 /// Rules that need the source queue's attributes.
@@ -88,4 +93,5 @@ pub const ALL: &[&str] = &[
     POD_NOT_RESTRICTED,
     MAX_RATE_BELOW_BACKLOG,
     S3_PAYLOAD_DELETE_WITH_SNS,
+    FILTER_PATTERN_INVALID,
 ];

@@ -294,6 +294,30 @@ pub fn evaluate(spec: &QueueConsumerSpec, facts: Option<&Facts>) -> Report {
     report
 }
 
+/// FilterOnBacklog (`check --live` only): a filter deletes every message no pattern matches, and
+/// the queue already holds messages that were sent without it in mind. None without a filter or a
+/// backlog.
+pub fn filter_on_backlog(spec: &QueueConsumerSpec, q: &QueueFacts) -> Option<Finding> {
+    let f = spec.filter.as_ref()?;
+    let backlog = [q.visible, q.in_flight, q.delayed]
+        .iter()
+        .flatten()
+        .copied()
+        .sum::<i64>();
+    (backlog > 0).then(|| {
+        finding(
+            codes::FILTER_ON_BACKLOG,
+            Severity::Warning,
+            format!(
+                "spec.filter ({} pattern(s)) deletes every message none of its patterns matches, without a handler call, and {} already holds about {backlog} message(s) (visible, in flight and delayed): if the filter is new, those that do not match are destroyed once it rolls out",
+                f.patterns.len(),
+                q.url
+            ),
+            "drain the backlog before adding the filter, or check that the waiting messages match it (receive a few with the AWS CLI and match them against the patterns); redrive what must be kept from a copy of the queue".to_string(),
+        )
+    })
+}
+
 /// MaxRateBelowBacklog: `processing.maxRate` drains maxRate × maxBacklogAge messages within
 /// `scaling.maxBacklogAge` whatever the replicas; a backlog above that waits longer. The backlog is the
 /// queue's visible count when known (rounded up to two significant digits, so the finding's text
@@ -463,6 +487,16 @@ fn missing_restricted(
 }
 
 fn offline_rules(spec: &QueueConsumerSpec, out: &mut Vec<Finding>) {
+    if let Some(f) = &spec.filter
+        && let Err(e) = crate::worker::core::filter::Filter::parse(&f.patterns)
+    {
+        out.push(finding(
+            codes::FILTER_PATTERN_INVALID,
+            Severity::Error,
+            format!("filter.patterns[{}] {}: {} (the worker refuses to start with it)", e.index, e.at, e.problem),
+            "write the pattern in Lambda's FilterCriteria syntax, a JSON object over body, attributes or messageAttributes whose fields hold arrays of values or operators, e.g. {\"body\": {\"type\": [\"order\"], \"amount\": [{\"numeric\": [\">\", 0]}]}}".to_string(),
+        ));
+    }
     let exec = matches!(spec.handler.one(), Some(crate::api::Handler::Exec(_)));
     let violations = restricted_violations(&spec.template, exec);
     if !violations.is_empty() {

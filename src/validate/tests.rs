@@ -892,3 +892,42 @@ fn two_digits_up_rounds_up() {
     assert_eq!(two_digits_up(1201), 1300);
     assert_eq!(two_digits_up(4987), 5000);
 }
+
+#[test]
+fn filter_pattern_invalid_names_the_pattern_and_the_position() {
+    let c = codes::FILTER_PATTERN_INVALID;
+    let ok =
+        spec("processing: {p99: 2s}\nfilter: {patterns: ['{\"body\": {\"type\": [\"order\"]}}']}");
+    assert!(!codes_of(&ok, None).contains(&c.to_string()));
+    let bad = spec(
+        "processing: {p99: 2s}\nfilter: {patterns: ['{\"body\": [\"x\"]}', '{\"body\": {\"n\": [{\"numeric\": [\">\", 5, \"<\", 1]}]}}']}",
+    );
+    let r = evaluate(&bad, None);
+    let f = r
+        .findings
+        .iter()
+        .find(|f| f.code == c)
+        .expect("the finding");
+    assert_eq!(f.severity, Severity::Error);
+    assert!(
+        f.message
+            .contains("filter.patterns[1] at body.n[0].numeric"),
+        "{}",
+        f.message
+    );
+    assert!(has_errors(&r.findings));
+}
+
+#[test]
+fn filter_on_backlog_only_with_a_filter_and_messages_waiting() {
+    let with = spec("processing: {p99: 2s}\nfilter: {patterns: ['{\"body\": [\"x\"]}']}");
+    let mut q = queue(30);
+    assert_eq!(filter_on_backlog(&with, &q), None, "empty queue");
+    q.delayed = Some(3);
+    q.in_flight = Some(2);
+    let f = filter_on_backlog(&with, &q).expect("a backlog");
+    assert_eq!(f.code, codes::FILTER_ON_BACKLOG);
+    assert_eq!(f.severity, Severity::Warning);
+    assert!(f.message.contains("about 5 message"), "{}", f.message);
+    assert_eq!(filter_on_backlog(&default_spec(), &q), None, "no filter");
+}

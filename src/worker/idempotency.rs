@@ -26,6 +26,10 @@ pub enum IdempotencyError {
     ConnectRedis { url: String, reason: String },
     #[error("redis call {step} failed: {reason}")]
     CallRedis { step: &'static str, reason: String },
+    #[error(
+        "dynamodb call {step} failed: {reason} (check the table, its key attribute and the worker's dynamodb permissions)"
+    )]
+    CallDynamo { step: &'static str, reason: String },
     #[error("the store did not answer the claim within the handler timeout plus 10s")]
     TimedOut,
 }
@@ -95,20 +99,42 @@ pub enum Claim {
     /// Someone else is processing the key: hide the message until the claim can have ended.
     /// `remaining` is the claim's time to live (None: the store could not say).
     InProgress { remaining: Option<Duration> },
+    /// The key was claimed or done for another payload (a key reused for a different message):
+    /// poison, with this reason. Only stores that keep a payload hash (dynamodb) answer this.
+    Mismatch { reason: String },
 }
 
 pub enum Store {
     Memory(MemoryStore),
     Redis(RedisStore),
+    DynamoDb(DynamoStore),
+}
+
+/// The payload hash a store keeps beside a key: SHA-256 of the body the handler gets, in hex.
+pub fn payload_hash(body: &[u8]) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(body))
 }
 
 impl Store {
-    /// Marks `key` in progress for `lease` unless it is already in progress or done.
-    pub async fn claim(&self, key: &str, lease: Duration) -> Result<Claim, IdempotencyError> {
+    /// Marks `key` in progress for `lease` unless it is already in progress or done. `hash`: the
+    /// message's `payload_hash`, kept and compared by the stores that check payloads.
+    pub async fn claim(
+        &self,
+        key: &str,
+        lease: Duration,
+        hash: &str,
+    ) -> Result<Claim, IdempotencyError> {
         match self {
             Store::Memory(m) => Ok(m.claim(key, lease, Instant::now())),
             Store::Redis(r) => r.claim(key, lease).await,
+            Store::DynamoDb(d) => d.claim(key, lease, hash).await,
         }
+    }
+
+    /// Whether `claim` compares payloads (answers `Mismatch`).
+    pub fn checks_payload(&self) -> bool {
+        matches!(self, Store::DynamoDb(_))
     }
 
     /// Extends our claim on `key` (proved by `token`) so it lives at least `ttl` from now; never
@@ -122,17 +148,24 @@ impl Store {
         match self {
             Store::Memory(m) => Ok(m.renew(key, token, ttl, Instant::now())),
             Store::Redis(r) => r.renew(key, token, ttl).await,
+            Store::DynamoDb(d) => d.renew(key, token, ttl).await,
         }
     }
 
-    /// Marks `key` done for `ttl`.
-    pub async fn complete(&self, key: &str, ttl: Duration) -> Result<(), IdempotencyError> {
+    /// Marks `key` done for `ttl` (with the payload's `hash` where the store keeps it).
+    pub async fn complete(
+        &self,
+        key: &str,
+        ttl: Duration,
+        hash: &str,
+    ) -> Result<(), IdempotencyError> {
         match self {
             Store::Memory(m) => {
                 m.complete(key, ttl, Instant::now());
                 Ok(())
             }
             Store::Redis(r) => r.complete(key, ttl).await,
+            Store::DynamoDb(d) => d.complete(key, ttl, hash).await,
         }
     }
 
@@ -141,6 +174,7 @@ impl Store {
         match self {
             Store::Memory(_) => Ok(()),
             Store::Redis(r) => r.ping().await,
+            Store::DynamoDb(d) => d.ping().await,
         }
     }
 
@@ -152,6 +186,7 @@ impl Store {
                 Ok(())
             }
             Store::Redis(r) => r.abandon(key, token).await,
+            Store::DynamoDb(d) => d.abandon(key, token).await,
         }
     }
 }
@@ -439,6 +474,351 @@ impl RedisStore {
         invocation.arg(format!("in-progress:{token}"));
         let _: i64 = self.invoke("release", invocation).await?;
         Ok(())
+    }
+}
+
+/// `--dynamodb-table` and its attribute names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DynamoSettings {
+    pub table: String,
+    pub key_attribute: String,
+    pub ttl_attribute: String,
+}
+
+/// DynamoDB's table-name rule: 3 to 255 of `[a-zA-Z0-9_.-]`.
+pub fn valid_table_name(name: &str) -> bool {
+    (3..=255).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+}
+
+/// DynamoDB store: one item per key, `{key, status, token, leaseUntil, payloadHash, <ttl attribute>}`.
+/// A claim is a PutItem conditional on no live item (none, or an in-progress one past its
+/// `leaseUntil`, or a done one past its expiry that TTL has not removed yet); renewal and release
+/// are conditional on our token. Expiry is read against this worker's clock (DynamoDB keeps no
+/// time of its own): workers' clocks must agree within a lease's margin (`CLAIM_GRACE`).
+pub struct DynamoStore {
+    client: aws_sdk_dynamodb::Client,
+    settings: DynamoSettings,
+    prefix: String,
+    owner: String,
+}
+
+const STATUS: &str = "status";
+const TOKEN: &str = "token";
+const LEASE_UNTIL: &str = "leaseUntil";
+const PAYLOAD_HASH: &str = "payloadHash";
+const IN_PROGRESS: &str = "in-progress";
+/// An in-progress item outlives its lease this long in the table (removed by TTL after).
+const DYNAMO_TTL_SLACK: Duration = Duration::from_hours(1);
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn n(v: u64) -> aws_sdk_dynamodb::types::AttributeValue {
+    aws_sdk_dynamodb::types::AttributeValue::N(v.to_string())
+}
+
+fn s(v: &str) -> aws_sdk_dynamodb::types::AttributeValue {
+    aws_sdk_dynamodb::types::AttributeValue::S(v.to_string())
+}
+
+/// One stored item, as read back.
+struct Item {
+    status: String,
+    token: String,
+    lease_until_ms: u64,
+    expires_s: u64,
+    hash: String,
+}
+
+impl DynamoStore {
+    pub fn new(sdk: &aws_types::SdkConfig, settings: DynamoSettings, prefix: String) -> Self {
+        let owner = format!(
+            "{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        );
+        DynamoStore {
+            client: aws_sdk_dynamodb::Client::new(sdk),
+            settings,
+            prefix,
+            owner,
+        }
+    }
+
+    fn item_key(&self, key: &str) -> String {
+        format!("{}{}", self.prefix, key)
+    }
+
+    fn names(&self) -> [(String, String); 6] {
+        [
+            ("#k".into(), self.settings.key_attribute.clone()),
+            ("#s".into(), STATUS.into()),
+            ("#tok".into(), TOKEN.into()),
+            ("#l".into(), LEASE_UNTIL.into()),
+            ("#t".into(), self.settings.ttl_attribute.clone()),
+            ("#h".into(), PAYLOAD_HASH.into()),
+        ]
+    }
+
+    async fn get(&self, key: &str, step: &'static str) -> Result<Option<Item>, IdempotencyError> {
+        let got = dynamo_bounded(
+            step,
+            self.client
+                .get_item()
+                .table_name(&self.settings.table)
+                .key(&self.settings.key_attribute, s(&self.item_key(key)))
+                .consistent_read(true)
+                .send(),
+        )
+        .await?;
+        let Some(item) = got.item else {
+            return Ok(None);
+        };
+        let text = |k: &str| {
+            item.get(k)
+                .and_then(|v| v.as_s().ok())
+                .cloned()
+                .unwrap_or_default()
+        };
+        let num = |k: &str| {
+            item.get(k)
+                .and_then(|v| v.as_n().ok())
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        Ok(Some(Item {
+            status: text(STATUS),
+            token: text(TOKEN),
+            lease_until_ms: num(LEASE_UNTIL),
+            expires_s: num(&self.settings.ttl_attribute),
+            hash: text(PAYLOAD_HASH),
+        }))
+    }
+
+    async fn claim(
+        &self,
+        key: &str,
+        lease: Duration,
+        hash: &str,
+    ) -> Result<Claim, IdempotencyError> {
+        let token = format!("{}:{}", self.owner, fastrand::u64(..));
+        // A lost race with an item that then vanished (released, or expired and taken and
+        // released) is tried again, a few times.
+        for _ in 0..3 {
+            let now = now_ms();
+            let lease_until = now.saturating_add(millis(lease));
+            let expires = (lease_until / 1000).saturating_add(DYNAMO_TTL_SLACK.as_secs());
+            let mut put = self
+                .client
+                .put_item()
+                .table_name(&self.settings.table)
+                .item(&self.settings.key_attribute, s(&self.item_key(key)))
+                .item(STATUS, s(IN_PROGRESS))
+                .item(TOKEN, s(&token))
+                .item(LEASE_UNTIL, n(lease_until))
+                .item(&self.settings.ttl_attribute, n(expires))
+                .item(PAYLOAD_HASH, s(hash))
+                .condition_expression(
+                    "attribute_not_exists(#k) OR (#s = :ip AND #l < :now) OR (#s = :done AND #t < :nows)",
+                )
+                .expression_attribute_values(":ip", s(IN_PROGRESS))
+                .expression_attribute_values(":done", s(DONE))
+                .expression_attribute_values(":now", n(now))
+                .expression_attribute_values(":nows", n(now / 1000));
+            for (k, v) in self.names() {
+                if k != "#tok" && k != "#h" {
+                    put = put.expression_attribute_names(k, v);
+                }
+            }
+            match dynamo_call("claim", put.send()).await {
+                Ok(_) => return Ok(Claim::Acquired { token }),
+                Err(DynamoFailure::ConditionFailed) => {}
+                Err(DynamoFailure::Other(e)) => return Err(e),
+            }
+            let Some(item) = self.get(key, "claim: read the holder").await? else {
+                continue;
+            };
+            let now = now_ms();
+            let live = if item.status == DONE {
+                item.expires_s >= now / 1000
+            } else {
+                item.lease_until_ms >= now
+            };
+            if !live {
+                continue;
+            }
+            // Our own write, landed though its answer was lost (the SDK sent it again): ours.
+            if item.status == IN_PROGRESS && item.token == token {
+                return Ok(Claim::Acquired { token });
+            }
+            if !item.hash.is_empty() && item.hash != hash {
+                let state = if item.status == DONE {
+                    "done"
+                } else {
+                    "in progress"
+                };
+                return Ok(Claim::Mismatch {
+                    reason: format!(
+                        "idempotency key {key} is already {state} for another payload (a different body under the same key): a reused key, not a duplicate"
+                    ),
+                });
+            }
+            return Ok(if item.status == DONE {
+                Claim::Done
+            } else {
+                Claim::InProgress {
+                    remaining: Some(Duration::from_millis(item.lease_until_ms - now)),
+                }
+            });
+        }
+        // Still racing after three tries: as if held elsewhere, for one lease (hidden, retried).
+        Ok(Claim::InProgress { remaining: None })
+    }
+
+    async fn renew(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, IdempotencyError> {
+        let now = now_ms();
+        let until = now.saturating_add(millis(ttl));
+        let expires = (until / 1000).saturating_add(DYNAMO_TTL_SLACK.as_secs());
+        let mut update = self
+            .client
+            .update_item()
+            .table_name(&self.settings.table)
+            .key(&self.settings.key_attribute, s(&self.item_key(key)))
+            .update_expression("SET #l = :until, #t = :exp")
+            .condition_expression("#s = :ip AND #tok = :tok AND #l >= :now AND #l < :until")
+            .expression_attribute_values(":ip", s(IN_PROGRESS))
+            .expression_attribute_values(":tok", s(token))
+            .expression_attribute_values(":now", n(now))
+            .expression_attribute_values(":until", n(until))
+            .expression_attribute_values(":exp", n(expires));
+        for (k, v) in self.names() {
+            if k != "#k" && k != "#h" {
+                update = update.expression_attribute_names(k, v);
+            }
+        }
+        match dynamo_call("renew", update.send()).await {
+            Ok(_) => Ok(true),
+            // Not extended: still ours with a longer lease (never shortened), or not ours any more.
+            Err(DynamoFailure::ConditionFailed) => Ok(self
+                .get(key, "renew: read the holder")
+                .await?
+                .is_some_and(|i| {
+                    i.status == IN_PROGRESS && i.token == token && i.lease_until_ms >= now
+                })),
+            Err(DynamoFailure::Other(e)) => Err(e),
+        }
+    }
+
+    async fn complete(&self, key: &str, ttl: Duration, hash: &str) -> Result<(), IdempotencyError> {
+        let expires = (now_ms() / 1000).saturating_add(ttl.as_secs().max(1));
+        let put = self
+            .client
+            .put_item()
+            .table_name(&self.settings.table)
+            .item(&self.settings.key_attribute, s(&self.item_key(key)))
+            .item(STATUS, s(DONE))
+            .item(&self.settings.ttl_attribute, n(expires))
+            .item(PAYLOAD_HASH, s(hash));
+        // Unconditional: no condition to fail.
+        match dynamo_call("complete", put.send()).await {
+            Ok(_) | Err(DynamoFailure::ConditionFailed) => Ok(()),
+            Err(DynamoFailure::Other(e)) => Err(e),
+        }
+    }
+
+    async fn abandon(&self, key: &str, token: &str) -> Result<(), IdempotencyError> {
+        // Only our own in-progress mark: another worker may hold the key by now.
+        let delete = self
+            .client
+            .delete_item()
+            .table_name(&self.settings.table)
+            .key(&self.settings.key_attribute, s(&self.item_key(key)))
+            .condition_expression("#s = :ip AND #tok = :tok")
+            .expression_attribute_names("#s", STATUS)
+            .expression_attribute_names("#tok", TOKEN)
+            .expression_attribute_values(":ip", s(IN_PROGRESS))
+            .expression_attribute_values(":tok", s(token));
+        match dynamo_call("release", delete.send()).await {
+            Ok(_) | Err(DynamoFailure::ConditionFailed) => Ok(()),
+            Err(DynamoFailure::Other(e)) => Err(e),
+        }
+    }
+
+    async fn ping(&self) -> Result<(), IdempotencyError> {
+        self.get("qc-ping", "ping").await.map(|_| ())
+    }
+}
+
+/// A DynamoDB call that failed: its condition did not hold, or anything else.
+enum DynamoFailure {
+    ConditionFailed,
+    Other(IdempotencyError),
+}
+
+/// A DynamoDB call bounded by CALL_TIMEOUT; a failed condition is told apart from a failure. The
+/// SDK's future (some 20 KB) is boxed at once, so the message task's future stays small.
+fn dynamo_call<'a, T: Send + 'a, E>(
+    step: &'static str,
+    call: impl Future<Output = Result<T, aws_sdk_dynamodb::error::SdkError<E>>> + Send + 'a,
+) -> impl Future<Output = Result<T, DynamoFailure>> + Send + 'a
+where
+    E: aws_sdk_dynamodb::error::ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    let call = Box::pin(call);
+    async move { dynamo_answer(step, tokio::time::timeout(CALL_TIMEOUT, call).await) }
+}
+
+fn dynamo_answer<T, E>(
+    step: &'static str,
+    answer: Result<Result<T, aws_sdk_dynamodb::error::SdkError<E>>, tokio::time::error::Elapsed>,
+) -> Result<T, DynamoFailure>
+where
+    E: aws_sdk_dynamodb::error::ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    match answer {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => {
+            if e.as_service_error()
+                .and_then(aws_sdk_dynamodb::error::ProvideErrorMetadata::code)
+                == Some("ConditionalCheckFailedException")
+            {
+                Err(DynamoFailure::ConditionFailed)
+            } else {
+                Err(DynamoFailure::Other(IdempotencyError::CallDynamo {
+                    step,
+                    reason: crate::aws::error_chain(&e),
+                }))
+            }
+        }
+        Err(_) => Err(DynamoFailure::Other(IdempotencyError::CallDynamo {
+            step,
+            reason: "timed out".into(),
+        })),
+    }
+}
+
+async fn dynamo_bounded<T: Send, E>(
+    step: &'static str,
+    call: impl Future<Output = Result<T, aws_sdk_dynamodb::error::SdkError<E>>> + Send,
+) -> Result<T, IdempotencyError>
+where
+    E: aws_sdk_dynamodb::error::ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    match dynamo_call(step, call).await {
+        Ok(v) => Ok(v),
+        Err(DynamoFailure::Other(e)) => Err(e),
+        Err(DynamoFailure::ConditionFailed) => Err(IdempotencyError::CallDynamo {
+            step,
+            reason: "unexpected condition failure".into(),
+        }),
     }
 }
 

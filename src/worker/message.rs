@@ -14,11 +14,12 @@ use super::batcher::Batcher;
 use super::breaker::{Breaker, Denied, Kind, Outcome, Pass};
 use super::core::backoff::visibility_secs;
 use super::core::fate::{Facts, Fate, Happened, Policy, decide};
+use super::core::filter::Screen;
 use super::dead_letter::DeadLetter;
 use super::handler::{Cause, Handler, Verdict};
 use super::heartbeat::{Heartbeats, Plan, lease_lost};
 use super::held::{Admission, Held, ReceiptHandle};
-use super::idempotency::{Claim, IdempotencyError, Store, key_of};
+use super::idempotency::{Claim, IdempotencyError, Store, key_of, payload_hash};
 use super::metrics::{Metrics, OutcomeLabel};
 use super::sqs::{Entry, Message, Sqs};
 
@@ -57,6 +58,10 @@ pub struct Processor {
     pub dead_letter: Option<DeadLetter>,
     /// `--s3-payloads`: the S3 client that fetches Extended Client payloads.
     pub s3: Option<super::s3::S3Payloads>,
+    /// `--schema-file`: the JSON Schema a body must match before a handler call.
+    pub schema: Option<super::core::schema::Schema>,
+    /// `--filter`: a message no pattern matches is deleted without a call.
+    pub filter: Option<super::core::filter::Filter>,
     pub deleter: Batcher,
     pub releaser: Batcher,
     pub freed: mpsc::UnboundedSender<Freed>,
@@ -684,6 +689,8 @@ impl Processor {
             on_poison,
             unwrap_sns: UnwrapSns::Off,
             s3: None,
+            schema: None,
+            filter: None,
             dead_letter,
             deleter,
             releaser,
@@ -754,6 +761,10 @@ impl Processor {
         }
         match fate {
             Fate::Delete { success: true } => lease.delete_done().await,
+            Fate::Discard => {
+                tracing::debug!(message_id = %id, receive_count = count, "no filter pattern matches the message; deleting it without calling the handler");
+                lease.delete().await
+            }
             Fate::Delete { success: false } => {
                 tracing::warn!(message_id = %id, receive_count = count, reason, "poison message; deleting it (--on-poison delete)");
                 lease.delete().await
@@ -1017,6 +1028,9 @@ impl Processor {
     pub async fn process(&self, mut lease: Lease) -> Ended {
         let m = &self.metrics;
         lease.beat_inline().await;
+        if let Some(ended) = self.end_filtered(&mut lease).await {
+            return ended;
+        }
         if let Some(ended) = self.end_known_poison(&mut lease).await {
             return ended;
         }
@@ -1061,6 +1075,26 @@ impl Processor {
         }
     }
 
+    /// A message no `--filter` pattern matches is deleted without a call; None for any other. Only a
+    /// clean non-match deletes: a record the filter cannot read goes on to the handler.
+    async fn end_filtered(&self, lease: &mut Lease) -> Option<Ended> {
+        // A lost lease is the normal path's to settle (abandoned, never deleted with a stale handle).
+        if lease.beat.lost {
+            return None;
+        }
+        match self.filter.as_ref()?.screen(&lease.msg) {
+            Screen::Pass => None,
+            Screen::NoMatch => {
+                self.metrics.filtered.inc();
+                Some(self.settle(lease, Happened::Filtered, "").await)
+            }
+            Screen::Undecided(reason) => {
+                tracing::warn!(message_id = %lease.msg.id, reason = %reason, "the filter cannot read the message; handing it to the handler rather than deleting it");
+                None
+            }
+        }
+    }
+
     /// A message already judged poison here (unless `--on-poison delete`) gets no handler call: it is
     /// left cycling towards the DLQ, or the dead-letter send is tried again. None for any other.
     async fn end_known_poison(&self, lease: &mut Lease) -> Option<Ended> {
@@ -1094,6 +1128,10 @@ impl Processor {
                 tracing::info!(message_id = %lease.msg.id, key = %key, "idempotency key already done; deleting without calling the handler");
                 m.outcome(OutcomeLabel::Duplicate);
                 (Happened::KeyDone, String::new())
+            }
+            Ok(Claim::Mismatch { reason }) => {
+                m.outcome(OutcomeLabel::Poison);
+                (Happened::Poison(reason.clone()), reason)
             }
             Ok(Claim::InProgress { remaining }) => {
                 m.outcome(OutcomeLabel::InProgressElsewhere);
@@ -1157,6 +1195,14 @@ impl Processor {
                 };
             }
         };
+        if let Some(reason) = self.schema_violation(view.unwrap_or(&lease.msg)) {
+            m.outcome(OutcomeLabel::Poison);
+            drop(pass);
+            let ended = self
+                .settle(lease, Happened::Poison(reason.clone()), &reason)
+                .await;
+            return Attempt::Ended(ended);
+        }
         let mut claimed: Option<(String, String)> = None;
         if let Some(store) = &self.store {
             match key_of(&self.key, view.unwrap_or(&lease.msg)) {
@@ -1165,13 +1211,14 @@ impl Processor {
                     tracing::warn!(message_id = %lease.msg.id, key_source = %self.key, error = %e, "no idempotency key; handling the message without de-duplication");
                 }
                 Ok(key) => {
+                    let hash = payload_hash(&view.unwrap_or(&lease.msg).body);
                     let claim = lease
                         .beat
                         .until(
                             self,
                             &lease.msg,
                             Instant::now() + self.claim_lease(),
-                            Box::pin(store.claim(&key, self.claim_lease())),
+                            Box::pin(store.claim(&key, self.claim_lease(), &hash)),
                         )
                         .await
                         .unwrap_or(Err(IdempotencyError::TimedOut));
@@ -1222,7 +1269,8 @@ impl Processor {
 
         if let Some((key, token)) = &claimed {
             let recorded = if verdict == Verdict::Success {
-                store_call(self, |s| s.complete(key, self.idempotency_ttl)).await
+                let hash = payload_hash(&view.unwrap_or(&lease.msg).body);
+                store_call(self, |s| s.complete(key, self.idempotency_ttl, &hash)).await
             } else {
                 store_call(self, |s| s.abandon(key, token)).await
             };
@@ -1290,6 +1338,12 @@ enum Payload {
 }
 
 impl Processor {
+    /// Why `msg` (what the handler would get) fails `--schema-file`; None when it passes or there
+    /// is no schema. Checked before the idempotency claim: a body that can never be handled takes no key.
+    fn schema_violation(&self, msg: &Message) -> Option<String> {
+        self.schema.as_ref()?.violation(&msg.body)
+    }
+
     /// The handler's view with the Extended Client payload of the message (or of `view`) fetched,
     /// under the message's heartbeat; Ok(None) when that is no pointer or `--s3-payloads` is off.
     async fn fetch_payload(

@@ -117,6 +117,8 @@ pub struct Metrics {
     pub sqs_errors: [Counter; 5],
     pub idempotency_errors: Counter,
     pub idempotency_key_missing: Counter,
+    /// Messages no `--filter` pattern matched: deleted without a handler call.
+    pub filtered: Counter,
     pub idempotency_claims_lost: Counter,
     pub dead_lettered: Counter,
     pub dead_letter_failures: Counter,
@@ -164,6 +166,7 @@ impl Default for Metrics {
             sqs_errors: Default::default(),
             idempotency_errors: Counter::default(),
             idempotency_key_missing: Counter::default(),
+            filtered: Counter::default(),
             idempotency_claims_lost: Counter::default(),
             dead_lettered: Counter::default(),
             dead_letter_failures: Counter::default(),
@@ -344,6 +347,11 @@ impl Metrics {
             "qc_worker_idempotency_key_missing_total",
             "Messages handled without de-duplication: their idempotency key was missing, empty or unreadable.",
             &[(&[], self.idempotency_key_missing.get())],
+        );
+        e.counter(
+            "qc_worker_messages_filtered_total",
+            "Messages no filter pattern matched: deleted without a handler call, as Lambda's event filtering does.",
+            &[(&[], self.filtered.get())],
         );
         e.counter(
             "qc_worker_idempotency_claims_lost_total",

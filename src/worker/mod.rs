@@ -37,7 +37,7 @@ pub use self::core::plan::{
     early_receive_max, prefetch, prefetch_pays,
 };
 use handler::{ExecHandler, Handler, HandlerError, HttpHandler, QueueContext};
-use idempotency::{IdempotencyError, MemoryStore, RedisStore, Store};
+use idempotency::{DynamoStore, IdempotencyError, MemoryStore, RedisStore, Store};
 use message::Processor;
 use metrics::{Metrics, Readiness};
 use sqs::{QueueInfo, Sqs};
@@ -68,6 +68,8 @@ pub enum WorkerError {
     SetUpHandler(#[from] HandlerError),
     #[error(transparent)]
     ConnectStore(#[from] IdempotencyError),
+    #[error("cannot use --schema-file {path}: {reason}")]
+    LoadSchema { path: String, reason: String },
 }
 
 /// The handler the worker calls.
@@ -105,10 +107,17 @@ pub struct Config {
     /// `--s3-payloads` (with `--s3-delete-after`, `--s3-payload-max`): fetch the Extended Client's
     /// S3 payloads for the handler (`worker::s3`). None: off.
     pub s3_payloads: Option<s3::Settings>,
+    /// `--schema-file`: a JSON Schema every body must match before a handler call (`core::schema`).
+    pub schema_file: Option<std::path::PathBuf>,
+    /// `--filter`: patterns in Lambda's FilterCriteria syntax (`core::filter`); none: every message
+    /// is handled.
+    pub filter: Vec<String>,
     pub idempotency_store: IdempotencyStore,
     pub idempotency_key: IdempotencyKey,
     pub idempotency_ttl: Duration,
     pub redis_url: Option<String>,
+    /// `--dynamodb-table` and its attributes: the DynamoDB store's table.
+    pub dynamodb: Option<idempotency::DynamoSettings>,
     pub metrics_addr: String,
     /// Cap of the HTTP handler's request head in bytes; attributes that do not fit are left out.
     pub max_request_head: usize,
@@ -170,6 +179,9 @@ impl Config {
                 "--concurrency",
                 "must be at most 10000 per worker; run more replicas for more",
             );
+        }
+        if let Err(e) = self::core::filter::Filter::parse(&self.filter) {
+            return bad("--filter", &e.to_string());
         }
         if let Some(s3) = &self.s3_payloads {
             if s3.max_bytes == 0 {
@@ -259,6 +271,33 @@ impl Config {
                 "--redis-url",
                 "is required with --idempotency-store redis (e.g. redis://redis:6379/0)",
             );
+        }
+        if self.idempotency_store == IdempotencyStore::DynamoDb {
+            match &self.dynamodb {
+                None => {
+                    return bad(
+                        "--dynamodb-table",
+                        "is required with --idempotency-store dynamodb (e.g. --dynamodb-table orders-idempotency)",
+                    );
+                }
+                Some(d) if !idempotency::valid_table_name(&d.table) => {
+                    return bad(
+                        "--dynamodb-table",
+                        "must be a DynamoDB table name: 3 to 255 letters, digits, '_', '-' or '.'",
+                    );
+                }
+                Some(d)
+                    if d.key_attribute.is_empty()
+                        || d.ttl_attribute.is_empty()
+                        || d.key_attribute == d.ttl_attribute =>
+                {
+                    return bad(
+                        "--dynamodb-key-attribute",
+                        "and --dynamodb-ttl-attribute must be two different non-empty attribute names (defaults: id, expiresAt)",
+                    );
+                }
+                Some(_) => {}
+            }
         }
         if !(MIN_REQUEST_HEAD..=MAX_REQUEST_HEAD).contains(&self.max_request_head) {
             return bad(
@@ -375,6 +414,8 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<Summary, WorkerError> {
     config.validate()?;
+    // Read once at start: a schema that does not compile stops the worker before any receive.
+    let schema = config.schema_file.as_deref().map(load_schema).transpose()?;
     let metrics = Arc::new(Metrics::default());
     let listener = telemetry::bind_probes(&config.metrics_addr).await?;
     if let Ok(addr) = listener.local_addr() {
@@ -465,7 +506,7 @@ pub async fn run(
 
     handler.set_queue_arn(&info.arn);
     let prefix = store_prefix(&info.arn, region.as_deref(), &config.queue_url);
-    let store = match open_store(&config, prefix, &metrics, signalled()).await? {
+    let store = match open_store(&config, &sdk, prefix, &metrics, signalled()).await? {
         Opened::Store(s) => s,
         Opened::Interrupted => {
             let _ = probes_stop.send(());
@@ -535,6 +576,16 @@ pub async fn run(
     processor.unwrap_sns = config.unwrap_sns;
     if let Some(settings) = config.s3_payloads.clone() {
         processor.s3 = Some(s3::S3Payloads::new(&sdk, settings));
+    }
+    processor.schema = schema;
+    if !config.filter.is_empty() {
+        let filter = self::core::filter::Filter::parse(&config.filter).map_err(|e| {
+            WorkerError::ValidateFlags {
+                flag: "--filter",
+                reason: e.to_string(),
+            }
+        })?;
+        processor.filter = Some(filter);
     }
     let processor = Arc::new(processor);
 
@@ -677,6 +728,7 @@ fn store_prefix(arn: &str, region: Option<&str>, url: &str) -> String {
 
 async fn open_store(
     config: &Config,
+    sdk: &aws_types::SdkConfig,
     prefix: String,
     metrics: &Metrics,
     signalled: impl std::future::Future<Output = ()>,
@@ -687,6 +739,32 @@ async fn open_store(
         IdempotencyStore::Memory => Ok(Opened::Store(Some(Store::Memory(MemoryStore::new(
             MEMORY_STORE_CAPACITY,
         ))))),
+        IdempotencyStore::DynamoDb => {
+            let Some(settings) = config.dynamodb.clone() else {
+                return Err(WorkerError::ValidateFlags {
+                    flag: "--dynamodb-table",
+                    reason: "is required with --idempotency-store dynamodb".into(),
+                });
+            };
+            let store = Store::DynamoDb(DynamoStore::new(sdk, settings, prefix));
+            // Not ready until the table answers, as for redis.
+            let mut attempt = 0u32;
+            loop {
+                match store.ping().await {
+                    Ok(()) => return Ok(Opened::Store(Some(store))),
+                    Err(e) => {
+                        attempt = attempt.saturating_add(1);
+                        let delay = backoff::error_backoff(attempt, fastrand::f64());
+                        tracing::error!(error = %e, attempt, retry_in_ms = delay.as_millis() as u64, "idempotency store unreachable; not ready");
+                        metrics.set_readiness(Readiness::Failing(e.to_string()));
+                        tokio::select! {
+                            () = tokio::time::sleep(delay) => {}
+                            () = &mut signalled => return Ok(Opened::Interrupted),
+                        }
+                    }
+                }
+            }
+        }
         IdempotencyStore::Redis => {
             let url = config.redis_url.clone().unwrap_or_default();
             if let Err(e) = redis::Client::open(url.as_str()) {
@@ -716,6 +794,16 @@ async fn open_store(
     }
 }
 
+/// Reads and compiles `--schema-file`; the error names the file and the fix.
+fn load_schema(path: &std::path::Path) -> Result<self::core::schema::Schema, WorkerError> {
+    let err = |reason: String| WorkerError::LoadSchema {
+        path: path.display().to_string(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    self::core::schema::Schema::compile(&text).map_err(|e| err(e.to_string()))
+}
+
 /// The queue's name: the last path segment of its URL.
 pub use crate::aws::facts::queue_name_from_url as queue_name;
 
@@ -734,6 +822,8 @@ fn log_start(config: &Config, info: &QueueInfo, heartbeat: Option<StdDuration>) 
         on_poison = config.on_poison.as_str(),
         unwrap_sns = config.unwrap_sns.as_str(),
         s3_payloads = config.s3_payloads.is_some(),
+        schema_file = config.schema_file.as_ref().map(|p| p.display().to_string()),
+        filter_patterns = config.filter.len(),
         batch_max_items = config.batch_max_items,
         batch_max_wait = %config.batch_max_wait,
         idempotency_store = config.idempotency_store.as_str(),
@@ -790,6 +880,9 @@ mod tests {
             batch_max_wait: Duration::from_secs(1),
             exec_pass_aws_credentials: false,
             s3_payloads: None,
+            schema_file: None,
+            dynamodb: None,
+            filter: Vec::new(),
             idempotency_store: IdempotencyStore::None,
             idempotency_key: IdempotencyKey::MessageId,
             idempotency_ttl: Duration::from_secs(86_400),

@@ -23,6 +23,47 @@ pub fn redis_url() -> String {
         .expect("QC_TEST_REDIS_URL is not set: run `bash scripts/test`, or start redis-server and export QC_TEST_REDIS_URL=redis://127.0.0.1:PORT")
 }
 
+/// moto's DynamoDB, exported by `scripts/test` as QC_TEST_DYNAMODB_ENDPOINT (the moto server that
+/// serves SQS serves DynamoDB too).
+pub fn dynamodb_endpoint() -> String {
+    std::env::var("QC_TEST_DYNAMODB_ENDPOINT").expect(
+        "QC_TEST_DYNAMODB_ENDPOINT is not set: run `bash scripts/test`, or export it as the moto server's URL (the one of QC_TEST_SQS_ENDPOINT)",
+    )
+}
+
+/// A fresh DynamoDB table on `endpoint` with a String partition key `key_attribute`, as the
+/// idempotency store needs.
+pub async fn dynamodb_table(endpoint: &str, key_attribute: &str) -> String {
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+    };
+    let conf = qc::aws::sdk_config(Some("us-east-1"), Some(endpoint)).await;
+    let client = aws_sdk_dynamodb::Client::new(&conf);
+    let name = unique_name("idem");
+    client
+        .create_table()
+        .table_name(&name)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name(key_attribute)
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name(key_attribute)
+                .key_type(KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    name
+}
+
 /// An SDK client for the test server, with dummy credentials.
 pub async fn sqs_client() -> aws_sdk_sqs::Client {
     assert!(

@@ -746,6 +746,12 @@ pub enum Fault {
     /// Pass requests through, but the first ReceiveMessage answer holding a message (once per
     /// proxy) holds its first message twice: both copies in one batch.
     DuplicateFirstReceived,
+    /// SQS passes through; every DynamoDB request (`X-Amz-Target: DynamoDB_20120810.*`) is
+    /// answered with this HTTP status and AWS error code: the table is down, the queue is not.
+    FailDynamoDb(u16, &'static str),
+    /// SQS passes through; every DynamoDB request reaches the table but its answer is dropped
+    /// (the connection closed): the write happened, the caller never learns it.
+    DropDynamoDbAnswers,
 }
 
 /// A TCP proxy in front of the moto server that can refuse connections or answer with AWS errors.
@@ -865,6 +871,12 @@ impl FaultProxy {
                         }
                         Fault::DuplicateFirstReceived => {
                             relay_duplicating(client, &upstream, Some(&fired)).await;
+                        }
+                        Fault::FailDynamoDb(status, code) => {
+                            relay_dynamodb(client, &upstream, Some((status, code))).await;
+                        }
+                        Fault::DropDynamoDbAnswers => {
+                            relay_dynamodb(client, &upstream, None).await;
                         }
                         Fault::Refuse => {}
                     }
@@ -1024,6 +1036,39 @@ async fn relay_failing(
                 return;
             };
             resp
+        };
+        if client.write_all(&resp).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Relays requests one by one to the upstream; DynamoDB requests are answered with `fail`'s error,
+/// or (None) sent on and their answers dropped with the connection.
+async fn relay_dynamodb(
+    mut client: tokio::net::TcpStream,
+    upstream: &str,
+    fail: Option<(u16, &str)>,
+) {
+    let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else {
+        return;
+    };
+    let (mut cbuf, mut sbuf) = (Vec::new(), Vec::new());
+    while let Some(req) = read_message(&mut client, &mut cbuf).await {
+        let head = String::from_utf8_lossy(&req).to_lowercase();
+        let dynamodb = head.contains("x-amz-target: dynamodb_20120810.");
+        let resp = match (dynamodb, fail) {
+            (true, Some((status, code))) => error_response(status, code).into_bytes(),
+            (true, None) => {
+                let _ = forward(&mut server, &mut sbuf, &req).await;
+                return;
+            }
+            (false, _) => {
+                let Some(resp) = forward(&mut server, &mut sbuf, &req).await else {
+                    return;
+                };
+                resp
+            }
         };
         if client.write_all(&resp).await.is_err() {
             return;

@@ -14,6 +14,8 @@ use super::backoff::{retry_delay, within_twelve_hours};
 pub enum Happened {
     /// The handler answered success.
     Succeeded,
+    /// No pattern of `spec.filter` matched it (a clean non-match, never a filter error).
+    Filtered,
     /// It was handled already: its idempotency key is done (elsewhere, or before), or its S3
     /// payload was deleted here after a success.
     KeyDone,
@@ -52,6 +54,9 @@ pub enum Fate {
     /// Delete it. `success`: after its handler succeeded (or its key was done), so a copy received
     /// moments later is a duplicate (`worker::held`).
     Delete { success: bool },
+    /// Delete it without a call: the filter matched none of its patterns, as Lambda's event
+    /// filtering deletes such messages.
+    Discard,
     /// Make it visible again after `delay` (ChangeMessageVisibility): a retry that spends a receive.
     /// `wanted`: the delay asked for, when SQS's 12 hours since the receive cut it.
     RetryAfter {
@@ -97,6 +102,7 @@ pub const HIDE_MARGIN: Duration = Duration::from_secs(2);
 pub fn decide(happened: Happened, p: &Policy, f: Facts) -> Fate {
     match happened {
         Happened::Succeeded | Happened::KeyDone => Fate::Delete { success: true },
+        Happened::Filtered => Fate::Discard,
         Happened::Poison(reason) => match p.on_poison {
             OnPoison::Delete => Fate::Delete { success: false },
             OnPoison::Leave => Fate::Leave(retry(p, f, None).0),
@@ -325,6 +331,7 @@ mod tests {
                 hold: true,
             },
             Happened::StoreDown,
+            Happened::Filtered,
             Happened::InProgressElsewhere { claim_left: S(1) },
             Happened::LeaseLost,
             Happened::NotStarted,
@@ -339,9 +346,13 @@ mod tests {
             for h in &all {
                 let deletes = matches!(
                     decide(h.clone(), &policy(on_poison), facts(1)),
-                    Fate::Delete { .. }
+                    Fate::Delete { .. } | Fate::Discard
                 );
-                let success = matches!(h, Happened::Succeeded | Happened::KeyDone);
+                // A clean non-match of the filter deletes too, as Lambda does; nothing else.
+                let success = matches!(
+                    h,
+                    Happened::Succeeded | Happened::KeyDone | Happened::Filtered
+                );
                 assert_eq!(deletes, success, "{h:?} with {on_poison:?}");
             }
         }

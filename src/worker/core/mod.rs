@@ -7,4 +7,6 @@
 pub mod backoff;
 pub mod breaker;
 pub mod fate;
+pub mod filter;
 pub mod plan;
+pub mod schema;

@@ -19,7 +19,7 @@ use super::{Ended, Lease, Payload, Processor, STOP_BACKSTOP, breaker_outcome};
 use crate::worker::breaker::{Denied, Kind, Outcome, Pass};
 use crate::worker::core::fate::Happened;
 use crate::worker::handler::{BatchVerdict, Cause, Verdict};
-use crate::worker::idempotency::{IdempotencyError, key_of};
+use crate::worker::idempotency::{IdempotencyError, key_of, payload_hash};
 use crate::worker::metrics::OutcomeLabel;
 use crate::worker::sqs::Message;
 
@@ -79,6 +79,15 @@ impl Processor {
                     continue;
                 }
             };
+            if let Some(reason) = self.schema_violation(view.as_ref().unwrap_or(&lease.msg)) {
+                self.metrics.outcome(OutcomeLabel::Poison);
+                let ended = self
+                    .settle(&mut lease, Happened::Poison(reason.clone()), &reason)
+                    .await;
+                stop_group(&mut stopped, fifo, &lease, ended);
+                results[at].1 = Some(ended);
+                continue;
+            }
             items.push(Item {
                 at,
                 lease,
@@ -197,6 +206,9 @@ impl Processor {
                     .await,
             );
         }
+        if let Some(ended) = self.end_filtered(lease).await {
+            return Some(ended);
+        }
         if let Some(ended) = self.end_known_poison(lease).await {
             return Some(ended);
         }
@@ -290,10 +302,13 @@ impl Processor {
                     continue;
                 }
             };
-            let claimed =
-                tokio::time::timeout(self.claim_lease(), store.claim(&key, self.claim_lease()))
-                    .await
-                    .unwrap_or(Err(IdempotencyError::TimedOut));
+            let hash = payload_hash(&item.view.as_ref().unwrap_or(&item.lease.msg).body);
+            let claimed = tokio::time::timeout(
+                self.claim_lease(),
+                store.claim(&key, self.claim_lease(), &hash),
+            )
+            .await
+            .unwrap_or(Err(IdempotencyError::TimedOut));
             let ended = match self.claim_outcome(&mut item.lease, &key, claimed).await {
                 Ok(token) => {
                     item.claim = Some((key, token));
@@ -513,7 +528,8 @@ impl Processor {
         if let Some((key, token)) = item.claim.take() {
             let recorded = match &self.store {
                 Some(s) if happened == Happened::Succeeded => {
-                    s.complete(&key, self.idempotency_ttl).await
+                    let hash = payload_hash(&item.view.as_ref().unwrap_or(&item.lease.msg).body);
+                    s.complete(&key, self.idempotency_ttl, &hash).await
                 }
                 Some(s) => s.abandon(&key, &token).await,
                 None => Ok(()),
