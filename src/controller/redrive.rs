@@ -328,6 +328,7 @@ fn spawn(
         token: token.to_string(),
         source_arn: Some(t.source_arn.clone()),
         move_unmarked: sole,
+        select: crate::triage::Selector::default(),
     };
     let handle = {
         let (client, dlq, src) = (client.clone(), t.dlq_url.clone(), t.source_url.clone());
@@ -528,6 +529,20 @@ pub async fn request(
     qcs.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     Ok(())
+}
+
+/// The source queue of the QueueConsumer `namespace/name`: its URL and region, for the CLI's own
+/// calls (`qc-operator dlq NS/NAME`). `spec.queue.endpoint` is not returned: the CLI signs with the
+/// caller's credentials and never sends them where a tenant's spec points (`--endpoint-url` is the
+/// caller's own choice).
+pub async fn queue_of(
+    client: kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<(String, Option<String>), kube::Error> {
+    let qcs: kube::Api<QueueConsumer> = kube::Api::namespaced(client, namespace);
+    let qc = qcs.get(name).await?;
+    Ok((qc.spec.queue.url, qc.spec.queue.region))
 }
 
 #[cfg(test)]
