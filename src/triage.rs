@@ -332,8 +332,8 @@ mod tests {
 
         let window = Selector {
             reasons: vec![],
-            newer_than: Some(Duration::from_secs(3600)),
-            older_than: Some(Duration::from_secs(60)),
+            newer_than: Some(Duration::from_hours(1)),
+            older_than: Some(Duration::from_mins(1)),
         };
         assert!(window.validate().is_ok());
         assert!(window.selects(&p("1", Some("x"), None, Some(60)), NOW));
@@ -351,8 +351,8 @@ mod tests {
     #[test]
     fn an_empty_window_or_reason_is_refused_naming_the_flag() {
         let e = Selector {
-            newer_than: Some(Duration::from_secs(60)),
-            older_than: Some(Duration::from_secs(3600)),
+            newer_than: Some(Duration::from_mins(1)),
+            older_than: Some(Duration::from_hours(1)),
             ..Selector::default()
         }
         .validate()

@@ -665,6 +665,22 @@ fn redrive(args: RedriveArgs) -> ExitCode {
             }
         };
     }
+    // clap's `requires` is not enforced next to the positional's `conflicts_with`: say it here.
+    let direct_only = [
+        (!args.reasons.is_empty(), "--reason"),
+        (args.newer_than.is_some(), "--newer-than"),
+        (args.older_than.is_some(), "--older-than"),
+        (args.dry_run, "--dry-run"),
+        (args.max.is_some(), "--max"),
+        (args.endpoint_url.is_some(), "--endpoint-url"),
+        (args.region.is_some(), "--region"),
+    ];
+    if let Some((_, flag)) = direct_only.iter().find(|(given, _)| *given) {
+        eprintln!(
+            "error: {flag} works with --queue-url only (the move runs here, now); through the cluster (NAMESPACE/NAME) the controller moves the whole DLQ: use --queue-url URL with the QueueConsumer's spec.queue.url"
+        );
+        return ExitCode::from(2);
+    }
     let target = args.target.unwrap_or_default();
     let Some((ns, name)) = target
         .split_once('/')
