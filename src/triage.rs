@@ -17,6 +17,11 @@ pub const NO_REASON: &str = "(none)";
 pub const NOT_A_STRING: &str = "(not a string)";
 /// Longest reason key, in characters: a forged attribute of 256 KiB does not flood the output.
 pub const MAX_REASON_KEY: usize = 200;
+/// The message attribute an automatic redrive after recovery adds to each message it moves (its
+/// value: the redrive's token): a message carrying it is never moved automatically again.
+pub const AUTO_REDRIVE_ATTRIBUTE: &str = "qc-auto-redrive";
+/// SQS's limit of message attributes per message.
+pub const MAX_ATTRIBUTES: usize = 10;
 /// Reasons listed by default; the rest are summed under [`OTHER`].
 pub const DEFAULT_TOP: usize = 10;
 /// The key under which the reasons (or sources) beyond the top N are summed.
@@ -36,6 +41,21 @@ pub struct Peeked {
     pub sent_at_ms: Option<u64>,
     /// `ApproximateReceiveCount` on the DLQ, this peek's receive included.
     pub receive_count: u32,
+    /// Whether it carries a `qc-poison-reason` attribute at all (even an empty one).
+    pub reason_attribute: bool,
+    /// Whether it carries [`AUTO_REDRIVE_ATTRIBUTE`]: an automatic redrive moved it before.
+    pub auto_redriven: bool,
+    /// How many message attributes it carries.
+    pub attributes: usize,
+}
+
+/// Whether an automatic redrive after recovery may move `p`: dead-lettered for a transient cause
+/// (no `qc-poison-reason` attribute at all: the redrive policy moved it after maxReceiveCount
+/// receives; the worker attaches a reason to every poison message it dead-letters), never moved
+/// automatically before, and with room for the mark (a poison message that already carried ten
+/// attributes is dead-lettered without its reason, so one without room is never taken).
+pub fn is_transient(p: &Peeked) -> bool {
+    !p.reason_attribute && !p.auto_redriven && p.attributes < MAX_ATTRIBUTES
 }
 
 /// The reason key of an attribute value: control characters escaped (a terminal never interprets
@@ -172,6 +192,8 @@ pub struct Selector {
     pub newer_than: Option<Duration>,
     /// Only messages at least this old.
     pub older_than: Option<Duration>,
+    /// Only messages an automatic redrive after recovery may move ([`is_transient`]).
+    pub transient_only: bool,
 }
 
 /// A selection that can never select anything, or is otherwise wrong.
@@ -202,11 +224,17 @@ impl Selector {
 
     /// Whether this selects everything (no reason, no window).
     pub fn is_all(&self) -> bool {
-        self.reasons.is_empty() && self.newer_than.is_none() && self.older_than.is_none()
+        self.reasons.is_empty()
+            && self.newer_than.is_none()
+            && self.older_than.is_none()
+            && !self.transient_only
     }
 
     /// Whether the message `p` is selected at `now_ms`.
     pub fn selects(&self, p: &Peeked, now_ms: u64) -> bool {
+        if self.transient_only && !is_transient(p) {
+            return false;
+        }
         if !self.reasons.is_empty() && !self.reasons.iter().any(|r| r.trim() == p.reason) {
             return false;
         }
@@ -234,7 +262,51 @@ mod tests {
             source: source.map(str::to_string),
             sent_at_ms: age_s.map(|a| NOW - a * 1000),
             receive_count: 1,
+            reason_attribute: reason.is_some(),
+            auto_redriven: false,
+            attributes: usize::from(reason.is_some()),
         }
+    }
+
+    #[test]
+    fn only_messages_without_a_reason_never_moved_automatically_and_with_room_are_transient() {
+        let none = p("1", None, None, Some(5));
+        assert!(is_transient(&none));
+        assert!(!is_transient(&p(
+            "1",
+            Some("handler answered HTTP 422"),
+            None,
+            Some(5)
+        )));
+        let empty_reason = Peeked {
+            reason_attribute: true,
+            ..none.clone()
+        };
+        assert_eq!(empty_reason.reason, NO_REASON);
+        assert!(
+            !is_transient(&empty_reason),
+            "an empty reason attribute is still a reason: never taken automatically"
+        );
+        let again = Peeked {
+            auto_redriven: true,
+            ..none.clone()
+        };
+        assert!(!is_transient(&again), "moved automatically once already");
+        let full = Peeked {
+            attributes: MAX_ATTRIBUTES,
+            ..none.clone()
+        };
+        assert!(
+            !is_transient(&full),
+            "ten attributes: maybe poison whose reason had no room"
+        );
+        let sel = Selector {
+            transient_only: true,
+            ..Selector::default()
+        };
+        assert!(!sel.is_all());
+        assert!(sel.selects(&none, NOW));
+        assert!(!sel.selects(&again, NOW));
     }
 
     #[test]
@@ -334,6 +406,7 @@ mod tests {
             reasons: vec![],
             newer_than: Some(Duration::from_hours(1)),
             older_than: Some(Duration::from_mins(1)),
+            transient_only: false,
         };
         assert!(window.validate().is_ok());
         assert!(window.selects(&p("1", Some("x"), None, Some(60)), NOW));

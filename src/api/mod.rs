@@ -982,6 +982,39 @@ pub struct DeadLetterSpec {
     #[serde(default)]
     #[schemars(schema_with = "alarm_actions_schema")]
     pub alarm_actions: Vec<String>,
+    /// Opt-in: move the messages dead-lettered for a transient cause (no `qc-poison-reason`: the
+    /// redrive policy moved them after maxReceiveCount receives, e.g. handler timeouts or an outage
+    /// longer than outageTolerance) back to the source once HandlerHealthy has been True for
+    /// `healthyFor`; never poison. Default: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redrive_after_recovery: Option<RedriveAfterRecoverySpec>,
+}
+
+/// `deadLetter.redriveAfterRecovery`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RedriveAfterRecoverySpec {
+    /// Turn it on. Default: false.
+    #[serde(default)]
+    pub enabled: bool,
+    /// How long HandlerHealthy must have been True (since its last transition) before the move
+    /// starts, a duration such as 10m. Default: 10m.
+    #[serde(default = "defaults::recovery_healthy_for")]
+    pub healthy_for: Duration,
+    /// Messages moved per second (1 to 500). Default: 10.
+    #[serde(default = "defaults::recovery_rate")]
+    #[schemars(range(min = 1, max = 500))]
+    pub rate: u32,
+}
+
+impl Default for RedriveAfterRecoverySpec {
+    fn default() -> Self {
+        RedriveAfterRecoverySpec {
+            enabled: false,
+            healthy_for: defaults::recovery_healthy_for(),
+            rate: defaults::recovery_rate(),
+        }
+    }
 }
 
 /// S3 bucket names or patterns; bounded, as `alarm_actions_schema`, so the CEL rules stay cheap.
@@ -1011,6 +1044,7 @@ impl Default for DeadLetterSpec {
         DeadLetterSpec {
             alarm: true,
             alarm_actions: Vec::new(),
+            redrive_after_recovery: None,
         }
     }
 }
@@ -1313,6 +1347,10 @@ pub struct DeadLetterStatus {
     /// The last redrive asked for with the annotation sqs.consumers.dev/redrive-request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redrive: Option<RedriveStatus>,
+    /// The last automatic redrive after recovery (`spec.deadLetter.redriveAfterRecovery`); its
+    /// `request` names the HandlerHealthy transition it answered (`after-recovery:TIME`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redrive_after_recovery: Option<RedriveStatus>,
 }
 
 /// Progress of a redrive: the DLQ's messages moved back to the source queue.
@@ -1338,6 +1376,10 @@ pub struct RedriveStatus {
     /// Messages left in a shared DLQ because another source queue dead-lettered them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skipped: Option<i64>,
+    /// This source's messages the move's selection left in the DLQ (a redrive after recovery takes
+    /// only transient ones: poison, and messages it moved before, stay).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_selected: Option<i64>,
     /// SQS's handle of the move task (MessageMoveTask only), to follow or cancel it with the AWS CLI.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_handle: Option<String>,
@@ -1398,6 +1440,12 @@ pub struct ObservedStatus {
 /// The API's defaults, one function per field so serde and schemars share them.
 pub mod defaults {
     use super::Duration;
+    pub fn recovery_healthy_for() -> Duration {
+        Duration::from_secs(600)
+    }
+    pub fn recovery_rate() -> u32 {
+        10
+    }
     pub fn yes() -> bool {
         true
     }

@@ -34,7 +34,9 @@ use sha2::{Digest, Sha256};
 
 use crate::aws::classify::{ErrorKind, classify_code};
 use crate::aws::facts::is_fifo;
-use crate::triage::{NOT_A_STRING, Peeked, Selector, reason_key};
+use crate::triage::{
+    AUTO_REDRIVE_ATTRIBUTE, MAX_ATTRIBUTES, NOT_A_STRING, Peeked, Selector, reason_key,
+};
 
 /// The message attribute with which qc-worker marks its own dead-letter sends: the source queue's ARN.
 pub const SOURCE_ATTRIBUTE: &str = "qc-source-arn";
@@ -154,6 +156,9 @@ pub struct MoveOptions {
     /// Which of this source's messages move (reason, time window); the others are left in the DLQ
     /// and made visible again when the move ends. Default: all.
     pub select: Selector,
+    /// Add [`AUTO_REDRIVE_ATTRIBUTE`] (= the token) to each resend (an automatic redrive after
+    /// recovery), where the message has room for it.
+    pub mark: bool,
 }
 
 /// The source queue a DLQ message names: SQS's `DeadLetterQueueSourceArn`, else the worker's
@@ -331,7 +336,7 @@ async fn move_loop(
             let entries = to_send
                 .iter()
                 .enumerate()
-                .map(|(i, (id, m))| entry(i, id, m, fifo, &opts.token))
+                .map(|(i, (id, m))| entry(i, id, m, fifo, &opts.token, opts.mark))
                 .collect::<Result<Vec<_>, _>>()?;
             let out = client
                 .send_message_batch()
@@ -398,7 +403,8 @@ pub fn peeked(m: &Message) -> Option<Peeked> {
             .and_then(|a| a.get(&k))
             .and_then(|v| v.parse::<u64>().ok())
     };
-    let reason = match m.message_attributes().and_then(|a| a.get(REASON_ATTRIBUTE)) {
+    let attrs = m.message_attributes();
+    let reason = match attrs.and_then(|a| a.get(REASON_ATTRIBUTE)) {
         None => reason_key(None),
         Some(v) => match v.string_value() {
             Some(s) => reason_key(Some(s)),
@@ -413,6 +419,9 @@ pub fn peeked(m: &Message) -> Option<Peeked> {
         receive_count: number(MessageSystemAttributeName::ApproximateReceiveCount)
             .and_then(|n| u32::try_from(n).ok())
             .unwrap_or(0),
+        reason_attribute: attrs.is_some_and(|a| a.contains_key(REASON_ATTRIBUTE)),
+        auto_redriven: attrs.is_some_and(|a| a.contains_key(AUTO_REDRIVE_ATTRIBUTE)),
+        attributes: attrs.map_or(0, HashMap::len),
     })
 }
 
@@ -460,12 +469,27 @@ fn entry(
     m: &Message,
     fifo: bool,
     token: &str,
+    mark: bool,
 ) -> Result<SendMessageBatchRequestEntry, RedriveError> {
     let system = m.attributes();
+    let mut attributes = m.message_attributes().cloned();
+    if mark && attributes.as_ref().map_or(0, HashMap::len) < MAX_ATTRIBUTES {
+        let v = aws_sdk_sqs::types::MessageAttributeValue::builder()
+            .data_type("String")
+            .string_value(token)
+            .build()
+            .map_err(|_| RedriveError::BadMessage {
+                queue: String::new(),
+                what: "auto-redrive mark",
+            })?;
+        attributes
+            .get_or_insert_with(HashMap::new)
+            .insert(AUTO_REDRIVE_ATTRIBUTE.to_string(), v);
+    }
     let mut b = SendMessageBatchRequestEntry::builder()
         .id(i.to_string())
         .message_body(m.body().unwrap_or_default())
-        .set_message_attributes(m.message_attributes().cloned());
+        .set_message_attributes(attributes);
     if fifo {
         let group = system
             .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId))
@@ -656,6 +680,7 @@ pub async fn redrive_selected(
         source_arn: Some(route.source_arn.clone()).filter(|a| !a.is_empty()),
         move_unmarked,
         select: select.clone(),
+        mark: false,
     };
     let progress = MoveProgress::default();
     let moved = move_messages(client, &route.dlq_url, source_url, &opts, &progress).await?;
@@ -848,6 +873,7 @@ mod tests {
             source_arn: source_arn.map(str::to_string),
             move_unmarked,
             select: Selector::default(),
+            mark: false,
         }
     }
 

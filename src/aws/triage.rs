@@ -156,6 +156,7 @@ pub async fn dry_run(
         source_arn: Some(route.source_arn.clone()).filter(|a| !a.is_empty()),
         move_unmarked,
         select: select.clone(),
+        mark: false,
     };
     let peek = peek(client, &route.dlq_url, max).await?;
     let (would_move, not_selected, other_sources) = plan_move(&peek.messages, &opts, now_ms());

@@ -604,6 +604,7 @@ fn redrive(args: RedriveArgs) -> ExitCode {
             reasons: args.reasons.clone(),
             newer_than: args.newer_than.map(|d| d.as_std()),
             older_than: args.older_than.map(|d| d.as_std()),
+            transient_only: false,
         };
         if let Err(e) = select.validate() {
             eprintln!("error: {e}");

@@ -473,6 +473,12 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
             endpoint: endpoint.as_deref(),
             facts: observed.as_ref().ok().map(|o| &o.facts),
             now: observe::now(),
+            recovery_rate: qc
+                .spec
+                .dead_letter
+                .redrive_after_recovery
+                .as_ref()
+                .map_or_else(crate::api::defaults::recovery_rate, |r| r.rate),
         },
     )
     .await;
@@ -490,6 +496,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         scaled_at: scaled.as_ref().map(|_| observe::now()),
         sampled_at: observed.as_ref().ok().map(|o| o.sampled_at.clone()),
         redrive: redrive.status.clone(),
+        redrive_after_recovery: redrive.after_recovery.clone(),
         workers: Some(&workers),
         now: observe::now(),
     });

@@ -75,6 +75,8 @@ pub struct StatusInputs<'a> {
     pub sampled_at: Option<Time>,
     /// The redrive step's status block (None: no redrive was ever asked for).
     pub redrive: Option<RedriveStatus>,
+    /// The automatic redrive after recovery's block (None: never ran).
+    pub redrive_after_recovery: Option<RedriveStatus>,
     /// What the worker pods' /metrics said; None when they were not read (`plan`).
     pub workers: Option<&'a Workers>,
     pub now: Time,
@@ -161,16 +163,22 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
         }
     };
 
-    let dead_letter_block = match (dead_letter_block, i.redrive.clone()) {
-        (Some(mut d), redrive) => {
+    let dead_letter_block = match (
+        dead_letter_block,
+        i.redrive.clone(),
+        i.redrive_after_recovery.clone(),
+    ) {
+        (Some(mut d), redrive, auto) => {
             d.redrive = redrive;
+            d.redrive_after_recovery = auto;
             Some(d)
         }
-        (None, Some(redrive)) => Some(DeadLetterStatus {
-            redrive: Some(redrive),
+        (None, None, None) => None,
+        (None, redrive, auto) => Some(DeadLetterStatus {
+            redrive,
+            redrive_after_recovery: auto,
             ..DeadLetterStatus::default()
         }),
-        (None, None) => None,
     };
 
     QueueConsumerStatus {
@@ -1128,6 +1136,7 @@ fn dead_letter_block(
             alarm_name: alarm.name.clone(),
             alarm_state: alarm.state.clone(),
             redrive: None,
+            redrive_after_recovery: None,
         }),
         // Unreachable: the last known values stay, with the alarm as it is now.
         DeadLetterFacts::Unreachable { .. } => old.cloned().map(|mut d| {
