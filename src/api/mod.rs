@@ -941,6 +941,13 @@ pub struct ScalingSpec {
     #[serde(default)]
     #[schemars(range(max = 2_147_483_647))]
     pub activation_backlog: u32,
+    /// FIFO queues: how many message groups are active at once at most (a count). A group's messages
+    /// are handled one at a time, so replicas × concurrency beyond the groups (plus 25 % headroom)
+    /// would wait: the scaler adds no replica beyond that (limited by MessageGroups) and `check` warns
+    /// when maxReplicas × concurrency exceeds it. Default: none (not capped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 2_147_483_647))]
+    pub message_groups: Option<u32>,
     /// How often the queue is read (GetQueueAttributes) and replicas decided, a duration of at
     /// least 1s. Default: 15s.
     #[serde(default = "defaults::poll_interval")]
@@ -960,6 +967,7 @@ impl Default for ScalingSpec {
             max_backlog_age: defaults::max_backlog_age(),
             scale_on_in_flight: true,
             activation_backlog: 0,
+            message_groups: None,
             poll_interval: defaults::poll_interval(),
             scale_down_stabilization: Stabilization::Auto,
         }

@@ -25,6 +25,8 @@ pub const OUTAGE_HOLD_BEYOND_RETENTION: &str = "OutageHoldBeyondRetention";
 pub const POD_NOT_RESTRICTED: &str = "PodNotRestricted";
 pub const MAX_RATE_BELOW_BACKLOG: &str = "MaxRateBelowBacklog";
 pub const S3_PAYLOAD_DELETE_WITH_SNS: &str = "S3PayloadDeleteWithSns";
+pub const FIFO_PARALLELISM_ABOVE_GROUPS: &str = "FifoParallelismAboveGroups";
+pub const FIFO_RATE_ABOVE_LIMIT: &str = "FifoRateAboveLimit";
 
 /// Rules that need only the spec.
 pub const OFFLINE_RULES: &[&str] = &[
@@ -38,6 +40,8 @@ pub const OFFLINE_RULES: &[&str] = &[
     POD_NOT_RESTRICTED,
     MAX_RATE_BELOW_BACKLOG,
     S3_PAYLOAD_DELETE_WITH_SNS,
+    FIFO_PARALLELISM_ABOVE_GROUPS,
+    FIFO_RATE_ABOVE_LIMIT,
 ];
 
 /// Rules that need the source queue's attributes.
@@ -88,4 +92,6 @@ pub const ALL: &[&str] = &[
     POD_NOT_RESTRICTED,
     MAX_RATE_BELOW_BACKLOG,
     S3_PAYLOAD_DELETE_WITH_SNS,
+    FIFO_PARALLELISM_ABOVE_GROUPS,
+    FIFO_RATE_ABOVE_LIMIT,
 ];
