@@ -100,6 +100,8 @@ pub struct Workers {
     /// This process's scrapes span less than a poll interval (it just started, took over as leader,
     /// or the consumer is new): its window says less than a full one would.
     pub warming_up: bool,
+    /// FIFO: the groups the pods hold in all and their reported heads (None: no pod reports groups).
+    pub fifo: Option<(u64, Vec<crate::scaling::fifo::GroupHead>)>,
 }
 
 impl Workers {
@@ -126,6 +128,7 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
     let ready = ready(i, &queue_reachable, &config_valid, &name);
     let processing = processing_time(i);
     let handler = handler_healthy(i);
+    let fifo_groups = fifo_groups_healthy(i);
     let mut fresh = [
         ready,
         queue_reachable,
@@ -145,6 +148,14 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
         last_transition_time: i.now.clone(),
     })
     .collect::<Vec<_>>();
+    fresh.extend(fifo_groups.map(|c| Condition {
+        type_: c.type_.to_string(),
+        status: c.status.as_str().to_string(),
+        reason: c.reason.to_string(),
+        message: c.message,
+        observed_generation: generation,
+        last_transition_time: i.now.clone(),
+    }));
     fresh.extend(alarm_synced(i, &old.conditions));
     let conditions = merge_conditions(&old.conditions, fresh);
 
@@ -848,6 +859,58 @@ fn processing_time(i: &StatusInputs<'_>) -> Cond {
             format!("{seen} is within {percent}% of the declared p99 {declared}"),
         )
     }
+}
+
+/// The `FifoGroupsHealthy` condition (FIFO queues whose workers report their groups): False naming
+/// the stuck groups (a head that failed 3 times in a row, or older than 5 minutes) and the hot ones;
+/// absent on a standard queue or before a worker reported (a first False is an Event).
+fn fifo_groups_healthy(i: &StatusInputs<'_>) -> Option<Cond> {
+    use crate::scaling::fifo::{self, Stuck};
+    if !crate::aws::facts::is_fifo(&i.qc.spec.queue.url) {
+        return None;
+    }
+    let (held, heads) = i.workers?.fifo.as_ref()?;
+    let h = fifo::classify(heads, fifo::Thresholds::default());
+    let hot = if h.hot.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; hot: {}",
+            h.hot
+                .iter()
+                .map(|(g, pct)| format!("group {g:?} holds {pct}% of the held messages"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    if h.stuck.is_empty() {
+        return Some(Cond::new(
+            conditions::FIFO_GROUPS_HEALTHY,
+            Status::True,
+            reason::NO_STUCK_GROUPS,
+            format!("{held} message group(s) held by the workers, none stuck{hot}"),
+        ));
+    }
+    let stuck = h
+        .stuck
+        .iter()
+        .map(|(g, why)| match why {
+            Stuck::HeadFailing { failures, age } => format!(
+                "group {g:?}: its head failed {failures} times in a row ({}s old)",
+                age.as_secs()
+            ),
+            Stuck::HeadOld { age } => format!("group {g:?}: its head is {}s old", age.as_secs()),
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    Some(Cond::new(
+        conditions::FIFO_GROUPS_HEALTHY,
+        Status::False,
+        reason::GROUP_STUCK,
+        format!(
+            "stuck FIFO message groups hold back every later message of their group: {stuck}{hot}; see the handler's log for the head's failure (docs/operations.md, \"A stuck FIFO group\")"
+        ),
+    ))
 }
 
 /// The `HandlerHealthy` condition: the share of scraped workers whose outage breaker is open. It does not

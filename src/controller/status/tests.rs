@@ -524,6 +524,7 @@ fn busy(p99: f64, mean: f64, rate: f64, in_flight: i64, at_secs: i64) -> Workers
         sampled_at: Some(at(at_secs)),
         crash_looping: vec![],
         warming_up: false,
+        fifo: None,
     }
 }
 
