@@ -110,6 +110,7 @@ impl Workers {
         crate::scaling::Downstream {
             open: u32::try_from(self.breaker_open).unwrap_or(u32::MAX),
             scraped: u32::try_from(self.pods).unwrap_or(u32::MAX),
+            fifo_groups: self.fifo.as_ref().map(|(held, _)| *held),
         }
     }
 }

@@ -27,6 +27,25 @@ pub fn replica_cap(groups: u32, slots: u32) -> u32 {
     useful_slots(groups).div_ceil(slots.max(1)).max(1)
 }
 
+/// The groups to cap replicas at: the fewer of the declared `scaling.messageGroups` and the groups
+/// the workers hold, the latter only while it is below the slots the `current` replicas have (slots
+/// then idle for want of groups: every group with a visible head is held). With every slot busy the
+/// workers cannot tell how many more groups wait, so their count caps nothing. None: no cap.
+pub fn cap_groups(
+    declared: Option<u32>,
+    held: Option<u64>,
+    current: u32,
+    slots: u32,
+) -> Option<u32> {
+    let observed = held
+        .filter(|&h| h < u64::from(current) * u64::from(slots.max(1)))
+        .map(|h| u32::try_from(h).unwrap_or(u32::MAX));
+    match (declared, observed) {
+        (Some(d), Some(o)) => Some(d.min(o)),
+        (d, o) => d.or(o),
+    }
+}
+
 /// Messages per second a FIFO queue takes for a consumer receiving `batch_size` at a time: 300
 /// receives (and 300 delete batches) a second, so 300 × batchSize (3,000 with batches of 10); in
 /// high-throughput mode, [`HIGH_THROUGHPUT_MESSAGES_PER_SECOND`].
@@ -164,6 +183,22 @@ mod tests {
         assert_eq!(replica_cap(100, 10), 13);
         assert_eq!(replica_cap(0, 10), 1, "at least one replica");
         assert_eq!(replica_cap(5, 0), 7, "no slots counts as one");
+    }
+
+    #[test]
+    fn the_workers_groups_cap_only_while_slots_idle_for_want_of_groups() {
+        // 3 replicas × 10 slots: 4 groups held leave slots idle, so 4 caps; 30 held could be more.
+        assert_eq!(cap_groups(None, Some(4), 3, 10), Some(4));
+        assert_eq!(cap_groups(None, Some(30), 3, 10), None);
+        assert_eq!(cap_groups(Some(8), Some(30), 3, 10), Some(8));
+        assert_eq!(cap_groups(Some(8), Some(4), 3, 10), Some(4));
+        assert_eq!(cap_groups(Some(8), None, 0, 10), Some(8));
+        assert_eq!(
+            cap_groups(None, Some(0), 0, 10),
+            None,
+            "no replicas: nothing observed"
+        );
+        assert_eq!(cap_groups(None, None, 3, 10), None);
     }
 
     #[test]

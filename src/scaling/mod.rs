@@ -283,6 +283,8 @@ pub struct Downstream {
     pub open: u32,
     /// Workers whose /metrics answered.
     pub scraped: u32,
+    /// FIFO: the message groups the scraped workers hold in all (None: they report none).
+    pub fifo_groups: Option<u64>,
 }
 
 impl Downstream {
@@ -510,7 +512,12 @@ pub fn decide_for(
     );
     if !downstream.failing() {
         let groups = if crate::aws::facts::is_fifo(&spec.queue.url) {
-            spec.scaling.message_groups
+            fifo::cap_groups(
+                spec.scaling.message_groups,
+                downstream.fifo_groups,
+                current,
+                crate::validate::message_slots(spec),
+            )
         } else {
             None
         };
