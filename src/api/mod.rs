@@ -998,6 +998,17 @@ pub struct DeadLetterSpec {
     pub redrive_after_recovery: Option<RedriveAfterRecoverySpec>,
 }
 
+/// A `qc-poison-reason` and how many of the DLQ's peeked messages carry it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReasonCount {
+    /// The `qc-poison-reason` (cut at 200 characters, control characters escaped), `(none)` for messages
+    /// without one, `(other)` for the reasons beyond the top 5.
+    pub reason: String,
+    /// Messages of the peek carrying it.
+    pub count: i64,
+}
+
 /// `deadLetter.redriveAfterRecovery`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -1184,7 +1195,8 @@ pub struct QueueConsumerStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive,
-    /// ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced, QueueManaged (Kubernetes conditions).
+    /// ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced, QueueManaged, FifoGroupsHealthy
+    /// (Kubernetes conditions).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
@@ -1260,7 +1272,7 @@ fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
     let item = generator.subschema_for::<Condition>();
     json_schema!({
         "type": "array",
-        "description": "Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive, ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced, QueueManaged (Kubernetes conditions: type, status, reason, message, lastTransitionTime). HandlerHealthy is False (DownstreamFailing) while workers report their outage breaker open, with the share in the message; while more than half do, ScalingActive is False (DownstreamFailing) and replicas are held. QueueManaged (only with spec.queue.manage on) says whether the queue's settings are what the rules ask for, what was changed, or why nothing was (ManageConflict, Suspended). Only QueueReachable, ConfigValid and the Deployment gate Ready: it is False while a new pod template rolls out (RollingOut) or the rollout is stalled (RolloutStalled, with the Deployment's message); the scaler's replica changes keep it.",
+        "description": "Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive, ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced, QueueManaged, FifoGroupsHealthy (Kubernetes conditions: type, status, reason, message, lastTransitionTime). FifoGroupsHealthy (FIFO queues whose workers report their groups) is False (GroupStuck) naming the groups whose head failed 3 times in a row or is older than 5 minutes. HandlerHealthy is False (DownstreamFailing) while workers report their outage breaker open, with the share in the message; while more than half do, ScalingActive is False (DownstreamFailing) and replicas are held. QueueManaged (only with spec.queue.manage on) says whether the queue's settings are what the rules ask for, what was changed, or why nothing was (ManageConflict, Suspended). Only QueueReachable, ConfigValid and the Deployment gate Ready: it is False while a new pod template rolls out (RollingOut) or the rollout is stalled (RolloutStalled, with the Deployment's message); the scaler's replica changes keep it.",
         "items": item,
         "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["type"]
@@ -1359,6 +1371,16 @@ pub struct DeadLetterStatus {
     /// `request` names the HandlerHealthy transition it answered (`after-recovery:TIME`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redrive_after_recovery: Option<RedriveStatus>,
+    /// The DLQ's messages by `qc-poison-reason` (the top 5 of up to 100 peeked; `(none)`: moved by the
+    /// redrive policy; `(other)`: the rest), read at most every 5 minutes while it holds messages. Each
+    /// read adds one to the peeked messages' receive count on the DLQ; never read when the DLQ has a
+    /// redrive policy of its own. `qc-operator dlq` has the full summary.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by_reason: Vec<ReasonCount>,
+    /// When `byReason` was read (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "time_schema")]
+    pub by_reason_sampled_at: Option<Time>,
 }
 
 /// Progress of a redrive: the DLQ's messages moved back to the source queue.

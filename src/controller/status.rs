@@ -1201,6 +1201,8 @@ fn dead_letter_block(
             alarm_state: alarm.state.clone(),
             redrive: None,
             redrive_after_recovery: None,
+            by_reason: old.map(|d| d.by_reason.clone()).unwrap_or_default(),
+            by_reason_sampled_at: old.and_then(|d| d.by_reason_sampled_at.clone()),
         }),
         // Unreachable: the last known values stay, with the alarm as it is now.
         DeadLetterFacts::Unreachable { .. } => old.cloned().map(|mut d| {
