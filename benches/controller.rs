@@ -76,6 +76,7 @@ fn time_pure(exec: bool, iterations: u32) -> f64 {
             scaled_at: None,
             sampled_at: Some(now.clone()),
             redrive: None,
+            redrive_after_recovery: None,
             workers: None,
             now: now.clone(),
         });

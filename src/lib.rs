@@ -13,5 +13,6 @@ pub mod scaling;
 pub mod sync;
 pub mod telemetry;
 pub mod tenancy;
+pub mod triage;
 pub mod validate;
 pub mod worker;

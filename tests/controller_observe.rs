@@ -639,3 +639,118 @@ async fn open_breakers_turn_handler_healthy_false_and_hold_replicas_until_they_c
         "the outage sent nothing to the DLQ"
     );
 }
+
+/// A FIFO queue whose group `g-bad` has a head the handler always fails (503) while other groups
+/// succeed: the worker reports the group's head (receive count, age), and once the head has failed 3
+/// times in a row the controller names the group in `FifoGroupsHealthy=False/GroupStuck` within 2
+/// polls, with a Warning Event; the healthy groups are not named.
+#[tokio::test]
+async fn a_stuck_fifo_group_is_named_in_status_within_two_polls() {
+    let queue = TestQueue::new("fifostuck", 30, 10, true).await;
+    let fake = FakeKube::new();
+    let ctx = context(
+        &fake,
+        Arc::new(SqsReader::new(queue.client.clone())),
+        Arc::new(NoAlarms),
+        Some("test"),
+    );
+    let e = Env { fake, ctx, queue };
+    let handler = HttpHandler::start(|c| {
+        if c.body.starts_with(b"bad") {
+            Reply::status(503)
+        } else {
+            Reply::ok(Duration::from_millis(5))
+        }
+    })
+    .await;
+    let mut args = worker_args(&e.queue, &handler, "5s");
+    args.extend(
+        [
+            "--retry-base",
+            "1s",
+            "--retry-max",
+            "1s",
+            "--breaker",
+            "false",
+        ]
+        .map(String::from),
+    );
+    let mut worker = Worker::start(&args);
+    worker.wait_ready(Duration::from_secs(30)).await;
+    let bodies: Vec<String> = ["bad-0", "bad-1"]
+        .into_iter()
+        .map(String::from)
+        .chain((0..6).map(|i| format!("good-{i}")))
+        .collect();
+    e.queue
+        .send_all(&bodies, |i| {
+            if i < 2 {
+                "g-bad".into()
+            } else {
+                format!("g-{i}")
+            }
+        })
+        .await;
+    e.fake.create(QUEUE_CONSUMERS, e.manifest("100ms", 1, 1));
+    reconcile(Arc::new(e.qc()), e.ctx.clone()).await.unwrap();
+    e.add_pod("orders-a", &worker);
+    // The head of g-bad fails on each receive: wait until the worker reports it received 4 times
+    // (3 failures in a row), then the controller has 2 polls to say so.
+    let metrics_of = |w: &Worker| {
+        let addr = w.metrics_addr.clone();
+        async move {
+            support::http_get(&addr, "/metrics")
+                .await
+                .map(|(_, b)| b)
+                .unwrap_or_default()
+        }
+    };
+    let mut reported = String::new();
+    for _ in 0..120 {
+        reported = metrics_of(&worker).await;
+        if reported.lines().any(|l| {
+            l.starts_with("qc_worker_fifo_group_head_receives{group=\"g-bad\"}")
+                && parse_receives(l) >= 4
+        }) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        reported.contains("qc_worker_fifo_group_head_receives{group=\"g-bad\"}"),
+        "{reported}"
+    );
+    let mut named_after = None;
+    for n in 1..=2 {
+        e.poll().await;
+        let c = e.condition("FifoGroupsHealthy");
+        if c.status == "False" {
+            assert_eq!(c.reason, "GroupStuck");
+            assert!(
+                c.message.contains("group \"g-bad\": its head failed"),
+                "{}",
+                c.message
+            );
+            assert!(!c.message.contains("g-2"), "{}", c.message);
+            named_after = Some(n);
+            break;
+        }
+    }
+    assert!(
+        named_after.is_some(),
+        "not named within 2 polls: {:?}",
+        e.condition("FifoGroupsHealthy")
+    );
+    assert!(
+        e.event_reasons().iter().any(|r| r == "GroupStuck"),
+        "{:?}",
+        e.event_reasons()
+    );
+    worker.stop().await;
+}
+
+fn parse_receives(line: &str) -> u64 {
+    line.rsplit_once(' ')
+        .and_then(|(_, v)| v.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}

@@ -720,3 +720,88 @@ async fn message_move_task_path_against_a_scripted_stand_in_for_the_move_task_ca
         "{evs:?}"
     );
 }
+
+/// `status.deadLetter.byReason`: the controller peeks at the DLQ (exact counts by `qc-poison-reason`),
+/// releases everything at once (all still visible after the reconcile, none deleted), and does not peek
+/// again within 5 minutes (each peek costs a receive count).
+#[tokio::test]
+async fn the_dlq_is_summarised_by_reason_in_status_without_consuming_it() {
+    let r = redrive_env(None).await;
+    let reason = |v: &str| {
+        aws_sdk_sqs::types::MessageAttributeValue::builder()
+            .data_type("String")
+            .string_value(v)
+            .build()
+            .unwrap()
+    };
+    for (body, why) in [
+        ("a1", Some("handler answered HTTP 422")),
+        ("a2", Some("handler answered HTTP 422")),
+        ("a3", Some("handler answered HTTP 422")),
+        ("n1", None),
+        ("n2", None),
+    ] {
+        let mut req = r.e.sqs.send_message().queue_url(&r.dlq).message_body(body);
+        if let Some(w) = why {
+            req = req.message_attributes("qc-poison-reason", reason(w));
+        }
+        req.send().await.unwrap();
+    }
+    r.e.fake.create(QUEUE_CONSUMERS, manifest(&r.e.url, false));
+    r.e.reconcile().await;
+    let dl = r.e.qc().status.unwrap().dead_letter.unwrap();
+    let got: Vec<(String, i64)> = dl
+        .by_reason
+        .iter()
+        .map(|c| (c.reason.clone(), c.count))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("handler answered HTTP 422".to_string(), 3),
+            ("(none)".to_string(), 2)
+        ]
+    );
+    let sampled = dl.by_reason_sampled_at.clone().expect("sampledAt");
+    // Released at once: all five visible again.
+    let a =
+        r.e.sqs
+            .get_queue_attributes()
+            .queue_url(&r.dlq)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+            .send()
+            .await
+            .unwrap();
+    assert_eq!(
+        a.attributes().unwrap()[&QueueAttributeName::ApproximateNumberOfMessages],
+        "5"
+    );
+    // The next poll keeps the summary without peeking again.
+    r.e.next_poll().await;
+    r.e.reconcile().await;
+    let dl = r.e.qc().status.unwrap().dead_letter.unwrap();
+    assert_eq!(dl.by_reason_sampled_at, Some(sampled));
+    assert_eq!(dl.by_reason.len(), 2);
+    let got =
+        r.e.sqs
+            .receive_message()
+            .queue_url(&r.dlq)
+            .max_number_of_messages(10)
+            .message_system_attribute_names(
+                aws_sdk_sqs::types::MessageSystemAttributeName::ApproximateReceiveCount,
+            )
+            .send()
+            .await
+            .unwrap()
+            .messages
+            .unwrap_or_default();
+    assert_eq!(got.len(), 5);
+    for m in &got {
+        assert_eq!(
+            m.attributes().unwrap()
+                [&aws_sdk_sqs::types::MessageSystemAttributeName::ApproximateReceiveCount],
+            "2",
+            "one peek, then this receive"
+        );
+    }
+}

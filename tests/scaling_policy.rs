@@ -966,7 +966,11 @@ fn most_breakers_open_hold_replicas_against_the_growing_backlog() {
         t += 15;
     }
     let now = Timestamp::from_secs(t - 15);
-    let open = |open, scraped| Downstream { open, scraped };
+    let open = |open, scraped| Downstream {
+        open,
+        scraped,
+        fifo_groups: None,
+    };
     let free = decide_for(&qc.spec, &h, 3, Downstream::default(), now);
     assert_eq!((free.replicas, free.reason), (6, Reason::ScaleUp), "{free}");
     for d in [open(0, 3), open(1, 3), open(1, 2), open(0, 0)] {

@@ -292,3 +292,52 @@ fn on_a_sawtooth_ours_climbs_in_few_steps_and_still_costs_less_than_keda() {
     );
     assert_eq!(ours.over_target_share, 0.0, "{ours:?}");
 }
+
+/// A FIFO trace with 2 hot groups (each sent three times what one handler can do: 30/s at 100 ms) and 3
+/// cold ones, one replica slot each (concurrency 1): the backlog grows whatever the replicas, because
+/// a group's messages go one at a time. Without the message-group cap our policy scales towards
+/// maxReplicas for a backlog no replica can drain; with it, never beyond the replicas the active
+/// groups can use, every message is still served, and it costs less.
+#[test]
+fn a_fifo_trace_with_two_hot_groups_gets_no_more_replicas_than_the_groups_can_use() {
+    use qc::scaling::sim::fifo::{hot_groups_trace, run_fifo};
+    let mut cfg = cfg();
+    cfg.concurrency = 1;
+    cfg.p99 = Duration::from_millis(100);
+    cfg.mean = Some(Duration::from_millis(100));
+    cfg.scaling.max_replicas = 20;
+    cfg.scaling.max_backlog_age = Duration::from_secs(60);
+    let msgs = hot_groups_trace(300, 2, 30, 3, 20, 100);
+    let capped = run_fifo(&cfg, &msgs, 300, true);
+    let free = run_fifo(&cfg, &msgs, 300, false);
+    eprintln!("capped: {capped:?}\nuncapped: {free:?}");
+    assert_eq!(capped.unserved, 0, "{capped:?}");
+    assert_eq!(free.unserved, 0, "{free:?}");
+    assert_eq!(capped.served, msgs.len() as u64);
+    // The bound: at most the cap of the most groups ever active (5 groups, concurrency 1: 7).
+    assert!(capped.max_active_groups <= 5, "{capped:?}");
+    assert!(
+        capped.max_replicas <= capped.group_cap,
+        "{} replicas for {} active groups (cap {})",
+        capped.max_replicas,
+        capped.max_active_groups,
+        capped.group_cap
+    );
+    assert!(
+        free.max_replicas > capped.group_cap,
+        "the uncapped policy asks for replicas the groups cannot use: {free:?}"
+    );
+    assert!(
+        capped.replica_seconds < free.replica_seconds,
+        "{} vs {}",
+        capped.replica_seconds,
+        free.replica_seconds
+    );
+    // The groups, not the replicas, set how long messages wait: the cap costs no wait.
+    assert!(
+        capped.max_wait_ms <= free.max_wait_ms + 1000,
+        "{} vs {}",
+        capped.max_wait_ms,
+        free.max_wait_ms
+    );
+}

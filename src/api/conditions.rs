@@ -16,8 +16,14 @@ pub const ALARM_SYNCED: &str = "AlarmSynced";
 /// `spec.queue.manage` is on: whether the queue's settings are what the rules recommend (present only
 /// with `attributes` or `create`; does not gate Ready).
 pub const QUEUE_MANAGED: &str = "QueueManaged";
+/// FIFO queues whose workers report their message groups: False while a group's head fails again and
+/// again or has waited too long (every later message of the group waits behind it). Does not gate Ready.
+pub const FIFO_GROUPS_HEALTHY: &str = "FifoGroupsHealthy";
 
 pub mod reason {
+    // FifoGroupsHealthy
+    pub const NO_STUCK_GROUPS: &str = "NoStuckGroups";
+    pub const GROUP_STUCK: &str = "GroupStuck";
     // QueueManaged (False reasons of a failed call are the SQS error's own: AccessDenied, ...)
     /// The queue's settings are at (or above) what the rules recommend: nothing to change.
     pub const QUEUE_IN_SYNC: &str = "QueueInSync";

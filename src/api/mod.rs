@@ -1014,6 +1014,13 @@ pub struct ScalingSpec {
     #[serde(default)]
     #[schemars(range(max = 2_147_483_647))]
     pub activation_backlog: u32,
+    /// FIFO queues: how many message groups are active at once at most (a count). A group's messages
+    /// are handled one at a time, so replicas × concurrency beyond the groups (plus 25 % headroom)
+    /// would wait: the scaler adds no replica beyond that (limited by MessageGroups) and `check` warns
+    /// when maxReplicas × concurrency exceeds it. Default: none (not capped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 2_147_483_647))]
+    pub message_groups: Option<u32>,
     /// How often the queue is read (GetQueueAttributes) and replicas decided, a duration of at
     /// least 1s. Default: 15s.
     #[serde(default = "defaults::poll_interval")]
@@ -1033,6 +1040,7 @@ impl Default for ScalingSpec {
             max_backlog_age: defaults::max_backlog_age(),
             scale_on_in_flight: true,
             activation_backlog: 0,
+            message_groups: None,
             poll_interval: defaults::poll_interval(),
             scale_down_stabilization: Stabilization::Auto,
         }
@@ -1055,6 +1063,50 @@ pub struct DeadLetterSpec {
     #[serde(default)]
     #[schemars(schema_with = "alarm_actions_schema")]
     pub alarm_actions: Vec<String>,
+    /// Opt-in: move the messages dead-lettered for a transient cause (no `qc-poison-reason`: the
+    /// redrive policy moved them after maxReceiveCount receives, e.g. handler timeouts or an outage
+    /// longer than outageTolerance) back to the source once HandlerHealthy has been True for
+    /// `healthyFor`; never poison. Default: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redrive_after_recovery: Option<RedriveAfterRecoverySpec>,
+}
+
+/// A `qc-poison-reason` and how many of the DLQ's peeked messages carry it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReasonCount {
+    /// The `qc-poison-reason` (cut at 200 characters, control characters escaped), `(none)` for messages
+    /// without one, `(other)` for the reasons beyond the top 5.
+    pub reason: String,
+    /// Messages of the peek carrying it.
+    pub count: i64,
+}
+
+/// `deadLetter.redriveAfterRecovery`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RedriveAfterRecoverySpec {
+    /// Turn it on. Default: false.
+    #[serde(default)]
+    pub enabled: bool,
+    /// How long HandlerHealthy must have been True (since its last transition) before the move
+    /// starts, a duration such as 10m. Default: 10m.
+    #[serde(default = "defaults::recovery_healthy_for")]
+    pub healthy_for: Duration,
+    /// Messages moved per second (1 to 500). Default: 10.
+    #[serde(default = "defaults::recovery_rate")]
+    #[schemars(range(min = 1, max = 500))]
+    pub rate: u32,
+}
+
+impl Default for RedriveAfterRecoverySpec {
+    fn default() -> Self {
+        RedriveAfterRecoverySpec {
+            enabled: false,
+            healthy_for: defaults::recovery_healthy_for(),
+            rate: defaults::recovery_rate(),
+        }
+    }
 }
 
 /// S3 bucket names or patterns; bounded, as `alarm_actions_schema`, so the CEL rules stay cheap.
@@ -1084,6 +1136,7 @@ impl Default for DeadLetterSpec {
         DeadLetterSpec {
             alarm: true,
             alarm_actions: Vec::new(),
+            redrive_after_recovery: None,
         }
     }
 }
@@ -1215,7 +1268,8 @@ pub struct QueueConsumerStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive,
-    /// ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced, QueueManaged (Kubernetes conditions).
+    /// ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced, QueueManaged, FifoGroupsHealthy
+    /// (Kubernetes conditions).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
@@ -1291,7 +1345,7 @@ fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
     let item = generator.subschema_for::<Condition>();
     json_schema!({
         "type": "array",
-        "description": "Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive, ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced, QueueManaged (Kubernetes conditions: type, status, reason, message, lastTransitionTime). HandlerHealthy is False (DownstreamFailing) while workers report their outage breaker open, with the share in the message; while more than half do, ScalingActive is False (DownstreamFailing) and replicas are held. QueueManaged (only with spec.queue.manage on) says whether the queue's settings are what the rules ask for, what was changed, or why nothing was (ManageConflict, Suspended). Only QueueReachable, ConfigValid and the Deployment gate Ready: it is False while a new pod template rolls out (RollingOut) or the rollout is stalled (RolloutStalled, with the Deployment's message); the scaler's replica changes keep it.",
+        "description": "Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive, ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced, QueueManaged, FifoGroupsHealthy (Kubernetes conditions: type, status, reason, message, lastTransitionTime). FifoGroupsHealthy (FIFO queues whose workers report their groups) is False (GroupStuck) naming the groups whose head failed 3 times in a row or is older than 5 minutes. HandlerHealthy is False (DownstreamFailing) while workers report their outage breaker open, with the share in the message; while more than half do, ScalingActive is False (DownstreamFailing) and replicas are held. QueueManaged (only with spec.queue.manage on) says whether the queue's settings are what the rules ask for, what was changed, or why nothing was (ManageConflict, Suspended). Only QueueReachable, ConfigValid and the Deployment gate Ready: it is False while a new pod template rolls out (RollingOut) or the rollout is stalled (RolloutStalled, with the Deployment's message); the scaler's replica changes keep it.",
         "items": item,
         "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["type"]
@@ -1386,6 +1440,20 @@ pub struct DeadLetterStatus {
     /// The last redrive asked for with the annotation sqs.consumers.dev/redrive-request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redrive: Option<RedriveStatus>,
+    /// The last automatic redrive after recovery (`spec.deadLetter.redriveAfterRecovery`); its
+    /// `request` names the HandlerHealthy transition it answered (`after-recovery:TIME`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redrive_after_recovery: Option<RedriveStatus>,
+    /// The DLQ's messages by `qc-poison-reason` (the top 5 of up to 100 peeked; `(none)`: moved by the
+    /// redrive policy; `(other)`: the rest), read at most every 5 minutes while it holds messages. Each
+    /// read adds one to the peeked messages' receive count on the DLQ; never read when the DLQ has a
+    /// redrive policy of its own. `qc-operator dlq` has the full summary.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by_reason: Vec<ReasonCount>,
+    /// When `byReason` was read (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "time_schema")]
+    pub by_reason_sampled_at: Option<Time>,
 }
 
 /// Progress of a redrive: the DLQ's messages moved back to the source queue.
@@ -1411,6 +1479,10 @@ pub struct RedriveStatus {
     /// Messages left in a shared DLQ because another source queue dead-lettered them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skipped: Option<i64>,
+    /// This source's messages the move's selection left in the DLQ (a redrive after recovery takes
+    /// only transient ones: poison, and messages it moved before, stay).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_selected: Option<i64>,
     /// SQS's handle of the move task (MessageMoveTask only), to follow or cancel it with the AWS CLI.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_handle: Option<String>,
@@ -1471,6 +1543,12 @@ pub struct ObservedStatus {
 /// The API's defaults, one function per field so serde and schemars share them.
 pub mod defaults {
     use super::Duration;
+    pub fn recovery_healthy_for() -> Duration {
+        Duration::from_secs(600)
+    }
+    pub fn recovery_rate() -> u32 {
+        10
+    }
     pub fn yes() -> bool {
         true
     }

@@ -11,6 +11,7 @@ pub mod limit;
 pub mod manage;
 pub mod redrive;
 pub mod sqs;
+pub mod triage;
 
 use std::collections::HashMap;
 use std::sync::RwLock;

@@ -26,16 +26,23 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::{
-    DeleteMessageBatchRequestEntry, Message, MessageSystemAttributeName,
-    MessageSystemAttributeNameForSends, MessageSystemAttributeValue, SendMessageBatchRequestEntry,
+    ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, Message,
+    MessageSystemAttributeName, MessageSystemAttributeNameForSends, MessageSystemAttributeValue,
+    SendMessageBatchRequestEntry,
 };
 use sha2::{Digest, Sha256};
 
 use crate::aws::classify::{ErrorKind, classify_code};
 use crate::aws::facts::is_fifo;
+use crate::triage::{
+    AUTO_REDRIVE_ATTRIBUTE, MAX_ATTRIBUTES, NOT_A_STRING, Peeked, Selector, reason_key,
+};
 
 /// The message attribute with which qc-worker marks its own dead-letter sends: the source queue's ARN.
 pub const SOURCE_ATTRIBUTE: &str = "qc-source-arn";
+/// The message attribute with which qc-worker gives why it dead-lettered a message (the worker's
+/// `dead_letter::REASON_ATTRIBUTE` is this one).
+pub const REASON_ATTRIBUTE: &str = "qc-poison-reason";
 
 /// Messages moved per second when nobody says otherwise: well under SQS's per-queue limits and the
 /// move task's maximum of 500, so a redrive does not crowd out the consumers' own calls.
@@ -82,10 +89,10 @@ pub enum RedriveError {
     },
 }
 
-const IAM_HINT: &str = ": the role needs sqs:ReceiveMessage, sqs:DeleteMessage and sqs:GetQueueAttributes on the dead-letter queue and sqs:SendMessage on the source (docs/security.md)";
+pub(crate) const IAM_HINT: &str = ": the role needs sqs:ReceiveMessage, sqs:DeleteMessage, sqs:ChangeMessageVisibility and sqs:GetQueueAttributes on the dead-letter queue and sqs:SendMessage on the source (docs/security.md)";
 const TASK_IAM_HINT: &str = ": the role needs sqs:StartMessageMoveTask, sqs:ListMessageMoveTasks and sqs:ListDeadLetterSourceQueues on the dead-letter queue (docs/security.md)";
 
-fn call_error<E, R>(
+pub(crate) fn call_error<E, R>(
     action: &'static str,
     queue: &str,
     err: &SdkError<E, R>,
@@ -146,6 +153,12 @@ pub struct MoveOptions {
     /// Move the messages that name no source too: true only when the DLQ is known to serve this
     /// source alone (ListDeadLetterSourceQueues answered just this queue).
     pub move_unmarked: bool,
+    /// Which of this source's messages move (reason, time window); the others are left in the DLQ
+    /// and made visible again when the move ends. Default: all.
+    pub select: Selector,
+    /// Add [`AUTO_REDRIVE_ATTRIBUTE`] (= the token) to each resend (an automatic redrive after
+    /// recovery), where the message has room for it.
+    pub mark: bool,
 }
 
 /// The source queue a DLQ message names: SQS's `DeadLetterQueueSourceArn`, else the worker's
@@ -176,6 +189,7 @@ pub struct MoveProgress {
     moved: AtomicU64,
     failed: AtomicU64,
     skipped: AtomicU64,
+    not_selected: AtomicU64,
 }
 
 impl MoveProgress {
@@ -187,6 +201,10 @@ impl MoveProgress {
     }
     pub fn skipped(&self) -> u64 {
         self.skipped.load(Ordering::Relaxed)
+    }
+    /// This source's messages the selection left in the DLQ.
+    pub fn not_selected(&self) -> u64 {
+        self.not_selected.load(Ordering::Relaxed)
     }
 }
 
@@ -211,6 +229,29 @@ pub async fn move_messages(
     dest_url: &str,
     opts: &MoveOptions,
     progress: &MoveProgress,
+) -> Result<u64, RedriveError> {
+    // Messages of this source the selection left: made visible again however the move ends.
+    let mut unselected: HashMap<String, String> = HashMap::new();
+    let result = move_loop(client, dlq_url, dest_url, opts, progress, &mut unselected).await;
+    let receipts: Vec<String> = unselected.into_values().collect();
+    let not_released = release(client, dlq_url, &receipts).await;
+    if not_released > 0 {
+        tracing::info!(
+            queue = dlq_url,
+            not_released,
+            "redrive: messages not selected could not be made visible at once; they are visible again after the move's receive visibility timeout"
+        );
+    }
+    result
+}
+
+async fn move_loop(
+    client: &aws_sdk_sqs::Client,
+    dlq_url: &str,
+    dest_url: &str,
+    opts: &MoveOptions,
+    progress: &MoveProgress,
+    unselected: &mut HashMap<String, String>,
 ) -> Result<u64, RedriveError> {
     let fifo = is_fifo(dest_url);
     let rate = f64::from(opts.rate.max(1));
@@ -268,6 +309,21 @@ pub async fn move_messages(
                 }
                 continue;
             }
+            if !opts.select.is_all() {
+                let now_ms = now_ms();
+                let selected = peeked(m).is_some_and(|p| opts.select.selects(&p, now_ms));
+                if !selected {
+                    // Kept hidden (so later receives reach the rest) until the move ends.
+                    if unselected
+                        .insert(id.to_string(), receipt.to_string())
+                        .is_none()
+                    {
+                        fresh = true;
+                        progress.not_selected.fetch_add(1, Ordering::Relaxed);
+                    }
+                    continue;
+                }
+            }
             fresh = true;
             to_send.push((id.to_string(), m));
         }
@@ -280,7 +336,7 @@ pub async fn move_messages(
             let entries = to_send
                 .iter()
                 .enumerate()
-                .map(|(i, (id, m))| entry(i, id, m, fifo, &opts.token))
+                .map(|(i, (id, m))| entry(i, id, m, fifo, &opts.token, opts.mark))
                 .collect::<Result<Vec<_>, _>>()?;
             let out = client
                 .send_message_batch()
@@ -331,6 +387,80 @@ pub async fn move_messages(
     Ok(progress.moved())
 }
 
+/// Milliseconds since the epoch, now (0 if the clock is before it).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// What triage needs of a received DLQ message: its id, reason key, named source, SentTimestamp and
+/// receive count. None without a MessageId.
+pub fn peeked(m: &Message) -> Option<Peeked> {
+    let system = m.attributes();
+    let number = |k: MessageSystemAttributeName| {
+        system
+            .and_then(|a| a.get(&k))
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    let attrs = m.message_attributes();
+    let reason = match attrs.and_then(|a| a.get(REASON_ATTRIBUTE)) {
+        None => reason_key(None),
+        Some(v) => match v.string_value() {
+            Some(s) => reason_key(Some(s)),
+            None => NOT_A_STRING.to_string(),
+        },
+    };
+    Some(Peeked {
+        id: m.message_id()?.to_string(),
+        reason,
+        source: message_source(m).map(str::to_string),
+        sent_at_ms: number(MessageSystemAttributeName::SentTimestamp),
+        receive_count: number(MessageSystemAttributeName::ApproximateReceiveCount)
+            .and_then(|n| u32::try_from(n).ok())
+            .unwrap_or(0),
+        reason_attribute: attrs.is_some_and(|a| a.contains_key(REASON_ATTRIBUTE)),
+        auto_redriven: attrs.is_some_and(|a| a.contains_key(AUTO_REDRIVE_ATTRIBUTE)),
+        attributes: attrs.map_or(0, HashMap::len),
+    })
+}
+
+/// Make the messages of `receipts` visible again at once (ChangeMessageVisibilityBatch, visibility
+/// 0), ten per call. Returns how many could not be released: they become visible again by
+/// themselves when the visibility of their receive ends. Never deletes.
+pub async fn release(client: &aws_sdk_sqs::Client, url: &str, receipts: &[String]) -> u64 {
+    let mut failed = 0u64;
+    for chunk in receipts.chunks(10) {
+        let entries = chunk
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| {
+                ChangeMessageVisibilityBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(r)
+                    .visibility_timeout(0)
+                    .build()
+                    .ok()
+            })
+            .collect::<Vec<_>>();
+        let n = chunk.len() as u64;
+        match client
+            .change_message_visibility_batch()
+            .queue_url(url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+        {
+            Ok(out) => failed += out.failed().len() as u64,
+            Err(e) => {
+                tracing::info!(queue = url, error = %DisplayErrorContext(&e), "could not release peeked messages; they are visible again when their receive's visibility ends");
+                failed += n;
+            }
+        }
+    }
+    failed
+}
+
 /// The resend of one DLQ message: body, message attributes, FIFO group (and a deduplication id),
 /// and the X-Ray trace header.
 fn entry(
@@ -339,12 +469,27 @@ fn entry(
     m: &Message,
     fifo: bool,
     token: &str,
+    mark: bool,
 ) -> Result<SendMessageBatchRequestEntry, RedriveError> {
     let system = m.attributes();
+    let mut attributes = m.message_attributes().cloned();
+    if mark && attributes.as_ref().map_or(0, HashMap::len) < MAX_ATTRIBUTES {
+        let v = aws_sdk_sqs::types::MessageAttributeValue::builder()
+            .data_type("String")
+            .string_value(token)
+            .build()
+            .map_err(|_| RedriveError::BadMessage {
+                queue: String::new(),
+                what: "auto-redrive mark",
+            })?;
+        attributes
+            .get_or_insert_with(HashMap::new)
+            .insert(AUTO_REDRIVE_ATTRIBUTE.to_string(), v);
+    }
     let mut b = SendMessageBatchRequestEntry::builder()
         .id(i.to_string())
         .message_body(m.body().unwrap_or_default())
-        .set_message_attributes(m.message_attributes().cloned());
+        .set_message_attributes(attributes);
     if fifo {
         let group = system
             .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId))
@@ -418,6 +563,9 @@ pub struct Route {
     pub dlq_url: String,
     pub dlq_arn: String,
     pub dlq_messages: u64,
+    /// The DLQ's own redrive policy's maxReceiveCount, if it has one: every receive of a peek or a
+    /// move counts towards it, and at that count SQS moves the message on to the DLQ's DLQ.
+    pub dlq_max_receive_count: Option<u32>,
 }
 
 /// Find the DLQ of `source_url` from its redrive policy.
@@ -456,6 +604,10 @@ pub async fn route(client: &aws_sdk_sqs::Client, source_url: &str) -> Result<Rou
         dlq_arn: arn.clone(),
         dlq_messages: count("ApproximateNumberOfMessages")
             + count("ApproximateNumberOfMessagesNotVisible"),
+        dlq_max_receive_count: dlq
+            .get("RedrivePolicy")
+            .and_then(|p| crate::aws::facts::parse_redrive_policy(p).ok())
+            .map(|p| p.max_receive_count),
     })
 }
 
@@ -486,6 +638,8 @@ pub struct DirectMove {
     pub route: Route,
     pub moved: u64,
     pub skipped: u64,
+    /// This source's messages the selection left in the DLQ.
+    pub not_selected: u64,
 }
 
 /// Move the DLQ's messages of the source at `source_url` back to it, now, with the same loop the
@@ -496,6 +650,19 @@ pub async fn redrive_queue(
     max: Option<u64>,
     rate: u32,
     token: &str,
+) -> Result<DirectMove, RedriveError> {
+    redrive_selected(client, source_url, max, rate, token, &Selector::default()).await
+}
+
+/// [`redrive_queue`], moving only the messages `select` takes; the others stay in the DLQ (made
+/// visible again when the move ends) and are counted in [`DirectMove::not_selected`].
+pub async fn redrive_selected(
+    client: &aws_sdk_sqs::Client,
+    source_url: &str,
+    max: Option<u64>,
+    rate: u32,
+    token: &str,
+    select: &Selector,
 ) -> Result<DirectMove, RedriveError> {
     let route = route(client, source_url).await?;
     // Unknown sources (the call failed): treated as shared, so unmarked messages stay.
@@ -512,6 +679,8 @@ pub async fn redrive_queue(
         token: token.to_string(),
         source_arn: Some(route.source_arn.clone()).filter(|a| !a.is_empty()),
         move_unmarked,
+        select: select.clone(),
+        mark: false,
     };
     let progress = MoveProgress::default();
     let moved = move_messages(client, &route.dlq_url, source_url, &opts, &progress).await?;
@@ -519,6 +688,7 @@ pub async fn redrive_queue(
         route,
         moved,
         skipped: progress.skipped(),
+        not_selected: progress.not_selected(),
     })
 }
 
@@ -702,6 +872,8 @@ mod tests {
             token: "t".into(),
             source_arn: source_arn.map(str::to_string),
             move_unmarked,
+            select: Selector::default(),
+            mark: false,
         }
     }
 

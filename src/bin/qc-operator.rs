@@ -33,6 +33,46 @@ enum Command {
     /// Move a dead-letter queue's messages back to the source queue: through the cluster
     /// (NAMESPACE/NAME: the controller moves them) or directly (--queue-url: moved now, no cluster).
     Redrive(RedriveArgs),
+    /// Summarise a dead-letter queue by reason, source queue and age without consuming it: messages
+    /// are received with a short visibility and released at once (never deleted); each peek adds one
+    /// to their receive count on the DLQ.
+    Dlq(DlqArgs),
+}
+
+#[derive(Args)]
+struct DlqArgs {
+    /// QueueConsumer as NAMESPACE/NAME: its spec.queue.url (and region) are read from the cluster; the
+    /// DLQ is read with your own AWS credentials (spec.queue.endpoint is not used: pass --endpoint-url).
+    #[arg(
+        value_name = "NAMESPACE/NAME",
+        required_unless_present = "queue_url",
+        conflicts_with = "queue_url"
+    )]
+    target: Option<String>,
+    /// Source queue URL: summarise the DLQ its redrive policy names.
+    #[arg(long, value_name = "URL")]
+    queue_url: Option<String>,
+    /// SQS endpoint override (local emulators).
+    #[arg(long, value_name = "URL")]
+    endpoint_url: Option<String>,
+    /// AWS region; default: from the URL, else the environment.
+    #[arg(long, value_name = "REGION")]
+    region: Option<String>,
+    /// Peek at most N messages.
+    #[arg(long, value_name = "N", default_value_t = qc::aws::triage::DEFAULT_PEEK_MAX, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    max: u64,
+    /// Reasons and source queues listed; the rest are summed as (other).
+    #[arg(long, value_name = "N", default_value_t = qc::triage::DEFAULT_TOP, value_parser = parse_top)]
+    top: usize,
+    #[arg(long, value_enum, default_value = "text")]
+    output: Output,
+}
+
+fn parse_top(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=100).contains(&n) => Ok(n),
+        _ => Err(format!("--top {s:?}: give a whole number from 1 to 100")),
+    }
 }
 
 #[derive(Args)]
@@ -64,6 +104,19 @@ struct RedriveArgs {
     /// cluster; with --queue-url it seeds the FIFO deduplication ids.
     #[arg(long, value_name = "TOKEN")]
     token: Option<String>,
+    /// Move only messages with this qc-poison-reason, as `qc-operator dlq` prints it ((none): moved
+    /// by the redrive policy, no reason attached); repeat for several. With --queue-url.
+    #[arg(long = "reason", value_name = "REASON", requires = "queue_url")]
+    reasons: Vec<String>,
+    /// Move only messages sent at most this long ago (SentTimestamp), e.g. 2h. With --queue-url.
+    #[arg(long, value_name = "DURATION", requires = "queue_url")]
+    newer_than: Option<qc::api::Duration>,
+    /// Move only messages sent at least this long ago (SentTimestamp), e.g. 30m. With --queue-url.
+    #[arg(long, value_name = "DURATION", requires = "queue_url")]
+    older_than: Option<qc::api::Duration>,
+    /// Print what would move (peeking, as `qc-operator dlq` does), move nothing. With --queue-url.
+    #[arg(long, requires = "queue_url")]
+    dry_run: bool,
 }
 
 #[derive(Args)]
@@ -323,6 +376,7 @@ fn main() -> ExitCode {
             }
         },
         Command::Redrive(args) => redrive(args),
+        Command::Dlq(args) => dlq(args),
         Command::Run(args) => match run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -546,11 +600,41 @@ fn redrive(args: RedriveArgs) -> ExitCode {
         .clone()
         .unwrap_or_else(|| k8s_openapi::jiff::Timestamp::now().to_string());
     if let Some(url) = &args.queue_url {
+        let select = qc::triage::Selector {
+            reasons: args.reasons.clone(),
+            newer_than: args.newer_than.map(|d| d.as_std()),
+            older_than: args.older_than.map(|d| d.as_std()),
+            transient_only: false,
+        };
+        if let Err(e) = select.validate() {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
         let region = qc::aws::facts::queue_region(args.region.as_deref(), url);
+        if args.dry_run {
+            let result = rt.block_on(async {
+                let conf =
+                    qc::aws::sdk_config(region.as_deref(), args.endpoint_url.as_deref()).await;
+                let client = qc::aws::operator_sqs(aws_sdk_sqs::Client::new(&conf));
+                let max = args.max.unwrap_or(qc::aws::triage::DEFAULT_PEEK_MAX);
+                qc::aws::triage::dry_run(&client, url, max, &select).await
+            });
+            return match result {
+                Ok(d) => {
+                    print!("{}", render_dry_run(&d, qc::aws::redrive::now_ms()));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(1)
+                }
+            };
+        }
         let result = rt.block_on(async {
             let conf = qc::aws::sdk_config(region.as_deref(), args.endpoint_url.as_deref()).await;
             let client = qc::aws::operator_sqs(aws_sdk_sqs::Client::new(&conf));
-            qc::aws::redrive::redrive_queue(&client, url, args.max, args.rate, &token).await
+            qc::aws::redrive::redrive_selected(&client, url, args.max, args.rate, &token, &select)
+                .await
         });
         return match result {
             Ok(done) => {
@@ -562,8 +646,16 @@ fn redrive(args: RedriveArgs) -> ExitCode {
                 } else {
                     String::new()
                 };
+                let not_selected = if done.not_selected > 0 {
+                    format!(
+                        " ({} message(s) not selected left in it)",
+                        done.not_selected
+                    )
+                } else {
+                    String::new()
+                };
                 println!(
-                    "moved {} message(s) from {} to {}{skipped}",
+                    "moved {} message(s) from {} to {}{skipped}{not_selected}",
                     done.moved, done.route.dlq_url, done.route.source_url
                 );
                 ExitCode::SUCCESS
@@ -573,6 +665,22 @@ fn redrive(args: RedriveArgs) -> ExitCode {
                 ExitCode::from(1)
             }
         };
+    }
+    // clap's `requires` is not enforced next to the positional's `conflicts_with`: say it here.
+    let direct_only = [
+        (!args.reasons.is_empty(), "--reason"),
+        (args.newer_than.is_some(), "--newer-than"),
+        (args.older_than.is_some(), "--older-than"),
+        (args.dry_run, "--dry-run"),
+        (args.max.is_some(), "--max"),
+        (args.endpoint_url.is_some(), "--endpoint-url"),
+        (args.region.is_some(), "--region"),
+    ];
+    if let Some((_, flag)) = direct_only.iter().find(|(given, _)| *given) {
+        eprintln!(
+            "error: {flag} works with --queue-url only (the move runs here, now); through the cluster (NAMESPACE/NAME) the controller moves the whole DLQ: use --queue-url URL with the QueueConsumer's spec.queue.url"
+        );
+        return ExitCode::from(2);
     }
     let target = args.target.unwrap_or_default();
     let Some((ns, name)) = target
@@ -602,6 +710,177 @@ fn redrive(args: RedriveArgs) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+fn age(secs: Option<u64>) -> String {
+    match secs {
+        None => "-".to_string(),
+        Some(s) if s < 120 => format!("{s}s"),
+        Some(s) if s < 7200 => format!("{}m", s / 60),
+        Some(s) if s < 172_800 => format!("{}h", s / 3600),
+        Some(s) => format!("{}d", s / 86_400),
+    }
+}
+
+fn render_dry_run(d: &qc::aws::triage::DryRun, now_ms: u64) -> String {
+    use std::fmt::Write;
+    let mut out = format!(
+        "dry run: would move {} message(s) from {} to {}; {} of this queue not selected, {} of other source queues; nothing moved\n",
+        d.would_move.len(),
+        d.route.dlq_url,
+        d.route.source_url,
+        d.not_selected,
+        d.other_sources
+    );
+    for p in &d.would_move {
+        let a = age(p.sent_at_ms.map(|s| now_ms.saturating_sub(s) / 1000));
+        let _ = writeln!(out, "  {}  age {a}  reason {}", p.id, p.reason);
+    }
+    if !d.complete {
+        out.push_str(
+            "(peek bounded by --max or its time budget: more messages may be in the DLQ)\n",
+        );
+    }
+    if d.not_released > 0 {
+        let _ = writeln!(
+            out,
+            "{} peeked message(s) could not be released; they are visible again within {}s",
+            d.not_released,
+            qc::aws::triage::PEEK_VISIBILITY_SECS
+        );
+    }
+    out
+}
+
+fn render_summary(
+    route: &qc::aws::redrive::Route,
+    peek: &qc::aws::triage::Peek,
+    s: &qc::triage::Summary,
+) -> String {
+    use std::fmt::Write;
+    let mut out = format!(
+        "dead-letter queue {} (of {}): {} message(s) peeked{}\n",
+        route.dlq_url,
+        route.source_url,
+        s.total,
+        if peek.complete {
+            ""
+        } else {
+            " (bounded by --max or the peek's time budget: more may be in it)"
+        }
+    );
+    out.push_str("\nby reason (qc-poison-reason):\n");
+    for c in &s.by_reason {
+        let _ = writeln!(
+            out,
+            "  {:>6}  oldest {:>5}  {}",
+            c.count,
+            age(c.oldest_age_seconds),
+            c.key
+        );
+    }
+    out.push_str("\nby source queue:\n");
+    for c in &s.by_source {
+        let _ = writeln!(
+            out,
+            "  {:>6}  oldest {:>5}  {}",
+            c.count,
+            age(c.oldest_age_seconds),
+            c.key
+        );
+    }
+    let a = &s.ages;
+    let _ = writeln!(
+        out,
+        "\nby age (since SentTimestamp): <1h {}  <1d {}  <7d {}  older {}  unknown {}",
+        a.under_1h, a.under_1d, a.under_7d, a.older, a.unknown
+    );
+    out.push_str("\nnothing was consumed: every peeked message was made visible again (ChangeMessageVisibility 0); each peek adds 1 to their receive count on the DLQ\n");
+    if let Some(n) = route.dlq_max_receive_count {
+        let _ = writeln!(
+            out,
+            "warning: the DLQ has a redrive policy of its own (maxReceiveCount {n}): a message peeked that often moves on to its dead-letter queue"
+        );
+    }
+    if peek.not_released > 0 {
+        let _ = writeln!(
+            out,
+            "{} peeked message(s) could not be released; they are visible again within {}s",
+            peek.not_released,
+            qc::aws::triage::PEEK_VISIBILITY_SECS
+        );
+    }
+    out
+}
+
+fn dlq(args: DlqArgs) -> ExitCode {
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let (url, region) = match (&args.queue_url, &args.target) {
+        (Some(url), _) => (url.clone(), args.region.clone()),
+        (None, target) => {
+            let target = target.clone().unwrap_or_default();
+            let Some((ns, name)) = target
+                .split_once('/')
+                .filter(|(ns, name)| !ns.is_empty() && !name.is_empty() && !name.contains('/'))
+            else {
+                eprintln!(
+                    "error: {target:?} is not NAMESPACE/NAME (e.g. shop/orders), or use --queue-url URL"
+                );
+                return ExitCode::from(2);
+            };
+            let found = rt.block_on(async {
+                let client = qc::controller::client::client()
+                    .await
+                    .map_err(|e| kube::Error::Service(Box::new(e)))?;
+                qc::controller::redrive::queue_of(client, ns, name).await
+            });
+            match found {
+                Ok((url, region)) => (url, args.region.clone().or(region)),
+                Err(e) => {
+                    eprintln!("error: cannot read QueueConsumer {ns}/{name}: {e}");
+                    return ExitCode::from(1);
+                }
+            }
+        }
+    };
+    let region = qc::aws::facts::queue_region(region.as_deref(), &url);
+    let result = rt.block_on(async {
+        let conf = qc::aws::sdk_config(region.as_deref(), args.endpoint_url.as_deref()).await;
+        let client = qc::aws::operator_sqs(aws_sdk_sqs::Client::new(&conf));
+        qc::aws::triage::peek_source(&client, &url, args.max).await
+    });
+    let (route, peek) = match result {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let summary = qc::triage::summarise(&peek.messages, qc::aws::redrive::now_ms(), args.top);
+    match args.output {
+        Output::Text => print!("{}", render_summary(&route, &peek, &summary)),
+        Output::Json => {
+            let doc = serde_json::json!({
+                "deadLetterQueue": route.dlq_url,
+                "sourceQueue": route.source_url,
+                "complete": peek.complete,
+                "notReleased": peek.not_released,
+                "deadLetterMaxReceiveCount": route.dlq_max_receive_count,
+                "summary": summary,
+            });
+            match serde_json::to_string_pretty(&doc) {
+                Ok(j) => println!("{j}"),
+                Err(e) => {
+                    eprintln!("error: cannot encode the summary: {e}");
+                    return ExitCode::from(2);
+                }
+            }
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {

@@ -26,6 +26,7 @@ pub mod series;
 pub mod slots;
 pub mod spread;
 pub mod status;
+pub mod triage;
 pub mod triggers;
 pub mod workers;
 
@@ -473,6 +474,12 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
             endpoint: endpoint.as_deref(),
             facts: observed.as_ref().ok().map(|o| &o.facts),
             now: observe::now(),
+            recovery_rate: qc
+                .spec
+                .dead_letter
+                .redrive_after_recovery
+                .as_ref()
+                .map_or_else(crate::api::defaults::recovery_rate, |r| r.rate),
         },
     )
     .await;
@@ -490,10 +497,38 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         scaled_at: scaled.as_ref().map(|_| observe::now()),
         sampled_at: observed.as_ref().ok().map(|o| o.sampled_at.clone()),
         redrive: redrive.status.clone(),
+        redrive_after_recovery: redrive.after_recovery.clone(),
         workers: Some(&workers),
         now: observe::now(),
     });
     let mut new_status = new_status;
+    // DLQ triage: after the redrive step, never while a move of this QueueConsumer runs.
+    let moving = ctx.redrives.running(&ConsumerKey::of(qc))
+        || redrive.status.as_ref().and_then(|r| r.state.as_deref()) == Some(redrive::RUNNING)
+        || redrive
+            .after_recovery
+            .as_ref()
+            .and_then(|r| r.state.as_deref())
+            == Some(redrive::RUNNING);
+    let decided = triage::decide(
+        qc,
+        observed.as_ref().ok().map(|o| &o.facts),
+        moving,
+        &observe::now(),
+    );
+    let old_dl = qc.status.as_ref().and_then(|s| s.dead_letter.as_ref());
+    let (by_reason, by_reason_at) =
+        match triage::step(decided, redrive_client.as_ref(), &observe::now()).await {
+            Some(new) => new,
+            None => (
+                old_dl.map(|d| d.by_reason.clone()).unwrap_or_default(),
+                old_dl.and_then(|d| d.by_reason_sampled_at.clone()),
+            ),
+        };
+    if let Some(d) = new_status.dead_letter.as_mut() {
+        d.by_reason = by_reason;
+        d.by_reason_sampled_at = by_reason_at;
+    }
     manage::apply_to_status(
         &managed,
         qc.spec.queue.manage,

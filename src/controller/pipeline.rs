@@ -506,7 +506,11 @@ mod tests {
     fn most_workers_open_hold_replicas_in_both_directions() {
         let q = qc();
         let now = Timestamp::from_secs(11);
-        let open = |open, scraped| scaling::Downstream { open, scraped };
+        let open = |open, scraped| scaling::Downstream {
+            open,
+            scraped,
+            fifo_groups: None,
+        };
         // 900 visible ask for 3; 0 visible ask for fewer than 2 (after the window).
         let busy = one_sample(900, 0);
         let d = deployment(Some(2));

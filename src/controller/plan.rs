@@ -68,6 +68,7 @@ pub fn plan(
         scaled_at: None,
         sampled_at: facts.facts().map(|_| now.clone()),
         redrive: None,
+        redrive_after_recovery: None,
         workers: None,
         now,
     });

@@ -56,6 +56,7 @@ pub(super) async fn read_workers(
         unreachable: latest.map_or(0, |r| r.unreachable.len()),
         in_flight: latest.map_or(0, |r| r.pods.values().map(|m| m.in_flight).sum()),
         breaker_open: latest.map_or(0, workers::Round::breaker_open),
+        fifo: latest.and_then(workers::Round::fifo),
         sampled_at: latest.map(|r| timestamp_time(r.at)),
         crash_looping: pods
             .as_deref()

@@ -32,6 +32,10 @@ pub const FAILED: &str = "Failed";
 pub const METHOD_TASK: &str = "MessageMoveTask";
 pub const METHOD_OWN: &str = "ReceiveSendDelete";
 
+/// The request token prefix of an automatic redrive after recovery; the rest is the
+/// lastTransitionTime of the HandlerHealthy condition it answers, so each recovery moves once.
+pub const AFTER_RECOVERY_PREFIX: &str = "after-recovery:";
+
 pub const REDRIVE_STARTED: &str = "RedriveStarted";
 pub const REDRIVE_COMPLETED: &str = "RedriveCompleted";
 pub const REDRIVE_FAILED: &str = "RedriveFailed";
@@ -86,6 +90,8 @@ pub struct RedriveEvent {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Outcome {
     pub status: Option<RedriveStatus>,
+    /// The automatic redrive after recovery's block (None: never ran).
+    pub after_recovery: Option<RedriveStatus>,
     pub events: Vec<RedriveEvent>,
 }
 
@@ -99,6 +105,8 @@ pub struct StepInputs<'a> {
     /// This reconcile's queue facts (None: the queue could not be read).
     pub facts: Option<&'a Facts>,
     pub now: Time,
+    /// Messages per second of an automatic redrive after recovery (the spec's, or its default).
+    pub recovery_rate: u32,
 }
 
 /// The token the annotation asks for, if any (blank values ask for nothing).
@@ -111,13 +119,51 @@ pub fn requested(qc: &QueueConsumer) -> Option<&str> {
         .filter(|s| !s.is_empty())
 }
 
+/// The token of the automatic redrive after recovery due now, if any: the spec turns it on and
+/// HandlerHealthy has been True for `healthyFor` since its last transition (pure).
+pub fn after_recovery_due(qc: &QueueConsumer, now: &Time) -> Option<String> {
+    let spec = qc.spec.dead_letter.redrive_after_recovery.as_ref()?;
+    if !spec.enabled {
+        return None;
+    }
+    let c = qc
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == crate::api::conditions::HANDLER_HEALTHY)?;
+    if c.status != "True" {
+        return None;
+    }
+    let since = now.0.duration_since(c.last_transition_time.0);
+    let healthy = std::time::Duration::try_from(since).ok()?;
+    (healthy >= spec.healthy_for.as_std())
+        .then(|| format!("{AFTER_RECOVERY_PREFIX}{}", c.last_transition_time.0))
+}
+
+/// Whether `token` is an automatic redrive after recovery's.
+pub fn is_after_recovery(token: &str) -> bool {
+    token.starts_with(AFTER_RECOVERY_PREFIX)
+}
+
 /// One reconcile's redrive step.
 pub async fn step(qc: &QueueConsumer, i: &StepInputs<'_>) -> Outcome {
-    let old = qc
-        .status
-        .as_ref()
-        .and_then(|s| s.dead_letter.as_ref())
-        .and_then(|d| d.redrive.clone());
+    let dl = qc.status.as_ref().and_then(|s| s.dead_letter.as_ref());
+    let old = dl.and_then(|d| d.redrive.clone());
+    let old_auto = dl.and_then(|d| d.redrive_after_recovery.clone());
+    // One move of a DLQ at a time: a running redrive after recovery is followed, and a request
+    // waits for it.
+    if let Some(auto) = old_auto
+        .clone()
+        .filter(|a| a.state.as_deref() == Some(RUNNING))
+    {
+        let out = follow(auto, i).await;
+        return Outcome {
+            status: old,
+            after_recovery: out.status,
+            events: out.events,
+        };
+    }
     let want = requested(qc);
     match old {
         Some(old) if old.state.as_deref() == Some(RUNNING) => {
@@ -133,15 +179,32 @@ pub async fn step(qc: &QueueConsumer, i: &StepInputs<'_>) -> Outcome {
                     _ => s.message.take().filter(|m| !m.contains(" waits for ")),
                 };
             }
+            out.after_recovery = old_auto;
             out
         }
         old => match want {
             Some(token) if old.as_ref().and_then(|o| o.request.as_deref()) != Some(token) => {
-                start(token, old, i).await
+                let mut out = start(token, old, i).await;
+                out.after_recovery = old_auto;
+                out
             }
-            _ => Outcome {
-                status: old,
-                events: vec![],
+            _ => match after_recovery_due(qc, &i.now) {
+                Some(token)
+                    if old_auto.as_ref().and_then(|o| o.request.as_deref())
+                        != Some(token.as_str()) =>
+                {
+                    let out = start(&token, old_auto, i).await;
+                    Outcome {
+                        status: old,
+                        after_recovery: out.status,
+                        events: out.events,
+                    }
+                }
+                _ => Outcome {
+                    status: old,
+                    after_recovery: old_auto,
+                    events: vec![],
+                },
             },
         },
     }
@@ -158,6 +221,7 @@ fn failed(token: &str, method: Option<&str>, message: String, now: &Time) -> Out
             finished_at: Some(now.clone()),
             ..RedriveStatus::default()
         }),
+        after_recovery: None,
         events: vec![RedriveEvent {
             warning: true,
             reason: REDRIVE_FAILED,
@@ -222,12 +286,15 @@ async fn start(token: &str, old: Option<RedriveStatus>, i: &StepInputs<'_>) -> O
         Ok(None) => {
             return Outcome {
                 status: old,
+                after_recovery: None,
                 events: vec![],
             };
         }
         Err(message) => return failed(token, None, message, now),
     };
-    let tasks_known_missing = lock(&i.redrives.no_tasks).contains(&i.endpoint.map(str::to_string));
+    // A redrive after recovery selects messages, which SQS's move task cannot: always the own move.
+    let tasks_known_missing = is_after_recovery(token)
+        || lock(&i.redrives.no_tasks).contains(&i.endpoint.map(str::to_string));
     let mut why_own = "the endpoint has no message move tasks".to_string();
     // Whether the DLQ serves this source alone; unknown counts as shared (the controller's own move,
     // which checks each message's source and leaves the ones naming none).
@@ -244,7 +311,7 @@ async fn start(token: &str, old: Option<RedriveStatus>, i: &StepInputs<'_>) -> O
                         task_handle: Some(handle),
                         ..RedriveStatus::default()
                     };
-                    return started(token, &t, how, &mover, "", now);
+                    return started(token, &t, how, &mover, "", i);
                 }
                 Ok(TaskStart::Unsupported { detail }) => {
                     tracing::info!(endpoint = ?i.endpoint, %detail, "redrive: no message move tasks at this endpoint; moving with receive/send/delete");
@@ -261,10 +328,16 @@ async fn start(token: &str, old: Option<RedriveStatus>, i: &StepInputs<'_>) -> O
         method: Some(METHOD_OWN.into()),
         failed: Some(0),
         skipped: Some(0),
+        not_selected: Some(0),
         ..RedriveStatus::default()
     };
-    let why = format!(" ({why_own})");
-    started(token, &t, how, "the controller", &why, now)
+    let why = if is_after_recovery(token) {
+        " (after recovery: only messages dead-lettered for a transient cause, never poison)"
+            .to_string()
+    } else {
+        format!(" ({why_own})")
+    };
+    started(token, &t, how, "the controller", &why, i)
 }
 
 /// A move that just started: `how` (its method and counts) running from `now`, nothing moved yet,
@@ -275,13 +348,17 @@ fn started(
     how: RedriveStatus,
     mover: &str,
     why: &str,
-    now: &Time,
+    i: &StepInputs<'_>,
 ) -> Outcome {
-    let note = format!(
-        "{mover} moves the messages of {} back to {} at up to {} per second{why}",
-        t.dlq_url,
-        t.source_url,
+    let now = &i.now;
+    let rate = if is_after_recovery(token) {
+        i.recovery_rate
+    } else {
         redrive::DEFAULT_RATE
+    };
+    let note = format!(
+        "{mover} moves the messages of {} back to {} at up to {rate} per second{why}",
+        t.dlq_url, t.source_url,
     );
     Outcome {
         status: Some(RedriveStatus {
@@ -291,6 +368,7 @@ fn started(
             started_at: Some(now.clone()),
             ..how
         }),
+        after_recovery: None,
         events: vec![RedriveEvent {
             warning: false,
             reason: REDRIVE_STARTED,
@@ -322,12 +400,23 @@ fn spawn(
 ) {
     let progress = Arc::new(MoveProgress::default());
     let result: MoveResult = Arc::new(Mutex::new(None));
+    let auto = is_after_recovery(token);
     let opts = MoveOptions {
         max: Some(redrive::default_max(t.dlq_messages)),
-        rate: redrive::DEFAULT_RATE,
+        rate: if auto {
+            i.recovery_rate.max(1)
+        } else {
+            redrive::DEFAULT_RATE
+        },
         token: token.to_string(),
         source_arn: Some(t.source_arn.clone()),
         move_unmarked: sole,
+        // After recovery: only what failed for a transient cause, each moved automatically once.
+        select: crate::triage::Selector {
+            transient_only: auto,
+            ..crate::triage::Selector::default()
+        },
+        mark: auto,
     };
     let handle = {
         let (client, dlq, src) = (client.clone(), t.dlq_url.clone(), t.source_url.clone());
@@ -362,6 +451,7 @@ async fn follow(mut s: RedriveStatus, i: &StepInputs<'_>) -> Outcome {
         let (Some(client), Some(handle)) = (i.client, s.task_handle.clone()) else {
             return Outcome {
                 status: Some(s),
+                after_recovery: None,
                 events,
             };
         };
@@ -369,6 +459,7 @@ async fn follow(mut s: RedriveStatus, i: &StepInputs<'_>) -> Outcome {
             // The DLQ's ARN is unknown this time: look again at the next reconcile.
             return Outcome {
                 status: Some(s),
+                after_recovery: None,
                 events,
             };
         };
@@ -428,6 +519,7 @@ async fn follow(mut s: RedriveStatus, i: &StepInputs<'_>) -> Outcome {
         }
         return Outcome {
             status: Some(s),
+            after_recovery: None,
             events,
         };
     }
@@ -441,6 +533,7 @@ async fn follow(mut s: RedriveStatus, i: &StepInputs<'_>) -> Outcome {
                 s.moved = count(moved);
                 s.failed = count(job.progress.failed());
                 s.skipped = count(job.progress.skipped());
+                s.not_selected = count(job.progress.not_selected());
                 lock(&job.result).take().map(|r| (r, moved))
             }
             _ => None,
@@ -455,13 +548,19 @@ async fn follow(mut s: RedriveStatus, i: &StepInputs<'_>) -> Outcome {
                     s.state = Some(COMPLETED.into());
                     s.message = None;
                     let skipped = s.skipped.unwrap_or(0);
-                    let extra = if skipped > 0 {
+                    let mut extra = if skipped > 0 {
                         format!(
                             "; {skipped} message(s) of other source queues left in the dead-letter queue"
                         )
                     } else {
                         String::new()
                     };
+                    let not_selected = s.not_selected.unwrap_or(0);
+                    if is_after_recovery(&token) {
+                        extra.push_str(&format!(
+                            "; {not_selected} poison or already redriven message(s) left in the dead-letter queue"
+                        ));
+                    }
                     events.push(RedriveEvent {
                         warning: false,
                         reason: REDRIVE_COMPLETED,
@@ -510,6 +609,7 @@ async fn follow(mut s: RedriveStatus, i: &StepInputs<'_>) -> Outcome {
     }
     Outcome {
         status: Some(s),
+        after_recovery: None,
         events,
     }
 }
@@ -528,6 +628,20 @@ pub async fn request(
     qcs.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     Ok(())
+}
+
+/// The source queue of the QueueConsumer `namespace/name`: its URL and region, for the CLI's own
+/// calls (`qc-operator dlq NS/NAME`). `spec.queue.endpoint` is not returned: the CLI signs with the
+/// caller's credentials and never sends them where a tenant's spec points (`--endpoint-url` is the
+/// caller's own choice).
+pub async fn queue_of(
+    client: kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<(String, Option<String>), kube::Error> {
+    let qcs: kube::Api<QueueConsumer> = kube::Api::namespaced(client, namespace);
+    let qc = qcs.get(name).await?;
+    Ok((qc.spec.queue.url, qc.spec.queue.region))
 }
 
 #[cfg(test)]

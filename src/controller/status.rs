@@ -75,6 +75,8 @@ pub struct StatusInputs<'a> {
     pub sampled_at: Option<Time>,
     /// The redrive step's status block (None: no redrive was ever asked for).
     pub redrive: Option<RedriveStatus>,
+    /// The automatic redrive after recovery's block (None: never ran).
+    pub redrive_after_recovery: Option<RedriveStatus>,
     /// What the worker pods' /metrics said; None when they were not read (`plan`).
     pub workers: Option<&'a Workers>,
     pub now: Time,
@@ -98,6 +100,8 @@ pub struct Workers {
     /// This process's scrapes span less than a poll interval (it just started, took over as leader,
     /// or the consumer is new): its window says less than a full one would.
     pub warming_up: bool,
+    /// FIFO: the groups the pods hold in all and their reported heads (None: no pod reports groups).
+    pub fifo: Option<(u64, Vec<crate::scaling::fifo::GroupHead>)>,
 }
 
 impl Workers {
@@ -106,6 +110,7 @@ impl Workers {
         crate::scaling::Downstream {
             open: u32::try_from(self.breaker_open).unwrap_or(u32::MAX),
             scraped: u32::try_from(self.pods).unwrap_or(u32::MAX),
+            fifo_groups: self.fifo.as_ref().map(|(held, _)| *held),
         }
     }
 }
@@ -124,6 +129,7 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
     let ready = ready(i, &queue_reachable, &config_valid, &name);
     let processing = processing_time(i);
     let handler = handler_healthy(i);
+    let fifo_groups = fifo_groups_healthy(i);
     let mut fresh = [
         ready,
         queue_reachable,
@@ -143,6 +149,14 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
         last_transition_time: i.now.clone(),
     })
     .collect::<Vec<_>>();
+    fresh.extend(fifo_groups.map(|c| Condition {
+        type_: c.type_.to_string(),
+        status: c.status.as_str().to_string(),
+        reason: c.reason.to_string(),
+        message: c.message,
+        observed_generation: generation,
+        last_transition_time: i.now.clone(),
+    }));
     fresh.extend(alarm_synced(i, &old.conditions));
     let conditions = merge_conditions(&old.conditions, fresh);
 
@@ -161,16 +175,22 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
         }
     };
 
-    let dead_letter_block = match (dead_letter_block, i.redrive.clone()) {
-        (Some(mut d), redrive) => {
+    let dead_letter_block = match (
+        dead_letter_block,
+        i.redrive.clone(),
+        i.redrive_after_recovery.clone(),
+    ) {
+        (Some(mut d), redrive, auto) => {
             d.redrive = redrive;
+            d.redrive_after_recovery = auto;
             Some(d)
         }
-        (None, Some(redrive)) => Some(DeadLetterStatus {
-            redrive: Some(redrive),
+        (None, None, None) => None,
+        (None, redrive, auto) => Some(DeadLetterStatus {
+            redrive,
+            redrive_after_recovery: auto,
             ..DeadLetterStatus::default()
         }),
-        (None, None) => None,
     };
 
     QueueConsumerStatus {
@@ -842,6 +862,58 @@ fn processing_time(i: &StatusInputs<'_>) -> Cond {
     }
 }
 
+/// The `FifoGroupsHealthy` condition (FIFO queues whose workers report their groups): False naming
+/// the stuck groups (a head that failed 3 times in a row, or older than 5 minutes) and the hot ones;
+/// absent on a standard queue or before a worker reported (a first False is an Event).
+fn fifo_groups_healthy(i: &StatusInputs<'_>) -> Option<Cond> {
+    use crate::scaling::fifo::{self, Stuck};
+    if !crate::aws::facts::is_fifo(&i.qc.spec.queue.url) {
+        return None;
+    }
+    let (held, heads) = i.workers?.fifo.as_ref()?;
+    let h = fifo::classify(heads, fifo::Thresholds::default());
+    let hot = if h.hot.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; hot: {}",
+            h.hot
+                .iter()
+                .map(|(g, pct)| format!("group {g:?} holds {pct}% of the held messages"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    if h.stuck.is_empty() {
+        return Some(Cond::new(
+            conditions::FIFO_GROUPS_HEALTHY,
+            Status::True,
+            reason::NO_STUCK_GROUPS,
+            format!("{held} message group(s) held by the workers, none stuck{hot}"),
+        ));
+    }
+    let stuck = h
+        .stuck
+        .iter()
+        .map(|(g, why)| match why {
+            Stuck::HeadFailing { failures, age } => format!(
+                "group {g:?}: its head failed {failures} times in a row ({}s old)",
+                age.as_secs()
+            ),
+            Stuck::HeadOld { age } => format!("group {g:?}: its head is {}s old", age.as_secs()),
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    Some(Cond::new(
+        conditions::FIFO_GROUPS_HEALTHY,
+        Status::False,
+        reason::GROUP_STUCK,
+        format!(
+            "stuck FIFO message groups hold back every later message of their group: {stuck}{hot}; see the handler's log for the head's failure (docs/operations.md, \"A stuck FIFO group\")"
+        ),
+    ))
+}
+
 /// The `HandlerHealthy` condition: the share of scraped workers whose outage breaker is open. It does not
 /// gate Ready (the consumer is running as asked; its handler's dependency is not).
 fn handler_healthy(i: &StatusInputs<'_>) -> Cond {
@@ -1128,6 +1200,9 @@ fn dead_letter_block(
             alarm_name: alarm.name.clone(),
             alarm_state: alarm.state.clone(),
             redrive: None,
+            redrive_after_recovery: None,
+            by_reason: old.map(|d| d.by_reason.clone()).unwrap_or_default(),
+            by_reason_sampled_at: old.and_then(|d| d.by_reason_sampled_at.clone()),
         }),
         // Unreachable: the last known values stay, with the alarm as it is now.
         DeadLetterFacts::Unreachable { .. } => old.cloned().map(|mut d| {

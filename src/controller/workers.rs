@@ -22,6 +22,14 @@ pub const DELETED_COUNTER: &str = "qc_worker_messages_deleted_total";
 
 /// The worker's outage-breaker gauge: 0 closed, 1 open (intake paused, only probes), 2 recovering.
 pub const BREAKER_GAUGE: &str = "qc_worker_breaker_state";
+/// FIFO groups a worker holds, and its worst groups' heads (labelled `group`).
+pub const FIFO_GROUPS_GAUGE: &str = "qc_worker_fifo_groups";
+pub const FIFO_HEAD_RECEIVES_GAUGE: &str = "qc_worker_fifo_group_head_receives";
+pub const FIFO_HEAD_AGE_GAUGE: &str = "qc_worker_fifo_group_head_age_seconds";
+/// Group heads read from one pod at most (the worker reports 20).
+const MAX_FIFO_HEADS: usize = 100;
+/// SQS's longest MessageGroupId.
+const MAX_GROUP_ID: usize = 128;
 
 /// A worker's outage breaker as its gauge says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -196,6 +204,33 @@ pub struct PodMetrics {
     pub deleted: Option<u64>,
     /// `qc_worker_breaker_state`; None when the exposition lacks it (a worker without the breaker).
     pub breaker: Option<Breaker>,
+    /// `qc_worker_fifo_groups`; None when the exposition lacks it.
+    pub fifo_groups: Option<u64>,
+    /// The FIFO group heads the pod reports (receive count and age), at most 100.
+    pub fifo_heads: Vec<crate::scaling::fifo::GroupHead>,
+}
+
+/// The value of the one label `group="..."` of a sample (Prometheus escapes `\`, `"` and newlines),
+/// None when malformed or longer than a MessageGroupId can be.
+fn group_label(name_labels: &str) -> Option<String> {
+    let (_, rest) = name_labels.split_once('{')?;
+    let quoted = rest
+        .strip_suffix('}')?
+        .strip_prefix("group=\"")?
+        .strip_suffix('"')?;
+    let mut out = String::new();
+    let mut chars = quoted.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next()? {
+                'n' => out.push('\n'),
+                other => out.push(other),
+            },
+            '"' => return None,
+            c => out.push(c),
+        }
+    }
+    (out.chars().count() <= MAX_GROUP_ID).then_some(out)
 }
 
 /// Parse the parts of a worker's exposition that matter here. None when the histogram is absent.
@@ -213,6 +248,8 @@ pub fn parse(text: &str) -> Option<PodMetrics> {
     let mut buckets: Vec<(f64, u64)> = Vec::new();
     let (mut count, mut sum, mut in_flight, mut deleted) = (None, None, 0i64, None);
     let mut breaker = None;
+    let mut fifo_groups = None;
+    let mut heads: BTreeMap<String, (u32, f64)> = BTreeMap::new();
     // A count as Prometheus writes it (a float): finite and non-negative, else none.
     let count_of = |value: &str| {
         value
@@ -258,6 +295,23 @@ pub fn parse(text: &str) -> Option<PodMetrics> {
             breaker = value.parse::<f64>().ok().and_then(Breaker::from_gauge);
         } else if name == DELETED_COUNTER {
             deleted = count_of(value);
+        } else if name == FIFO_GROUPS_GAUGE {
+            fifo_groups = count_of(value);
+        } else if name == FIFO_HEAD_RECEIVES_GAUGE || name == FIFO_HEAD_AGE_GAUGE {
+            let (Some(group), Some(v)) = (group_label(name_labels), count_of(value).map(|_| value))
+            else {
+                continue;
+            };
+            let Ok(v) = v.parse::<f64>() else { continue };
+            if heads.len() >= MAX_FIFO_HEADS && !heads.contains_key(&group) {
+                continue;
+            }
+            let e = heads.entry(group).or_insert((0, 0.0));
+            if name == FIFO_HEAD_RECEIVES_GAUGE {
+                e.0 = u32::try_from(v as u64).unwrap_or(u32::MAX);
+            } else {
+                e.1 = v.min(1e9);
+            }
         }
     }
     let count = count?;
@@ -281,6 +335,16 @@ pub fn parse(text: &str) -> Option<PodMetrics> {
         in_flight,
         deleted,
         breaker,
+        fifo_groups,
+        fifo_heads: heads
+            .into_iter()
+            .map(|(group, (receives, age))| crate::scaling::fifo::GroupHead {
+                group,
+                head_age: std::time::Duration::from_secs_f64(age),
+                head_failures: receives.saturating_sub(1),
+                held: 1,
+            })
+            .collect(),
     })
 }
 
@@ -294,6 +358,22 @@ pub struct Round {
 }
 
 impl Round {
+    /// The FIFO group heads all pods report, and the groups they hold in all (None: no pod reports
+    /// FIFO groups).
+    pub fn fifo(&self) -> Option<(u64, Vec<crate::scaling::fifo::GroupHead>)> {
+        let held: Option<u64> = self
+            .pods
+            .values()
+            .filter_map(|m| m.fifo_groups)
+            .reduce(u64::saturating_add);
+        let heads = self
+            .pods
+            .values()
+            .flat_map(|m| m.fifo_heads.iter().cloned())
+            .collect();
+        held.map(|h| (h, heads))
+    }
+
     /// Pods that answered with their outage breaker open.
     pub fn breaker_open(&self) -> usize {
         self.pods

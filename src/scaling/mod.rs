@@ -4,6 +4,7 @@
 //! The controller keeps one [`History`] per QueueConsumer and pushes a [`Sample`] every `pollInterval`; the
 //! simulator (`sim`) drives the same function from a simulated queue. See docs/scaling.md.
 
+pub mod fifo;
 pub mod rate;
 pub mod sim;
 
@@ -282,6 +283,8 @@ pub struct Downstream {
     pub open: u32,
     /// Workers whose /metrics answered.
     pub scraped: u32,
+    /// FIFO: the message groups the scraped workers hold in all (None: they report none).
+    pub fifo_groups: Option<u64>,
 }
 
 impl Downstream {
@@ -344,6 +347,8 @@ pub enum Limit {
     OldestAge,
     /// `processing.maxRate`: no more replicas than the rate keeps busy ([`rate::replica_cap`]).
     MaxRate,
+    /// FIFO: no more replicas than the active message groups keep busy ([`fifo::replica_cap`]).
+    MessageGroups,
     /// A scale-up of at most [`DEFER_MAX_STEP`] replicas waits for the next poll: the visible backlog is
     /// younger than maxBacklogAge less a poll, a start-up and P, so replicas asked for a poll later are still
     /// in time for it.
@@ -362,6 +367,7 @@ impl Limit {
             Limit::Starting => "Starting",
             Limit::OldestAge => "OldestAge",
             Limit::MaxRate => "MaxRate",
+            Limit::MessageGroups => "MessageGroups",
             Limit::Deferred => "Deferred",
         }
     }
@@ -505,7 +511,17 @@ pub fn decide_for(
         now,
     );
     if !downstream.failing() {
-        return with_rate_cap(spec, queue, current);
+        let groups = if crate::aws::facts::is_fifo(&spec.queue.url) {
+            fifo::cap_groups(
+                spec.scaling.message_groups,
+                downstream.fifo_groups,
+                current,
+                crate::validate::message_slots(spec),
+            )
+        } else {
+            None
+        };
+        return with_group_cap(spec, with_rate_cap(spec, queue, current), current, groups);
     }
     let min = spec.scaling.min_replicas.min(spec.scaling.max_replicas);
     let replicas = current.clamp(min, spec.scaling.max_replicas);
@@ -537,6 +553,33 @@ fn with_rate_cap(spec: &QueueConsumerSpec, mut d: Decision, current: u32) -> Dec
     }
     d.replicas = cap;
     d.limited_by = Some(Limit::MaxRate);
+    d.reason = match cap.cmp(&current) {
+        std::cmp::Ordering::Greater if current == 0 => Reason::Activate,
+        std::cmp::Ordering::Greater => Reason::ScaleUp,
+        std::cmp::Ordering::Less => Reason::ScaleDown,
+        std::cmp::Ordering::Equal => Reason::Hold,
+    };
+    d
+}
+
+/// FIFO: caps the decision at the replicas `groups` active message groups keep busy
+/// ([`fifo::replica_cap`], at least minReplicas: the user's floor wins); None: no cap.
+pub fn with_group_cap(
+    spec: &QueueConsumerSpec,
+    mut d: Decision,
+    current: u32,
+    groups: Option<u32>,
+) -> Decision {
+    let Some(groups) = groups else {
+        return d;
+    };
+    let cap = fifo::replica_cap(groups, crate::validate::message_slots(spec))
+        .max(spec.scaling.min_replicas.min(spec.scaling.max_replicas));
+    if d.replicas <= cap || d.reason == Reason::MetricsUnavailable {
+        return d;
+    }
+    d.replicas = cap;
+    d.limited_by = Some(Limit::MessageGroups);
     d.reason = match cap.cmp(&current) {
         std::cmp::Ordering::Greater if current == 0 => Reason::Activate,
         std::cmp::Ordering::Greater => Reason::ScaleUp,
@@ -1123,6 +1166,43 @@ mod rate_cap_tests {
             spec("processing: {p99: 2s, mean: 1s}\nscaling: {maxReplicas: 20, maxBacklogAge: 10s}");
         assert_eq!(
             decide_for(&free, &h, 1, Downstream::default(), now).replicas,
+            20
+        );
+    }
+
+    #[test]
+    fn on_a_fifo_queue_the_declared_groups_cap_replicas() {
+        // 8 groups, 2 slots a replica: 10 useful slots, 5 replicas; the backlog alone asks for 20.
+        let fifo = |extra: &str| {
+            let base =
+                "queue: {url: https://sqs.us-east-1.amazonaws.com/1/q.fifo}\nhandler: {http: {}}\n";
+            serde_saphyr::from_str::<QueueConsumerSpec>(&format!(
+                "{base}processing: {{p99: 2s, mean: 1s, concurrency: 2}}\nscaling: {{maxReplicas: 20, maxBacklogAge: 10s{extra}}}"
+            ))
+            .expect("test spec parses")
+        };
+        let (h, now) = busy(100_000);
+        let d = decide_for(
+            &fifo(", messageGroups: 8"),
+            &h,
+            1,
+            Downstream::default(),
+            now,
+        );
+        assert_eq!((d.replicas, d.limited_by), (5, Some(Limit::MessageGroups)));
+        assert_eq!(d.reason, Reason::ScaleUp);
+        assert!(d.to_string().contains("limited by MessageGroups"), "{d}");
+        assert_eq!(
+            decide_for(&fifo(""), &h, 1, Downstream::default(), now).replicas,
+            20,
+            "no declared groups: no cap"
+        );
+        // A standard queue ignores messageGroups.
+        let standard = spec(
+            "processing: {p99: 2s, mean: 1s, concurrency: 2}\nscaling: {maxReplicas: 20, maxBacklogAge: 10s, messageGroups: 8}",
+        );
+        assert_eq!(
+            decide_for(&standard, &h, 1, Downstream::default(), now).replicas,
             20
         );
     }

@@ -29,6 +29,8 @@ pub const FILTER_PATTERN_INVALID: &str = "FilterPatternInvalid";
 /// `check --live` only (never in status, where a busy queue would always carry it): a filter on a
 /// queue that holds messages.
 pub const FILTER_ON_BACKLOG: &str = "FilterOnBacklog";
+pub const FIFO_PARALLELISM_ABOVE_GROUPS: &str = "FifoParallelismAboveGroups";
+pub const FIFO_RATE_ABOVE_LIMIT: &str = "FifoRateAboveLimit";
 
 /// Rules that need only the spec.
 pub const OFFLINE_RULES: &[&str] = &[
@@ -43,6 +45,8 @@ pub const OFFLINE_RULES: &[&str] = &[
     MAX_RATE_BELOW_BACKLOG,
     S3_PAYLOAD_DELETE_WITH_SNS,
     FILTER_PATTERN_INVALID,
+    FIFO_PARALLELISM_ABOVE_GROUPS,
+    FIFO_RATE_ABOVE_LIMIT,
 ];
 
 /// Rules that need the source queue's attributes.
@@ -94,4 +98,6 @@ pub const ALL: &[&str] = &[
     MAX_RATE_BELOW_BACKLOG,
     S3_PAYLOAD_DELETE_WITH_SNS,
     FILTER_PATTERN_INVALID,
+    FIFO_PARALLELISM_ABOVE_GROUPS,
+    FIFO_RATE_ABOVE_LIMIT,
 ];

@@ -261,6 +261,7 @@ pub fn template_invalid(server_message: &str) -> Finding {
 pub fn evaluate(spec: &QueueConsumerSpec, facts: Option<&Facts>) -> Report {
     let mut report = Report::default();
     offline_rules(spec, &mut report.findings);
+    fifo_rules(spec, &mut report.findings);
     rate_rule(
         spec,
         facts.and_then(|f| f.queue.visible),
@@ -355,6 +356,53 @@ fn rate_rule(spec: &QueueConsumerSpec, visible: Option<i64>, out: &mut Vec<Findi
             "raise processing.maxRate to at least {rate_needed}, or scaling.maxBacklogAge to at least {takes}s if the downstream cannot take more"
         ),
     ));
+}
+
+/// FIFO queues (name ending in .fifo): FifoParallelismAboveGroups when maxReplicas × message slots
+/// exceed what the declared `scaling.messageGroups` can keep busy (one message per group at a time,
+/// plus 25 % headroom); FifoRateAboveLimit when `processing.maxRate` exceeds what a FIFO queue takes
+/// (300 receives a second × batchSize; high-throughput mode takes more, hence a Warning).
+fn fifo_rules(spec: &QueueConsumerSpec, out: &mut Vec<Finding>) {
+    use crate::scaling::fifo;
+    if !crate::aws::facts::is_fifo(&spec.queue.url) {
+        return;
+    }
+    let slots = message_slots(spec);
+    let max = spec.scaling.max_replicas;
+    if let Some(groups) = spec.scaling.message_groups {
+        let useful = fifo::useful_slots(groups);
+        let cap = fifo::replica_cap(groups, slots);
+        if u64::from(max) * u64::from(slots) > u64::from(useful) && max > cap {
+            out.push(finding(
+                codes::FIFO_PARALLELISM_ABOVE_GROUPS,
+                Severity::Warning,
+                format!(
+                    "scaling.maxReplicas {max} × {slots} message slots = {} at once, but {groups} message groups (scaling.messageGroups) keep at most {useful} busy (one message per group at a time, plus 25% headroom): the scaler stops at {cap} replicas",
+                    u64::from(max) * u64::from(slots)
+                ),
+                format!(
+                    "lower scaling.maxReplicas to {cap} (or processing.concurrency), or spread the messages over more MessageGroupIds if they need not be ordered together"
+                ),
+            ));
+        }
+    }
+    if let Some(rate) = spec.processing.max_rate {
+        let batch = spec.processing.batch_size;
+        let limit = fifo::throughput_limit(batch, false);
+        if rate > limit {
+            out.push(finding(
+                codes::FIFO_RATE_ABOVE_LIMIT,
+                Severity::Warning,
+                format!(
+                    "processing.maxRate {rate}/s is above what a FIFO queue delivers to this consumer: 300 receives a second × processing.batchSize {batch} = {limit} messages/s (without high-throughput mode)"
+                ),
+                format!(
+                    "lower processing.maxRate to {limit}{}, or turn on high-throughput FIFO on the queue (DeduplicationScope messageGroup, FifoThroughputLimit perMessageGroupId)",
+                    if batch < 10 { " or raise processing.batchSize to 10" } else { "" }
+                ),
+            ));
+        }
+    }
 }
 
 /// Rounded up to two significant digits (7 → 7, 1234 → 1300).

@@ -931,3 +931,74 @@ fn filter_on_backlog_only_with_a_filter_and_messages_waiting() {
     assert!(f.message.contains("about 5 message"), "{}", f.message);
     assert_eq!(filter_on_backlog(&default_spec(), &q), None, "no filter");
 }
+
+fn fifo_spec(yaml: &str) -> QueueConsumerSpec {
+    let base =
+        "queue: {url: https://sqs.us-east-1.amazonaws.com/1/orders.fifo}\nhandler: {http: {}}\n";
+    serde_saphyr::from_str(&format!("{base}{yaml}")).expect("test spec parses")
+}
+
+#[test]
+fn fifo_parallelism_above_the_declared_groups_warns_with_the_cap() {
+    // 8 groups: 10 useful slots; concurrency 2 → 5 replicas.
+    let s = fifo_spec(
+        "processing: {p99: 2s, concurrency: 2}\nscaling: {maxReplicas: 20, messageGroups: 8}",
+    );
+    let r = evaluate(&s, None);
+    let f = r
+        .findings
+        .iter()
+        .find(|f| f.code == codes::FIFO_PARALLELISM_ABOVE_GROUPS)
+        .expect("finding");
+    assert_eq!(f.severity, Severity::Warning);
+    assert!(
+        f.message.contains("20 × 2 message slots = 40"),
+        "{}",
+        f.message
+    );
+    assert!(f.message.contains("keep at most 10 busy"), "{}", f.message);
+    assert!(
+        f.recommendation.contains("lower scaling.maxReplicas to 5"),
+        "{}",
+        f.recommendation
+    );
+    // At the cap: quiet; no declared groups: quiet; a standard queue: quiet.
+    let quiet = |s: &QueueConsumerSpec| {
+        !codes_of(s, None).contains(&codes::FIFO_PARALLELISM_ABOVE_GROUPS.to_string())
+    };
+    assert!(quiet(&fifo_spec(
+        "processing: {p99: 2s, concurrency: 2}\nscaling: {maxReplicas: 5, messageGroups: 8}"
+    )));
+    assert!(quiet(&fifo_spec(
+        "processing: {p99: 2s, concurrency: 2}\nscaling: {maxReplicas: 20}"
+    )));
+    assert!(quiet(&spec(
+        "processing: {p99: 2s, concurrency: 2}\nscaling: {maxReplicas: 20, messageGroups: 8}"
+    )));
+}
+
+#[test]
+fn a_max_rate_above_the_fifo_limit_warns() {
+    let fires = |s: &QueueConsumerSpec| {
+        codes_of(s, None).contains(&codes::FIFO_RATE_ABOVE_LIMIT.to_string())
+    };
+    assert!(!fires(&fifo_spec("processing: {p99: 2s, maxRate: 3000}")));
+    assert!(fires(&fifo_spec("processing: {p99: 2s, maxRate: 3001}")));
+    let small = fifo_spec("processing: {p99: 2s, maxRate: 400, batchSize: 1}");
+    let f = evaluate(&small, None)
+        .findings
+        .into_iter()
+        .find(|f| f.code == codes::FIFO_RATE_ABOVE_LIMIT)
+        .expect("finding");
+    assert!(f.message.contains("= 300 messages/s"), "{}", f.message);
+    assert!(
+        f.recommendation
+            .contains("raise processing.batchSize to 10"),
+        "{}",
+        f.recommendation
+    );
+    assert!(
+        !fires(&spec("processing: {p99: 2s, maxRate: 9000}")),
+        "standard queues have no such limit"
+    );
+}

@@ -12,8 +12,9 @@ use super::sqs::Message;
 use crate::aws::facts::{QueueArn, parse_redrive_policy};
 pub use crate::aws::redrive::SOURCE_ATTRIBUTE;
 
-/// The attribute that carries why the handler called the message poison.
-pub const REASON_ATTRIBUTE: &str = "qc-poison-reason";
+/// The attribute that carries why the handler called the message poison (defined beside the source
+/// attribute, which triage and redrive read too).
+pub use crate::aws::redrive::REASON_ATTRIBUTE;
 /// Longest reason kept, in bytes (cut at a character boundary).
 pub const MAX_REASON: usize = 1024;
 /// SQS accepts at most this many message attributes.

@@ -588,19 +588,22 @@ fn start_fifo(
 async fn run_group(p: Arc<Processor>, groups: Groups, group: String, first: Lease) {
     let mut next = Some(first);
     while let Some(lease) = next.take() {
+        p.metrics
+            .fifo_heads
+            .started(&group, lease.msg.receive_count, lease.msg.sent_timestamp);
         let ended = p.process(lease).await;
         let mut stopped = Vec::new();
         if let Ok(mut g) = groups.lock() {
             match ended {
-                Ended::Deleted => match g
-                    .get_mut(&group)
-                    .and_then(std::collections::VecDeque::pop_front)
-                {
-                    Some(l) => next = Some(l),
-                    None => {
+                Ended::Deleted => {
+                    next = g
+                        .get_mut(&group)
+                        .and_then(std::collections::VecDeque::pop_front);
+                    if next.is_none() {
                         g.remove(&group);
+                        p.metrics.fifo_heads.done(&group);
                     }
-                },
+                }
                 Ended::Kept => {
                     if let Some(q) = g.remove(&group) {
                         stopped.extend(q);

@@ -142,6 +142,68 @@ pub struct Metrics {
     /// Time receives waited for the rate's tokens, in microseconds.
     pub rate_throttled_micros: Counter,
     readiness: Mutex<Readiness>,
+    /// The FIFO groups this worker holds, with their heads.
+    pub fifo_heads: FifoHeads,
+}
+
+/// Most groups a worker keeps track of (the rest are not reported).
+const MAX_FIFO_GROUPS: usize = 1000;
+/// Groups reported in /metrics by name, the worst heads first.
+pub const FIFO_GROUPS_REPORTED: usize = 20;
+/// A group not seen for this long is forgotten (its head was handled elsewhere, or the queue moved on).
+const FIFO_GROUP_FORGET: std::time::Duration = std::time::Duration::from_hours(1);
+
+/// The FIFO groups whose head this worker handled last and has not yet seen deleted: per group, the
+/// head's receive count (each earlier receive of a FIFO head failed: SQS redelivers a group's head
+/// only when it was not deleted), its SentTimestamp (ms) and when it was last received here.
+/// Per group: the head's receive count, SentTimestamp (ms) and when it was last received here.
+type Heads = std::collections::HashMap<String, (u32, Option<u64>, std::time::Instant)>;
+
+#[derive(Debug, Default)]
+pub struct FifoHeads(Mutex<Heads>);
+
+impl FifoHeads {
+    /// A message of `group` starts: it is the group's head.
+    pub fn started(&self, group: &str, receive_count: u32, sent_ms: Option<u64>) {
+        if let Ok(mut m) = self.0.lock() {
+            m.retain(|_, v| v.2.elapsed() < FIFO_GROUP_FORGET);
+            if m.len() < MAX_FIFO_GROUPS || m.contains_key(group) {
+                m.insert(
+                    group.to_string(),
+                    (receive_count, sent_ms, std::time::Instant::now()),
+                );
+            }
+        }
+    }
+
+    /// The group's last held message was deleted: it holds nothing here any more.
+    pub fn done(&self, group: &str) {
+        if let Ok(mut m) = self.0.lock() {
+            m.remove(group);
+        }
+    }
+
+    /// (groups held, the worst `top` heads as (group, receive count, age in seconds)).
+    pub fn snapshot(&self, now_ms: u64, top: usize) -> (usize, Vec<(String, u32, f64)>) {
+        let Ok(mut m) = self.0.lock() else {
+            return (0, Vec::new());
+        };
+        m.retain(|_, v| v.2.elapsed() < FIFO_GROUP_FORGET);
+        let mut heads: Vec<(String, u32, f64)> = m
+            .iter()
+            .map(|(g, (rc, sent, _))| {
+                let age = sent.map_or(0.0, |s| now_ms.saturating_sub(s) as f64 / 1000.0);
+                (g.clone(), *rc, age)
+            })
+            .collect();
+        heads.sort_by(|a, b| {
+            b.1.cmp(&a.1)
+                .then_with(|| b.2.total_cmp(&a.2))
+                .then_with(|| a.0.cmp(&b.0))
+        });
+        heads.truncate(top);
+        (m.len(), heads)
+    }
 }
 
 impl Default for Metrics {
@@ -176,6 +238,7 @@ impl Default for Metrics {
             breaker_probes: Default::default(),
             breaker_held: Gauge::default(),
             breaker_holds: Counter::default(),
+            fifo_heads: FifoHeads::default(),
             breaker_open_millis: Counter::default(),
             breaker_open_since: Mutex::new(None),
             rate_share_millis: Gauge::default(),
@@ -298,6 +361,37 @@ impl Metrics {
             "qc_worker_in_flight",
             "Messages received and not yet finished.",
             &[(&[], self.in_flight.get())],
+        );
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let (held, heads) = self.fifo_heads.snapshot(now_ms, FIFO_GROUPS_REPORTED);
+        e.gauge(
+            "qc_worker_fifo_groups",
+            "FIFO message groups whose head this worker handled and has not seen deleted.",
+            &[(&[], i64::try_from(held).unwrap_or(i64::MAX))],
+        );
+        let labels: Vec<[(&str, &str); 1]> =
+            heads.iter().map(|h| [("group", h.0.as_str())]).collect();
+        let receives: Vec<(&[(&str, &str)], i64)> = labels
+            .iter()
+            .zip(&heads)
+            .map(|(l, h)| (&l[..], i64::from(h.1)))
+            .collect();
+        e.gauge(
+            "qc_worker_fifo_group_head_receives",
+            "Receive count of each FIFO group's head (the worst 20 groups): every earlier receive of a head failed.",
+            &receives,
+        );
+        let ages: Vec<(&[(&str, &str)], f64)> = labels
+            .iter()
+            .zip(&heads)
+            .map(|(l, h)| (&l[..], h.2))
+            .collect();
+        e.gauge_f64(
+            "qc_worker_fifo_group_head_age_seconds",
+            "Age (since SentTimestamp) of each FIFO group's head (the worst 20 groups).",
+            &ages,
         );
         e.counter(
             "qc_worker_empty_receives_total",

@@ -118,6 +118,7 @@ fn build_with(
             scaled_at: None,
             sampled_at: Some(now.clone()),
             redrive: None,
+            redrive_after_recovery: None,
             workers: None,
             now,
         }),
@@ -396,6 +397,7 @@ fn scaling_active_and_desired_replicas_follow_the_decision() {
             scaled_at,
             sampled_at: Some(at(100)),
             redrive: None,
+            redrive_after_recovery: None,
             workers: None,
             now: at(100),
         })
@@ -446,6 +448,7 @@ fn scaling_active_and_desired_replicas_follow_the_decision() {
         scaled_at: None,
         sampled_at: Some(at(130)),
         redrive: None,
+        redrive_after_recovery: None,
         workers: None,
         now: at(130),
     });
@@ -521,6 +524,7 @@ fn busy(p99: f64, mean: f64, rate: f64, in_flight: i64, at_secs: i64) -> Workers
         sampled_at: Some(at(at_secs)),
         crash_looping: vec![],
         warming_up: false,
+        fifo: None,
     }
 }
 
@@ -542,6 +546,7 @@ fn running(q: &QueueConsumer, w: &Workers, now_secs: i64) -> QueueConsumerStatus
         scaled_at: None,
         sampled_at: Some(at(now_secs)),
         redrive: None,
+        redrive_after_recovery: None,
         workers: Some(w),
         now: at(now_secs),
     })
@@ -741,6 +746,7 @@ fn counted(q: &QueueConsumer, visible: u64, dlq_visible: i64, secs: i64) -> Queu
         scaled_at: None,
         sampled_at: Some(at(secs)),
         redrive: None,
+        redrive_after_recovery: None,
         workers: None,
         now: at(secs),
     })
@@ -1134,6 +1140,7 @@ fn next_ready(q: &mut QueueConsumer, d: &Deployment, applied: Option<Applied>) -
         scaled_at: None,
         sampled_at: None,
         redrive: None,
+        redrive_after_recovery: None,
         workers: None,
         now: at(1),
     });

@@ -5,6 +5,7 @@
 //! give the same numbers on every run. See docs/scaling.md for the model and its limits.
 
 pub mod engine;
+pub mod fifo;
 pub mod keda;
 pub mod oracle;
 pub mod report;
