@@ -12,6 +12,8 @@
 
 mod common;
 
+use common::node::{counts, send};
+
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -19,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use aws_sdk_sqs::types::{QueueAttributeName, SendMessageBatchRequestEntry};
+use aws_sdk_sqs::types::QueueAttributeName;
 use serde_json::{Value, json};
 
 struct Images {
@@ -397,57 +399,6 @@ async fn queues(sqs: &aws_sdk_sqs::Client, prefix: &str) -> (String, String) {
     )
     .await;
     (url, dlq)
-}
-
-/// Sends `bodies` ten a batch; returns their message ids.
-async fn send(sqs: &aws_sdk_sqs::Client, url: &str, bodies: &[String]) -> BTreeSet<String> {
-    let mut ids = BTreeSet::new();
-    for chunk in bodies.chunks(10) {
-        let entries = chunk
-            .iter()
-            .enumerate()
-            .map(|(i, b)| {
-                SendMessageBatchRequestEntry::builder()
-                    .id(format!("m{i}"))
-                    .message_body(b)
-                    .build()
-                    .unwrap()
-            })
-            .collect::<Vec<_>>();
-        let out = sqs
-            .send_message_batch()
-            .queue_url(url)
-            .set_entries(Some(entries))
-            .send()
-            .await
-            .unwrap();
-        assert!(out.failed.is_empty(), "{:?}", out.failed);
-        ids.extend(out.successful.into_iter().map(|s| s.message_id));
-    }
-    ids
-}
-
-/// (visible, in flight) of a queue.
-async fn counts(sqs: &aws_sdk_sqs::Client, url: &str) -> (u64, u64) {
-    let out = sqs
-        .get_queue_attributes()
-        .queue_url(url)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-        .send()
-        .await
-        .unwrap();
-    let attrs = out.attributes.unwrap_or_default();
-    let get = |k: &QueueAttributeName| {
-        attrs
-            .get(k)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(u64::MAX)
-    };
-    (
-        get(&QueueAttributeName::ApproximateNumberOfMessages),
-        get(&QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
-    )
 }
 
 fn seen(run: &PodRun) -> Vec<String> {

@@ -18,10 +18,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use aws_sdk_sqs::types::{QueueAttributeName as A, SendMessageBatchRequestEntry};
-use common::cluster::{self, eventually};
+use common::cluster::eventually;
 use common::node::{
     assert_handled_once, condition, counts, deletion_cost, events, holder, kill_container, node,
-    notes, pod_hash, queues, ready, seen, seen_dir, send, tag_handler_image,
+    notes, pod_hash, ready, seen, send, tag_handler_image,
 };
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
@@ -41,40 +41,30 @@ async fn scales_from_zero_drains_and_returns_to_zero() {
     let Some(node) = node("scales_from_zero_drains_and_returns_to_zero").await else {
         return;
     };
-    let (op_ns, ns) = (cluster::unique("node-op"), cluster::unique("node-a"));
-    node.namespace(&ns, false).await;
-    let op = node.operator(&op_ns, &ns).await;
-    let sqs = node.sqs().await;
-    let (url, dlq) = queues(&sqs, "node-a").await;
-    let seen_at = seen_dir();
-    node.apply(&ns, &node.consumer(&ns, "orders", &url, seen_at.path(), 3))
+    let s = node.scenario("node-a").await;
+    let (ns, sqs, url, seen_at) = (&s.ns, &s.sqs, &s.url, &s.seen);
+    node.apply(ns, &node.consumer(ns, "orders", url, seen_at.path(), 3))
         .await;
 
     // Reconciled by the controller in cluster, idle: the Deployment exists at zero replicas.
-    eventually(
-        90,
-        "an idle Deployment at 0 replicas",
-        || node.describe(&ns),
-        || async { (node.workers(&ns, "orders").await? == (0, 0)).then_some(()) },
-    )
-    .await;
-    let lease: Api<Lease> = Api::namespaced(node.cluster.admin.clone(), &op.ns);
-    let leader = holder(&lease.get(&op.fullname).await.expect("the Lease")).expect("a leader");
+    node.wait_workers(ns, (0, 0), 90).await;
+    let lease: Api<Lease> = Api::namespaced(node.cluster.admin.clone(), &s.op.ns);
+    let leader = holder(&lease.get(&s.op.fullname).await.expect("the Lease")).expect("a leader");
     assert!(
-        leader.starts_with(&op.fullname),
+        leader.starts_with(&s.op.fullname),
         "the Lease is held by a controller pod: {leader}"
     );
 
     let bodies: Vec<String> = (0..2000).map(|i| format!("message {i}")).collect();
     // Ten first: the time from zero to the first handling; then the rest while the worker consumes.
     let started = Instant::now();
-    let mut sent = send(&sqs, &url, &bodies[..10]).await;
+    let mut sent = send(sqs, url, &bodies[..10]).await;
     eventually(
         120,
         "scaled from zero: a Ready worker pod",
-        || node.describe(&ns),
+        || node.describe(ns),
         || async {
-            let (replicas, ready) = node.workers(&ns, "orders").await?;
+            let (replicas, ready) = node.workers(ns, "orders").await?;
             (replicas >= 1 && ready >= 1).then_some(())
         },
     )
@@ -83,7 +73,7 @@ async fn scales_from_zero_drains_and_returns_to_zero() {
     eventually(
         60,
         "the first message handled",
-        || node.describe(&ns),
+        || node.describe(ns),
         || async { (!seen(seen_at.path()).is_empty()).then_some(()) },
     )
     .await;
@@ -91,21 +81,15 @@ async fn scales_from_zero_drains_and_returns_to_zero() {
         "from zero: a worker Ready {ready_after:.1} s and the first message handled {:.1} s after it was sent",
         started.elapsed().as_secs_f64()
     );
-    sent.extend(send(&sqs, &url, &bodies[10..]).await);
+    sent.extend(send(sqs, url, &bodies[10..]).await);
     assert_eq!(sent.len(), 2000);
     let peak = std::sync::atomic::AtomicI32::new(0);
     eventually(
         600,
         "all 2,000 messages handled",
-        || {
-            format!(
-                "{} seen\n{}",
-                seen(seen_at.path()).len(),
-                node.describe(&ns)
-            )
-        },
+        || format!("{} seen\n{}", seen(seen_at.path()).len(), node.describe(ns)),
         || async {
-            if let Some((replicas, _)) = node.workers(&ns, "orders").await {
+            if let Some((replicas, _)) = node.workers(ns, "orders").await {
                 peak.fetch_max(replicas, std::sync::atomic::Ordering::Relaxed);
             }
             (seen(seen_at.path()).len() >= sent.len()).then_some(())
@@ -119,10 +103,10 @@ async fn scales_from_zero_drains_and_returns_to_zero() {
     eventually(
         180,
         "scaled back to zero, every pod gone",
-        || node.describe(&ns),
+        || node.describe(ns),
         || async {
-            (node.workers(&ns, "orders").await? == (0, 0)
-                && node.worker_pods(&ns, "orders").await.is_empty())
+            (node.workers(ns, "orders").await? == (0, 0)
+                && node.worker_pods(ns, "orders").await.is_empty())
             .then_some(())
         },
     )
@@ -133,14 +117,8 @@ async fn scales_from_zero_drains_and_returns_to_zero() {
     );
     let again = assert_handled_once(seen_at.path(), &sent);
     eprintln!("{again} received more than once before their handling");
-    eventually(60, "the queue empty", String::new, || async {
-        (counts(&sqs, &url).await == (0, 0)).then_some(())
-    })
-    .await;
-    assert_eq!(counts(&sqs, &dlq).await, (0, 0), "nothing dead-lettered");
-    // Still once each with the queue empty: nothing came back for a second handling meanwhile.
-    assert_handled_once(seen_at.path(), &sent);
-    drop(op);
+    s.settled(&sent).await;
+    drop(s);
 }
 
 /// (c) `kubectl delete pod` of a busy worker: its in-flight messages finish (the handler outlives the
@@ -152,30 +130,20 @@ async fn deleting_a_busy_worker_pod_loses_nothing_and_cuts_nothing() {
     let Some(node) = node("deleting_a_busy_worker_pod_loses_nothing_and_cuts_nothing").await else {
         return;
     };
-    let (op_ns, ns) = (cluster::unique("node-op"), cluster::unique("node-c"));
-    node.namespace(&ns, false).await;
-    let op = node.operator(&op_ns, &ns).await;
-    let sqs = node.sqs().await;
-    let (url, dlq) = queues(&sqs, "node-c").await;
-    let seen_at = seen_dir();
-    let mut doc = node.consumer(&ns, "orders", &url, seen_at.path(), 1);
+    let s = node.scenario("node-c").await;
+    let (ns, sqs, url, seen_at) = (&s.ns, &s.sqs, &s.url, &s.seen);
+    let mut doc = node.consumer(ns, "orders", url, seen_at.path(), 1);
     doc["spec"]["scaling"]["minReplicas"] = 1.into();
-    node.apply(&ns, &doc).await;
-    eventually(
-        120,
-        "one Ready worker",
-        || node.describe(&ns),
-        || async { (node.workers(&ns, "orders").await? == (1, 1)).then_some(()) },
-    )
-    .await;
+    node.apply(ns, &doc).await;
+    node.wait_workers(ns, (1, 1), 120).await;
     // 60 messages of 2 s each at concurrency 10: about 12 s of work for the one pod.
     let bodies: Vec<String> = (0..60).map(|i| format!("slow {i}")).collect();
-    let sent = send(&sqs, &url, &bodies).await;
+    let sent = send(sqs, url, &bodies).await;
     // Deleted while handlings are under way: the second ten begun, not finished.
     let (done_then, begun_then) = eventually(
         60,
         "ten handled, more in flight",
-        || node.describe(&ns),
+        || node.describe(ns),
         || async {
             let done = seen(seen_at.path()).len();
             let begun: usize = notes(seen_at.path(), "started")
@@ -186,23 +154,17 @@ async fn deleting_a_busy_worker_pod_loses_nothing_and_cuts_nothing() {
         },
     )
     .await;
-    let busy = node.worker_pods(&ns, "orders").await;
+    let busy = node.worker_pods(ns, "orders").await;
     assert_eq!(busy.len(), 1);
     let busy_name = busy[0].metadata.name.clone().expect("a name");
-    Api::<Pod>::namespaced(node.cluster.admin.clone(), &ns)
+    Api::<Pod>::namespaced(node.cluster.admin.clone(), ns)
         .delete(&busy_name, &DeleteParams::default())
         .await
         .expect("delete the busy pod");
     eventually(
         240,
         "all 60 handled",
-        || {
-            format!(
-                "{} seen\n{}",
-                seen(seen_at.path()).len(),
-                node.describe(&ns)
-            )
-        },
+        || format!("{} seen\n{}", seen(seen_at.path()).len(), node.describe(ns)),
         || async { (seen(seen_at.path()).len() >= sent.len()).then_some(()) },
     )
     .await;
@@ -227,14 +189,8 @@ async fn deleting_a_busy_worker_pod_loses_nothing_and_cuts_nothing() {
         by_pod.len() >= 2,
         "its replacement handled the rest: {by_pod:?}"
     );
-    eventually(60, "the queue empty", String::new, || async {
-        (counts(&sqs, &url).await == (0, 0)).then_some(())
-    })
-    .await;
-    assert_eq!(counts(&sqs, &dlq).await, (0, 0), "nothing dead-lettered");
-    // Still once each with the queue empty: nothing came back for a second handling meanwhile.
-    assert_handled_once(seen_at.path(), &sent);
-    drop(op);
+    s.settled(&sent).await;
+    drop(s);
 }
 
 /// (f) The leading controller pod's process killed (SIGKILL through containerd) while a backlog drains:
@@ -246,21 +202,11 @@ async fn killing_the_leading_controller_hands_scaling_over() {
     let Some(node) = node("killing_the_leading_controller_hands_scaling_over").await else {
         return;
     };
-    let (op_ns, ns) = (cluster::unique("node-op"), cluster::unique("node-f"));
-    node.namespace(&ns, false).await;
-    let op = node.operator(&op_ns, &ns).await;
-    let sqs = node.sqs().await;
-    let (url, dlq) = queues(&sqs, "node-f").await;
-    let seen_at = seen_dir();
-    node.apply(&ns, &node.consumer(&ns, "orders", &url, seen_at.path(), 3))
+    let s = node.scenario("node-f").await;
+    let (ns, sqs, url, seen_at) = (&s.ns, &s.sqs, &s.url, &s.seen);
+    node.apply(ns, &node.consumer(ns, "orders", url, seen_at.path(), 3))
         .await;
-    eventually(
-        90,
-        "an idle Deployment at 0 replicas",
-        || node.describe(&ns),
-        || async { (node.workers(&ns, "orders").await? == (0, 0)).then_some(()) },
-    )
-    .await;
+    node.wait_workers(ns, (0, 0), 90).await;
     // A backlog that takes a while: 400 messages, one in ten slow.
     let bodies: Vec<String> = (0..400)
         .map(|i| {
@@ -271,20 +217,20 @@ async fn killing_the_leading_controller_hands_scaling_over() {
             }
         })
         .collect();
-    let sent = send(&sqs, &url, &bodies).await;
+    let sent = send(sqs, url, &bodies).await;
     eventually(
         120,
         "scaled from zero",
-        || node.describe(&ns),
+        || node.describe(ns),
         || async {
-            let (replicas, ready) = node.workers(&ns, "orders").await?;
+            let (replicas, ready) = node.workers(ns, "orders").await?;
             (replicas >= 1 && ready >= 1).then_some(())
         },
     )
     .await;
-    let leases: Api<Lease> = Api::namespaced(node.cluster.admin.clone(), &op.ns);
-    let leader = holder(&leases.get(&op.fullname).await.expect("the Lease")).expect("a leader");
-    let pods: Api<Pod> = Api::namespaced(node.cluster.admin.clone(), &op.ns);
+    let leases: Api<Lease> = Api::namespaced(node.cluster.admin.clone(), &s.op.ns);
+    let leader = holder(&leases.get(&s.op.fullname).await.expect("the Lease")).expect("a leader");
+    let pods: Api<Pod> = Api::namespaced(node.cluster.admin.clone(), &s.op.ns);
     let leader_pod = pods
         .get(&leader)
         .await
@@ -299,9 +245,9 @@ async fn killing_the_leading_controller_hands_scaling_over() {
     let next = eventually(
         60,
         "another controller holds the Lease",
-        || node.describe(&op.ns),
+        || node.describe(&s.op.ns),
         || async {
-            let h = holder(&leases.get(&op.fullname).await.ok()?)?;
+            let h = holder(&leases.get(&s.op.fullname).await.ok()?)?;
             (h != leader).then_some(h)
         },
     )
@@ -313,24 +259,12 @@ async fn killing_the_leading_controller_hands_scaling_over() {
     eventually(
         300,
         "all 400 handled",
-        || {
-            format!(
-                "{} seen\n{}",
-                seen(seen_at.path()).len(),
-                node.describe(&ns)
-            )
-        },
+        || format!("{} seen\n{}", seen(seen_at.path()).len(), node.describe(ns)),
         || async { (seen(seen_at.path()).len() >= sent.len()).then_some(()) },
     )
     .await;
-    eventually(
-        180,
-        "scaled back to zero",
-        || node.describe(&ns),
-        || async { (node.workers(&ns, "orders").await? == (0, 0)).then_some(()) },
-    )
-    .await;
-    let scaled = events(&node, &ns, "orders", "Scaled").await;
+    node.wait_workers(ns, (0, 0), 180).await;
+    let scaled = events(&node, ns, "orders", "Scaled").await;
     let last = scaled.last().expect("Scaled events");
     assert!(
         last.0.contains("to 0"),
@@ -342,14 +276,8 @@ async fn killing_the_leading_controller_hands_scaling_over() {
     );
     let again = assert_handled_once(seen_at.path(), &sent);
     eprintln!("{again} received again before their handling");
-    eventually(60, "the queue empty", String::new, || async {
-        (counts(&sqs, &url).await == (0, 0)).then_some(())
-    })
-    .await;
-    assert_eq!(counts(&sqs, &dlq).await, (0, 0), "nothing dead-lettered");
-    // Still once each with the queue empty: nothing came back for a second handling meanwhile.
-    assert_handled_once(seen_at.path(), &sent);
-    drop(op);
+    s.settled(&sent).await;
+    drop(s);
 }
 
 /// (b) Scale-in while messages are in flight: three busy replicas, then the backlog runs out and the
@@ -362,38 +290,22 @@ async fn scale_in_removes_the_least_busy_pods_and_cuts_nothing() {
     let Some(node) = node("scale_in_removes_the_least_busy_pods_and_cuts_nothing").await else {
         return;
     };
-    let (op_ns, ns) = (cluster::unique("node-op"), cluster::unique("node-b"));
-    node.namespace(&ns, false).await;
-    let op = node.operator(&op_ns, &ns).await;
-    let sqs = node.sqs().await;
-    let (url, dlq) = queues(&sqs, "node-b").await;
-    let seen_at = seen_dir();
-    let mut doc = node.consumer(&ns, "orders", &url, seen_at.path(), 3);
+    let s = node.scenario("node-b").await;
+    let (ns, sqs, url, seen_at) = (&s.ns, &s.sqs, &s.url, &s.seen);
+    let mut doc = node.consumer(ns, "orders", url, seen_at.path(), 3);
     // Declared as what it is (2 s a message), so three replicas are what the backlog asks for.
     doc["spec"]["processing"]["p99"] = "3s".into();
     doc["spec"]["scaling"]["maxBacklogAge"] = "20s".into();
-    node.apply(&ns, &doc).await;
-    eventually(
-        90,
-        "an idle Deployment at 0 replicas",
-        || node.describe(&ns),
-        || async { (node.workers(&ns, "orders").await? == (0, 0)).then_some(()) },
-    )
-    .await;
+    node.apply(ns, &doc).await;
+    node.wait_workers(ns, (0, 0), 90).await;
     // The last one lingers 8 s (within the 10 s timeout): when the backlog is gone one pod still has it in hand while the others
     // are idle, and the scale-in must keep that pod.
     let mut bodies: Vec<String> = (0..240).map(|i| format!("slow {i}")).collect();
     bodies.push("linger 240".to_string());
-    let sent = send(&sqs, &url, &bodies).await;
-    eventually(
-        120,
-        "three Ready replicas",
-        || node.describe(&ns),
-        || async { (node.workers(&ns, "orders").await? == (3, 3)).then_some(()) },
-    )
-    .await;
+    let sent = send(sqs, url, &bodies).await;
+    node.wait_workers(ns, (3, 3), 120).await;
     // Every pod the ReplicaSet takes away while others run: its cost and theirs, from one list.
-    let pods: Api<Pod> = Api::namespaced(node.cluster.admin.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(node.cluster.admin.clone(), ns);
     let selector = "app.kubernetes.io/instance=orders".to_string();
     let mut removed: BTreeMap<String, (Option<i64>, Vec<Option<i64>>)> = BTreeMap::new();
     let mut story: Vec<String> = Vec::new();
@@ -448,7 +360,7 @@ async fn scale_in_removes_the_least_busy_pods_and_cuts_nothing() {
             Instant::now() < deadline,
             "not drained and scaled to zero within 300 s: {} seen\n{}",
             seen(seen_at.path()).len(),
-            node.describe(&ns)
+            node.describe(ns)
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
@@ -477,14 +389,8 @@ async fn scale_in_removes_the_least_busy_pods_and_cuts_nothing() {
     );
     let again = assert_handled_once(seen_at.path(), &sent);
     eprintln!("{again} received again before their handling");
-    eventually(60, "the queue empty", String::new, || async {
-        (counts(&sqs, &url).await == (0, 0)).then_some(())
-    })
-    .await;
-    assert_eq!(counts(&sqs, &dlq).await, (0, 0), "nothing dead-lettered");
-    // Still once each with the queue empty: nothing came back for a second handling meanwhile.
-    assert_handled_once(seen_at.path(), &sent);
-    drop(op);
+    s.settled(&sent).await;
+    drop(s);
 }
 
 /// (d) The handler's dependency down for 60 s (every call answers 503): the workers' breakers open,
@@ -499,33 +405,23 @@ async fn a_dependency_down_for_a_minute_holds_replicas_and_dead_letters_nothing(
     else {
         return;
     };
-    let (op_ns, ns) = (cluster::unique("node-op"), cluster::unique("node-d"));
-    node.namespace(&ns, false).await;
-    let op = node.operator(&op_ns, &ns).await;
-    let sqs = node.sqs().await;
-    let (url, dlq) = queues(&sqs, "node-d").await;
-    let seen_at = seen_dir();
-    let mut doc = node.consumer(&ns, "orders", &url, seen_at.path(), 3);
+    let s = node.scenario("node-d").await;
+    let (ns, sqs, url, seen_at) = (&s.ns, &s.sqs, &s.url, &s.seen);
+    let mut doc = node.consumer(ns, "orders", url, seen_at.path(), 3);
     doc["spec"]["scaling"]["minReplicas"] = 1.into();
-    node.apply(&ns, &doc).await;
-    eventually(
-        120,
-        "one Ready worker",
-        || node.describe(&ns),
-        || async { (node.workers(&ns, "orders").await? == (1, 1)).then_some(()) },
-    )
-    .await;
+    node.apply(ns, &doc).await;
+    node.wait_workers(ns, (1, 1), 120).await;
     std::fs::write(seen_at.path().join("down"), b"").expect("the dependency goes down");
     let down = Instant::now();
     // A backlog three replicas would be asked for, were the handler healthy.
     let bodies: Vec<String> = (0..600).map(|i| format!("message {i}")).collect();
-    let sent = send(&sqs, &url, &bodies).await;
+    let sent = send(sqs, url, &bodies).await;
     eventually(
         60,
         "HandlerHealthy False",
-        || node.describe(&ns),
+        || node.describe(ns),
         || async {
-            let (status, _) = condition(&node, &ns, "orders", "HandlerHealthy").await?;
+            let (status, _) = condition(&node, ns, "orders", "HandlerHealthy").await?;
             (status == "False").then_some(())
         },
     )
@@ -533,11 +429,11 @@ async fn a_dependency_down_for_a_minute_holds_replicas_and_dead_letters_nothing(
     let unhealthy_after = down.elapsed().as_secs_f64();
     let mut most = 0;
     while down.elapsed() < std::time::Duration::from_mins(1) {
-        if let Some((replicas, _)) = node.workers(&ns, "orders").await {
+        if let Some((replicas, _)) = node.workers(ns, "orders").await {
             most = most.max(replicas);
         }
         assert_eq!(
-            counts(&sqs, &dlq).await,
+            counts(sqs, &s.dlq).await,
             (0, 0),
             "dead-lettered during the outage"
         );
@@ -558,22 +454,16 @@ async fn a_dependency_down_for_a_minute_holds_replicas_and_dead_letters_nothing(
     eventually(
         300,
         "all 600 handled after the recovery",
-        || {
-            format!(
-                "{} seen\n{}",
-                seen(seen_at.path()).len(),
-                node.describe(&ns)
-            )
-        },
+        || format!("{} seen\n{}", seen(seen_at.path()).len(), node.describe(ns)),
         || async { (seen(seen_at.path()).len() >= sent.len()).then_some(()) },
     )
     .await;
     eventually(
         60,
         "HandlerHealthy True again",
-        || node.describe(&ns),
+        || node.describe(ns),
         || async {
-            let (status, _) = condition(&node, &ns, "orders", "HandlerHealthy").await?;
+            let (status, _) = condition(&node, ns, "orders", "HandlerHealthy").await?;
             (status == "True").then_some(())
         },
     )
@@ -583,14 +473,8 @@ async fn a_dependency_down_for_a_minute_holds_replicas_and_dead_letters_nothing(
         "recovered in {:.1} s; {again} received again before their handling",
         down.elapsed().as_secs_f64() - 60.0
     );
-    eventually(60, "the queue empty", String::new, || async {
-        (counts(&sqs, &url).await == (0, 0)).then_some(())
-    })
-    .await;
-    assert_eq!(counts(&sqs, &dlq).await, (0, 0), "nothing dead-lettered");
-    // Still once each with the queue empty: nothing came back for a second handling meanwhile.
-    assert_handled_once(seen_at.path(), &sent);
-    drop(op);
+    s.settled(&sent).await;
+    drop(s);
 }
 
 /// (e) A rollout of a new handler image under load: the old pods drain and go, the new ones take over;
@@ -602,22 +486,12 @@ async fn a_rollout_under_load_loses_nothing_and_ready_follows_it() {
     let Some(node) = node("a_rollout_under_load_loses_nothing_and_ready_follows_it").await else {
         return;
     };
-    let (op_ns, ns) = (cluster::unique("node-op"), cluster::unique("node-e"));
-    node.namespace(&ns, false).await;
-    let op = node.operator(&op_ns, &ns).await;
-    let sqs = node.sqs().await;
-    let (url, dlq) = queues(&sqs, "node-e").await;
-    let seen_at = seen_dir();
-    let mut doc = node.consumer(&ns, "orders", &url, seen_at.path(), 2);
+    let s = node.scenario("node-e").await;
+    let (ns, sqs, url, seen_at) = (&s.ns, &s.sqs, &s.url, &s.seen);
+    let mut doc = node.consumer(ns, "orders", url, seen_at.path(), 2);
     doc["spec"]["scaling"]["minReplicas"] = 2.into();
-    node.apply(&ns, &doc).await;
-    eventually(
-        120,
-        "two Ready workers",
-        || node.describe(&ns),
-        || async { (node.workers(&ns, "orders").await? == (2, 2)).then_some(()) },
-    )
-    .await;
+    node.apply(ns, &doc).await;
+    node.wait_workers(ns, (2, 2), 120).await;
     let bodies: Vec<String> = (0..600)
         .map(|i| {
             if i % 5 == 0 {
@@ -627,28 +501,28 @@ async fn a_rollout_under_load_loses_nothing_and_ready_follows_it() {
             }
         })
         .collect();
-    let sent = send(&sqs, &url, &bodies).await;
+    let sent = send(sqs, url, &bodies).await;
     eventually(
         60,
         "50 handled",
-        || node.describe(&ns),
+        || node.describe(ns),
         || async { (seen(seen_at.path()).len() >= 50).then_some(()) },
     )
     .await;
     let v2 = tag_handler_image(&node, &format!("rollout-{}", std::process::id()));
     doc["spec"]["template"]["spec"]["containers"][0]["image"] = v2.clone().into();
-    node.apply(&ns, &doc).await;
+    node.apply(ns, &doc).await;
     let rolled = Instant::now();
     // Ready as the rollout goes: every (status, reason) it shows, in order.
     let mut ready_seen: Vec<(String, String)> = Vec::new();
     let deadline = rolled + std::time::Duration::from_mins(4);
     loop {
-        if let Some(r) = condition(&node, &ns, "orders", "Ready").await
+        if let Some(r) = condition(&node, ns, "orders", "Ready").await
             && ready_seen.last() != Some(&r)
         {
             ready_seen.push(r);
         }
-        let pods = node.worker_pods(&ns, "orders").await;
+        let pods = node.worker_pods(ns, "orders").await;
         let all_new = pods.len() == 2
             && pods.iter().all(|p| {
                 ready(p)
@@ -658,7 +532,7 @@ async fn a_rollout_under_load_loses_nothing_and_ready_follows_it() {
                             .any(|c| c.image.as_deref() == Some(v2.as_str()))
                     })
             });
-        let leaving = Api::<Pod>::namespaced(node.cluster.admin.clone(), &ns)
+        let leaving = Api::<Pod>::namespaced(node.cluster.admin.clone(), ns)
             .list(&ListParams::default().labels("app.kubernetes.io/instance=orders"))
             .await
             .map_or(0, |l| l.items.len());
@@ -668,7 +542,7 @@ async fn a_rollout_under_load_loses_nothing_and_ready_follows_it() {
         assert!(
             Instant::now() < deadline,
             "the rollout did not complete within 240 s; Ready went {ready_seen:?}\n{}",
-            node.describe(&ns)
+            node.describe(ns)
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
@@ -685,13 +559,7 @@ async fn a_rollout_under_load_loses_nothing_and_ready_follows_it() {
     eventually(
         240,
         "all 600 handled",
-        || {
-            format!(
-                "{} seen\n{}",
-                seen(seen_at.path()).len(),
-                node.describe(&ns)
-            )
-        },
+        || format!("{} seen\n{}", seen(seen_at.path()).len(), node.describe(ns)),
         || async { (seen(seen_at.path()).len() >= sent.len()).then_some(()) },
     )
     .await;
@@ -705,13 +573,13 @@ async fn a_rollout_under_load_loses_nothing_and_ready_follows_it() {
         "handled by the old and the new pods: {hashes:?}"
     );
     eventually(60, "the queue empty", String::new, || async {
-        (counts(&sqs, &url).await == (0, 0)).then_some(())
+        (counts(sqs, url).await == (0, 0)).then_some(())
     })
     .await;
-    assert_eq!(counts(&sqs, &dlq).await, (0, 0), "nothing dead-lettered");
+    assert_eq!(counts(sqs, &s.dlq).await, (0, 0), "nothing dead-lettered");
     let again = assert_handled_once(seen_at.path(), &sent);
     eprintln!("{again} received again before their handling");
-    drop(op);
+    drop(s);
 }
 
 /// (g) The exec layout (qc-worker copied into the handler's own image, a process per message) on a FIFO
@@ -725,12 +593,10 @@ async fn exec_layout_on_a_fifo_queue_keeps_each_groups_order_across_scaling() {
     else {
         return;
     };
-    let (op_ns, ns) = (cluster::unique("node-op"), cluster::unique("node-g"));
-    node.namespace(&ns, false).await;
-    let op = node.operator(&op_ns, &ns).await;
-    let sqs = node.sqs().await;
+    let mut s = node.scenario("node-g").await;
+    // FIFO queues instead of the scenario's standard ones.
     let dlq = common::create_queue(
-        &sqs,
+        &s.sqs,
         &format!("{}.fifo", common::unique_name("node-g-dlq")),
         &[
             (A::FifoQueue, "true".into()),
@@ -738,9 +604,9 @@ async fn exec_layout_on_a_fifo_queue_keeps_each_groups_order_across_scaling() {
         ],
     )
     .await;
-    let arn = common::queue_arn(&sqs, &dlq).await;
+    let arn = common::queue_arn(&s.sqs, &dlq).await;
     let url = common::create_queue(
-        &sqs,
+        &s.sqs,
         &format!("{}.fifo", common::unique_name("node-g")),
         &[
             (A::FifoQueue, "true".into()),
@@ -752,20 +618,15 @@ async fn exec_layout_on_a_fifo_queue_keeps_each_groups_order_across_scaling() {
         ],
     )
     .await;
-    let seen_at = seen_dir();
-    let mut doc = node.consumer(&ns, "orders", &url, seen_at.path(), 3);
+    (s.url, s.dlq) = (url, dlq);
+    let (ns, sqs, url, seen_at) = (&s.ns, &s.sqs, &s.url, &s.seen);
+    let mut doc = node.consumer(ns, "orders", url, seen_at.path(), 3);
     doc["spec"]["handler"] = json!({"exec": {"command": ["/app/make-thumbnail"]}});
     doc["spec"]["processing"]["concurrency"] = 3.into();
     doc["spec"]["template"]["spec"]["containers"][0]["env"] =
         json!([{"name": "SEEN_FILE", "value": "/seen/ids"}]);
-    node.apply(&ns, &doc).await;
-    eventually(
-        90,
-        "an idle Deployment at 0 replicas",
-        || node.describe(&ns),
-        || async { (node.workers(&ns, "orders").await? == (0, 0)).then_some(()) },
-    )
-    .await;
+    node.apply(ns, &doc).await;
+    node.wait_workers(ns, (0, 0), 90).await;
     // 6 groups of 40, interleaved as sent; each message's (group, place in its group) by its id.
     let mut order: BTreeMap<String, (usize, usize)> = BTreeMap::new();
     for i in 0..40 {
@@ -782,7 +643,7 @@ async fn exec_layout_on_a_fifo_queue_keeps_each_groups_order_across_scaling() {
             .collect();
         let out = sqs
             .send_message_batch()
-            .queue_url(&url)
+            .queue_url(url.as_str())
             .set_entries(Some(entries))
             .send()
             .await
@@ -798,28 +659,16 @@ async fn exec_layout_on_a_fifo_queue_keeps_each_groups_order_across_scaling() {
     eventually(
         400,
         "all 240 handled",
-        || {
-            format!(
-                "{} seen\n{}",
-                seen(seen_at.path()).len(),
-                node.describe(&ns)
-            )
-        },
+        || format!("{} seen\n{}", seen(seen_at.path()).len(), node.describe(ns)),
         || async {
-            if let Some((replicas, _)) = node.workers(&ns, "orders").await {
+            if let Some((replicas, _)) = node.workers(ns, "orders").await {
                 peak.fetch_max(replicas, std::sync::atomic::Ordering::Relaxed);
             }
             (seen(seen_at.path()).len() >= sent.len()).then_some(())
         },
     )
     .await;
-    eventually(
-        180,
-        "scaled back to zero",
-        || node.describe(&ns),
-        || async { (node.workers(&ns, "orders").await? == (0, 0)).then_some(()) },
-    )
-    .await;
+    node.wait_workers(ns, (0, 0), 180).await;
     let peak = peak.load(std::sync::atomic::Ordering::Relaxed);
     // The receipts in the order they were written: per group, places must rise.
     let text = std::fs::read_to_string(seen_at.path().join("receipts")).expect("receipts");
@@ -847,10 +696,10 @@ async fn exec_layout_on_a_fifo_queue_keeps_each_groups_order_across_scaling() {
         "no scale event: peak {peak}, pods {pods:?}"
     );
     eventually(60, "the queue empty", String::new, || async {
-        (counts(&sqs, &url).await == (0, 0)).then_some(())
+        (counts(sqs, url).await == (0, 0)).then_some(())
     })
     .await;
-    assert_eq!(counts(&sqs, &dlq).await, (0, 0), "nothing dead-lettered");
+    assert_eq!(counts(sqs, &s.dlq).await, (0, 0), "nothing dead-lettered");
     assert_handled_once(seen_at.path(), &sent);
-    drop(op);
+    drop(s);
 }

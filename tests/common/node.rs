@@ -89,6 +89,36 @@ impl Node {
         aws_sdk_sqs::Client::new(&conf)
     }
 
+    /// A scenario named `name`: a workers' namespace and an operator of its own watching it, a queue with
+    /// a DLQ, an empty notes directory.
+    pub async fn scenario(&self, name: &str) -> Scenario {
+        let (op_ns, ns) = (cluster::unique("node-op"), cluster::unique(name));
+        self.namespace(&ns, false).await;
+        let op = self.operator(&op_ns, &ns).await;
+        let sqs = self.sqs().await;
+        let (url, dlq) = queues(&sqs, name).await;
+        Scenario {
+            op,
+            ns,
+            sqs,
+            url,
+            dlq,
+            seen: seen_dir(),
+        }
+    }
+
+    /// Waits up to `secs` for the worker Deployment `orders` in `ns` to stand at `want` (replicas, Ready
+    /// pods).
+    pub async fn wait_workers(&self, ns: &str, want: (i32, usize), secs: u64) {
+        eventually(
+            secs,
+            &format!("the workers at {want:?} (replicas, Ready)"),
+            || self.describe(ns),
+            || async { (self.workers(ns, "orders").await? == want).then_some(()) },
+        )
+        .await;
+    }
+
     /// The admission policy that hands moto's keys to the pods of labelled namespaces (applied by every
     /// test; the apply is idempotent).
     pub fn keys_policy(&self) {
@@ -343,6 +373,36 @@ spec:
             .into_iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .collect()
+    }
+}
+
+/// One scenario's world: its own operator in cluster, the namespace of its workers, a queue with a DLQ on
+/// the node's moto, and the directory of the handler's notes. Dropped: the operator uninstalled and both
+/// namespaces deleted.
+pub struct Scenario {
+    pub op: InCluster,
+    pub ns: String,
+    pub sqs: aws_sdk_sqs::Client,
+    pub url: String,
+    pub dlq: String,
+    pub seen: tempfile::TempDir,
+}
+
+impl Scenario {
+    /// The queue empty (within 60 s), the DLQ empty, and every message of `sent` handled exactly once
+    /// (checked with the queue empty: nothing came back for a second handling). Returns how many were
+    /// received more than once before their one handling.
+    pub async fn settled(&self, sent: &BTreeSet<String>) -> usize {
+        eventually(60, "the queue empty", String::new, || async {
+            (counts(&self.sqs, &self.url).await == (0, 0)).then_some(())
+        })
+        .await;
+        assert_eq!(
+            counts(&self.sqs, &self.dlq).await,
+            (0, 0),
+            "nothing dead-lettered"
+        );
+        assert_handled_once(self.seen.path(), sent)
     }
 }
 
