@@ -32,8 +32,8 @@ async fn apply(cluster: &Cluster, ns: &str, doc: &Value) {
 }
 
 /// A QueueConsumer of the restricted layout on `url`, polled every second, with `concurrency`. It stays
-/// at zero replicas whatever its queue holds (the cluster has no node to run a worker, and a Deployment
-/// without its pods would make Ready False).
+/// at zero replicas whatever its queue holds (no node runs its worker: the test node takes only pods
+/// tolerating its taint; and a Deployment without its pods would make Ready False).
 fn consumer(ns: &str, name: &str, url: &str, concurrency: u32, alarm: bool) -> Value {
     let mut doc = cluster::restricted_consumer(ns, name, url);
     doc["spec"]["processing"]["concurrency"] = concurrency.into();

@@ -4,8 +4,9 @@
 //! with a TokenRequest token of the chart's ServiceAccount (so every request meets the chart's RBAC), and
 //! QueueConsumers on moto's SQS and CloudWatch, in the namespaced and the cluster-wide mode.
 //!
-//! There is no node: pods stay Pending. Deployments, ReplicaSets (the controller-manager's), Pod admission,
-//! status, Events, Leases, finalizers and garbage collection are the real ones. With
+//! Pods stay Pending: the node of `scripts/test` (tests/node.rs) runs only pods that tolerate its taint.
+//! Deployments, ReplicaSets (the controller-manager's), Pod admission, status, Events, Leases,
+//! finalizers and garbage collection are the real ones. With
 //! `QC_REQUIRE_CLUSTER=1` (scripts/test) these tests cannot skip.
 
 #[path = "../common/mod.rs"]
