@@ -258,6 +258,9 @@ pub async fn reconcile(qc: Arc<QueueConsumer>, ctx: Arc<Context>) -> Result<Acti
 }
 
 async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Error> {
+    // The next slot is counted from here: a reconcile that outlasts the time to its slot (a loaded
+    // machine, slow AWS calls) must not skip it, or the QueueConsumer would go longer than an interval.
+    let started_ms = observe::wall_clock().as_millis();
     let ns = qc.namespace().ok_or(Error::MissingNamespace)?;
     let name = qc.name_any();
     let qcs: Api<QueueConsumer> = Api::namespaced(ctx.client.clone(), &ns);
@@ -650,11 +653,14 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     // Queue depth cannot be watched: look again after the poll interval, on this QueueConsumer's own
     // slot of it; after a first scrape of its pods, sooner, for the second (`workers::warm_up`).
     let poll = qc.spec.scaling.poll_interval;
-    let slot = spread::next_poll(
-        &ConsumerKey::of(qc),
-        poll.as_std(),
-        observe::wall_clock().as_millis(),
+    // The slot after this reconcile's start, less the time it took; one that passed meanwhile is due at
+    // once (it reuses this interval's queue facts: no AWS call).
+    let took = std::time::Duration::from_millis(
+        observe::wall_clock().as_millis().saturating_sub(started_ms),
     );
+    let slot = spread::next_poll(&ConsumerKey::of(qc), poll.as_std(), started_ms)
+        .saturating_sub(took)
+        .max(std::time::Duration::from_millis(1));
     let warm_up = ctx.workers.warm_up_in(&ConsumerKey::of(qc), poll);
     Ok(Action::requeue(warm_up.map_or(slot, |w| {
         slot.min(w.max(std::time::Duration::from_millis(100)))

@@ -162,6 +162,49 @@ spec:
                 file.to_str().expect("utf-8"),
             ],
         );
+        // The API server applies a new policy once its informer has it: until a pod created in a
+        // labelled namespace comes back with the keys (a server-side dry run), the first scenario's
+        // controller pods could start without them.
+        let probe_ns = "qc-node-keys-probe";
+        let ns_doc = dir.path().join("probe-ns.yaml");
+        std::fs::write(
+            &ns_doc,
+            format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {probe_ns}, labels: {{{KEYS_LABEL}: moto}}}}\n"),
+        )
+        .expect("write the probe namespace");
+        self.cluster
+            .run("kubectl", &["apply", "-f", ns_doc.to_str().expect("utf-8")]);
+        let pod_doc = dir.path().join("probe-pod.yaml");
+        std::fs::write(
+            &pod_doc,
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: probe, namespace: {probe_ns}}}\n\
+                 spec: {{containers: [{{name: c, image: probe}}]}}\n"
+            ),
+        )
+        .expect("write the probe pod");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_mins(1);
+        loop {
+            let out = self.cluster.run(
+                "kubectl",
+                &[
+                    "create",
+                    "--dry-run=server",
+                    "-o",
+                    "json",
+                    "-f",
+                    pod_doc.to_str().expect("utf-8"),
+                ],
+            );
+            if out.contains("AWS_ACCESS_KEY_ID") {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the MutatingAdmissionPolicy did not take effect within 60 s: {out}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
     }
 
     /// A namespace whose pods get moto's keys; `restricted`: enforcing the restricted profile.
