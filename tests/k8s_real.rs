@@ -611,3 +611,52 @@ async fn a_template_the_api_server_refuses_is_reported_as_template_invalid() {
     cluster.delete_namespace(&team).await;
     cluster.delete_namespace(&op_ns).await;
 }
+
+/// Two replicas starting together both find the Lease orphaned and take it with an unforced server-side
+/// apply of `holderIdentity` (what kube-lease-manager does). The API server must refuse the second, or both
+/// lead until a renewal shows one of them the other's name (the node scenarios saw two controllers scale the
+/// same Deployment in the same second). It refuses only when the two applies come from different field
+/// managers: each replica writes the Lease under its own (`run::lease_field_manager`). Deterministic: the
+/// interleaving the race needs, done in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_replica_cannot_take_a_lease_the_first_just_took() {
+    let test = "a_second_replica_cannot_take_a_lease_the_first_just_took";
+    let Some(cluster) = cluster::connect(test).await else {
+        return;
+    };
+    let ns = cluster::unique("lease-race");
+    cluster.namespace(&ns, false).await;
+    let leases: Api<Lease> = Api::namespaced(cluster.admin.clone(), &ns);
+    let orphan: Lease = serde_json::from_value(serde_json::json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "race"}, "spec": {}
+    }))
+    .expect("a Lease");
+    leases
+        .create(&kube::api::PostParams::default(), &orphan)
+        .await
+        .expect("the orphaned Lease");
+    let take = |id: &str| {
+        let manager = qc::controller::run::lease_field_manager(id);
+        let patch = serde_json::json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "spec": {"holderIdentity": id, "leaseDurationSeconds": 15}
+        });
+        let leases = leases.clone();
+        async move {
+            leases
+                .patch("race", &PatchParams::apply(&manager), &Patch::Apply(patch))
+                .await
+        }
+    };
+    take("replica-a").await.expect("the first replica takes it");
+    match take("replica-b").await {
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        other => panic!("the second replica's apply was not refused: {other:?}"),
+    }
+    let held = leases.get("race").await.expect("the Lease");
+    assert_eq!(
+        held.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("replica-a")
+    );
+    cluster.delete_namespace(&ns).await;
+}

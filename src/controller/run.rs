@@ -189,6 +189,17 @@ fn lost(leader: &LeaderOptions) -> RunError {
     }
 }
 
+/// The field manager of one replica's Lease writes: its own. The lease manager takes an orphaned Lease with
+/// a server-side apply that is not forced, which the API server refuses (409) when another manager holds
+/// `holderIdentity`; under one shared name both replicas' applies succeed, the later overwriting the
+/// earlier, and two replicas starting together both led until the next renewal showed one of them the
+/// other's name (seen on the real node: both scaled the same Deployment in the same second). At most
+/// 128 characters, the API server's limit.
+pub fn lease_field_manager(identity: &str) -> String {
+    let name = format!("{FIELD_MANAGER}.{identity}");
+    name.chars().take(128).collect()
+}
+
 async fn build_manager(
     ctx: &Context,
     leader: &LeaderOptions,
@@ -198,7 +209,7 @@ async fn build_manager(
         .with_identity(&leader.identity)
         .with_duration(leader.lease_seconds)
         .with_grace(leader.grace_seconds)
-        .with_field_manager(FIELD_MANAGER)
+        .with_field_manager(lease_field_manager(&leader.identity))
         .build()
         .await
         .map_err(|source| RunError::StartLeaderElection {
