@@ -346,7 +346,12 @@ async fn per_interval_each_consumer_is_reconciled_once_and_each_queue_read_once(
                 k + 1
             );
             // Seen up to 50 ms after it started (the polling here), a little late on a loaded machine.
+            // The one after the first may be its slot's own come late: a first reconcile that ran past
+            // its slot is followed at once by the slot's (the gap above still holds it to an interval).
             let late = (w[1].1 + poll_ms - phase) % poll_ms;
+            if k == 0 {
+                continue;
+            }
             assert!(
                 late < 750,
                 "{name}'s reconcile {} came {late} ms after its slot: {t:?}\n{metrics}",

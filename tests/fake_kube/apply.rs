@@ -78,7 +78,14 @@ impl State {
                         .iter()
                         .filter(|o| {
                             sent.iter().any(|s| {
-                                related(s, o)
+                                // Owning a map (as an empty one created) is owning its existence,
+                                // not its keys: an apply of a key under it is no conflict, as on the
+                                // API server.
+                                let under_a_map = s.len() > o.len()
+                                    && s.starts_with(o)
+                                    && at(&live, o).is_some_and(Value::is_object);
+                                !under_a_map
+                                    && related(s, o)
                                     && !at(&applied, s)
                                         .is_some_and(|v| v.as_object().is_some_and(Map::is_empty))
                                     && at(&live, s) != at(&applied, s)
