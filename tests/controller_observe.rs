@@ -371,10 +371,12 @@ async fn the_workers_deletes_go_into_the_scaling_samples() {
         }
     }
     let got = latest_deleted(&e).flatten();
+    // Scaled by the samples' span over the scrapes' span: milliseconds apart on an idle machine (19-21),
+    // up to about a sixth apart under CI's load (23 seen, and 22): a count, neither none nor a
+    // multiple of 20.
     assert!(
-        got.is_some_and(|d| (19..=21).contains(&d)),
-        "the sample should carry the 20 deletes (scaled by the samples' over the scrapes' span, \
-         which differ by milliseconds): {got:?}"
+        got.is_some_and(|d| (17..=24).contains(&d)),
+        "the sample should carry the 20 deletes (scaled by the samples' over the scrapes' span): {got:?}"
     );
 
     // The pod is replaced (same worker, new name): the old pod's last deletes are unknown.
