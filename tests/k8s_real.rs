@@ -12,6 +12,7 @@ use common::cluster::{self, Cluster, Release, eventually};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PropagationPolicy};
 use qc::api::QueueConsumer;
 
@@ -157,6 +158,100 @@ async fn deleting_a_watched_namespace_completes_and_deletes_the_alarm() {
         "RBAC refused the operator's writes: {refused:#?}"
     );
     drop(op);
+    cluster.delete_namespace(&op_ns).await;
+}
+
+/// F1, the orders the cleanups cannot see: the namespace's sweep may mark the operator's RoleBinding for
+/// deletion only after the last QueueConsumer's cleanup looked at it (then not being deleted, so kept).
+/// Nobody else comes back to it: before `AccessBinding::sweep` the binding, and with it the namespace,
+/// stayed for good. Here that order is made on purpose: the QueueConsumer goes first, then the binding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binding_deleted_after_the_last_consumer_left_is_let_go() {
+    let test = "a_binding_deleted_after_the_last_consumer_left_is_let_go";
+    let Some(cluster) = cluster::connect(test).await else {
+        return;
+    };
+    let op_ns = cluster::unique("f1b-op");
+    let team = cluster::unique("f1b-team");
+    cluster.namespace(&op_ns, true).await;
+    cluster.namespace(&team, true).await;
+    let watch = format!(r#"watchNamespaces=["{team}"]"#);
+    let release = Release::install(
+        &cluster,
+        &cluster::unique("qc"),
+        &op_ns,
+        &["--set-json", &watch],
+    )
+    .await;
+    let op = release.operator(&cluster, "op-0", &[]).await;
+    let qcs: Api<QueueConsumer> = Api::namespaced(cluster.admin.clone(), &team);
+    let bindings: Api<RoleBinding> = Api::namespaced(cluster.admin.clone(), &team);
+    let held = |b: &RoleBinding| {
+        b.metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == qc::controller::access::FINALIZER)
+    };
+    let url = cluster::queue_with_dlq(&common::unique_name("f1b")).await;
+    apply(
+        &cluster,
+        &team,
+        &cluster::restricted_consumer(&team, "orders", &url),
+    )
+    .await;
+    eventually(
+        60,
+        "the QueueConsumer is ready and the binding held",
+        || op.logs(),
+        || async {
+            let qc = qcs.get("orders").await.ok()?;
+            let binding = bindings.get(&release.fullname).await.ok()?;
+            (ready(&qc) && qc.metadata.finalizers.is_some() && held(&binding)).then_some(())
+        },
+    )
+    .await;
+    qcs.delete("orders", &DeleteParams::default())
+        .await
+        .expect("delete the QueueConsumer");
+    eventually(
+        60,
+        "the QueueConsumer is cleaned up and gone",
+        || op.logs(),
+        || async { qcs.get_opt("orders").await.ok()?.is_none().then_some(()) },
+    )
+    .await;
+    let binding = bindings.get(&release.fullname).await.expect("the binding");
+    assert!(
+        held(&binding),
+        "a binding not being deleted is kept held: {:?}",
+        binding.metadata.finalizers
+    );
+    bindings
+        .delete(&release.fullname, &DeleteParams::default())
+        .await
+        .expect("delete the binding");
+    let deleting = Instant::now();
+    eventually(
+        30,
+        "the binding marked for deletion after the last cleanup is let go",
+        || op.logs(),
+        || async {
+            bindings
+                .get_opt(&release.fullname)
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    eprintln!(
+        "the binding was let go in {} ms",
+        deleting.elapsed().as_millis()
+    );
+    drop(op);
+    cluster.delete_namespace(&team).await;
     cluster.delete_namespace(&op_ns).await;
 }
 

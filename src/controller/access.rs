@@ -19,6 +19,10 @@ use super::apply::FIELD_MANAGER;
 /// Finalizer on the operator's RoleBinding in a watched namespace.
 pub const FINALIZER: &str = "sqs.consumers.dev/access";
 
+/// How often each watched namespace's binding is checked for a release nobody else will make
+/// ([`AccessBinding::sweep`]).
+pub const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The operator's RoleBinding in each watched namespace (`run --access-binding`, set by the chart in
 /// namespaced mode): its name, and the namespaces where this process has seen it held.
 pub struct AccessBinding {
@@ -114,7 +118,7 @@ impl AccessBinding {
             .filter(super::finalizer::has_finalizer)
             .count();
         if holding > 0 {
-            tracing::info!(
+            tracing::debug!(
                 namespace = ns,
                 holding,
                 "the operator's RoleBinding is being deleted; held until these QueueConsumers are cleaned up"
@@ -153,6 +157,22 @@ impl AccessBinding {
             self.hold(ns).await
         } else {
             self.release_if_done(ns, None).await
+        }
+    }
+
+    /// Every [`SWEEP_EVERY`], [`Self::release_if_done`] for `ns` with nobody excepted; never returns
+    /// (dropped with the namespace's controller). The cleanups let go at once in the common case; this
+    /// catches the orders they cannot see: two QueueConsumers cleaned up together each still list the
+    /// other with its finalizer, and a namespace's sweep may mark the binding for deletion only after
+    /// the last QueueConsumer's cleanup has looked at it. Either way, without it the namespace stayed
+    /// `Terminating` for good. One GET a namespace each time; a list only while the binding is held
+    /// and being deleted.
+    pub async fn sweep(&self, ns: &str) {
+        loop {
+            tokio::time::sleep(SWEEP_EVERY).await;
+            if let Err(e) = self.release_if_done(ns, None).await {
+                tracing::debug!(namespace = ns, error = %e, "checking the operator's RoleBinding");
+            }
         }
     }
 

@@ -932,7 +932,7 @@ fn record_sample(qc: &QueueConsumer, ctx: &Context, o: &observe::Observed) {
         &qc.spec,
         &o.facts.queue,
         o.facts.oldest_age_seconds,
-        ctx.workers.deleted(&key),
+        |from| ctx.workers.deleted_since(&key, from),
         o.at,
         observe::wall_clock(),
     ) {

@@ -314,7 +314,8 @@ async fn controllers(ctx: &Arc<Context>, namespaces: &[String], concurrency: u16
                 triggers::created_deployment(),
             );
             ctx.watch_store(store.clone());
-            Controller::for_stream(consumers, store)
+            let sweep_ctx = ctx.clone();
+            let controller = Controller::for_stream(consumers, store)
                 .with_config(controller::Config::default())
                 .owns_stream(children)
                 .graceful_shutdown_on(stop)
@@ -324,8 +325,17 @@ async fn controllers(ctx: &Arc<Context>, namespaces: &[String], concurrency: u16
                         Ok((obj, _)) => tracing::debug!(queueconsumer = %obj, "reconciled"),
                         Err(e) => tracing::debug!(error = %e, "reconcile failed"),
                     }
-                })
-                .await;
+                });
+            // Namespaced mode: the binding's release that no cleanup makes (`AccessBinding::sweep`)
+            // runs as long as this namespace's controller.
+            let sweep = async {
+                match (sweep_ctx.access.as_ref(), ns.as_deref()) {
+                    (Some(access), Some(n)) => access.sweep(n).await,
+                    _ => std::future::pending().await,
+                }
+            };
+            futures::pin_mut!(controller, sweep);
+            futures::future::select(controller, sweep).await;
         }
     });
     futures::future::join_all(runs).await;

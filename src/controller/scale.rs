@@ -102,12 +102,13 @@ impl Histories {
         at: Timestamp,
         now: Timestamp,
     ) -> Result<Recorded, ScalingError> {
-        self.record_with_age(key, spec, facts, None, None, at, now)
+        self.record_with_age(key, spec, facts, None, |_| None, at, now)
     }
 
     /// [`Self::record`], with the oldest visible message's age (CloudWatch
     /// ApproximateAgeOfOldestMessage, when read; a negative reading counts as unknown) and the deletes
-    /// the workers' counters showed between their two latest scrapes ([`deleted_between_samples`]).
+    /// the workers' counters showed since the previous sample's time, asked of `deleted` with that time
+    /// ([`deleted_between_samples`]).
     #[allow(clippy::too_many_arguments)]
     pub fn record_with_age(
         &self,
@@ -115,7 +116,7 @@ impl Histories {
         spec: &QueueConsumerSpec,
         facts: &QueueFacts,
         oldest_age_seconds: Option<i64>,
-        deleted: Option<Deleted>,
+        deleted: impl FnOnce(Timestamp) -> Option<Deleted>,
         at: Timestamp,
         now: Timestamp,
     ) -> Result<Recorded, ScalingError> {
@@ -143,8 +144,12 @@ impl Histories {
             _ => Recorded::Pushed,
         };
         if let Some(previous) = tracked.history.latest() {
-            sample.deleted =
-                deleted_between_samples(deleted, previous.at, at, spec.scaling.poll_interval);
+            sample.deleted = deleted_between_samples(
+                deleted(previous.at),
+                previous.at,
+                at,
+                spec.scaling.poll_interval,
+            );
         }
         tracked.history.push(sample)?;
         Ok(outcome)
@@ -299,11 +304,11 @@ mod tests {
         let sp = spec("15s", "auto");
         let age =
             |h: &Histories, t| h.with_history("k", s(t), |x| x.latest().and_then(|l| l.oldest_age));
-        h.record_with_age("k", &sp, &facts(5), Some(40), None, s(0), s(0))
+        h.record_with_age("k", &sp, &facts(5), Some(40), |_| None, s(0), s(0))
             .unwrap();
         assert_eq!(age(&h, 0), Some(Duration::from_secs(40)));
         // a negative reading is no reading; none read is none
-        h.record_with_age("k", &sp, &facts(5), Some(-1), None, s(15), s(15))
+        h.record_with_age("k", &sp, &facts(5), Some(-1), |_| None, s(15), s(15))
             .unwrap();
         assert_eq!(age(&h, 15), None);
         h.record("k", &sp, &facts(5), s(30), s(30)).unwrap();
@@ -350,10 +355,10 @@ mod tests {
         let sp = spec("15s", "auto");
         let latest =
             |h: &Histories, t| h.with_history("k", s(t), |x| x.latest().and_then(|l| l.deleted));
-        h.record_with_age("k", &sp, &facts(5), None, d(7, 15, 0), s(0), s(0))
+        h.record_with_age("k", &sp, &facts(5), None, |_| d(7, 15, 0), s(0), s(0))
             .unwrap();
         assert_eq!(latest(&h, 0), None);
-        h.record_with_age("k", &sp, &facts(5), None, d(12, 15, 15), s(15), s(15))
+        h.record_with_age("k", &sp, &facts(5), None, |_| d(12, 15, 15), s(15), s(15))
             .unwrap();
         assert_eq!(latest(&h, 15), Some(12));
     }

@@ -582,13 +582,29 @@ impl Window {
                 .any(|r| r.pods.keys().any(|p| last.pods.contains_key(p)))
     }
 
-    /// The deletes between the two newest scrapes, with the time they span ([`deleted_between`]).
-    pub fn deleted(&self) -> Option<Deleted> {
-        let mut newest = self.rounds.iter().rev();
-        let (newer, older) = (newest.next()?, newest.next()?);
+    /// The deletes from the scrape nearest `from` (the previous scaling sample) to the newest one, with
+    /// the time they span: every pair of scrapes between them must count ([`deleted_between`]). Scrapes
+    /// and samples run on clocks of their own (a scrape may come in a reconcile that takes no sample),
+    /// so counting only the two newest scrapes dropped the deletes of a scrape no sample took (and
+    /// counted them twice when no scrape came between two samples). None when the newest scrape is the
+    /// one nearest `from`.
+    pub fn deleted_since(&self, from: Timestamp) -> Option<Deleted> {
+        let newer = self.rounds.back()?;
+        let older = self.rounds.len().checked_sub(1)?;
+        let start = (0..self.rounds.len())
+            .min_by_key(|&i| self.rounds[i].at.as_millis().abs_diff(from.as_millis()))?;
+        if start == older {
+            // No scrape since the one the previous sample took: its deletes are in that sample.
+            return None;
+        }
+        let mut count = 0u64;
+        for i in start..older {
+            count = count.saturating_add(deleted_between(&self.rounds[i], &self.rounds[i + 1])?);
+        }
+        let oldest = &self.rounds[start];
         Some(Deleted {
-            count: deleted_between(older, newer)?,
-            span: Duration::from_millis(newer.at.as_millis().saturating_sub(older.at.as_millis())),
+            count,
+            span: Duration::from_millis(newer.at.as_millis().saturating_sub(oldest.at.as_millis())),
             at: newer.at,
         })
     }
@@ -665,9 +681,9 @@ impl Windows {
         self.lock().get(key).cloned()
     }
 
-    /// [`Window::deleted`] of `key`'s window.
-    pub fn deleted(&self, key: &str) -> Option<Deleted> {
-        self.lock().get(key).and_then(Window::deleted)
+    /// [`Window::deleted_since`] of `key`'s window.
+    pub fn deleted_since(&self, key: &str, from: Timestamp) -> Option<Deleted> {
+        self.lock().get(key).and_then(|w| w.deleted_since(from))
     }
 
     pub fn forget(&self, key: &str) {
@@ -983,15 +999,48 @@ mod tests {
 
         let mut w = Window::default();
         w.push(older);
-        assert_eq!(w.deleted(), None, "one round has no span");
+        assert_eq!(
+            w.deleted_since(Timestamp::from_millis(1_000)),
+            None,
+            "one round has no span"
+        );
         w.push(newer);
         assert_eq!(
-            w.deleted(),
+            w.deleted_since(Timestamp::from_millis(900)),
             Some(Deleted {
                 count: 36,
                 span: Duration::from_secs(15),
                 at: Timestamp::from_millis(16_000)
             })
+        );
+        // A scrape no sample took (at 31 s) keeps its deletes: a sample that came at 16.2 s and the
+        // next at 46.1 s get every delete from the scrape nearest 16.2 s on, the 36 above not again.
+        w.push(r(31_000, &[("a", 140), ("b", 2), ("c", 4)]));
+        w.push(r(46_000, &[("a", 141), ("b", 3), ("c", 9)]));
+        assert_eq!(
+            w.deleted_since(Timestamp::from_millis(16_200)),
+            Some(Deleted {
+                count: 17,
+                span: Duration::from_secs(30),
+                at: Timestamp::from_millis(46_000)
+            })
+        );
+        // A gap in any pair between them leaves the count unknown.
+        let mut gap = r(61_000, &[("a", 150), ("b", 3), ("c", 9)]);
+        gap.unreachable.push("d".to_string());
+        w.push(gap);
+        w.push(r(76_000, &[("a", 151), ("b", 3), ("c", 9)]));
+        assert_eq!(w.deleted_since(Timestamp::from_millis(46_000)), None);
+        assert_eq!(
+            w.deleted_since(Timestamp::from_millis(75_000)),
+            None,
+            "no scrape since the one nearest the previous sample: its deletes were counted then"
+        );
+        assert_eq!(
+            w.deleted_since(Timestamp::from_millis(74_000))
+                .map(|d| d.count),
+            None,
+            "the nearest scrape to 74 s is the gap at 61 s"
         );
     }
 
