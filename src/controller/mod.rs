@@ -653,19 +653,12 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     // Queue depth cannot be watched: look again after the poll interval, on this QueueConsumer's own
     // slot of it; after a first scrape of its pods, sooner, for the second (`workers::warm_up`).
     let poll = qc.spec.scaling.poll_interval;
-    // The slot after this reconcile's start, less the time it took: a slot that passed while it ran is
-    // due at once (it reuses this interval's queue facts: no AWS call). Only when it took less than an
-    // interval: a controller whose reconciles take longer (overloaded) goes on to the next slot from now
-    // instead of reconciling back to back.
-    let now_ms = observe::wall_clock().as_millis();
-    let took = std::time::Duration::from_millis(now_ms.saturating_sub(started_ms));
-    let slot = if took < poll.as_std() {
-        spread::next_poll(&ConsumerKey::of(qc), poll.as_std(), started_ms)
-            .saturating_sub(took)
-            .max(std::time::Duration::from_millis(1))
-    } else {
-        spread::next_poll(&ConsumerKey::of(qc), poll.as_std(), now_ms)
-    };
+    let slot = spread::after_reconcile(
+        &ConsumerKey::of(qc),
+        poll.as_std(),
+        started_ms,
+        observe::wall_clock().as_millis(),
+    );
     let warm_up = ctx.workers.warm_up_in(&ConsumerKey::of(qc), poll);
     Ok(Action::requeue(warm_up.map_or(slot, |w| {
         slot.min(w.max(std::time::Duration::from_millis(100)))

@@ -39,6 +39,22 @@ pub fn next_poll(uid: &str, interval: Duration, now_ms: u64) -> Duration {
     Duration::from_millis(ms - into)
 }
 
+/// How long after a reconcile that started at `started_ms` and ended at `now_ms` the next one comes: the
+/// slot after its start, less the time it took, so a slot that passed while it ran is due at once (it
+/// reuses this interval's queue facts: no AWS call). Only when it took less than an interval: a
+/// controller whose reconciles take longer (overloaded) goes on to the next slot from now instead of
+/// reconciling back to back. Never zero.
+pub fn after_reconcile(uid: &str, interval: Duration, started_ms: u64, now_ms: u64) -> Duration {
+    let took = Duration::from_millis(now_ms.saturating_sub(started_ms));
+    if took < interval {
+        next_poll(uid, interval, started_ms)
+            .saturating_sub(took)
+            .max(Duration::from_millis(1))
+    } else {
+        next_poll(uid, interval, now_ms)
+    }
+}
+
 /// Whether two instants fall in the same poll interval counted from the Unix epoch: what is read once
 /// per interval (a queue's facts) is read again in the next one. A clock that went back counts as
 /// another interval.
@@ -62,6 +78,30 @@ mod tests {
     use super::*;
 
     const P: Duration = Duration::from_secs(15);
+
+    #[test]
+    fn after_a_reconcile_the_slot_counts_from_its_start_unless_it_took_an_interval() {
+        let uid = "7d0c2f5e-uid";
+        let start = 1_000_000;
+        let slot = next_poll(uid, P, start);
+        // Quick: the slot after the start, less the time taken.
+        assert_eq!(
+            after_reconcile(uid, P, start, start + 300),
+            slot.saturating_sub(Duration::from_millis(300))
+        );
+        // The slot passed while it ran: due at once (never zero).
+        let past = u64::try_from(slot.as_millis()).unwrap() + 50;
+        assert_eq!(
+            after_reconcile(uid, P, start, start + past),
+            Duration::from_millis(1)
+        );
+        // It took an interval or more: the next slot from now, not back to back.
+        let now = start + 15_000 + 200;
+        assert_eq!(after_reconcile(uid, P, start, now), next_poll(uid, P, now));
+        assert!(after_reconcile(uid, P, start, now) > Duration::ZERO);
+        // A clock that went back counts as no time taken.
+        assert_eq!(after_reconcile(uid, P, start, start - 10), slot);
+    }
 
     #[test]
     fn on_its_slot_the_next_poll_is_one_interval_away() {
