@@ -7,6 +7,7 @@ pub mod check;
 pub mod controller;
 pub mod manage;
 pub mod manifest;
+pub mod process_metrics;
 pub mod render;
 pub mod roots;
 pub mod scaling;

@@ -77,7 +77,38 @@ async fn qc_operator_run_connects_to_a_real_api_server() {
             .find_map(|l| l.strip_prefix("qc_reconciles_total "))
             .and_then(|n| n.trim().parse::<u64>().ok())
             .unwrap_or(0);
-        if reconciled >= 1 {
+        // A reconcile counts when it starts and its duration when it ends.
+        let timed = m
+            .lines()
+            .find_map(|l| l.strip_prefix("qc_reconcile_duration_seconds_count "))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        if reconciled >= 1 && timed >= 1 {
+            // The controller reports on itself: its API requests by method and answer (the watch among
+            // them), how long its reconciles took, its work queue, its build and its process.
+            let count = |prefix: &str| {
+                m.lines()
+                    .filter(|l| l.starts_with(prefix))
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .sum::<f64>()
+            };
+            assert!(
+                count("qc_kube_requests_total{method=\"WATCH\",code=\"200\"}") >= 1.0,
+                "{m}"
+            );
+            assert!(
+                count("qc_kube_requests_total{method=\"GET\",code=\"200\"}") >= 1.0,
+                "{m}"
+            );
+            for family in [
+                "qc_reconciles_waiting ",
+                "qc_reconciles_running ",
+                "qc_build_info{version=",
+                "process_resident_memory_bytes ",
+                "process_cpu_seconds_total ",
+            ] {
+                assert!(m.contains(family), "{family} missing: {m}");
+            }
             break;
         }
         assert!(

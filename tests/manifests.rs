@@ -1032,6 +1032,10 @@ fn chart_dashboard_and_alert_rules_use_only_metrics_the_binaries_export() {
     exported.extend(exported_names(
         &qc::worker::metrics::Metrics::default().render(),
     ));
+    let mut process = qc::telemetry::Exposition::new();
+    qc::controller::run::render_process_state(&mut process, false, (0, 0));
+    exported.extend(exported_names(&process.finish()));
+    exported.extend(exported_names(&qc::aws::limit::render_metrics(&[])));
     let unknown: Vec<&String> = used.difference(&exported).collect();
     assert!(
         unknown.is_empty(),
@@ -1040,7 +1044,7 @@ fn chart_dashboard_and_alert_rules_use_only_metrics_the_binaries_export() {
     // The checks have something to check: every panel, every alert.
     assert_eq!(
         rule["spec"]["groups"][0]["rules"].as_array().unwrap().len(),
-        6
+        7
     );
     assert!(used.len() >= 12, "{used:?}");
     assert!(
@@ -1451,7 +1455,7 @@ fn chart_monitoring_objects_go_to_their_namespace_with_labels_per_alert() {
     let rule = find(&docs, "PrometheusRule", "qc-queue-consumer-operator");
     assert_eq!(rule["metadata"]["namespace"], "monitoring");
     let alerts = rule["spec"]["groups"][0]["rules"].as_array().unwrap();
-    assert_eq!(alerts.len(), 6);
+    assert_eq!(alerts.len(), 7);
     for alert in alerts {
         let name = alert["alert"].as_str().unwrap();
         let labels = &alert["labels"];
@@ -1484,7 +1488,12 @@ fn chart_monitoring_objects_go_to_their_namespace_with_labels_per_alert() {
         .map(|a| (a["alert"].as_str().unwrap(), &a["labels"]))
         .collect();
     for (name, labels) in severities {
-        let want = if name == "QueueConsumerQueueUnreachable" {
+        let want = if [
+            "QueueConsumerQueueUnreachable",
+            "QueueConsumerOperatorNoLeader",
+        ]
+        .contains(&name)
+        {
             "critical"
         } else {
             "warning"

@@ -5,14 +5,29 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::telemetry::Exposition;
+use crate::telemetry::{Exposition, Histogram};
 
 use super::series;
+
+/// Bounds of `qc_reconcile_duration_seconds`: from 5 ms to the reconcile deadline's range.
+pub const RECONCILE_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
+/// How long reconciles took, from their slot to their result (deadline included).
+pub struct ReconcileDuration(pub Histogram);
+
+impl Default for ReconcileDuration {
+    fn default() -> Self {
+        ReconcileDuration(Histogram::new(RECONCILE_BUCKETS))
+    }
+}
 
 /// Counters served on /metrics.
 #[derive(Default)]
 pub struct Metrics {
     pub reconciles: AtomicU64,
+    pub reconcile_duration: ReconcileDuration,
     pub reconcile_errors: Mutex<HashMap<&'static str, u64>>,
     pub deployment_applies: AtomicU64,
     /// Writes of `spec.replicas` by the scaler (field manager `qc-operator-scaler`).
@@ -61,8 +76,13 @@ impl Metrics {
             .collect();
         e.counter(
             "qc_reconcile_errors_total",
-            "Failed reconciles by reason.",
+            "Failed reconcile steps by reason (the reason names the step: ApplyDeployment, WriteStatus, ...).",
             &samples,
+        );
+        e.histogram(
+            "qc_reconcile_duration_seconds",
+            "How long reconciles took once they had a slot, their deadline included.",
+            &self.reconcile_duration.0,
         );
         for (name, help, counter) in [
             (

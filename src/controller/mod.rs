@@ -247,10 +247,15 @@ pub async fn reconcile(qc: Arc<QueueConsumer>, ctx: Arc<Context>) -> Result<Acti
     let namespace = qc.namespace().unwrap_or_default();
     let _slot = ctx.reconcile_slots.acquire(&namespace).await;
     ctx.metrics.reconciles.fetch_add(1, Ordering::Relaxed);
+    let began = std::time::Instant::now();
     let run = crate::aws::limit::in_namespace(namespace, Box::pin(reconcile_inner(&qc, &ctx)));
     let result = tokio::time::timeout(ctx.reconcile_timeout, run)
         .await
         .unwrap_or(Err(Error::DeadlineExceeded(ctx.reconcile_timeout)));
+    ctx.metrics
+        .reconcile_duration
+        .0
+        .observe(began.elapsed().as_secs_f64());
     if result.is_ok() {
         ctx.backoff.succeeded(&ConsumerKey::of(&qc));
     }

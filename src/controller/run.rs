@@ -366,16 +366,38 @@ impl Probes for ControllerProbes {
     }
 }
 
+/// The families of the controller process rather than of its QueueConsumers: whether it leads, its work
+/// queue (reconciles `(running, waiting)`), its Kubernetes API requests, its build and its process.
+pub fn render_process_state(e: &mut Exposition, leading: bool, (running, waiting): (usize, usize)) {
+    e.gauge(
+        "qc_leader",
+        "Whether this replica holds the leader lease (1) or stands by (0).",
+        &[(&[], i64::from(leading))],
+    );
+    e.gauge(
+        "qc_reconciles_running",
+        "Reconciles running now (at most --reconcile-concurrency per watched namespace).",
+        &[(&[], i64::try_from(running).unwrap_or(i64::MAX))],
+    );
+    e.gauge(
+        "qc_reconciles_waiting",
+        "Reconciles due and waiting for a slot: the controller's work queue.",
+        &[(&[], i64::try_from(waiting).unwrap_or(i64::MAX))],
+    );
+    super::client::render_into(e);
+    crate::process_metrics::render_into(e);
+}
+
 /// The controller's exposition: its counters, per-QueueConsumer series (of consumers that still exist),
 /// the AWS gates and whether it leads.
 pub fn metrics_text(ctx: &Context, health: &Health) -> String {
     ctx.forget_deleted_consumers();
     let mut e = Exposition::new();
     ctx.metrics.render_into(&mut e);
-    e.gauge(
-        "qc_leader",
-        "Whether this replica holds the leader lease (1) or stands by (0).",
-        &[(&[], i64::from(health.leading.load(Ordering::Relaxed)))],
+    render_process_state(
+        &mut e,
+        health.leading.load(Ordering::Relaxed),
+        ctx.reconcile_slots.load(),
     );
     let mut out = e.finish();
     out.push_str(&ctx.aws.metrics());

@@ -532,6 +532,7 @@ impl Metrics {
             "1 when the worker is consuming.",
             &[(&[], ready)],
         );
+        crate::process_metrics::render_into(&mut e);
         e.finish()
     }
 }
