@@ -111,6 +111,48 @@ async fn drains_500_messages_each_handled_and_deleted() {
     w.stop_within(SECS(30)).await;
 }
 
+/// The worker times each message's stay from SQS's SentTimestamp: to each handler call's start
+/// (`qc_worker_message_wait_seconds`, once per call) and to its leaving the queue
+/// (`qc_worker_message_dwell_seconds`, once per message). The message waits 2 s before the worker starts
+/// and fails once, so both calls waited at least 2 s, and its stay covers both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_and_dwell_time_count_from_the_send_through_a_retry() {
+    let q = TestQueue::new("dwell", 30, 5, false).await;
+    q.send_one("late").await;
+    tokio::time::sleep(SECS(2)).await;
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = calls.clone();
+    let h = HttpHandler::start(move |_| {
+        if seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            Reply::status(503)
+        } else {
+            Reply::ok(Duration::ZERO)
+        }
+    })
+    .await;
+    let w = Worker::start(&q.args(&["--http-url", &h.url]));
+    w.wait_deleted(1, SECS(90)).await;
+    let (_, text) = w.get("/metrics").await.unwrap();
+    let metric = |name: &str| parse_metric(&text, name).unwrap_or_else(|| panic!("{name}: {text}"));
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(metric("qc_worker_message_wait_seconds_count"), 2.0);
+    assert_eq!(metric("qc_worker_message_dwell_seconds_count"), 1.0);
+    let (wait, dwell) = (
+        metric("qc_worker_message_wait_seconds_sum"),
+        metric("qc_worker_message_dwell_seconds_sum"),
+    );
+    assert!(
+        wait >= 4.0,
+        "two calls, each at least 2 s after the send: {wait}"
+    );
+    // The stay ends after the second call began: at least half the two waits (the later one).
+    assert!(
+        dwell >= wait / 2.0 && dwell >= 2.0,
+        "dwell {dwell}, waits {wait}"
+    );
+    assert!(dwell < 90.0, "{dwell}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn always_failing_handler_dead_letters_after_max_receive_count() {
     let q = TestQueue::new("dlq", 2, 3, false).await;

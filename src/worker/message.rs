@@ -734,7 +734,19 @@ impl Processor {
     /// Ends the message as `happened` decides: the fate, then `carry_out`.
     async fn settle(&self, lease: &mut Lease, happened: Happened, reason: &str) -> Ended {
         let fate = self.fate(lease, happened.clone());
-        self.carry_out(lease, &happened, fate, reason).await
+        let ended = self.carry_out(lease, &happened, fate, reason).await;
+        self.observe_dwell(lease, ended);
+        ended
+    }
+
+    /// A message that left the queue (deleted, or moved to the DLQ): its time there.
+    fn observe_dwell(&self, lease: &Lease, ended: Ended) {
+        if matches!(ended, Ended::Deleted)
+            && let Some(age) =
+                super::metrics::age_seconds(lease.msg.sent_timestamp, super::metrics::now_ms())
+        {
+            self.metrics.dwell_seconds.observe(age);
+        }
     }
 
     /// Carries a fate out: the one place a message is deleted, dead-lettered, retried, released,
@@ -1067,7 +1079,9 @@ impl Processor {
                             tracing::info!(message_id = %lease.msg.id, receive_count = lease.msg.receive_count, reason = %reason, "handler failed while the breaker is open; holding the message for the next probe instead of handing it back");
                         }
                         fate => {
-                            return self.carry_out(&mut lease, &happened, fate, &reason).await;
+                            let ended = self.carry_out(&mut lease, &happened, fate, &reason).await;
+                            self.observe_dwell(&lease, ended);
+                            return ended;
                         }
                     }
                 }
@@ -1231,6 +1245,11 @@ impl Processor {
         }
 
         let started = Instant::now();
+        if let Some(age) =
+            super::metrics::age_seconds(lease.msg.sent_timestamp, super::metrics::now_ms())
+        {
+            m.wait_seconds.observe(age);
+        }
         let deadline = started + self.timeout;
         // The handler stops itself at the deadline (connection closed, process group killed and
         // reaped) and the claim is held until it has; the heartbeat's own bound is a backstop.

@@ -49,6 +49,20 @@ pub const RECEIVE_SIZE_BUCKETS: &[f64] = &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.
 /// Bounds of `qc_worker_batch_items` (batch mode allows up to `MAX_BATCH_ITEMS` items a call).
 pub const BATCH_ITEMS_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0];
 
+/// Seconds from SQS's SentTimestamp (`sent_ms`, milliseconds since the epoch) to `now_ms`: None without a
+/// timestamp, 0 when the clocks disagree the other way (SQS's clock ahead of this host's).
+pub fn age_seconds(sent_ms: Option<u64>, now_ms: u64) -> Option<f64> {
+    let sent = sent_ms?;
+    Some(now_ms.saturating_sub(sent) as f64 / 1000.0)
+}
+
+/// Milliseconds since the epoch on this host's clock.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// How a message ended; the `outcome` label of `qc_worker_messages_processed_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OutcomeLabel {
@@ -99,6 +113,11 @@ pub struct Metrics {
     pub released: Counter,
     pub outcomes: [Counter; 6],
     pub handler_seconds: Histogram,
+    /// From SQS's SentTimestamp to the handler call's start: queue wait, retries' delays and the
+    /// worker's own wait for a slot.
+    pub wait_seconds: Histogram,
+    /// From SQS's SentTimestamp to leaving the queue (deleted, or moved to the DLQ).
+    pub dwell_seconds: Histogram,
     pub heartbeats: Counter,
     pub heartbeat_failures: Counter,
     pub heartbeat_leases_lost: Counter,
@@ -215,6 +234,8 @@ impl Default for Metrics {
             released: Counter::default(),
             outcomes: Default::default(),
             handler_seconds: Histogram::new(LATENCY_BUCKETS),
+            wait_seconds: Histogram::new(LATENCY_BUCKETS),
+            dwell_seconds: Histogram::new(LATENCY_BUCKETS),
             heartbeats: Counter::default(),
             heartbeat_failures: Counter::default(),
             heartbeat_leases_lost: Counter::default(),
@@ -336,6 +357,16 @@ impl Metrics {
             "qc_worker_handler_duration_seconds",
             "Time the handler took per message.",
             &self.handler_seconds,
+        );
+        e.histogram(
+            "qc_worker_message_wait_seconds",
+            "From the message's SentTimestamp to its handler call's start (each call of a retried message).",
+            &self.wait_seconds,
+        );
+        e.histogram(
+            "qc_worker_message_dwell_seconds",
+            "From the message's SentTimestamp to its leaving the queue (deleted, or moved to the DLQ).",
+            &self.dwell_seconds,
         );
         e.counter(
             "qc_worker_heartbeats_total",
@@ -551,5 +582,21 @@ impl Probes for Metrics {
             Readiness::Failing(why) => Err(format!("not ready: {why}")),
             Readiness::Draining => Err("shutting down".into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_age_is_counted_from_its_sent_timestamp_never_below_zero() {
+        assert_eq!(age_seconds(Some(1_000), 3_500), Some(2.5));
+        assert_eq!(
+            age_seconds(Some(5_000), 3_500),
+            Some(0.0),
+            "SQS's clock ahead"
+        );
+        assert_eq!(age_seconds(None, 3_500), None);
     }
 }

@@ -347,6 +347,14 @@ impl Processor {
     async fn call(&self, items: &mut [Item], pass: Pass<'_>) -> (Vec<Verdict>, bool) {
         let m = &self.metrics;
         let started = Instant::now();
+        let now = super::super::metrics::now_ms();
+        for item in items.iter() {
+            if let Some(age) =
+                super::super::metrics::age_seconds(item.lease.msg.sent_timestamp, now)
+            {
+                m.wait_seconds.observe(age);
+            }
+        }
         let deadline = started + self.timeout;
         let msgs: Vec<&Message> = items
             .iter()
