@@ -102,9 +102,10 @@ fn every_property_explains_itself() {
                 "{path}: has a default the description does not name"
             ));
         }
-        if s.get("pattern").and_then(|p| p.as_str()) == Some(qc::api::DURATION_PATTERN)
-            && !description.contains("duration")
-        {
+        let is_duration = s["x-kubernetes-validations"][0]["rule"]
+            .as_str()
+            .is_some_and(|r| r.contains("[0-9]+ms)+$')"));
+        if is_duration && !description.contains("duration") {
             missing.push(format!(
                 "{path}: a duration whose description does not say so"
             ));

@@ -40,7 +40,7 @@ mod duration;
 pub mod quantity;
 mod stabilization;
 
-pub use duration::{DURATION_PATTERN, Duration, DurationError};
+pub use duration::{AUTO_OR_DURATION_PATTERN, DURATION_PATTERN, Duration, DurationError};
 pub use stabilization::{
     DEFAULT_STARTUP, STABILIZATION_PATTERN, Stabilization, StabilizationError,
 };
@@ -549,9 +549,9 @@ impl FromStr for HeartbeatInterval {
 
 string_form!(HeartbeatInterval, {
     "type": "string",
-    "pattern": r"^(auto|([0-9]+(ms|s|m|h))+)$",
     "maxLength": 32,
-    "description": "When the first extension falls due after the receive (later ones spread out as extensions grow): auto (a third of the visibility timeout) or a duration such as 10s (units ms, s, m, h). Default: auto."
+    "description": "When the first extension falls due after the receive (later ones spread out as extensions grow): auto (a third of the visibility timeout) or a duration such as 10s or 2.5s (units ms, s, m, h). Default: auto.",
+    "x-kubernetes-validations": duration::duration_rule(AUTO_OR_DURATION_PATTERN, "auto or a duration")
 });
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
