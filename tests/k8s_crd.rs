@@ -403,6 +403,12 @@ async fn decimal_durations_pass_and_a_bad_one_is_refused_naming_field_value_and_
             "p99 {bad}: the refusal does not name the field, the value and an example: {}",
             status.message
         );
+        // Only the field's own refusal: the rule comparing p99 with timeout does not also fail on it.
+        assert!(
+            !status.message.contains("evaluating rule"),
+            "p99 {bad}: a second refusal blames another rule: {}",
+            status.message
+        );
     }
 }
 

@@ -38,6 +38,22 @@ pub(crate) fn duration_rule(pattern: &str, what: &str) -> serde_json::Value {
     }])
 }
 
+/// A CEL rule of an object that compares its duration `fields` (`duration(self.p99) <= …`), evaluated
+/// only when each of them is a duration: one that is not is refused by its own field's rule, naming the
+/// value; `duration()` of it would add a type-conversion error in this rule's name, a second refusal
+/// that blames the comparison.
+pub(crate) fn when_durations(fields: &[&str], rule: &str) -> String {
+    let pattern = DURATION_PATTERN.replace('\\', "\\\\");
+    let mut out = String::new();
+    for f in fields {
+        out.push_str(&format!("!self.{f}.matches('{pattern}') || "));
+    }
+    out.push('(');
+    out.push_str(rule);
+    out.push(')');
+    out
+}
+
 /// Most decimal places a term takes (whole milliseconds on `s`, `m` and `h`).
 const MAX_DECIMALS: usize = 3;
 
@@ -410,6 +426,13 @@ mod tests {
             r#"'"' + self + '" is not a duration: write a number and a unit (ms, s, m or h), e.g. 30s, 1.5s, 1m30s, 500ms'"#
         );
         assert_eq!(rule[0]["reason"], "FieldValueInvalid");
+        assert_eq!(
+            when_durations(
+                &["p99", "timeout"],
+                "duration(self.p99) <= duration(self.timeout)"
+            ),
+            r"!self.p99.matches('^([0-9]+(\\.[0-9]{1,3})?(h|m|s)|[0-9]+ms)+$') || !self.timeout.matches('^([0-9]+(\\.[0-9]{1,3})?(h|m|s)|[0-9]+ms)+$') || (duration(self.p99) <= duration(self.timeout))"
+        );
         let auto = regex::Regex::new(AUTO_OR_DURATION_PATTERN).unwrap();
         for (text, ok) in [
             ("auto", true),
