@@ -265,6 +265,45 @@ fn invalid_manifest_names_the_field_and_exits_2() {
     assert!(err.contains("spec.processing.p99"), "{err}");
 }
 
+/// #44 item 4: durations as users write them pass `check`; one that is no duration is refused naming
+/// the field, the value and examples, and exits 2.
+#[test]
+fn decimal_durations_pass_and_a_bad_one_names_field_value_and_example() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = |p99: &str, timeout: &str| {
+        format!(
+            "apiVersion: sqs.consumers.dev/v1alpha1\nkind: QueueConsumer\nmetadata: {{name: orders, namespace: shop}}\nspec:\n  queue: {{url: https://sqs.us-east-1.amazonaws.com/123456789012/orders}}\n  processing: {{p99: \"{p99}\", timeout: \"{timeout}\", retryBackoff: {{base: 500ms, max: 0.25h}}, heartbeat: {{interval: 2.5s}}}}\n  handler: {{http: {{}}}}\n"
+        )
+    };
+    let good = dir.path().join("good.yaml");
+    std::fs::write(&good, manifest("1.5s", "1m30s")).unwrap();
+    let (code, out, err) = qc_operator(&["check", good.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    for (p99, timeout, says) in [
+        (
+            "1.5x",
+            "30s",
+            "spec.processing.p99: invalid duration \"1.5x\": write a number and a unit (ms, s, m or h), e.g. 30s, 1.5s, 1m30s, 500ms",
+        ),
+        (
+            "1s",
+            "1,5s",
+            "spec.processing.timeout: invalid duration \"1,5s\": write a number and a unit",
+        ),
+        (
+            "1.5ms",
+            "30s",
+            "spec.processing.p99: invalid duration \"1.5ms\": durations count whole milliseconds, so a decimal takes at most 3 places and only on s, m or h, e.g. 1.5s",
+        ),
+    ] {
+        let bad = dir.path().join("bad.yaml");
+        std::fs::write(&bad, manifest(p99, timeout)).unwrap();
+        let (code, out, err) = qc_operator(&["check", bad.to_str().unwrap()]);
+        assert_eq!(code, 2, "{out}{err}");
+        assert!(out.contains(says), "{out}");
+    }
+}
+
 #[test]
 fn unreadable_inputs_exit_2() {
     let (code, _, err) = qc_operator(&["check", "tests/data/does-not-exist.yaml"]);

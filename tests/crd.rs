@@ -88,6 +88,7 @@ fn every_property_explains_itself() {
     properties(schema, "", &mut props);
     assert!(props.len() > 60, "walked only {} properties", props.len());
     let mut missing = Vec::new();
+    let mut durations = 0;
     for (path, s) in &props {
         let description = s.get("description").and_then(|d| d.as_str()).unwrap_or("");
         if description.trim().len() < 8 {
@@ -102,9 +103,14 @@ fn every_property_explains_itself() {
                 "{path}: has a default the description does not name"
             ));
         }
-        if s.get("pattern").and_then(|p| p.as_str()) == Some(qc::api::DURATION_PATTERN)
-            && !description.contains("duration")
-        {
+        // A duration field carries the rule that checks its grammar.
+        let duration_rule = format!(
+            "self.matches('{}')",
+            qc::api::DURATION_PATTERN.replace('\\', "\\\\")
+        );
+        let is_duration = s["x-kubernetes-validations"][0]["rule"] == duration_rule.as_str();
+        durations += usize::from(is_duration);
+        if is_duration && !description.contains("duration") {
             missing.push(format!(
                 "{path}: a duration whose description does not say so"
             ));
@@ -115,6 +121,7 @@ fn every_property_explains_itself() {
             ));
         }
     }
+    assert!(durations > 15, "found only {durations} duration fields");
     assert!(
         missing.is_empty(),
         "properties without a proper description (add a doc comment to the field in src/api):\n{}",

@@ -282,6 +282,136 @@ async fn the_server_refuses_out_of_range_breaker_settings_naming_each_field() {
     }
 }
 
+/// Issue 44 item 4: durations as users write them (`1.5s`, `90s`, `1m30s`, `500ms`) pass the real API
+/// server, its CEL rules that compare durations read them at their exact value, and `check` agrees;
+/// what is no duration is refused by both, the server naming the field, the value and an example.
+#[tokio::test]
+async fn decimal_durations_pass_and_a_bad_one_is_refused_naming_field_value_and_example() {
+    let test = "decimal_durations_pass_and_a_bad_one_is_refused_naming_field_value_and_example";
+    let accepted = [
+        // (p99, timeout, retryBackoff.base, heartbeat.interval)
+        ("1.5s", "90s", "500ms", "auto"),
+        ("1.5s", "1500ms", "0.5s", "2.5s"),
+        ("0.3s", "300ms", "1m30s", "0.001m"),
+        ("0.5m", "0.5m", "1.5m", "1.25s"),
+        ("1.999s", "2s", "0.25h", "750ms"),
+    ];
+    let refused = [
+        ("1.5x", "is not a duration"),
+        ("1,5s", "is not a duration"),
+        ("1.5", "is not a duration"),
+        ("1.s", "is not a duration"),
+        (".5s", "is not a duration"),
+        ("-1s", "is not a duration"),
+        ("1.5.5s", "is not a duration"),
+        ("1.5ms", "is not a duration"),
+        ("1.0005s", "is not a duration"),
+    ];
+    let doc = |namespace: &str, p99: &str, timeout: &str, base: &str, heartbeat: &str| {
+        with(
+            with(
+                with(
+                    with(
+                        valid_spec_document(namespace),
+                        "/spec/processing/p99",
+                        json!(p99),
+                    ),
+                    "/spec/processing/timeout",
+                    json!(timeout),
+                ),
+                "/spec/processing/retryBackoff",
+                json!({"base": base}),
+            ),
+            "/spec/processing/heartbeat",
+            json!({"interval": heartbeat}),
+        )
+    };
+    let check = |d: &Value| {
+        load_str(&serde_json::to_string(d).unwrap())
+            .unwrap()
+            .remove(0)
+    };
+    for (p99, timeout, base, heartbeat) in accepted {
+        match check(&doc("default", p99, timeout, base, heartbeat)) {
+            Document::Valid(qc) => {
+                assert_eq!(qc.spec.processing.p99, p99.parse().unwrap());
+                assert_eq!(qc.spec.processing.timeout, timeout.parse().unwrap());
+            }
+            other => panic!("check refuses p99 {p99}, timeout {timeout}: {other:?}"),
+        }
+    }
+    for (bad, _) in refused {
+        match check(&doc("default", bad, "30s", "5s", "auto")) {
+            Document::Invalid { errors, .. } => {
+                let e = errors[0].to_string();
+                assert!(
+                    e.starts_with("spec.processing.p99: ")
+                        && e.contains(&format!("{bad:?}"))
+                        && e.contains("e.g. "),
+                    "check, p99 {bad}: {e}"
+                );
+            }
+            other => panic!("check accepts p99 {bad}: {other:?}"),
+        }
+    }
+    let Some(real) = k8s::connect(test).await else {
+        return;
+    };
+    let api = real.queue_consumers();
+    for (p99, timeout, base, heartbeat) in accepted {
+        let sent = doc(&real.namespace, p99, timeout, base, heartbeat);
+        let stored = k8s::kubectl_dry_apply(&api, "rules", &sent)
+            .await
+            .unwrap_or_else(|e| panic!("the server refuses p99 {p99}, timeout {timeout}, base {base}, heartbeat {heartbeat}: {e}"));
+        // Stored as written: the server neither rounds nor rewrites a duration.
+        assert_eq!(stored.data["spec"]["processing"]["p99"], json!(p99));
+        assert_eq!(
+            stored.data["spec"]["processing"]["retryBackoff"]["base"],
+            json!(base)
+        );
+    }
+    // A timeout a millisecond under p99 written as a decimal: the server's CEL compares exact values.
+    let sent = doc(&real.namespace, "1.001s", "1s", "5s", "auto");
+    let err = k8s::kubectl_dry_apply(&api, "rules", &sent)
+        .await
+        .map(|_| ())
+        .expect_err("the server accepts p99 1.001s over timeout 1s");
+    assert!(
+        err.to_string()
+            .contains("processing.p99 must not exceed processing.timeout"),
+        "{err}"
+    );
+    for (bad, says) in refused {
+        let sent = doc(&real.namespace, bad, "30s", "5s", "auto");
+        let err = k8s::kubectl_dry_apply(&api, "rules", &sent)
+            .await
+            .map(|_| ())
+            .expect_err(&format!("the server accepts p99 {bad}"));
+        // The cause on the field itself: its path, the value, and examples of what to write.
+        let kube::Error::Api(status) = &err else {
+            panic!("p99 {bad}: {err}");
+        };
+        let cause = status
+            .details
+            .iter()
+            .flat_map(|d| d.causes.iter())
+            .find(|c| c.field == "spec.processing.p99");
+        assert!(
+            cause.is_some_and(|c| c.message.contains(&format!(
+                "\"{bad}\" {says}: write a number and a unit (ms, s, m or h), e.g. 30s, 1.5s, 1m30s, 500ms"
+            ))),
+            "p99 {bad}: the refusal does not name the field, the value and an example: {}",
+            status.message
+        );
+        // Only the field's own refusal: the rule comparing p99 with timeout does not also fail on it.
+        assert!(
+            !status.message.contains("evaluating rule"),
+            "p99 {bad}: a second refusal blames another rule: {}",
+            status.message
+        );
+    }
+}
+
 #[tokio::test]
 async fn kubectl_get_shows_the_columns_and_explain_the_fields() {
     let test = "kubectl_get_shows_the_columns_and_explain_the_fields";
@@ -562,7 +692,7 @@ const SPEC_RULES: &[(&str, &str, &str, &str, &str)] = &[
         "/spec/processing/p99",
         r#""2x""#,
         "spec.processing.p99",
-        "should match",
+        "\"2x\" is not a duration: write a number and a unit (ms, s, m or h), e.g. 30s, 1.5s",
     ),
     (
         "p99 <= timeout",
@@ -639,7 +769,7 @@ const SPEC_RULES: &[(&str, &str, &str, &str, &str)] = &[
         "/spec/processing/heartbeat",
         r#"{"interval": "sometimes"}"#,
         "spec.processing.heartbeat.interval",
-        "should match",
+        "\"sometimes\" is not auto or a duration: write a number and a unit (ms, s, m or h), e.g. 30s",
     ),
     (
         "breaker.failurePercent 1..100",
@@ -779,7 +909,7 @@ const SPEC_RULES: &[(&str, &str, &str, &str, &str)] = &[
         "/spec/idempotency",
         r#"{"ttl": "a day"}"#,
         "spec.idempotency.ttl",
-        "should match",
+        "\"a day\" is not a duration: write a number and a unit",
     ),
     (
         "minReplicas <= maxReplicas",

@@ -1725,3 +1725,37 @@ fn chart_release_names_the_repository_registry_and_icon_and_lints_strict() {
         .unwrap();
     assert!(!again.status.success());
 }
+
+/// #44 item 4: the chart's duration values (passed to `qc-operator run`, which reads them with the
+/// API's parser) take the same grammar as the CRD: `1.5m` renders, `1.5x` is refused by the values
+/// schema, and the schema's patterns are the API's.
+#[test]
+fn chart_duration_values_take_the_apis_grammar() {
+    let schema: Value =
+        serde_json::from_str(&read(&format!("{CHART}/values.schema.json"))).unwrap();
+    let props = &schema["properties"];
+    for pattern in [
+        &props["reconcileTimeout"]["pattern"],
+        &props["aws"]["properties"]["alarmResync"]["pattern"],
+    ] {
+        assert_eq!(pattern, qc::api::DURATION_PATTERN);
+    }
+    let terms = qc::api::DURATION_PATTERN
+        .strip_prefix('^')
+        .and_then(|p| p.strip_suffix('$'))
+        .unwrap();
+    assert_eq!(
+        props["limits"]["properties"]["minPollInterval"]["pattern"],
+        format!("^({terms})?$")
+    );
+    let Some(docs) = render(&["--set", "reconcileTimeout=1.5m"]) else {
+        return;
+    };
+    let docs = docs.unwrap();
+    let d = find(&docs, "Deployment", "qc-queue-consumer-operator");
+    assert!(args(d).iter().any(|a| a.contains("1.5m")), "{:?}", args(d));
+    assert!("1.5m".parse::<qc::api::Duration>().is_ok());
+    let refused = render(&["--set", "reconcileTimeout=1.5x"]).unwrap();
+    let err = refused.expect_err("helm renders reconcileTimeout=1.5x");
+    assert!(err.contains("reconcileTimeout"), "{err}");
+}

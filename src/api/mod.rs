@@ -40,7 +40,7 @@ mod duration;
 pub mod quantity;
 mod stabilization;
 
-pub use duration::{DURATION_PATTERN, Duration, DurationError};
+pub use duration::{AUTO_OR_DURATION_PATTERN, DURATION_PATTERN, Duration, DurationError};
 pub use stabilization::{
     DEFAULT_STARTUP, STABILIZATION_PATTERN, Stabilization, StabilizationError,
 };
@@ -350,8 +350,8 @@ impl AwsSpec {
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[x_kube(validation = Rule::new("duration(self.p99) <= duration(self.timeout)").message("processing.p99 must not exceed processing.timeout: raise timeout or lower p99").reason(Reason::FieldValueInvalid))]
-#[x_kube(validation = Rule::new("duration(self.waitTime) <= duration('20s')").message("processing.waitTime must be at most 20s (the SQS long-poll maximum)").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new(duration::when_durations(&["p99", "timeout"], "duration(self.p99) <= duration(self.timeout)")).message("processing.p99 must not exceed processing.timeout: raise timeout or lower p99").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new(duration::when_durations(&["waitTime"], "duration(self.waitTime) <= duration('20s')")).message("processing.waitTime must be at most 20s (the SQS long-poll maximum)").reason(Reason::FieldValueInvalid))]
 #[x_kube(validation = Rule::new("self.batchSize >= 1 && self.batchSize <= 10").message("processing.batchSize must be between 1 and 10 (SQS MaxNumberOfMessages)").reason(Reason::FieldValueInvalid))]
 #[x_kube(validation = Rule::new("self.concurrency >= 1").message("processing.concurrency must be at least 1").reason(Reason::FieldValueInvalid))]
 #[x_kube(validation = Rule::new("!has(self.maxRate) || (self.maxRate >= 1 && self.maxRate <= 1000000)").message("processing.maxRate must be a whole number of messages per second from 1 to 1000000 (leave it out for no limit)").reason(Reason::FieldValueInvalid))]
@@ -466,8 +466,8 @@ impl Default for BreakerSpec {
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[x_kube(validation = Rule::new("duration(self.base) <= duration(self.max)").message("processing.breaker.probeBackoff.base must not exceed probeBackoff.max: lower base or raise max").reason(Reason::FieldValueInvalid))]
-#[x_kube(validation = Rule::new("duration(self.base) >= duration('100ms')").message("processing.breaker.probeBackoff.base must be at least 100ms: a faster probe hammers the failing dependency the breaker protects").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new(duration::when_durations(&["base", "max"], "duration(self.base) <= duration(self.max)")).message("processing.breaker.probeBackoff.base must not exceed probeBackoff.max: lower base or raise max").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new(duration::when_durations(&["base"], "duration(self.base) >= duration('100ms')")).message("processing.breaker.probeBackoff.base must be at least 100ms: a faster probe hammers the failing dependency the breaker protects").reason(Reason::FieldValueInvalid))]
 pub struct ProbeBackoffSpec {
     /// Delay before the first probe after the breaker opens, a duration (at least 100ms); doubled
     /// after each failed probe. Default: 1s.
@@ -549,9 +549,9 @@ impl FromStr for HeartbeatInterval {
 
 string_form!(HeartbeatInterval, {
     "type": "string",
-    "pattern": r"^(auto|([0-9]+(ms|s|m|h))+)$",
     "maxLength": 32,
-    "description": "When the first extension falls due after the receive (later ones spread out as extensions grow): auto (a third of the visibility timeout) or a duration such as 10s (units ms, s, m, h). Default: auto."
+    "description": "When the first extension falls due after the receive (later ones spread out as extensions grow): auto (a third of the visibility timeout) or a duration such as 10s or 2.5s (units ms, s, m, h). Default: auto.",
+    "x-kubernetes-validations": duration::duration_rule(AUTO_OR_DURATION_PATTERN, "auto or a duration")
 });
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -719,7 +719,7 @@ pub const MAX_BATCH_ITEMS: u32 = 100;
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[x_kube(validation = Rule::new("self.maxItems >= 1 && self.maxItems <= 100").message("handler.batch.maxItems must be between 1 and 100").reason(Reason::FieldValueInvalid))]
-#[x_kube(validation = Rule::new("duration(self.maxWait) <= duration('5m')").message("handler.batch.maxWait must be at most 5m (waiting messages hold their leases); e.g. 1s").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new(duration::when_durations(&["maxWait"], "duration(self.maxWait) <= duration('5m')")).message("handler.batch.maxWait must be at most 5m (waiting messages hold their leases); e.g. 1s").reason(Reason::FieldValueInvalid))]
 pub struct BatchSpec {
     /// Messages per call, at most (1 to 100). Default: 10.
     #[serde(default = "defaults::batch_max_items")]
@@ -991,8 +991,8 @@ pub struct SecretKeyRef {
 #[x_kube(validation = Rule::new("self.minReplicas <= self.maxReplicas").message("scaling.minReplicas must not exceed scaling.maxReplicas").reason(Reason::FieldValueInvalid))]
 #[x_kube(validation = Rule::new("self.maxReplicas >= 1").message("scaling.maxReplicas must be at least 1").reason(Reason::FieldValueInvalid))]
 #[x_kube(validation = Rule::new("self.maxReplicas <= 2147483647").message("scaling.maxReplicas must be at most 2147483647 (a Deployment's replicas are an int32)").reason(Reason::FieldValueInvalid))]
-#[x_kube(validation = Rule::new("duration(self.maxBacklogAge) > duration('0s')").message("scaling.maxBacklogAge must be greater than 0s").reason(Reason::FieldValueInvalid))]
-#[x_kube(validation = Rule::new("duration(self.pollInterval) >= duration('1s')").message("scaling.pollInterval must be at least 1s").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new(duration::when_durations(&["maxBacklogAge"], "duration(self.maxBacklogAge) > duration('0s')")).message("scaling.maxBacklogAge must be greater than 0s").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new(duration::when_durations(&["pollInterval"], "duration(self.pollInterval) >= duration('1s')")).message("scaling.pollInterval must be at least 1s").reason(Reason::FieldValueInvalid))]
 pub struct ScalingSpec {
     /// Fewest worker replicas; 0 lets an idle queue scale to zero. Default: 0.
     #[serde(default)]

@@ -12,8 +12,8 @@ use super::Duration;
 /// The hold `auto` uses until the consumer's pods' start-up has been measured.
 pub const DEFAULT_STARTUP: Duration = Duration::from_secs(30);
 
-/// Pattern published in the CRD: `auto` or a duration of [`super::DURATION_PATTERN`]'s grammar.
-pub const STABILIZATION_PATTERN: &str = r"^(auto|([0-9]+(ms|s|m|h))+)$";
+/// What the CRD accepts: `auto` or a duration of [`super::DURATION_PATTERN`]'s grammar.
+pub const STABILIZATION_PATTERN: &str = super::AUTO_OR_DURATION_PATTERN;
 
 /// How long the scale-down rule looks back.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -85,9 +85,9 @@ impl fmt::Display for Stabilization {
 
 string_form!(Stabilization, {
     "type": "string",
-    "pattern": STABILIZATION_PATTERN,
     "maxLength": 32,
-    "description": "`auto` (hold an idle replica about as long as one pod start-up, measured from the consumer's pods; 30s until measured) or a duration (e.g. 0s, 5m)."
+    "description": "`auto` (hold an idle replica about as long as one pod start-up, measured from the consumer's pods; 30s until measured) or a duration (e.g. 0s, 90s, 1.5m, 5m).",
+    "x-kubernetes-validations": super::duration::duration_rule(STABILIZATION_PATTERN, "auto or a duration")
 });
 
 #[cfg(test)]
