@@ -971,22 +971,22 @@ async fn kit_in_both_modes(name: KitName) {
     let port = free_port();
     let server = KitServer::start(kit, port);
     tokio::join!(
-        kit_single_mode(kit, &server, port),
-        kit_batch_mode(kit, &server, port)
+        Box::pin(kit_single_mode(kit, &server, port)),
+        Box::pin(kit_batch_mode(kit, &server, port))
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn go_kit_single_and_batch_mode() {
-    kit_in_both_modes(KitName::Go).await;
+    Box::pin(kit_in_both_modes(KitName::Go)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn java_kit_single_and_batch_mode() {
-    kit_in_both_modes(KitName::Java).await;
+    Box::pin(kit_in_both_modes(KitName::Java)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn typescript_kit_single_and_batch_mode() {
-    kit_in_both_modes(KitName::TypeScript).await;
+    Box::pin(kit_in_both_modes(KitName::TypeScript)).await;
 }
