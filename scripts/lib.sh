@@ -27,6 +27,21 @@ ensure_venv() {
   fi
 }
 
+# tsc for the TypeScript handler kit (examples/handlers/typescript, tests/handler_examples.rs): Node 20
+# cannot run TypeScript itself, so the `typescript` and `@types/node` npm packages are installed into the
+# cache, outside the clone, and QC_TEST_TSC names the compiler. Pinned to TypeScript 5 (plain JavaScript;
+# 7 is the native port).
+QC_TYPESCRIPT_PACKAGES=(typescript@5.9 @types/node@20)
+ensure_typescript() {
+  local dir="$QC_CACHE/typescript"
+  if [ ! -f "$dir/node_modules/.bin/tsc" ] || [ ! -d "$dir/node_modules/@types/node" ]; then
+    command -v npm >/dev/null 2>&1 || { log "npm is required for the TypeScript handler kit (apt-get install nodejs npm)"; return 1; }
+    log "installing ${QC_TYPESCRIPT_PACKAGES[*]} into $dir"
+    npm install --prefix "$dir" --no-audit --no-fund --silent "${QC_TYPESCRIPT_PACKAGES[@]}"
+  fi
+  export QC_TEST_TSC="$dir/node_modules/.bin/tsc"
+}
+
 # The shellcheck tool (Debian's), which actionlint runs on the workflows' `run:` scripts.
 ensure_shellcheck() {
   if ! command -v shellcheck >/dev/null 2>&1; then

@@ -431,22 +431,31 @@ fn check_ssl_cert_file(value: Option<std::ffi::OsString>) -> Result<(), String> 
 
 const CERT_MARKER: &[u8] = b"-----BEGIN CERTIFICATE-----";
 
-/// `qc-worker invoke`: one made-up message to a local handler, as the worker would send it.
+/// `qc-worker invoke`: one made-up message (or, with `--batch`, a batch of them) to a local handler,
+/// as the worker would send it.
 #[derive(Parser, Debug)]
 #[command(
     name = "qc-worker invoke",
-    about = "Send one message to a local handler exactly as qc-worker would (CloudEvent headers or the exec environment, the timeout) and print what the worker would do with the answer",
-    after_help = "Exit status: 0 success (deleted), 65 poison, 75 retry. Example: qc-worker invoke --body order.json --attribute tenant=t-1 --http-url http://127.0.0.1:8080/messages"
+    about = "Send one message to a local handler exactly as qc-worker would (CloudEvent headers or the exec environment, the timeout) and print what the worker would do with the answer; with --batch, several messages in one batch call and how the answer was read for each",
+    after_help = "Exit status: 0 success (deleted; with --batch: every message deleted), 65 poison, 75 retry (with --batch: any message retried), 2 bad flags.\nExamples:\n  qc-worker invoke --body order.json --attribute tenant=t-1 --http-url http://127.0.0.1:8080/messages\n  printf '%s\\n' '{\"orderId\":\"o-1\"}' 'not JSON' | qc-worker invoke --batch --http-url http://127.0.0.1:8080/batch"
 )]
 struct InvokeCli {
-    /// The message body: a file, or - for stdin.
-    #[arg(long, default_value = "-", value_name = "FILE")]
-    body: PathBuf,
-    /// A String message attribute (repeat for more).
+    /// The message body: a file, or - for stdin (the default). With --batch, repeat it: each file is
+    /// one message of the batch; without --body, each non-empty line of stdin is one.
+    #[arg(long = "body", value_name = "FILE")]
+    bodies: Vec<PathBuf>,
+    /// Hand the messages to the handler in one batch call, as the worker does with
+    /// --batch-max-items (HTTP: a JSON array of CloudEvents; exec: JSON lines on stdin and the
+    /// answer in $QC_BATCH_ANSWER_FILE), and print how the answer was read for each message.
+    #[arg(long, action = ArgAction::SetTrue)]
+    batch: bool,
+    /// A String message attribute (repeat for more; with --batch, every message gets them).
     #[arg(long = "attribute", value_name = "NAME=VALUE")]
     attributes: Vec<String>,
-    #[arg(long, default_value = "00000000-0000-4000-8000-000000000001")]
-    message_id: String,
+    /// The message id (default 00000000-0000-4000-8000-000000000001; with --batch, repeat it once
+    /// per message, or leave it out for ...0001, ...0002 and so on).
+    #[arg(long = "message-id", value_name = "ID")]
+    message_ids: Vec<String>,
     /// ApproximateReceiveCount the handler sees (a redelivery: 2 or more).
     #[arg(long, default_value_t = 1)]
     receive_count: u32,
@@ -473,8 +482,10 @@ struct InvokeCli {
 fn invoke(args: Vec<std::ffi::OsString>) -> ExitCode {
     let cli = InvokeCli::parse_from(args);
     match invoke_with(&cli) {
-        Ok((line, code)) => {
-            println!("{line}");
+        Ok((lines, code)) => {
+            for line in lines {
+                println!("{line}");
+            }
             ExitCode::from(code)
         }
         Err(e) => {
@@ -484,17 +495,52 @@ fn invoke(args: Vec<std::ffi::OsString>) -> ExitCode {
     }
 }
 
-fn invoke_with(cli: &InvokeCli) -> anyhow::Result<(String, u8)> {
+fn read_stdin() -> anyhow::Result<Vec<u8>> {
+    let mut b = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::stdin(), &mut b).context("reading stdin")?;
+    Ok(b)
+}
+
+/// The bodies of the messages to send: each --body FILE (- for stdin), else stdin (with --batch,
+/// one message per non-empty line).
+fn invoke_bodies(cli: &InvokeCli) -> anyhow::Result<Vec<Vec<u8>>> {
+    if cli.bodies.is_empty() {
+        let input = read_stdin()?;
+        if !cli.batch {
+            return Ok(vec![input]);
+        }
+        return Ok(input
+            .split(|b| *b == b'\n')
+            .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+            .filter(|l| !l.is_empty())
+            .map(<[u8]>::to_vec)
+            .collect());
+    }
+    anyhow::ensure!(
+        cli.batch || cli.bodies.len() == 1,
+        "invalid --body: {} given; several messages go in one call only with --batch",
+        cli.bodies.len()
+    );
+    let mut bodies = Vec::with_capacity(cli.bodies.len());
+    let mut stdin_read = false;
+    for path in &cli.bodies {
+        if path.as_os_str() == "-" {
+            anyhow::ensure!(!stdin_read, "invalid --body -: stdin can be read only once");
+            stdin_read = true;
+            bodies.push(read_stdin()?);
+        } else {
+            bodies.push(
+                std::fs::read(path)
+                    .with_context(|| format!("invalid --body: cannot read {}", path.display()))?,
+            );
+        }
+    }
+    Ok(bodies)
+}
+
+fn invoke_with(cli: &InvokeCli) -> anyhow::Result<(Vec<String>, u8)> {
     use qc::worker::handler::{ExecHandler, Handler, HttpHandler};
-    let body = if cli.body.as_os_str() == "-" {
-        let mut b = Vec::new();
-        std::io::Read::read_to_end(&mut std::io::stdin(), &mut b)
-            .context("reading the body from stdin")?;
-        b
-    } else {
-        std::fs::read(&cli.body)
-            .with_context(|| format!("invalid --body: cannot read {}", cli.body.display()))?
-    };
+    use qc::worker::invoke::{Invocation, MAX_BATCH, default_message_id};
     let mut attributes = Vec::new();
     for a in &cli.attributes {
         let (n, v) = a.split_once('=').with_context(|| {
@@ -519,22 +565,50 @@ fn invoke_with(cli: &InvokeCli) -> anyhow::Result<(String, u8)> {
             "choose one handler: --http-url http://127.0.0.1:8080/messages, or --exec -- COMMAND"
         ),
     };
-    let inv = qc::worker::invoke::Invocation {
-        body,
-        attributes,
-        message_id: cli.message_id.clone(),
-        receive_count: cli.receive_count,
-        group_id: cli.group_id.clone(),
-    };
+    let bodies = invoke_bodies(cli)?;
+    anyhow::ensure!(
+        !bodies.is_empty() && bodies.len() <= MAX_BATCH,
+        "invalid --batch: {} messages; a batch holds 1 to {MAX_BATCH} (one per --body FILE, or one per non-empty line of stdin)",
+        bodies.len()
+    );
+    anyhow::ensure!(
+        cli.message_ids.is_empty() || cli.message_ids.len() == bodies.len(),
+        "invalid --message-id: {} given for {} messages; give one per message, or none",
+        cli.message_ids.len(),
+        bodies.len()
+    );
+    let invocations: Vec<Invocation> = bodies
+        .into_iter()
+        .enumerate()
+        .map(|(at, body)| Invocation {
+            body,
+            attributes: attributes.clone(),
+            message_id: cli
+                .message_ids
+                .get(at)
+                .cloned()
+                .unwrap_or_else(|| default_message_id(at)),
+            receive_count: cli.receive_count,
+            group_id: cli.group_id.clone(),
+        })
+        .collect();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    Ok(runtime.block_on(qc::worker::invoke::run(
+    if cli.batch {
+        return Ok(runtime.block_on(qc::worker::invoke::run_batch(
+            &handler,
+            &invocations,
+            cli.timeout.as_std(),
+        )));
+    }
+    let (line, code) = runtime.block_on(qc::worker::invoke::run(
         &handler,
-        &inv,
+        &invocations[0],
         cli.timeout.as_std(),
-    )))
+    ));
+    Ok((vec![line], code))
 }
 
 fn main() -> ExitCode {

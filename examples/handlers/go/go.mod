@@ -1,0 +1,3 @@
+module example.com/qc-handler
+
+go 1.22
