@@ -88,6 +88,8 @@ pub const REDRIVE_REQUEST_ANNOTATION: &str = "sqs.consumers.dev/redrive-request"
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[schemars(transform = RecursiveTransform(kubernetes_integers))]
+#[x_kube(validation = Rule::new("has(self.scaleTargetRef) || has(self.handler)").message("spec sets neither handler nor scaleTargetRef: set handler and template to run your handler behind the bundled qc-worker, or scaleTargetRef (kind, name) to scale the Deployment that already runs your own consumer").reason(Reason::FieldValueRequired))]
+#[x_kube(validation = Rule::new("!has(self.scaleTargetRef) || (!has(self.handler) && (!has(self.template) || !has(self.template.spec)) && !has(self.filter) && (!has(self.idempotency) || !has(self.idempotency.store) || self.idempotency.store == 'none'))").message("spec.scaleTargetRef (scale-only mode: your own consumer, scaled through /scale) excludes handler, template, filter and idempotency.store, which configure the bundled qc-worker: remove them, or remove scaleTargetRef to run the bundled worker").reason(Reason::FieldValueForbidden))]
 pub struct QueueConsumerSpec {
     /// The SQS queue to consume. Required.
     pub queue: QueueSpec,
@@ -98,8 +100,17 @@ pub struct QueueConsumerSpec {
     /// How each message is processed: declared latency, timeout, concurrency, batching, heartbeats,
     /// retries and what happens to poison messages. Required (at least `p99`).
     pub processing: ProcessingSpec,
+    /// Scale-only mode: the workload that already runs your own consumer (KEDA's `scaleTargetRef`: a
+    /// Deployment, a StatefulSet, or any resource with a `/scale` subresource such as an Argo
+    /// Rollout), scaled through `/scale` from SQS's counts. The controller never renders or touches its
+    /// pod template. Excludes `handler`, `template`, `filter` and an idempotency store (they configure
+    /// the bundled `qc-worker`); without them there are no heartbeats, no outage breaker, no drain on
+    /// scale-in and no observed P99 (condition `ScaleOnly` says so). Default: none (the bundled worker).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_target_ref: Option<ScaleTargetRef>,
     /// What handles a message: exactly one of `http` (a server in the pod) or `exec` (a command per
-    /// message). Required.
+    /// message). Required, unless `scaleTargetRef` is set (scale-only mode, where it is refused).
+    #[serde(default, skip_serializing_if = "HandlerSpec::is_unset")]
     pub handler: HandlerSpec,
     /// De-duplication of redelivered messages (SQS delivers at least once). Default: no store.
     #[serde(default)]
@@ -110,8 +121,9 @@ pub struct QueueConsumerSpec {
     pub filter: Option<FilterSpec>,
     /// Pod template of the user's containers (the handler); the controller adds the `qc-worker`
     /// container. Set `spec.serviceAccountName` to the account whose IAM role may use the queue.
-    /// Default: empty (no container: the QueueConsumer is reported as invalid).
-    #[serde(default)]
+    /// Default: empty (no container: the QueueConsumer is reported as invalid). Refused with
+    /// `scaleTargetRef`.
+    #[serde(default, skip_serializing_if = "template_is_unset")]
     #[schemars(schema_with = "pod_template_schema")]
     pub template: PodTemplateSpec,
     /// Stop consuming: true scales the worker Deployment to 0 replicas (pods finish what they hold and
@@ -611,7 +623,95 @@ impl FromStr for OnPoison {
     }
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+/// `spec.scaleTargetRef`: the workload scale-only mode scales (KEDA's field of that name).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScaleTargetRef {
+    /// The target's API group and version. Default: apps/v1.
+    #[serde(default = "defaults::scale_api_version")]
+    #[schemars(regex(pattern = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?v[0-9]+((alpha|beta)[0-9]+)?$"), length(max = 316))]
+    pub api_version: String,
+    /// The target's kind, with a `/scale` subresource: Deployment, StatefulSet, Rollout (Argo
+    /// Rollouts, apiVersion argoproj.io/v1alpha1)... Default: Deployment.
+    #[serde(default = "defaults::scale_kind")]
+    #[schemars(regex(pattern = r"^[A-Z][A-Za-z0-9]*$"), length(max = 63))]
+    pub kind: String,
+    /// The target's name, in the QueueConsumer's namespace. Required.
+    #[schemars(regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"), length(min = 1, max = 253))]
+    pub name: String,
+}
+
+impl ScaleTargetRef {
+    /// `Kind/name` (`Deployment/orders`), as status and Events name it.
+    pub fn describe(&self) -> String {
+        format!("{}/{}", self.kind, self.name)
+    }
+}
+
+/// How a QueueConsumer consumes: through the bundled worker, or by scaling the user's own consumer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode<'a> {
+    /// `handler` and `template`: the controller renders the worker Deployment with `qc-worker`.
+    Worker,
+    /// `scaleTargetRef`: the controller only scales this target through `/scale`.
+    ScaleOnly(&'a ScaleTargetRef),
+}
+
+impl QueueConsumerSpec {
+    pub fn mode(&self) -> Mode<'_> {
+        match &self.scale_target_ref {
+            Some(t) => Mode::ScaleOnly(t),
+            None => Mode::Worker,
+        }
+    }
+
+    /// What the CRD's rules refuse about the choice of mode (the controller and `check` say the same
+    /// for a manifest that did not pass the API server): (field, message, fix).
+    pub fn mode_conflict(&self) -> Option<(&'static str, String, &'static str)> {
+        match self.mode() {
+            Mode::Worker if self.handler.is_unset() => Some((
+                "spec.handler",
+                "spec sets neither handler nor scaleTargetRef".to_string(),
+                "set handler and template to run your handler behind the bundled qc-worker, or scaleTargetRef (kind, name) to scale the Deployment that already runs your own consumer",
+            )),
+            Mode::Worker => None,
+            Mode::ScaleOnly(t) => {
+                let mut set = Vec::new();
+                if !self.handler.is_unset() {
+                    set.push("handler");
+                }
+                if !template_is_unset(&self.template) {
+                    set.push("template");
+                }
+                if self.filter.is_some() {
+                    set.push("filter");
+                }
+                if self.idempotency.store != IdempotencyStore::None {
+                    set.push("idempotency.store");
+                }
+                (!set.is_empty()).then(|| {
+                    (
+                        "spec.scaleTargetRef",
+                        format!(
+                            "spec.scaleTargetRef ({}: scale-only mode) excludes {}, which configure the bundled qc-worker",
+                            t.describe(),
+                            set.join(", ")
+                        ),
+                        "remove them, or remove scaleTargetRef to run the bundled worker",
+                    )
+                })
+            }
+        }
+    }
+}
+
+/// An unset template (what the bundled worker needs and scale-only mode refuses) is left out, so the
+/// CRD has no default for it that scale-only mode's rule would then refuse.
+fn template_is_unset(t: &PodTemplateSpec) -> bool {
+    t.metadata.is_none() && t.spec.is_none()
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[x_kube(validation = Rule::new("has(self.http) != has(self.exec)").message("handler must set exactly one of http or exec").reason(Reason::FieldValueInvalid))]
 pub struct HandlerSpec {
@@ -788,6 +888,11 @@ pub enum Handler<'a> {
 }
 
 impl HandlerSpec {
+    /// Nothing set: scale-only mode, or a manifest without a handler (refused by the CRD's rule).
+    pub fn is_unset(&self) -> bool {
+        *self == HandlerSpec::default()
+    }
+
     /// The one handler, or None when zero or both are set (rejected by the CRD's CEL rule).
     pub fn one(&self) -> Option<Handler<'_>> {
         match (&self.http, &self.exec) {
@@ -1543,6 +1648,12 @@ pub struct ObservedStatus {
 /// The API's defaults, one function per field so serde and schemars share them.
 pub mod defaults {
     use super::Duration;
+    pub fn scale_api_version() -> String {
+        "apps/v1".to_string()
+    }
+    pub fn scale_kind() -> String {
+        "Deployment".to_string()
+    }
     pub fn recovery_healthy_for() -> Duration {
         Duration::from_secs(600)
     }
