@@ -70,6 +70,7 @@ fn time_pure(exec: bool, iterations: u32) -> f64 {
             report: &d.report,
             rollout: &d.rollout,
             deployment: d.rollout.deployment(),
+            target: None,
             applied: None,
             alarm: AlarmStatus::default(),
             replicas: &ReplicaDecision::Keep,

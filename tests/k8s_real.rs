@@ -755,3 +755,261 @@ async fn a_second_replica_cannot_take_a_lease_the_first_just_took() {
     );
     cluster.delete_namespace(&ns).await;
 }
+
+/// Issue 44, scale-only mode: a team's existing Deployment runs a consumer that is not qc-worker. A
+/// QueueConsumer that was running the bundled worker is switched to `scaleTargetRef`: its worker Deployment
+/// goes, and the team's Deployment is scaled through `/scale` from the queue's backlog, by the scaler's
+/// field manager, its pod template untouched and never owned; the status says ScaleOnly, the DLQ alarm
+/// is kept; suspend scales it to zero; deleting the QueueConsumer deletes the alarm and leaves the
+/// Deployment. All under the chart's RBAC, with no refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_only_scales_an_existing_deployment_through_scale_with_conditions_and_alarm() {
+    let test = "scale_only_scales_an_existing_deployment_through_scale_with_conditions_and_alarm";
+    let Some(cluster) = cluster::connect(test).await else {
+        return;
+    };
+    let op_ns = cluster::unique("so-op");
+    let team = cluster::unique("so-team");
+    cluster.namespace(&op_ns, true).await;
+    cluster.namespace(&team, false).await;
+    let watch = format!(r#"watchNamespaces=["{team}"]"#);
+    let release = Release::install(
+        &cluster,
+        &cluster::unique("qc"),
+        &op_ns,
+        &["--set-json", &watch],
+    )
+    .await;
+    let op = release.operator(&cluster, "op-0", &[]).await;
+    let mark = cluster.audit_mark();
+    let url = cluster::queue_with_dlq(&common::unique_name("so")).await;
+    let deployments: Api<Deployment> = Api::namespaced(cluster.admin.clone(), &team);
+    let qcs: Api<QueueConsumer> = Api::namespaced(cluster.admin.clone(), &team);
+
+    // The team's own consumer: not qc-worker, one replica, its template theirs.
+    let legacy: Deployment = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "legacy-orders", "labels": {"app": "legacy-orders"}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "legacy-orders"}},
+            "template": {
+                "metadata": {"labels": {"app": "legacy-orders"}},
+                "spec": {"containers": [{"name": "consumer", "image": "shop/legacy-sqs-consumer:7",
+                                         "env": [{"name": "QUEUE_URL", "value": url}]}]}
+            }
+        }
+    }))
+    .expect("a Deployment");
+    deployments
+        .patch(
+            "legacy-orders",
+            &PatchParams::apply("team"),
+            &Patch::Apply(&legacy),
+        )
+        .await
+        .expect("the team's Deployment");
+    let template_before = deployments
+        .get("legacy-orders")
+        .await
+        .expect("read it")
+        .spec
+        .template;
+
+    // First the bundled worker, then switched to scale-only mode.
+    let mut doc = cluster::restricted_consumer(&team, "orders", &url);
+    apply(&cluster, &team, &doc).await;
+    eventually(
+        60,
+        "the bundled worker's Deployment",
+        || op.logs(),
+        || async { deployments.get_opt("orders").await.ok()? },
+    )
+    .await;
+    let spec = doc["spec"].as_object_mut().expect("a spec");
+    spec.remove("handler");
+    spec.remove("template");
+    spec.insert(
+        "scaleTargetRef".into(),
+        serde_json::json!({"kind": "Deployment", "name": "legacy-orders"}),
+    );
+    doc["spec"]["scaling"] =
+        serde_json::json!({"minReplicas": 1, "maxReplicas": 4, "pollInterval": "1s"});
+    apply(&cluster, &team, &doc).await;
+    eventually(
+        60,
+        "the bundled worker's Deployment deleted",
+        || op.logs(),
+        || async {
+            deployments
+                .get_opt("orders")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+
+    // A backlog: scaled out through /scale.
+    let sqs = common::sqs_client().await;
+    common::send_numbered(&sqs, &url, "order", 1200).await;
+    let scaled = eventually(
+        90,
+        "legacy-orders scaled out",
+        || op.logs(),
+        || async {
+            let d = deployments.get("legacy-orders").await.ok()?;
+            (d.spec.replicas? > 1).then_some(d)
+        },
+    )
+    .await;
+    let spec = &scaled.spec;
+    assert_eq!(
+        spec.template, template_before,
+        "the pod template is the team's, untouched"
+    );
+    assert!(
+        scaled.metadata.owner_references.is_none(),
+        "never owned: {:?}",
+        scaled.metadata.owner_references
+    );
+    let managers: Vec<(String, Option<String>)> = scaled
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .map(|m| (m.manager.clone().unwrap_or_default(), m.subresource.clone()))
+        .collect();
+    assert!(
+        managers.contains(&("qc-operator-scaler".into(), Some("scale".into()))),
+        "replicas written through /scale by the scaler's field manager: {managers:?}"
+    );
+    assert!(
+        !managers.iter().any(|(m, _)| m == "qc-operator"),
+        "nothing else of it written by the controller: {managers:?}"
+    );
+
+    // Status: ScaleOnly, Ready, the DLQ health, the alarm kept in CloudWatch.
+    let qc = eventually(
+        60,
+        "status in scale-only mode with the alarm",
+        || op.logs(),
+        || async {
+            let qc = qcs.get("orders").await.ok()?;
+            let alarm = qc
+                .status
+                .as_ref()?
+                .dead_letter
+                .as_ref()?
+                .alarm_name
+                .clone()?;
+            let s = qc.status.as_ref()?;
+            let has =
+                |t: &str, st: &str| s.conditions.iter().any(|c| c.type_ == t && c.status == st);
+            (has("ScaleOnly", "True")
+                && has("Ready", "True")
+                && has("DeadLetterQueueHealthy", "True")
+                && has("AlarmSynced", "True")
+                && s.replicas.is_some()
+                && alarm_exists(&alarm).await)
+                .then_some(qc)
+        },
+    )
+    .await;
+    let status = qc.status.as_ref().expect("a status");
+    let cond = |t: &str| {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .unwrap_or_else(|| panic!("{t} in {:?}", status.conditions))
+    };
+    assert_eq!(cond("Ready").reason, "ScaleOnly", "{:?}", cond("Ready"));
+    assert!(
+        cond("ScaleOnly")
+            .message
+            .contains("Deployment/legacy-orders")
+            && cond("ScaleOnly").message.contains("no heartbeats"),
+        "{:?}",
+        cond("ScaleOnly")
+    );
+    assert_eq!(cond("HandlerHealthy").status, "Unknown");
+    assert_eq!(cond("HandlerHealthy").reason, "ScaleOnly");
+    assert!(
+        status.selector.as_deref() == Some("app=legacy-orders"),
+        "the target's selector: {:?}",
+        status.selector
+    );
+    let alarm = status
+        .dead_letter
+        .as_ref()
+        .and_then(|d| d.alarm_name.clone())
+        .expect("the alarm's name");
+
+    // Suspend: to zero through /scale.
+    qcs.patch(
+        "orders",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"suspend": true}})),
+    )
+    .await
+    .expect("suspend");
+    eventually(
+        60,
+        "legacy-orders suspended to zero",
+        || op.logs(),
+        || async {
+            let d = deployments.get("legacy-orders").await.ok()?;
+            (d.spec.replicas? == 0).then_some(())
+        },
+    )
+    .await;
+
+    // A target that does not exist: said in Ready and ScalingActive, nothing else fails.
+    qcs.patch(
+        "orders",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"suspend": false, "scaleTargetRef": {"name": "no-such-consumer"}}})),
+    )
+    .await
+    .expect("point it at nothing");
+    eventually(
+        60,
+        "ScaleTargetUnavailable",
+        || op.logs(),
+        || async {
+            let qc = qcs.get("orders").await.ok()?;
+            let s = qc.status?;
+            let c = s.conditions.iter().find(|c| c.type_ == "ScalingActive")?;
+            (c.reason == "ScaleTargetUnavailable"
+                && c.message.contains("Deployment/no-such-consumer")
+                && c.message.contains("does not exist"))
+            .then_some(())
+        },
+    )
+    .await;
+
+    // Deleted: the alarm goes, the team's Deployment stays as it was last scaled.
+    qcs.delete("orders", &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually(
+        60,
+        "the QueueConsumer deleted",
+        || op.logs(),
+        || async { qcs.get_opt("orders").await.ok()?.is_none().then_some(()) },
+    )
+    .await;
+    assert!(!alarm_exists(&alarm).await, "the alarm {alarm} is deleted");
+    let after = deployments
+        .get("legacy-orders")
+        .await
+        .expect("the team's Deployment stays");
+    assert_eq!(after.spec.replicas, Some(0));
+    let refused = cluster.rbac_refusals(&release.user(), mark).await;
+    assert!(refused.is_empty(), "refused: {refused:?}");
+    drop(op);
+    cluster.delete_namespace(&team).await;
+    cluster.delete_namespace(&op_ns).await;
+}

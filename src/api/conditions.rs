@@ -19,6 +19,9 @@ pub const QUEUE_MANAGED: &str = "QueueManaged";
 /// FIFO queues whose workers report their message groups: False while a group's head fails again and
 /// again or has waited too long (every later message of the group waits behind it). Does not gate Ready.
 pub const FIFO_GROUPS_HEALTHY: &str = "FifoGroupsHealthy";
+/// Scale-only mode (`spec.scaleTargetRef`): present, True, only in that mode; its message lists what
+/// runs without the bundled worker and what does not.
+pub const SCALE_ONLY: &str = "ScaleOnly";
 
 pub mod reason {
     // FifoGroupsHealthy
@@ -52,6 +55,12 @@ pub mod reason {
     pub const QUEUE_WRITER_UNAVAILABLE: &str = "QueueWriterUnavailable";
     // Ready
     pub const AVAILABLE: &str = "Available";
+    /// Scale-only mode: `ScaleOnly`'s reason; Ready's, ProcessingTimeWithinDeclared's and
+    /// HandlerHealthy's when the target is found (no qc-worker reports on the pods).
+    pub const SCALE_ONLY: &str = "ScaleOnly";
+    /// Scale-only mode: the target does not exist, is not served, has no /scale, or the operator may
+    /// not read or write its /scale.
+    pub const SCALE_TARGET_UNAVAILABLE: &str = "ScaleTargetUnavailable";
     pub const DEPLOYMENT_UNAVAILABLE: &str = "DeploymentUnavailable";
     pub const QUEUE_UNREACHABLE: &str = "QueueUnreachable";
     pub const CONFIG_INVALID: &str = "ConfigInvalid";

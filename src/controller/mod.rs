@@ -26,6 +26,7 @@ pub mod series;
 pub mod slots;
 pub mod spread;
 pub mod status;
+pub mod target;
 pub mod triage;
 pub mod triggers;
 pub mod workers;
@@ -43,7 +44,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::json;
 
-use crate::api::{API_VERSION, KIND, QueueConsumer, QueueConsumerStatus};
+use crate::api::{API_VERSION, KIND, Mode, QueueConsumer, QueueConsumerStatus};
 use crate::aws::ObserveError;
 use crate::aws::endpoints::AllowedEndpoints;
 use crate::render::RenderOptions;
@@ -364,14 +365,33 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
             .await;
     }
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
+    // Scale-only mode reads the target's /scale, and neither a Deployment of ours nor worker pods.
+    let mut scale_target = match qc.spec.mode() {
+        Mode::ScaleOnly(t) => Some(target::read(&ctx.client, &ns, t).await),
+        Mode::Worker => None,
+    };
     let live = deployments
         .get_opt(&name)
         .await
         .map_err(Error::ReadDeployment)?;
+    let live = match scale_target {
+        // Switched to scale-only mode: the bundled worker's Deployment this QueueConsumer controls would
+        // go on consuming beside the user's consumer, so it goes (its pods drain what they hold).
+        Some(_) => {
+            if let Some(d) = live.filter(|d| pipeline::controls(qc, d)) {
+                retire_worker_deployment(ctx, qc, &deployments, &d).await?;
+            }
+            None
+        }
+        None => live,
+    };
 
     // the worker pods: crash loops, and their /metrics once per poll interval; then the sample, with
     // the deletes their counters show
-    let (pods, mut workers) = pods::read_workers(qc, ctx, &ns, false).await;
+    let (pods, mut workers) = match scale_target {
+        Some(_) => (None, Workers::default()),
+        None => pods::read_workers(qc, ctx, &ns, false).await,
+    };
     if let Ok(o) = &observed {
         record_sample(qc, ctx, o);
     }
@@ -408,23 +428,31 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         pipeline::decide_replicas(
             qc,
             &decision.rollout,
-            deployment.as_ref(),
+            match &scale_target {
+                Some(t) => t.found().map(|t| t.asks),
+                None => deployment.as_ref().map(pipeline::current_replicas),
+            },
             applied == Some(Applied::Created),
             h,
             workers.downstream(),
             now,
         )
     });
-    let scaled = scale_deployment(
-        qc,
-        ctx,
-        &ns,
-        &replicas,
-        &mut deployment,
-        pods.as_deref(),
-        &mut workers,
-    )
-    .await?;
+    let scaled = match (qc.spec.mode(), scale_target.as_mut()) {
+        (Mode::ScaleOnly(t), Some(read)) => scale_target_write(ctx, &ns, t, &replicas, read).await,
+        _ => {
+            scale_deployment(
+                qc,
+                ctx,
+                &ns,
+                &replicas,
+                &mut deployment,
+                pods.as_deref(),
+                &mut workers,
+            )
+            .await?
+        }
+    };
 
     // maxRate: the running pods' shares, for the replicas before and after this decision
     if deployment.is_some() {
@@ -499,6 +527,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         report: &decision.report,
         rollout: &decision.rollout,
         deployment: deployment.as_ref(),
+        target: scale_target.as_ref(),
         applied,
         alarm: alarm_status.clone(),
         replicas: &replicas,
@@ -861,6 +890,73 @@ async fn scale_deployment(
     ctx.metrics.scale_writes.fetch_add(1, Ordering::Relaxed);
     *deployment = Some(written);
     Ok(Some(format!("scaled Deployment {name} {why}")))
+}
+
+/// Deletes the bundled worker's Deployment (scale-only mode replaced it), with an Event. Only the one
+/// this QueueConsumer controls: the caller checked the owner reference, and the delete is conditional on
+/// its uid, so a Deployment recreated meanwhile by someone else is left alone.
+async fn retire_worker_deployment(
+    ctx: &Context,
+    qc: &QueueConsumer,
+    deployments: &Api<Deployment>,
+    d: &Deployment,
+) -> Result<(), Error> {
+    let name = d.name_any();
+    let params = kube::api::DeleteParams {
+        preconditions: d.metadata.uid.clone().map(|uid| kube::api::Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..kube::api::DeleteParams::background()
+    };
+    match deployments.delete(&name, &params).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return Ok(()),
+        Err(e) => return Err(Error::ApplyDeployment(e)),
+    }
+    ctx.event(
+        qc,
+        false,
+        "DeploymentDeleted",
+        format!(
+            "deleted Deployment {name}, the bundled worker's: spec.scaleTargetRef (scale-only mode) replaces it; its pods drain what they hold"
+        ),
+    )
+    .await;
+    Ok(())
+}
+
+/// Scale-only mode: writes the target's replicas through `/scale` when the decision changes them. A
+/// refused write (the target deleted meanwhile, RBAC) becomes what `read` says, for ScalingActive, and
+/// never fails the reconcile: status, the alarm and redrive still run. The note of the Scaled Event.
+async fn scale_target_write(
+    ctx: &Context,
+    ns: &str,
+    t: &crate::api::ScaleTargetRef,
+    replicas: &ReplicaDecision,
+    read: &mut target::TargetRead,
+) -> Option<String> {
+    let n = replicas.write()?;
+    let why = match replicas {
+        ReplicaDecision::Scale { current, decision } => {
+            format!("from {current} to {n}: {decision}")
+        }
+        ReplicaDecision::Suspended { current } => format!(
+            "from {current} to {n}: spec.suspend is true (its pods stop as its own controller stops them)"
+        ),
+        ReplicaDecision::Keep => format!("to {n}"),
+    };
+    match target::scale(&ctx.client, ns, t, n).await {
+        Ok(written) => {
+            ctx.metrics.scale_writes.fetch_add(1, Ordering::Relaxed);
+            *read = target::TargetRead::Found(written);
+            Some(format!("scaled {} {why}", t.describe()))
+        }
+        Err(refused) => {
+            *read = refused;
+            None
+        }
+    }
 }
 
 /// Server-side apply of the status subresource, as the controller's field manager.

@@ -3,7 +3,7 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 
-use crate::api::QueueConsumer;
+use crate::api::{Mode, QueueConsumer};
 use crate::aws::cloudwatch::{AlarmSpec, dead_letter_alarm};
 use crate::aws::{DeadLetterFacts, Facts, ObserveError};
 use crate::render::{self, RenderError, RenderOptions};
@@ -39,6 +39,9 @@ impl<'a> Observation<'a> {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Rollout {
     Apply(Box<Deployment>),
+    /// Scale-only mode (`spec.scaleTargetRef`): nothing is rendered or applied; the scaler scales the
+    /// user's own workload through `/scale`.
+    ScaleOnly,
     /// The queue could not be read: the Deployment and its replicas stay as they are. The spec may
     /// not render either; `ConfigValid` says so all the same.
     HeldQueueUnreachable {
@@ -148,15 +151,15 @@ pub fn controls(qc: &QueueConsumer, live: &Deployment) -> bool {
         .any(|r| r.controller == Some(true) && Some(r.uid.as_str()) == uid)
 }
 
-/// Validate, render and decide. `live` is the Deployment of that name, if one exists.
-pub fn decide(
+/// The bundled worker's rollout: the rendered Deployment, or why it is held.
+fn worker_rollout(
     qc: &QueueConsumer,
     facts: Observation<'_>,
     live: Option<&Deployment>,
     opts: &RenderOptions,
-) -> Decision {
-    let report = validate::evaluate(&qc.spec, facts.facts());
-    let rollout = match render::deployment(qc, opts) {
+    report: &Report,
+) -> Rollout {
+    match render::deployment(qc, opts) {
         rendered if matches!(facts, Observation::Failed(_)) => Rollout::HeldQueueUnreachable {
             render: rendered.map(|_| ()),
         },
@@ -164,6 +167,36 @@ pub fn decide(
         Ok(_) if live.is_some_and(|d| !controls(qc, d)) => Rollout::HeldForeignDeployment,
         Ok(_) if qc.spec.validation.enforce && report.has_errors() => Rollout::HeldByValidation,
         Ok(d) => Rollout::Apply(Box::new(d)),
+    }
+}
+
+/// Scale-only mode's rollout: nothing to render; held for a spec that mixes the modes, an unreadable
+/// queue or an enforced Error finding, as the bundled worker's would be.
+fn scale_only_rollout(qc: &QueueConsumer, facts: Observation<'_>, report: &Report) -> Rollout {
+    match qc.spec.mode_conflict() {
+        Some((_, message, fix)) => {
+            Rollout::HeldInvalidSpec(RenderError::ModeConflict(format!("{message}: {fix}")))
+        }
+        None if matches!(facts, Observation::Failed(_)) => {
+            Rollout::HeldQueueUnreachable { render: Ok(()) }
+        }
+        None if qc.spec.validation.enforce && report.has_errors() => Rollout::HeldByValidation,
+        None => Rollout::ScaleOnly,
+    }
+}
+
+/// Validate, render and decide. `live` is the Deployment of that name, if one exists (the bundled
+/// worker's; scale-only mode never reads it).
+pub fn decide(
+    qc: &QueueConsumer,
+    facts: Observation<'_>,
+    live: Option<&Deployment>,
+    opts: &RenderOptions,
+) -> Decision {
+    let report = validate::evaluate(&qc.spec, facts.facts());
+    let rollout = match qc.spec.mode() {
+        Mode::ScaleOnly(_) => scale_only_rollout(qc, facts, &report),
+        Mode::Worker => worker_rollout(qc, facts, live, opts, &report),
     };
     let alarm = match facts {
         Observation::Failed(_) | Observation::Offline => AlarmPlan::Unchanged,
@@ -242,12 +275,15 @@ pub fn current_replicas(d: &Deployment) -> u32 {
 /// held (an unreadable queue or an enforced finding must not keep consumers running that the user
 /// stopped, e.g. during an incident); someone else's Deployment is still never touched.
 ///
+/// `asks` is what the workload asks for now: the worker Deployment's replicas (`current_replicas`), or
+/// in scale-only mode the target's `/scale`; None when there is none (yet).
+///
 /// `downstream` is the workers' breakers at their last scrape: while most are open the policy holds
 /// replicas (`scaling::decide_for`).
 pub fn decide_replicas(
     qc: &QueueConsumer,
     rollout: &Rollout,
-    deployment: Option<&Deployment>,
+    asks: Option<u32>,
     created: bool,
     history: &History,
     downstream: scaling::Downstream,
@@ -255,15 +291,12 @@ pub fn decide_replicas(
 ) -> ReplicaDecision {
     if qc.spec.suspend
         && !matches!(rollout, Rollout::HeldForeignDeployment)
-        && let Some(d) = deployment
+        && let Some(current) = asks
     {
-        return ReplicaDecision::Suspended {
-            current: current_replicas(d),
-        };
+        return ReplicaDecision::Suspended { current };
     }
-    match (rollout, deployment) {
-        (Rollout::Apply(_), Some(d)) => {
-            let current = current_replicas(d);
+    match (rollout, asks) {
+        (Rollout::Apply(_) | Rollout::ScaleOnly, Some(current)) => {
             let mut decision = scaling::decide_for(&qc.spec, history, current, downstream, now);
             // The short-history hold keeps replicas that may be busy after a controller restart. A
             // Deployment this reconcile created has no pod yet: when the queue is idle and minReplicas
@@ -384,7 +417,15 @@ mod tests {
             Rollout::HeldByValidation,
             Rollout::HeldForeignDeployment,
         ] {
-            let r = decide_replicas(&q, &held, Some(&d), false, &h, healthy(), now);
+            let r = decide_replicas(
+                &q,
+                &held,
+                Some(current_replicas(&d)),
+                false,
+                &h,
+                healthy(),
+                now,
+            );
             assert_eq!(r, ReplicaDecision::Keep, "{held:?}");
             assert_eq!(r.write(), None);
         }
@@ -393,18 +434,18 @@ mod tests {
             ReplicaDecision::Keep
         );
         // 900 visible at 300 per replica: 3, from 1.
-        let r = decide_replicas(&q, &apply(), Some(&d), false, &h, healthy(), now);
-        assert_eq!(r.write(), Some(3));
-        // Already at 3: nothing to write.
         let r = decide_replicas(
             &q,
             &apply(),
-            Some(&deployment(Some(3))),
+            Some(current_replicas(&d)),
             false,
             &h,
             healthy(),
             now,
         );
+        assert_eq!(r.write(), Some(3));
+        // Already at 3: nothing to write.
+        let r = decide_replicas(&q, &apply(), Some(3), false, &h, healthy(), now);
         assert!(matches!(r, ReplicaDecision::Scale { current: 3, .. }));
         assert_eq!(r.write(), None);
     }
@@ -421,27 +462,11 @@ mod tests {
             Rollout::HeldInvalidSpec(RenderError::NoHandler),
             Rollout::HeldByValidation,
         ] {
-            let r = decide_replicas(
-                &q,
-                &rollout,
-                Some(&deployment(Some(3))),
-                false,
-                &h,
-                healthy(),
-                now,
-            );
+            let r = decide_replicas(&q, &rollout, Some(3), false, &h, healthy(), now);
             assert_eq!(r, ReplicaDecision::Suspended { current: 3 }, "{rollout:?}");
             assert_eq!(r.write(), Some(0));
             // Already at zero: nothing to write.
-            let r = decide_replicas(
-                &q,
-                &rollout,
-                Some(&deployment(Some(0))),
-                false,
-                &h,
-                healthy(),
-                now,
-            );
+            let r = decide_replicas(&q, &rollout, Some(0), false, &h, healthy(), now);
             assert_eq!(r.write(), None);
         }
         // Someone else's Deployment is never touched, suspended or not; no Deployment, nothing to do.
@@ -449,7 +474,7 @@ mod tests {
         let r = decide_replicas(
             &q,
             &Rollout::HeldForeignDeployment,
-            Some(&d),
+            Some(current_replicas(&d)),
             false,
             &h,
             healthy(),
@@ -470,10 +495,26 @@ mod tests {
         // The API server defaulted the new Deployment to 1 replica.
         let d = deployment(None);
         let idle = one_sample(0, 0);
-        let r = decide_replicas(&q, &apply(), Some(&d), true, &idle, healthy(), now);
+        let r = decide_replicas(
+            &q,
+            &apply(),
+            Some(current_replicas(&d)),
+            true,
+            &idle,
+            healthy(),
+            now,
+        );
         assert_eq!(r.write(), Some(0), "{r:?}");
         // The same Deployment found (not created) after a restart: held for the window.
-        let r = decide_replicas(&q, &apply(), Some(&d), false, &idle, healthy(), now);
+        let r = decide_replicas(
+            &q,
+            &apply(),
+            Some(current_replicas(&d)),
+            false,
+            &idle,
+            healthy(),
+            now,
+        );
         assert_eq!(r.write(), None, "{r:?}");
         assert!(matches!(
             &r,
@@ -482,18 +523,34 @@ mod tests {
         ));
         // Work in flight or waiting: the new replica stays.
         for h in [one_sample(0, 3), one_sample(2, 0)] {
-            let r = decide_replicas(&q, &apply(), Some(&d), true, &h, healthy(), now);
+            let r = decide_replicas(
+                &q,
+                &apply(),
+                Some(current_replicas(&d)),
+                true,
+                &h,
+                healthy(),
+                now,
+            );
             assert_ne!(r.write(), Some(0), "{r:?}");
         }
         // minReplicas 2: up to 2 as before, created or not.
         q.spec.scaling.min_replicas = 2;
-        let r = decide_replicas(&q, &apply(), Some(&d), true, &idle, healthy(), now);
+        let r = decide_replicas(
+            &q,
+            &apply(),
+            Some(current_replicas(&d)),
+            true,
+            &idle,
+            healthy(),
+            now,
+        );
         assert_eq!(r.write(), Some(2));
         // No usable sample: nothing written.
         let stale = decide_replicas(
             &q,
             &apply(),
-            Some(&d),
+            Some(current_replicas(&d)),
             true,
             &idle,
             healthy(),
@@ -514,11 +571,27 @@ mod tests {
         // 900 visible ask for 3; 0 visible ask for fewer than 2 (after the window).
         let busy = one_sample(900, 0);
         let d = deployment(Some(2));
-        let r = decide_replicas(&q, &apply(), Some(&d), false, &busy, healthy(), now);
+        let r = decide_replicas(
+            &q,
+            &apply(),
+            Some(current_replicas(&d)),
+            false,
+            &busy,
+            healthy(),
+            now,
+        );
         assert_eq!(r.write(), Some(3), "healthy: scales out");
         // 2 of 3 open: held at 2, the queue's 3 only reported.
         for failing in [open(2, 3), open(1, 1), open(2, 2)] {
-            let r = decide_replicas(&q, &apply(), Some(&d), false, &busy, failing, now);
+            let r = decide_replicas(
+                &q,
+                &apply(),
+                Some(current_replicas(&d)),
+                false,
+                &busy,
+                failing,
+                now,
+            );
             assert_eq!(r.write(), None, "{failing:?}: {r:?}");
             let ReplicaDecision::Scale { decision, .. } = &r else {
                 panic!("{r:?}")
@@ -533,7 +606,15 @@ mod tests {
         }
         // Half, or fewer, open: the queue decides.
         for not_most in [open(1, 2), open(1, 3), open(0, 0)] {
-            let r = decide_replicas(&q, &apply(), Some(&d), false, &busy, not_most, now);
+            let r = decide_replicas(
+                &q,
+                &apply(),
+                Some(current_replicas(&d)),
+                false,
+                &busy,
+                not_most,
+                now,
+            );
             assert_eq!(r.write(), Some(3), "{not_most:?}");
         }
         // No scale-in either: an idle queue (the paused workers hold their messages) keeps 2.
@@ -550,12 +631,28 @@ mod tests {
             .unwrap();
         }
         let later = Timestamp::from_secs(101);
-        let r = decide_replicas(&q, &apply(), Some(&d), false, &idle, healthy(), later);
+        let r = decide_replicas(
+            &q,
+            &apply(),
+            Some(current_replicas(&d)),
+            false,
+            &idle,
+            healthy(),
+            later,
+        );
         assert!(
             r.write().is_some_and(|n| n < 2),
             "healthy: scales in: {r:?}"
         );
-        let r = decide_replicas(&q, &apply(), Some(&d), false, &idle, open(2, 2), later);
+        let r = decide_replicas(
+            &q,
+            &apply(),
+            Some(current_replicas(&d)),
+            false,
+            &idle,
+            open(2, 2),
+            later,
+        );
         assert_eq!(r.write(), None, "{r:?}");
         // Suspend still wins.
         let mut suspended = q.clone();
@@ -563,7 +660,7 @@ mod tests {
         let r = decide_replicas(
             &suspended,
             &apply(),
-            Some(&d),
+            Some(current_replicas(&d)),
             false,
             &busy,
             open(2, 2),
@@ -573,7 +670,15 @@ mod tests {
         // maxReplicas lowered during the incident is honoured.
         let mut lowered = q.clone();
         lowered.spec.scaling.max_replicas = 1;
-        let r = decide_replicas(&lowered, &apply(), Some(&d), false, &busy, open(2, 2), now);
+        let r = decide_replicas(
+            &lowered,
+            &apply(),
+            Some(current_replicas(&d)),
+            false,
+            &busy,
+            open(2, 2),
+            now,
+        );
         assert_eq!(r.write(), Some(1));
     }
 
@@ -583,5 +688,75 @@ mod tests {
         assert_eq!(current_replicas(&deployment(Some(0))), 0);
         assert_eq!(current_replicas(&deployment(Some(-2))), 0);
         assert_eq!(current_replicas(&deployment(Some(7))), 7);
+    }
+    fn scale_only(q: &QueueConsumer) -> QueueConsumer {
+        let mut q = q.clone();
+        q.spec.handler = crate::api::HandlerSpec::default();
+        q.spec.template = k8s_openapi::api::core::v1::PodTemplateSpec::default();
+        q.spec.scale_target_ref = Some(crate::api::ScaleTargetRef {
+            api_version: "apps/v1".into(),
+            kind: "Deployment".into(),
+            name: "legacy-orders".into(),
+        });
+        q
+    }
+
+    #[test]
+    fn scale_only_renders_nothing_and_scales_the_target() {
+        let opts = RenderOptions::default();
+        let q = scale_only(&qc());
+        let d = decide(&q, Observation::Offline, None, &opts);
+        assert_eq!(d.rollout, Rollout::ScaleOnly);
+        assert_eq!(d.rollout.deployment(), None);
+        assert_eq!(d.rollout.render_error(), None);
+        // A Deployment named like the QueueConsumer is never looked at in this mode.
+        let theirs = deployment(Some(2));
+        assert_eq!(
+            decide(&q, Observation::Offline, Some(&theirs), &opts).rollout,
+            Rollout::ScaleOnly
+        );
+        // Mixed with the bundled worker's fields: held, naming them.
+        let mut mixed = q.clone();
+        mixed.spec.handler = qc().spec.handler;
+        let d = decide(&mixed, Observation::Offline, None, &opts);
+        let Some(RenderError::ModeConflict(m)) = d.rollout.render_error() else {
+            panic!("{:?}", d.rollout)
+        };
+        assert!(
+            m.contains("excludes handler") && m.contains("Deployment/legacy-orders"),
+            "{m}"
+        );
+        // The queue unreadable: held like the worker's rollout.
+        let err = ObserveError::ReadQueueAttributes {
+            url: q.spec.queue.url.clone(),
+            source: crate::aws::SqsError::QueueDoesNotExist {
+                target: q.spec.queue.url.clone(),
+            },
+        };
+        assert_eq!(
+            decide(&q, Observation::Failed(&err), None, &opts).rollout,
+            Rollout::HeldQueueUnreachable { render: Ok(()) }
+        );
+        // The policy runs on what the target asks for; suspend zeroes it; no target, nothing.
+        let h = one_sample(900, 0);
+        let now = Timestamp::from_secs(11);
+        let r = decide_replicas(&q, &Rollout::ScaleOnly, Some(1), false, &h, healthy(), now);
+        assert_eq!(r.write(), Some(3));
+        assert_eq!(
+            decide_replicas(&q, &Rollout::ScaleOnly, None, false, &h, healthy(), now),
+            ReplicaDecision::Keep
+        );
+        let mut suspended = q.clone();
+        suspended.spec.suspend = true;
+        let r = decide_replicas(
+            &suspended,
+            &Rollout::ScaleOnly,
+            Some(3),
+            false,
+            &h,
+            healthy(),
+            now,
+        );
+        assert_eq!(r, ReplicaDecision::Suspended { current: 3 });
     }
 }

@@ -61,6 +61,7 @@ pub fn plan(
         report: &decision.report,
         rollout: &decision.rollout,
         deployment: deployment.as_ref(),
+        target: None,
         alarm,
         applied: None,
         // plan has no sample history: it shows the Deployment, not a scaling decision.
@@ -89,6 +90,9 @@ fn why_held(rollout: &Rollout) -> String {
     match rollout {
         Rollout::HeldByValidation => "held: an Error finding and validation.enforce is true",
         Rollout::HeldForeignDeployment => "held: a Deployment of this name belongs to someone else",
+        Rollout::ScaleOnly => {
+            "scale-only mode: no Deployment is rendered; the controller scales spec.scaleTargetRef through /scale"
+        }
         _ => "held: the queue could not be read, so nothing would change",
     }
     .to_string()

@@ -14,7 +14,9 @@ use crate::validate::Report;
 
 use super::apply::Applied;
 use super::pipeline::{Observation, ReplicaDecision, Rollout};
+use super::target::TargetRead;
 use super::workers::{MIN_MESSAGES, Stats, TOLERANCE};
+use crate::api::Mode;
 
 /// Offline (`plan` without `--live`), the DLQ is not read: its health is unknown for that reason.
 pub const DEAD_LETTER_QUEUE_NOT_READ: &str = "DeadLetterQueueNotRead";
@@ -61,8 +63,11 @@ pub struct StatusInputs<'a> {
     pub facts: Observation<'a>,
     pub report: &'a Report,
     pub rollout: &'a Rollout,
-    /// The live Deployment after apply (None when it does not exist).
+    /// The live Deployment after apply (None when it does not exist, and in scale-only mode).
     pub deployment: Option<&'a Deployment>,
+    /// Scale-only mode: the target's `/scale` as read (and written) in this reconcile; None in the
+    /// bundled worker's mode and when it was not read (`plan`).
+    pub target: Option<&'a TargetRead>,
     /// What this reconcile's apply wrote (None: nothing). A new pod template starts a rollout, which
     /// the Deployment's status cannot show yet.
     pub applied: Option<Applied>,
@@ -157,6 +162,14 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
         observed_generation: generation,
         last_transition_time: i.now.clone(),
     }));
+    fresh.extend(scale_only(i).map(|c| Condition {
+        type_: c.type_.to_string(),
+        status: c.status.as_str().to_string(),
+        reason: c.reason.to_string(),
+        message: c.message,
+        observed_generation: generation,
+        last_transition_time: i.now.clone(),
+    }));
     fresh.extend(alarm_synced(i, &old.conditions));
     let conditions = merge_conditions(&old.conditions, fresh);
 
@@ -203,23 +216,57 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
             Some(w) => observed_block(w),
             None => old.observed.clone(),
         },
-        replicas: i
-            .deployment
-            .and_then(|d| d.status.as_ref())
-            .and_then(|s| s.replicas)
-            .or(i.deployment.map(|_| 0)),
+        replicas: match i.target.and_then(TargetRead::found) {
+            Some(t) => Some(t.replicas),
+            None => i
+                .deployment
+                .and_then(|d| d.status.as_ref())
+                .and_then(|s| s.replicas)
+                .or(i.deployment.map(|_| 0)),
+        },
         // The scaler's decision; while replicas are held, what the Deployment asks for.
         desired_replicas: match i.replicas {
             ReplicaDecision::Scale { decision, .. } => {
                 Some(i32::try_from(decision.replicas).unwrap_or(i32::MAX))
             }
             ReplicaDecision::Suspended { .. } => Some(0),
-            ReplicaDecision::Keep => i.deployment.and_then(|d| d.spec.replicas),
+            ReplicaDecision::Keep => asked_replicas(i),
         },
-        selector: Some(render::selector_string(&name)),
+        selector: match i.qc.spec.mode() {
+            Mode::Worker => Some(render::selector_string(&name)),
+            Mode::ScaleOnly(_) => i
+                .target
+                .and_then(TargetRead::found)
+                .and_then(|t| t.selector.clone())
+                .or(old.selector),
+        },
         last_scale_time: i.scaled_at.clone().or(old.last_scale_time),
         managed: old.managed,
     }
+}
+
+/// What the workload asks for: the worker Deployment's `spec.replicas`, or the scale target's.
+fn asked_replicas(i: &StatusInputs<'_>) -> Option<i32> {
+    match i.target.and_then(TargetRead::found) {
+        Some(t) => Some(i32::try_from(t.asks).unwrap_or(i32::MAX)),
+        None => i.deployment.and_then(|d| d.spec.replicas),
+    }
+}
+
+/// Scale-only mode's own condition: what runs without the bundled worker, and what does not.
+fn scale_only(i: &StatusInputs<'_>) -> Option<Cond> {
+    let Mode::ScaleOnly(t) = i.qc.spec.mode() else {
+        return None;
+    };
+    Some(Cond::new(
+        conditions::SCALE_ONLY,
+        Status::True,
+        reason::SCALE_ONLY,
+        format!(
+            "scale-only mode: {} is scaled through /scale from SQS's visible and in-flight counts only (no worker metrics); the rules, the dead-letter queue conditions, the alarm, redrive, suspend and manage run as usual; without the bundled qc-worker there are no heartbeats (the rules assume none), no outage breaker, no drain or idle-pod choice on scale-in, and no observed P99",
+            t.describe()
+        ),
+    ))
 }
 
 /// The status of a condition, as the Kubernetes API conventions spell it.
@@ -510,11 +557,16 @@ fn dead_letter_healthy(i: &StatusInputs<'_>) -> Cond {
 
 fn scaling_active(i: &StatusInputs<'_>) -> Cond {
     let t = conditions::SCALING_ACTIVE;
-    let replicas = i.deployment.and_then(|d| d.spec.replicas);
+    let replicas = asked_replicas(i);
     let held = |what: &str| match replicas {
         Some(r) => format!("{what}: replicas held at {r}"),
         None => format!("{what}: no Deployment yet"),
     };
+    if let (Mode::ScaleOnly(target), Some(read)) = (i.qc.spec.mode(), i.target)
+        && let Some(why) = read.problem(target, i.qc.metadata.namespace.as_deref().unwrap_or(""))
+    {
+        return Cond::new(t, Status::False, reason::SCALE_TARGET_UNAVAILABLE, why);
+    }
     if let ReplicaDecision::Suspended { current } = i.replicas {
         let message = if *current == 0 {
             "spec.suspend is true: 0 replicas, the scaler is paused; set it to false to resume"
@@ -551,7 +603,7 @@ fn scaling_active(i: &StatusInputs<'_>) -> Cond {
             DEPLOYMENT_NOT_OWNED,
             "the Deployment of this name belongs to someone else: nothing is scaled".to_string(),
         ),
-        Rollout::Apply(_) => {
+        Rollout::Apply(_) | Rollout::ScaleOnly => {
             if let ReplicaDecision::Scale { decision, .. } = i.replicas {
                 let reason = decision.condition_reason();
                 let status = if reason == reason::METRICS_UNAVAILABLE
@@ -617,6 +669,39 @@ fn ready(i: &StatusInputs<'_>, queue: &Cond, config: &Cond, name: &str) -> Cond 
                 "Deployment {name} exists and is not controlled by this QueueConsumer: it is left alone; rename the QueueConsumer or delete that Deployment"
             ),
         );
+    }
+    if let Mode::ScaleOnly(target) = i.qc.spec.mode() {
+        let ns = i.qc.metadata.namespace.as_deref().unwrap_or("");
+        return match i.target {
+            None => Cond::new(
+                t,
+                Status::Unknown,
+                reason::SCALE_ONLY,
+                format!(
+                    "{} was not read (plan reads nothing from the cluster)",
+                    target.describe()
+                ),
+            ),
+            Some(read) => match read.found() {
+                None => Cond::new(
+                    t,
+                    Status::False,
+                    reason::SCALE_TARGET_UNAVAILABLE,
+                    read.problem(target, ns).unwrap_or_default(),
+                ),
+                Some(s) => Cond::new(
+                    t,
+                    Status::True,
+                    reason::SCALE_ONLY,
+                    format!(
+                        "{} asks for {} replica(s), {} running; scale-only mode: whether its pods are ready is for its own controller to report",
+                        target.describe(),
+                        s.asks,
+                        s.replicas
+                    ),
+                ),
+            },
+        };
     }
     if let Some(d) = i.deployment {
         let new_template = matches!(i.applied, Some(Applied::Updated { new_template: true }));
@@ -792,6 +877,17 @@ fn rollout_stalled(d: &Deployment, workers: Option<&Workers>) -> Option<String> 
 fn processing_time(i: &StatusInputs<'_>) -> Cond {
     let t = conditions::PROCESSING_TIME_WITHIN_DECLARED;
     let declared = i.qc.spec.processing.p99;
+    if let Mode::ScaleOnly(target) = i.qc.spec.mode() {
+        return Cond::new(
+            t,
+            Status::Unknown,
+            reason::SCALE_ONLY,
+            format!(
+                "scale-only mode: {}'s consumer reports no processing times; the rules use the declared p99 {declared}",
+                target.describe()
+            ),
+        );
+    }
     let Some(w) = i.workers else {
         return Cond::new(
             t,
@@ -918,6 +1014,17 @@ fn fifo_groups_healthy(i: &StatusInputs<'_>) -> Option<Cond> {
 /// gate Ready (the consumer is running as asked; its handler's dependency is not).
 fn handler_healthy(i: &StatusInputs<'_>) -> Cond {
     let t = conditions::HANDLER_HEALTHY;
+    if let Mode::ScaleOnly(target) = i.qc.spec.mode() {
+        return Cond::new(
+            t,
+            Status::Unknown,
+            reason::SCALE_ONLY,
+            format!(
+                "scale-only mode: {}'s consumer has no outage breaker of ours and reports no handler outcomes",
+                target.describe()
+            ),
+        );
+    }
     let Some(w) = i.workers else {
         return Cond::new(
             t,

@@ -87,8 +87,13 @@ pub fn default_worker_image() -> String {
 pub enum RenderError {
     #[error("metadata.name is missing: give the QueueConsumer a name")]
     MissingName,
-    #[error("spec.handler must set exactly one of http or exec")]
+    #[error(
+        "spec.handler must set exactly one of http or exec (or, for a consumer you already run, set spec.scaleTargetRef instead of handler and template: scale-only mode)"
+    )]
     NoHandler,
+    /// Scale-only mode mixed with the bundled worker's fields (`QueueConsumerSpec::mode_conflict`).
+    #[error("{0}")]
+    ModeConflict(String),
     #[error(
         "spec.template.spec.containers is empty: add the container that {needs} (the worker is added by the controller)"
     )]
@@ -133,6 +138,7 @@ impl RenderError {
         match self {
             RenderError::MissingName => "MissingName",
             RenderError::NoHandler => "NoHandler",
+            RenderError::ModeConflict(_) => "ModeConflict",
             RenderError::NoUserContainer { .. } => "NoHandlerContainer",
             RenderError::ReservedContainerName { .. }
             | RenderError::ReservedVolumeName { .. }

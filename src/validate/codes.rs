@@ -32,6 +32,20 @@ pub const FILTER_ON_BACKLOG: &str = "FilterOnBacklog";
 pub const FIFO_PARALLELISM_ABOVE_GROUPS: &str = "FifoParallelismAboveGroups";
 pub const FIFO_RATE_ABOVE_LIMIT: &str = "FifoRateAboveLimit";
 
+/// Rules about the bundled worker's own settings: not run in scale-only mode (`spec.scaleTargetRef`),
+/// where those settings do nothing.
+pub const WORKER_ONLY_RULES: &[&str] = &[
+    POISON_DELETED,
+    UNWRAP_SNS_POISON_DELETED,
+    BREAKER_DISABLED,
+    OUTAGE_HOLD_BEYOND_RETENTION,
+    POD_NOT_RESTRICTED,
+    MAX_RATE_BELOW_BACKLOG,
+    S3_PAYLOAD_DELETE_WITH_SNS,
+    FILTER_PATTERN_INVALID,
+    FIFO_RATE_ABOVE_LIMIT,
+];
+
 /// Rules that need only the spec.
 pub const OFFLINE_RULES: &[&str] = &[
     PROCESSING_BEYOND_VISIBILITY_MAXIMUM,

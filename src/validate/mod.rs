@@ -4,7 +4,7 @@
 pub mod codes;
 pub mod limits;
 
-use crate::api::{Duration, Finding, HeartbeatInterval, QueueConsumerSpec, Severity};
+use crate::api::{Duration, Finding, HeartbeatInterval, Mode, QueueConsumerSpec, Severity};
 use crate::aws::{DeadLetterFacts, Facts, QueueFacts};
 
 /// SQS's hard maximum for a visibility timeout (and so for one lease of a message).
@@ -259,6 +259,23 @@ pub fn template_invalid(server_message: &str) -> Finding {
 
 /// Run every rule that the available facts allow.
 pub fn evaluate(spec: &QueueConsumerSpec, facts: Option<&Facts>) -> Report {
+    match spec.mode() {
+        Mode::Worker => evaluate_consumer(spec, facts),
+        Mode::ScaleOnly(_) => {
+            // The user's own consumer holds the messages: nothing extends their visibility unless it
+            // does so itself, so the rules assume no heartbeat; the bundled worker's own settings
+            // (poison handling, the breaker, maxRate, SNS unwrapping, S3 payloads) do not apply.
+            let mut consumer = spec.clone();
+            consumer.processing.heartbeat.enabled = false;
+            let mut r = evaluate_consumer(&consumer, facts);
+            r.findings
+                .retain(|f| !codes::WORKER_ONLY_RULES.contains(&f.code.as_str()));
+            r
+        }
+    }
+}
+
+fn evaluate_consumer(spec: &QueueConsumerSpec, facts: Option<&Facts>) -> Report {
     let mut report = Report::default();
     offline_rules(spec, &mut report.findings);
     fifo_rules(spec, &mut report.findings);

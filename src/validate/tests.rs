@@ -1002,3 +1002,74 @@ fn a_max_rate_above_the_fifo_limit_warns() {
         "standard queues have no such limit"
     );
 }
+
+/// Scale-only mode: the user's own consumer holds the messages. No heartbeat of ours extends their
+/// visibility, so the budget is the one without it (an Error, not the heartbeat's Warning), and the
+/// bundled worker's own settings raise nothing.
+#[test]
+fn scale_only_assumes_no_heartbeat_and_skips_the_workers_own_rules() {
+    let scale_only = |yaml: &str| -> QueueConsumerSpec {
+        let base = "queue: {url: https://sqs.us-east-1.amazonaws.com/1/q}\nscaleTargetRef: {name: legacy}\n";
+        serde_saphyr::from_str(&format!("{base}{yaml}")).expect("test spec parses")
+    };
+    let c = codes::VISIBILITY_TIMEOUT_BELOW_BUDGET;
+    let hb = "processing: {p99: 2s, heartbeat: {interval: 1s}}";
+    assert_eq!(
+        find(&spec(hb), Some(&facts(queue(6))), c)
+            .expect("fires")
+            .severity,
+        Severity::Warning
+    );
+    let so = scale_only(hb);
+    assert_eq!(so.mode_conflict(), None);
+    assert_eq!(
+        find(&so, Some(&facts(queue(6))), c)
+            .expect("fires")
+            .severity,
+        Severity::Error,
+        "scale-only: no heartbeat"
+    );
+    // The breaker off is the bundled worker's setting: BreakerDisabled fires only there.
+    let off = "processing: {p99: 2s, breaker: {enabled: false}}";
+    let dlq = facts(with_receive_count(60, 5));
+    assert!(find(&spec(off), Some(&dlq), codes::BREAKER_DISABLED).is_some());
+    assert!(find(&scale_only(off), Some(&dlq), codes::BREAKER_DISABLED).is_none());
+    // The queue's own rules still run: no redrive policy is found in both modes.
+    let mut no_dlq = queue(60);
+    no_dlq.redrive = None;
+    assert!(
+        find(
+            &scale_only("processing: {p99: 2s}"),
+            Some(&facts(no_dlq)),
+            codes::NO_REDRIVE_POLICY
+        )
+        .is_some()
+    );
+}
+
+#[test]
+fn the_modes_conflict_is_named_with_its_fields() {
+    let neither: QueueConsumerSpec = serde_saphyr::from_str(
+        "queue: {url: https://sqs.us-east-1.amazonaws.com/1/q}\nprocessing: {p99: 2s}\n",
+    )
+    .expect("parses");
+    let (field, message, fix) = neither.mode_conflict().expect("neither mode");
+    assert_eq!(field, "spec.handler");
+    assert!(
+        message.contains("neither handler nor scaleTargetRef"),
+        "{message}"
+    );
+    assert!(fix.contains("scaleTargetRef"), "{fix}");
+    let both: QueueConsumerSpec = serde_saphyr::from_str(
+        "queue: {url: https://sqs.us-east-1.amazonaws.com/1/q}\nprocessing: {p99: 2s}\nhandler: {http: {}}\nscaleTargetRef: {kind: StatefulSet, name: legacy}\nfilter: {patterns: ['{}']}\nidempotency: {store: memory}\n",
+    )
+    .expect("parses");
+    let (field, message, _) = both.mode_conflict().expect("both modes");
+    assert_eq!(field, "spec.scaleTargetRef");
+    assert!(
+        message.contains("StatefulSet/legacy")
+            && message.contains("handler, filter, idempotency.store"),
+        "{message}"
+    );
+    assert_eq!(spec("processing: {p99: 2s}").mode_conflict(), None);
+}

@@ -109,7 +109,17 @@ reads its redis URL Secret through the pod's env (valueFrom), so the controller 
   verbs: ["update"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Scale-only mode (spec.scaleTargetRef): the user's own Deployments and StatefulSets, read and scaled
+# through /scale only; never the objects themselves, never their pod templates.
+- apiGroups: ["apps"]
+  resources: ["deployments/scale", "statefulsets/scale"]
+  verbs: ["get", "patch"]
+{{- range .Values.rbac.scaleTargets }}
+- apiGroups: [{{ .apiGroup | quote }}]
+  resources: [{{- range $i, $r := .resources }}{{ if $i }}, {{ end }}{{ printf "%s/scale" $r | quote }}{{- end }}]
+  verbs: ["get", "patch"]
+{{- end }}
 # Worker pods: listed for their start-up (scaleDownStabilization: auto), to scrape their /metrics and see
 # crash loops; patched for pod-deletion-cost before a scale-down.
 - apiGroups: [""]

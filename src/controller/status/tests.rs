@@ -112,6 +112,7 @@ fn build_with(
             report,
             rollout: &rollout,
             deployment,
+            target: None,
             applied: None,
             alarm: AlarmStatus::default(),
             replicas: &ReplicaDecision::Keep,
@@ -391,6 +392,7 @@ fn scaling_active_and_desired_replicas_follow_the_decision() {
             report: &report,
             rollout: &apply(),
             deployment: Some(&d),
+            target: None,
             applied: None,
             alarm: AlarmStatus::default(),
             replicas,
@@ -442,6 +444,7 @@ fn scaling_active_and_desired_replicas_follow_the_decision() {
         report: &report,
         rollout: &apply(),
         deployment: Some(&d),
+        target: None,
         applied: None,
         alarm: AlarmStatus::default(),
         replicas: &rd,
@@ -540,6 +543,7 @@ fn running(q: &QueueConsumer, w: &Workers, now_secs: i64) -> QueueConsumerStatus
         report: &report,
         rollout: &apply(),
         deployment: Some(&d),
+        target: None,
         applied: None,
         alarm: AlarmStatus::default(),
         replicas: &ReplicaDecision::Keep,
@@ -740,6 +744,7 @@ fn counted(q: &QueueConsumer, visible: u64, dlq_visible: i64, secs: i64) -> Queu
         report: &Report::default(),
         rollout: &apply(),
         deployment: Some(&d),
+        target: None,
         applied: None,
         alarm: AlarmStatus::default(),
         replicas: &rd,
@@ -1134,6 +1139,7 @@ fn next_ready(q: &mut QueueConsumer, d: &Deployment, applied: Option<Applied>) -
         report: &Report::default(),
         rollout: &apply(),
         deployment: Some(d),
+        target: None,
         applied,
         alarm: AlarmStatus::default(),
         replicas: &ReplicaDecision::Keep,
@@ -1283,4 +1289,131 @@ fn a_stalled_rollout_is_not_ready_with_the_deployments_message() {
     d.metadata.generation = Some(7);
     let r = next_ready(&mut q, &d, NEW_TEMPLATE);
     assert_eq!(r.reason, "RollingOut");
+}
+
+/// Scale-only mode: the same QueueConsumer with `scaleTargetRef` in place of handler and template.
+fn scale_only_qc() -> QueueConsumer {
+    let mut q = qc(false);
+    q.spec.handler = crate::api::HandlerSpec::default();
+    q.spec.template = k8s_openapi::api::core::v1::PodTemplateSpec::default();
+    q.spec.scale_target_ref = Some(crate::api::ScaleTargetRef {
+        api_version: "apps/v1".into(),
+        kind: "Deployment".into(),
+        name: "legacy-orders".into(),
+    });
+    assert_eq!(q.spec.mode_conflict(), None);
+    q
+}
+
+fn build_scale_only(
+    q: &QueueConsumer,
+    target: Option<&TargetRead>,
+    replicas: &ReplicaDecision,
+) -> Built {
+    let f = facts(dlq(0, None));
+    Built {
+        status: build(&StatusInputs {
+            qc: q,
+            facts: Observation::Read(&f),
+            report: &Report::default(),
+            rollout: &Rollout::ScaleOnly,
+            deployment: None,
+            target,
+            applied: None,
+            alarm: AlarmStatus::default(),
+            replicas,
+            scaled_at: None,
+            sampled_at: Some(at(100)),
+            redrive: None,
+            redrive_after_recovery: None,
+            workers: Some(&Workers::default()),
+            now: at(100),
+        }),
+    }
+}
+
+#[test]
+fn scale_only_says_so_and_reports_the_target() {
+    use crate::controller::target::TargetScale;
+    let q = scale_only_qc();
+    let found = TargetRead::Found(TargetScale {
+        asks: 3,
+        replicas: 2,
+        selector: Some("app=legacy-orders".into()),
+    });
+    let (decision, _) = scale_decision(&q, &[(900, 0)], 3);
+    let b = build_scale_only(&q, Some(&found), &decision);
+    let so = b.cond(conditions::SCALE_ONLY);
+    assert_eq!(
+        (so.status.as_str(), so.reason.as_str()),
+        ("True", "ScaleOnly")
+    );
+    for off in [
+        "Deployment/legacy-orders",
+        "no heartbeats",
+        "no outage breaker",
+        "no observed P99",
+        "SQS's visible and in-flight counts only",
+    ] {
+        assert!(so.message.contains(off), "{off}: {}", so.message);
+    }
+    let ready = b.cond(conditions::READY);
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("True", "ScaleOnly"),
+        "{ready:?}"
+    );
+    assert!(
+        ready.message.contains("asks for 3 replica(s), 2 running"),
+        "{}",
+        ready.message
+    );
+    for t in [
+        conditions::HANDLER_HEALTHY,
+        conditions::PROCESSING_TIME_WITHIN_DECLARED,
+    ] {
+        let c = b.cond(t);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("Unknown", "ScaleOnly"),
+            "{c:?}"
+        );
+    }
+    // The scaler's decision drives ScalingActive as for the bundled worker.
+    assert_eq!(b.cond(conditions::SCALING_ACTIVE).status, "True");
+    assert_eq!(b.status.replicas, Some(2));
+    assert_eq!(b.status.selector.as_deref(), Some("app=legacy-orders"));
+    assert!(b.status.desired_replicas.is_some());
+
+    // Held: what the target asks for, not a Deployment of ours.
+    let b = build_scale_only(&q, Some(&found), &ReplicaDecision::Keep);
+    assert_eq!(b.status.desired_replicas, Some(3));
+
+    // A missing target: Ready and ScalingActive say which and what to do; the selector stays.
+    let b = build_scale_only(&q, Some(&TargetRead::NotFound), &ReplicaDecision::Keep);
+    for t in [conditions::READY, conditions::SCALING_ACTIVE] {
+        let c = b.cond(t);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "ScaleTargetUnavailable"),
+            "{c:?}"
+        );
+        assert!(
+            c.message
+                .contains("Deployment/legacy-orders (apps/v1) does not exist in namespace shop"),
+            "{}",
+            c.message
+        );
+    }
+    assert_eq!(b.status.replicas, None);
+
+    // The bundled worker's mode has no ScaleOnly condition.
+    let worker = build_read(&qc(false), &facts(dlq(0, None)), None, at(100));
+    assert!(
+        worker
+            .status
+            .conditions
+            .iter()
+            .all(|c| c.type_ != conditions::SCALE_ONLY)
+    );
 }

@@ -1,0 +1,277 @@
+//! Scale-only mode (`spec.scaleTargetRef`): the user's own workload, read and scaled through its
+//! `/scale` subresource only. Its pod template, labels and everything else stay the user's: the
+//! controller never reads the object itself, never applies it and never owns it.
+
+use k8s_openapi::api::autoscaling::v1::Scale;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::json;
+
+use crate::api::ScaleTargetRef;
+
+use super::apply::SCALER_FIELD_MANAGER;
+
+/// What the target's `/scale` said.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetScale {
+    /// What the target asks for (`spec.replicas`; 0 when unset, as `/scale` reports it).
+    pub asks: u32,
+    /// The replicas its controller counts (`status.replicas`).
+    pub replicas: i32,
+    /// Its pods' label selector, as `/scale` reports it.
+    pub selector: Option<String>,
+}
+
+impl TargetScale {
+    pub fn from_scale(s: &Scale) -> TargetScale {
+        TargetScale {
+            asks: s
+                .spec
+                .as_ref()
+                .and_then(|s| s.replicas)
+                .and_then(|r| u32::try_from(r).ok())
+                .unwrap_or(0),
+            replicas: s.status.as_ref().map_or(0, |s| s.replicas),
+            selector: s.status.as_ref().and_then(|s| s.selector.clone()),
+        }
+    }
+}
+
+/// The target as this reconcile found it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TargetRead {
+    Found(TargetScale),
+    /// No object of that kind and name in the namespace (404).
+    NotFound,
+    /// The API server does not serve that apiVersion and kind, or it has no `/scale` subresource.
+    NotScalable(String),
+    /// Anything else (403 without the chart's RBAC for that kind, a timeout): the message.
+    Failed(String),
+}
+
+impl TargetRead {
+    pub fn found(&self) -> Option<&TargetScale> {
+        match self {
+            TargetRead::Found(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Why the target cannot be scaled, for `ScalingActive` (None when it was found).
+    pub fn problem(&self, t: &ScaleTargetRef, namespace: &str) -> Option<String> {
+        match self {
+            TargetRead::Found(_) => None,
+            TargetRead::NotFound => Some(format!(
+                "spec.scaleTargetRef {} ({}) does not exist in namespace {namespace}: create it, or fix scaleTargetRef's apiVersion, kind or name; nothing is scaled until then",
+                t.describe(),
+                t.api_version
+            )),
+            TargetRead::NotScalable(why) | TargetRead::Failed(why) => Some(format!(
+                "spec.scaleTargetRef {} ({}) cannot be scaled: {why}",
+                t.describe(),
+                t.api_version
+            )),
+        }
+    }
+}
+
+/// `apps/v1` → ("apps", "v1"); `v1` → ("", "v1").
+pub fn group_version(api_version: &str) -> (&str, &str) {
+    api_version.rsplit_once('/').unwrap_or(("", api_version))
+}
+
+/// The kinds whose resource name is known without asking the API server (the built-in workloads with
+/// `/scale`); any other kind is looked up by discovery.
+pub fn known_resource(t: &ScaleTargetRef) -> Option<ApiResource> {
+    let (group, version) = group_version(&t.api_version);
+    let plural = match (group, t.kind.as_str()) {
+        ("apps", "Deployment") => "deployments",
+        ("apps", "StatefulSet") => "statefulsets",
+        ("apps", "ReplicaSet") => "replicasets",
+        _ => return None,
+    };
+    Some(ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(group, version, &t.kind),
+        plural,
+    ))
+}
+
+/// The merge patch of `/scale` that asks for `replicas`.
+pub fn replicas_patch(replicas: u32) -> serde_json::Value {
+    json!({"spec": {"replicas": replicas}})
+}
+
+async fn api(
+    client: &kube::Client,
+    ns: &str,
+    t: &ScaleTargetRef,
+) -> Result<Api<DynamicObject>, TargetRead> {
+    let resource = match known_resource(t) {
+        Some(r) => r,
+        None => {
+            let (group, version) = group_version(&t.api_version);
+            let gvk = GroupVersionKind::gvk(group, version, &t.kind);
+            match kube::discovery::pinned_kind(client, &gvk).await {
+                Ok((resource, caps)) => {
+                    if !caps.subresources.iter().any(|(r, _)| r.plural == "scale") {
+                        return Err(TargetRead::NotScalable(format!(
+                            "{} {} has no /scale subresource",
+                            t.api_version, t.kind
+                        )));
+                    }
+                    resource
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {
+                    return Err(TargetRead::NotScalable(format!(
+                        "the API server does not serve {} {} (is its CRD installed?)",
+                        t.api_version, t.kind
+                    )));
+                }
+                Err(kube::Error::Discovery(e)) => {
+                    return Err(TargetRead::NotScalable(format!(
+                        "the API server does not serve {} {}: {e}",
+                        t.api_version, t.kind
+                    )));
+                }
+                Err(e) => return Err(TargetRead::Failed(format!("discovery: {e}"))),
+            }
+        }
+    };
+    Ok(Api::namespaced_with(client.clone(), ns, &resource))
+}
+
+fn failed(e: kube::Error, verb: &str, t: &ScaleTargetRef) -> TargetRead {
+    match e {
+        kube::Error::Api(s) if s.code == 404 => TargetRead::NotFound,
+        kube::Error::Api(s) if s.code == 403 => TargetRead::Failed(format!(
+            "the operator may not {verb} its /scale ({}): grant it in the chart's rbac.scaleTargets, e.g. {{apiGroup: {}, resources: [{}]}}",
+            s.message,
+            group_version(&t.api_version).0,
+            t.kind.to_lowercase() + "s"
+        )),
+        e => TargetRead::Failed(format!("{verb} /scale: {e}")),
+    }
+}
+
+/// Reads the target's `/scale`.
+pub async fn read(client: &kube::Client, ns: &str, t: &ScaleTargetRef) -> TargetRead {
+    let api = match api(client, ns, t).await {
+        Ok(a) => a,
+        Err(r) => return r,
+    };
+    match api.get_scale(&t.name).await {
+        Ok(s) => TargetRead::Found(TargetScale::from_scale(&s)),
+        Err(e) => failed(e, "get", t),
+    }
+}
+
+/// Writes `spec.replicas` through `/scale` as the scaler's field manager: a merge patch, which every
+/// `/scale` serves (server-side apply of `/scale` is not served for every kind).
+pub async fn scale(
+    client: &kube::Client,
+    ns: &str,
+    t: &ScaleTargetRef,
+    replicas: u32,
+) -> Result<TargetScale, TargetRead> {
+    let api = api(client, ns, t).await?;
+    let params = PatchParams {
+        field_manager: Some(SCALER_FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    };
+    api.patch_scale(&t.name, &params, &Patch::Merge(replicas_patch(replicas)))
+        .await
+        .map(|s| TargetScale::from_scale(&s))
+        .map_err(|e| failed(e, "patch", t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(api_version: &str, kind: &str) -> ScaleTargetRef {
+        ScaleTargetRef {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            name: "orders".into(),
+        }
+    }
+
+    #[test]
+    fn the_built_in_workloads_need_no_discovery() {
+        let d = known_resource(&target("apps/v1", "Deployment")).unwrap();
+        assert_eq!((d.group.as_str(), d.version.as_str()), ("apps", "v1"));
+        assert_eq!(d.plural, "deployments");
+        assert_eq!(
+            known_resource(&target("apps/v1", "StatefulSet"))
+                .unwrap()
+                .plural,
+            "statefulsets"
+        );
+        assert_eq!(
+            known_resource(&target("argoproj.io/v1alpha1", "Rollout")),
+            None
+        );
+        assert_eq!(known_resource(&target("v1", "ReplicationController")), None);
+        assert_eq!(group_version("v1"), ("", "v1"));
+        assert_eq!(
+            group_version("argoproj.io/v1alpha1"),
+            ("argoproj.io", "v1alpha1")
+        );
+    }
+
+    #[test]
+    fn scale_reads_what_the_target_asks_for_and_runs() {
+        let s: Scale = serde_json::from_value(json!({
+            "metadata": {"name": "orders"},
+            "spec": {"replicas": 3},
+            "status": {"replicas": 2, "selector": "app=orders"}
+        }))
+        .unwrap();
+        assert_eq!(
+            TargetScale::from_scale(&s),
+            TargetScale {
+                asks: 3,
+                replicas: 2,
+                selector: Some("app=orders".into())
+            }
+        );
+        let empty: Scale = serde_json::from_value(json!({"metadata": {}})).unwrap();
+        assert_eq!(TargetScale::from_scale(&empty).asks, 0);
+        assert_eq!(replicas_patch(4), json!({"spec": {"replicas": 4}}));
+    }
+
+    #[test]
+    fn problems_name_the_target_and_the_fix() {
+        let t = target("apps/v1", "Deployment");
+        assert_eq!(
+            TargetRead::Found(TargetScale {
+                asks: 1,
+                replicas: 1,
+                selector: None
+            })
+            .problem(&t, "shop"),
+            None
+        );
+        let missing = TargetRead::NotFound.problem(&t, "shop").unwrap();
+        assert!(
+            missing.contains("Deployment/orders (apps/v1) does not exist in namespace shop"),
+            "{missing}"
+        );
+        let denied = failed(
+            kube::Error::Api(Box::new(
+                kube::core::Status::failure("forbidden", "Forbidden").with_code(403),
+            )),
+            "get",
+            &target("argoproj.io/v1alpha1", "Rollout"),
+        );
+        let TargetRead::Failed(why) = &denied else {
+            panic!("{denied:?}")
+        };
+        assert!(
+            why.contains("rbac.scaleTargets")
+                && why.contains("argoproj.io")
+                && why.contains("rollouts"),
+            "{why}"
+        );
+    }
+}
