@@ -639,6 +639,20 @@ async fn the_server_refuses_alarm_actions_cloudwatch_would_not_take() {
 /// field, and by `check`.
 const SPEC_RULES: &[(&str, &str, &str, &str, &str)] = &[
     (
+        "handler or scaleTargetRef required",
+        "/spec/handler",
+        "null",
+        "spec",
+        "neither handler nor scaleTargetRef",
+    ),
+    (
+        "scaleTargetRef excludes handler and template",
+        "/spec/scaleTargetRef",
+        r#"{"name": "legacy-orders"}"#,
+        "spec",
+        "excludes handler, template, filter and idempotency.store",
+    ),
+    (
         "queue.url required",
         "/spec/queue/url",
         r#""""#,

@@ -168,8 +168,13 @@ fn expected_controller_grants() -> BTreeSet<(String, String, String)> {
         (
             "apps",
             "deployments",
-            &["get", "list", "watch", "create", "patch"],
+            // delete: the bundled worker's own Deployment, when its QueueConsumer switches to
+            // scale-only mode
+            &["get", "list", "watch", "create", "patch", "delete"],
         ),
+        // scale-only mode: the user's workloads, through /scale only
+        ("apps", "deployments/scale", &["get", "patch"]),
+        ("apps", "statefulsets/scale", &["get", "patch"]),
         // the worker pods: start-up (scaleDownStabilization: auto), /metrics, crash loops; deletion cost
         ("", "pods", &["list", "patch"]),
         ("", "events", &["create", "patch"]),
@@ -242,6 +247,34 @@ fn chart_default_rbac_is_the_documented_least_privilege() {
         grants(&kustomize_role["rules"]),
         expected_controller_grants()
     );
+}
+
+#[test]
+fn chart_scale_targets_grant_only_their_scale_subresource() {
+    let Some(docs) = render(&[
+        "--set-json",
+        r#"rbac.scaleTargets=[{"apiGroup":"argoproj.io","resources":["rollouts"]}]"#,
+    ]) else {
+        return;
+    };
+    let docs = docs.unwrap();
+    let role = find(&docs, "ClusterRole", "qc-queue-consumer-operator");
+    let mut expected = expected_controller_grants();
+    for verb in ["get", "patch"] {
+        expected.insert((
+            "argoproj.io".to_string(),
+            "rollouts/scale".to_string(),
+            verb.to_string(),
+        ));
+    }
+    assert_eq!(grants(&role["rules"]), expected);
+    // A resource that is no DNS label is refused by the chart's schema.
+    let bad = render(&[
+        "--set-json",
+        r#"rbac.scaleTargets=[{"apiGroup":"argoproj.io","resources":["Rollouts/scale"]}]"#,
+    ])
+    .unwrap();
+    assert!(bad.is_err(), "{bad:?}");
 }
 
 #[test]

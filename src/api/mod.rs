@@ -1381,7 +1381,7 @@ pub struct QueueConsumerStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive,
-    /// ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced, QueueManaged, FifoGroupsHealthy
+    /// ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced, QueueManaged, FifoGroupsHealthy, ScaleOnly
     /// (Kubernetes conditions).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
@@ -1458,7 +1458,7 @@ fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
     let item = generator.subschema_for::<Condition>();
     json_schema!({
         "type": "array",
-        "description": "Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive, ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced, QueueManaged, FifoGroupsHealthy (Kubernetes conditions: type, status, reason, message, lastTransitionTime). FifoGroupsHealthy (FIFO queues whose workers report their groups) is False (GroupStuck) naming the groups whose head failed 3 times in a row or is older than 5 minutes. HandlerHealthy is False (DownstreamFailing) while workers report their outage breaker open, with the share in the message; while more than half do, ScalingActive is False (DownstreamFailing) and replicas are held. QueueManaged (only with spec.queue.manage on) says whether the queue's settings are what the rules ask for, what was changed, or why nothing was (ManageConflict, Suspended). Only QueueReachable, ConfigValid and the Deployment gate Ready: it is False while a new pod template rolls out (RollingOut) or the rollout is stalled (RolloutStalled, with the Deployment's message); the scaler's replica changes keep it.",
+        "description": "Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive, ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced, QueueManaged, FifoGroupsHealthy, ScaleOnly (Kubernetes conditions: type, status, reason, message, lastTransitionTime). ScaleOnly (only with spec.scaleTargetRef) is True and lists what runs without the bundled worker and what does not; in that mode Ready and ScalingActive are False (ScaleTargetUnavailable) while the target cannot be read or scaled. FifoGroupsHealthy (FIFO queues whose workers report their groups) is False (GroupStuck) naming the groups whose head failed 3 times in a row or is older than 5 minutes. HandlerHealthy is False (DownstreamFailing) while workers report their outage breaker open, with the share in the message; while more than half do, ScalingActive is False (DownstreamFailing) and replicas are held. QueueManaged (only with spec.queue.manage on) says whether the queue's settings are what the rules ask for, what was changed, or why nothing was (ManageConflict, Suspended). Only QueueReachable, ConfigValid and the Deployment gate Ready: it is False while a new pod template rolls out (RollingOut) or the rollout is stalled (RolloutStalled, with the Deployment's message); the scaler's replica changes keep it.",
         "items": item,
         "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["type"]
