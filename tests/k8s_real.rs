@@ -1013,3 +1013,159 @@ async fn scale_only_scales_an_existing_deployment_through_scale_with_conditions_
     cluster.delete_namespace(&team).await;
     cluster.delete_namespace(&op_ns).await;
 }
+
+/// Scale-only mode beyond the built-in workloads: a kind with a `/scale` subresource from a CRD (shaped like
+/// Argo Rollouts': argoproj.io/v1alpha1 Rollout, `.spec.replicas`), found by discovery and scaled through
+/// `/scale` once the chart's `rbac.scaleTargets` grants it; without that grant, ScalingActive names the
+/// refusal and the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_only_scales_a_custom_kind_through_discovery_when_the_chart_grants_it() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let test = "scale_only_scales_a_custom_kind_through_discovery_when_the_chart_grants_it";
+    let Some(cluster) = cluster::connect(test).await else {
+        return;
+    };
+    // A stand-in for Argo Rollouts' CRD: only what /scale needs.
+    let crds: Api<CustomResourceDefinition> = Api::all(cluster.admin.clone());
+    let crd: CustomResourceDefinition = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "rollouts.argoproj.io"},
+        "spec": {
+            "group": "argoproj.io", "scope": "Namespaced",
+            "names": {"plural": "rollouts", "singular": "rollout", "kind": "Rollout", "listKind": "RolloutList"},
+            "versions": [{
+                "name": "v1alpha1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+                "subresources": {"status": {}, "scale": {
+                    "specReplicasPath": ".spec.replicas",
+                    "statusReplicasPath": ".status.replicas",
+                    "labelSelectorPath": ".status.selector"
+                }}
+            }]
+        }
+    }))
+    .expect("a CRD");
+    crds.patch(
+        "rollouts.argoproj.io",
+        &PatchParams::apply("test-user").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .expect("the Rollout CRD");
+    let resource = kube::core::ApiResource {
+        group: "argoproj.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "argoproj.io/v1alpha1".into(),
+        kind: "Rollout".into(),
+        plural: "rollouts".into(),
+    };
+    let op_ns = cluster::unique("sr-op");
+    let team = cluster::unique("sr-team");
+    cluster.namespace(&op_ns, true).await;
+    cluster.namespace(&team, false).await;
+    let rollouts: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(cluster.admin.clone(), &team, &resource);
+    let rollout = eventually(30, "the Rollout CRD served", String::new, || async {
+        let obj: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout",
+            "metadata": {"name": "orders-rollout"},
+            "spec": {"replicas": 1, "strategy": {"canary": {}}}
+        }))
+        .ok()?;
+        rollouts
+            .patch(
+                "orders-rollout",
+                &PatchParams::apply("team"),
+                &Patch::Apply(&obj),
+            )
+            .await
+            .ok()
+    })
+    .await;
+    assert_eq!(rollout.data["spec"]["replicas"], 1);
+
+    let url = cluster::queue_with_dlq(&common::unique_name("sr")).await;
+    let mut doc = cluster::restricted_consumer(&team, "orders", &url);
+    let spec = doc["spec"].as_object_mut().expect("a spec");
+    spec.remove("handler");
+    spec.remove("template");
+    spec.insert(
+        "scaleTargetRef".into(),
+        serde_json::json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout", "name": "orders-rollout"}),
+    );
+    doc["spec"]["scaling"] =
+        serde_json::json!({"minReplicas": 2, "maxReplicas": 4, "pollInterval": "1s"});
+    let qcs: Api<QueueConsumer> = Api::namespaced(cluster.admin.clone(), &team);
+
+    // Not granted: refused, and said.
+    let watch = format!(r#"watchNamespaces=["{team}"]"#);
+    let release = Release::install(
+        &cluster,
+        &cluster::unique("qc"),
+        &op_ns,
+        &["--set-json", &watch],
+    )
+    .await;
+    let op = release.operator(&cluster, "op-0", &[]).await;
+    apply(&cluster, &team, &doc).await;
+    eventually(
+        60,
+        "ScaleTargetUnavailable naming rbac.scaleTargets",
+        || op.logs(),
+        || async {
+            let s = qcs.get("orders").await.ok()?.status?;
+            let c = s.conditions.iter().find(|c| c.type_ == "ScalingActive")?;
+            (c.reason == "ScaleTargetUnavailable"
+                && c.message.contains("Rollout/orders-rollout")
+                && c.message.contains("rbac.scaleTargets")
+                && c.message.contains("rollouts"))
+            .then_some(())
+        },
+    )
+    .await;
+    drop(op);
+
+    // Granted: scaled to minReplicas through /scale, found by discovery.
+    let granted =
+        format!(r#"rbac.scaleTargets=[{{"apiGroup":"argoproj.io","resources":["rollouts"]}}]"#);
+    let chart = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/charts/queue-consumer-operator"
+    );
+    cluster.run(
+        "helm",
+        &[
+            "upgrade",
+            &release.name,
+            chart,
+            "--namespace",
+            &op_ns,
+            "--reuse-values",
+            "--set-json",
+            &granted,
+        ],
+    );
+    let op = release.operator(&cluster, "op-1", &[]).await;
+    eventually(
+        60,
+        "orders-rollout scaled to 2 through /scale",
+        || op.logs(),
+        || async {
+            let r = rollouts.get("orders-rollout").await.ok()?;
+            (r.data["spec"]["replicas"] == 2).then_some(())
+        },
+    )
+    .await;
+    let r = rollouts.get("orders-rollout").await.expect("the Rollout");
+    assert_eq!(
+        r.data["spec"]["strategy"],
+        serde_json::json!({"canary": {}}),
+        "the rest of it untouched"
+    );
+    drop(op);
+    cluster.delete_namespace(&team).await;
+    cluster.delete_namespace(&op_ns).await;
+    crds.delete("rollouts.argoproj.io", &DeleteParams::default())
+        .await
+        .expect("delete the CRD");
+}
