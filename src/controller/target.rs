@@ -153,16 +153,52 @@ fn failed(e: kube::Error, verb: &str, t: &ScaleTargetRef) -> TargetRead {
     }
 }
 
-/// Reads the target's `/scale`.
+/// A target this or another QueueConsumer already scales as its bundled worker: the controlling owner
+/// reference of a QueueConsumer on it (`apiVersion/kind name`). Two scalers on one `spec.replicas` would
+/// undo each other's writes every poll.
+pub fn worker_of_a_queue_consumer(
+    owners: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
+) -> Option<String> {
+    owners
+        .iter()
+        .find(|o| {
+            o.controller == Some(true)
+                && o.kind == crate::api::KIND
+                && o.api_version
+                    .starts_with(&format!("{}/", crate::api::GROUP))
+        })
+        .map(|o| o.name.clone())
+}
+
+/// Reads the target's `/scale`. A Deployment is read once more for its owner: the worker Deployment of a
+/// QueueConsumer is refused as a target (its own QueueConsumer scales it).
 pub async fn read(client: &kube::Client, ns: &str, t: &ScaleTargetRef) -> TargetRead {
     let api = match api(client, ns, t).await {
         Ok(a) => a,
         Err(r) => return r,
     };
-    match api.get_scale(&t.name).await {
-        Ok(s) => TargetRead::Found(TargetScale::from_scale(&s)),
-        Err(e) => failed(e, "get", t),
+    let scale = match api.get_scale(&t.name).await {
+        Ok(s) => TargetScale::from_scale(&s),
+        Err(e) => return failed(e, "get", t),
+    };
+    if t.kind == "Deployment" && group_version(&t.api_version).0 == "apps" {
+        let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+            Api::namespaced(client.clone(), ns);
+        match deployments.get_metadata_opt(&t.name).await {
+            Ok(Some(m)) => {
+                if let Some(owner) = worker_of_a_queue_consumer(
+                    m.metadata.owner_references.as_deref().unwrap_or_default(),
+                ) {
+                    return TargetRead::NotScalable(format!(
+                        "it is the bundled worker's Deployment of QueueConsumer {owner}, which scales it already: point scaleTargetRef at your own workload"
+                    ));
+                }
+            }
+            Ok(None) => return TargetRead::NotFound,
+            Err(e) => return failed(e, "get", t),
+        }
     }
+    TargetRead::Found(scale)
 }
 
 /// Writes `spec.replicas` through `/scale` as the scaler's field manager: a merge patch, which every
@@ -238,6 +274,39 @@ mod tests {
         let empty: Scale = serde_json::from_value(json!({"metadata": {}})).unwrap();
         assert_eq!(TargetScale::from_scale(&empty).asks, 0);
         assert_eq!(replicas_patch(4), json!({"spec": {"replicas": 4}}));
+    }
+
+    #[test]
+    fn a_queue_consumers_worker_is_no_target() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+        let owner = |api_version: &str, kind: &str, controller| OwnerReference {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            name: "payments".into(),
+            uid: "u".into(),
+            controller,
+            block_owner_deletion: None,
+        };
+        assert_eq!(
+            worker_of_a_queue_consumer(&[owner(
+                "sqs.consumers.dev/v1alpha1",
+                "QueueConsumer",
+                Some(true)
+            )]),
+            Some("payments".into())
+        );
+        for other in [
+            owner("sqs.consumers.dev/v1alpha1", "QueueConsumer", None),
+            owner("argoproj.io/v1alpha1", "Rollout", Some(true)),
+            owner("example.org/v1", "QueueConsumer", Some(true)),
+        ] {
+            assert_eq!(
+                worker_of_a_queue_consumer(&[other.clone()]),
+                None,
+                "{other:?}"
+            );
+        }
+        assert_eq!(worker_of_a_queue_consumer(&[]), None);
     }
 
     #[test]
