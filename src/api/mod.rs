@@ -629,7 +629,12 @@ impl FromStr for OnPoison {
 pub struct ScaleTargetRef {
     /// The target's API group and version. Default: apps/v1.
     #[serde(default = "defaults::scale_api_version")]
-    #[schemars(regex(pattern = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?v[0-9]+((alpha|beta)[0-9]+)?$"), length(max = 316))]
+    #[schemars(
+        regex(
+            pattern = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?v[0-9]+((alpha|beta)[0-9]+)?$"
+        ),
+        length(max = 316)
+    )]
     pub api_version: String,
     /// The target's kind, with a `/scale` subresource: Deployment, StatefulSet, Rollout (Argo
     /// Rollouts, apiVersion argoproj.io/v1alpha1)... Default: Deployment.
@@ -637,7 +642,10 @@ pub struct ScaleTargetRef {
     #[schemars(regex(pattern = r"^[A-Z][A-Za-z0-9]*$"), length(max = 63))]
     pub kind: String,
     /// The target's name, in the QueueConsumer's namespace. Required.
-    #[schemars(regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"), length(min = 1, max = 253))]
+    #[schemars(
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"),
+        length(min = 1, max = 253)
+    )]
     pub name: String,
 }
 
