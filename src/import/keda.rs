@@ -503,7 +503,7 @@ fn scaled_object(so: &Object, auths: &[&Object], opts: &Options, ctx: &mut Ctx) 
         ctx.error(
             "spec.triggers",
             format!(
-                "{sqs_count} {SQS_TRIGGER} triggers ({}): in scale-only mode a QueueConsumer scales its target from one queue, and one QueueConsumer per queue would have two scalers set {target}'s replicas; keep one trigger, give each queue a workload (and ScaledObject) of its own, or import with --with-worker (one bundled worker per queue)",
+                "{sqs_count} {SQS_TRIGGER} triggers ({}): in scale-only mode a QueueConsumer scales its target from one queue, and one QueueConsumer per queue would have two scalers set the replicas of {target}; keep one trigger, give each queue a workload (and ScaledObject) of its own, or import with --with-worker (one bundled worker per queue)",
                 paths.join(", ")
             ),
         );
