@@ -492,3 +492,43 @@ fn the_trigger_authentication_may_come_in_another_file_of_the_same_namespace() {
         "{err}"
     );
 }
+
+/// The fenced block after `<!-- MARKER -->` in docs/migrate-from-keda.md.
+fn doc_block(doc: &str, marker: &str) -> String {
+    let start = doc
+        .find(&format!("<!-- {marker}"))
+        .unwrap_or_else(|| panic!("{marker} in the guide"));
+    let fence = start + doc[start..].find("```").expect("a fence");
+    let body = fence + doc[fence..].find('\n').expect("fence line") + 1;
+    let end = body + doc[body..].find("```").expect("closing fence");
+    doc[body..end].to_string()
+}
+
+#[test]
+fn the_guides_example_is_what_the_command_prints() {
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/migrate-from-keda.md"),
+    )
+    .expect("docs/migrate-from-keda.md");
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(
+        dir.path().join("keda.yaml"),
+        doc_block(&doc, "import-example-input: keda.yaml"),
+    )
+    .expect("write keda.yaml");
+    let out = Command::new(env!("CARGO_BIN_EXE_qc-operator"))
+        .args(["import", "keda", "keda.yaml", "--p99", "2s"])
+        .current_dir(dir.path())
+        .output()
+        .expect("qc-operator runs");
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        doc_block(&doc, "import-example-stdout")
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        doc_block(&doc, "import-example-stderr")
+    );
+    consumers(&doc_block(&doc, "import-example-stdout"));
+}
