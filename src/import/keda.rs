@@ -648,6 +648,14 @@ fn scale_settings(so: &Value, spec: &Map<String, Value>, ctx: &mut Ctx) -> Scale
         let floor = min.unwrap_or(0);
         s.min_replicas = Some(to_u32(idle));
         s.idle_replicas = true;
+        if idle >= floor {
+            ctx.error(
+                "spec.idleReplicaCount",
+                format!(
+                    "{idle} is not below minReplicaCount {floor}, which KEDA refuses too: remove idleReplicaCount, or set it to 0 with minReplicaCount above it"
+                ),
+            );
+        }
         ctx.note(
             "spec.idleReplicaCount",
             format!(
@@ -1249,7 +1257,7 @@ fn identity(
         .and_then(Value::as_str)
         .unwrap_or("the workload");
     let workload_role = format!(
-        "the role annotated (eks.amazonaws.com/role-arn) on the ServiceAccount of {target}'s pods"
+        "the role annotated (eks.amazonaws.com/role-arn) on the ServiceAccount of the pods of {target}"
     );
     let external_id = format!("qc:{}", so.namespace.as_deref().unwrap_or("NAMESPACE"));
     let mut identity = Identity::Own;

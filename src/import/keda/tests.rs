@@ -690,6 +690,10 @@ fn bad_input_names_the_file_document_field_and_fix() {
             &with("  pollingInterval: 0", ""),
             "spec.pollingInterval: 0 is out of range",
         ),
+        (
+            &with("  idleReplicaCount: 0", ""),
+            "spec.idleReplicaCount: 0 is not below minReplicaCount 0, which KEDA refuses too",
+        ),
         (&SO.replace("name: orders, ", ""), "metadata.name: required"),
     ] {
         let e = errors(text, Options::default());
