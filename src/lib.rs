@@ -5,6 +5,7 @@ pub mod api;
 pub mod aws;
 pub mod check;
 pub mod controller;
+pub mod import;
 pub mod manage;
 pub mod manifest;
 pub mod process_metrics;

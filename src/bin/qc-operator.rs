@@ -37,6 +37,37 @@ enum Command {
     /// are received with a short visibility and released at once (never deleted); each peek adds one
     /// to their receive count on the DLQ.
     Dlq(DlqArgs),
+    /// Turn another autoscaler's objects into QueueConsumers (printed as YAML; nothing is applied).
+    #[command(subcommand)]
+    Import(ImportCommand),
+}
+
+#[derive(Subcommand)]
+enum ImportCommand {
+    /// KEDA ScaledObjects with aws-sqs-queue triggers (and the TriggerAuthentications they name) as
+    /// QueueConsumers in scale-only mode (spec.scaleTargetRef: the controller scales the same workload),
+    /// or with --with-worker for the bundled worker. QueueConsumers go to stdout; a line on stderr for
+    /// every field that does not carry over. Exit 2, printing nothing, on input that cannot be converted.
+    Keda(ImportKedaArgs),
+}
+
+#[derive(Args)]
+struct ImportKedaArgs {
+    /// Files of KEDA objects (multi-document YAML, or a `kind: List` as `kubectl get -o yaml` prints);
+    /// `-` reads stdin. TriggerAuthentications a ScaledObject names must be among them.
+    #[arg(required = true, value_name = "FILE")]
+    files: Vec<PathBuf>,
+    /// A QueueConsumer for the bundled worker (handler and template left for you to fill in, one per
+    /// queue) instead of scale-only mode.
+    #[arg(long)]
+    with_worker: bool,
+    /// Your consumer's P99 time to handle one message (e.g. 2s); without it processing.p99 is a
+    /// placeholder to fill in.
+    #[arg(long, value_name = "DURATION", value_parser = nonzero_duration)]
+    p99: Option<qc::api::Duration>,
+    /// Messages one replica handles at once; default: each trigger's queueLength (KEDA's default 5).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(qc::api::MAX_CONCURRENCY)))]
+    concurrency: Option<u32>,
 }
 
 #[derive(Args)]
@@ -377,6 +408,7 @@ fn main() -> ExitCode {
         },
         Command::Redrive(args) => redrive(args),
         Command::Dlq(args) => dlq(args),
+        Command::Import(ImportCommand::Keda(args)) => import_keda(&args),
         Command::Run(args) => match run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -880,6 +912,93 @@ fn dlq(args: DlqArgs) -> ExitCode {
             }
         }
     }
+    ExitCode::SUCCESS
+}
+
+/// Read every file (`-`: stdin, once), convert, and print only when everything converted.
+fn import_keda(args: &ImportKedaArgs) -> ExitCode {
+    use qc::import::keda;
+    use std::io::Read as _;
+    let mut inputs = Vec::new();
+    let mut unreadable = false;
+    let mut stdin_read = false;
+    for path in &args.files {
+        let (file, text) = if path.as_os_str() == "-" {
+            let mut text = String::new();
+            if stdin_read {
+                eprintln!("error: -: stdin can be read once: give - a single time");
+                unreadable = true;
+                continue;
+            }
+            stdin_read = true;
+            if let Err(e) = std::io::stdin().read_to_string(&mut text) {
+                eprintln!("error: -: cannot read stdin: {e}");
+                unreadable = true;
+                continue;
+            }
+            ("(stdin)".to_string(), text)
+        } else {
+            match std::fs::read_to_string(path) {
+                Ok(text) => (path.display().to_string(), text),
+                Err(e) => {
+                    eprintln!(
+                        "error: {}: cannot read it: {e}: give the path of a file of KEDA objects, or - for stdin",
+                        path.display()
+                    );
+                    unreadable = true;
+                    continue;
+                }
+            }
+        };
+        inputs.push(keda::Input { file, text });
+    }
+    if unreadable {
+        return ExitCode::from(2);
+    }
+    let opts = keda::Options {
+        with_worker: args.with_worker,
+        p99: args.p99,
+        concurrency: args.concurrency,
+    };
+    let report = keda::import(&inputs, &opts);
+    for note in &report.notes {
+        eprintln!("{}: {note}", if note.todo { "todo" } else { "note" });
+    }
+    if !report.errors.is_empty() {
+        for e in &report.errors {
+            eprintln!("error: {e}");
+        }
+        eprintln!("nothing printed: fix the input above and import again");
+        return ExitCode::from(2);
+    }
+    let mut out = String::new();
+    for qc in &report.consumers {
+        out.push_str("---\n");
+        out.push_str(&qc.yaml);
+        if !qc.todos.is_empty() {
+            eprintln!(
+                "warning: QueueConsumer {} (from {}) cannot be applied as it is: fill in {} (the todo lines above; {} in its YAML)",
+                qc.name(),
+                qc.source,
+                qc.todos.join(", "),
+                keda::TODO
+            );
+        }
+    }
+    print!("{out}");
+    eprintln!(
+        "imported {} QueueConsumer(s) from {} ScaledObject(s){}",
+        report.consumers.len(),
+        report.scaled_objects,
+        if report.other_documents > 0 {
+            format!(
+                "; {} document(s) of other kinds not read",
+                report.other_documents
+            )
+        } else {
+            String::new()
+        }
+    );
     ExitCode::SUCCESS
 }
 
