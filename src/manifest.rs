@@ -191,6 +191,11 @@ fn structural_errors(spec: &QueueConsumerSpec) -> Vec<FieldError> {
             "must be an http(s) queue URL, e.g. https://sqs.us-east-1.amazonaws.com/123456789012/orders",
         );
     }
+    if let Some(t) = &spec.scale_target_ref {
+        for (path, message) in t.errors() {
+            err(path, &message);
+        }
+    }
     if let Some(h) = &spec.handler.http {
         if h.port == 0 {
             err("spec.handler.http.port", "must be between 1 and 65535");

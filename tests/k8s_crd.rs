@@ -646,6 +646,13 @@ const SPEC_RULES: &[(&str, &str, &str, &str, &str)] = &[
         "neither handler nor scaleTargetRef",
     ),
     (
+        "scaleTargetRef.name is an object name",
+        "/spec/scaleTargetRef",
+        r#"{"name": "Bad_Name"}"#,
+        "spec.scaleTargetRef.name",
+        "should match",
+    ),
+    (
         "scaleTargetRef excludes handler and template",
         "/spec/scaleTargetRef",
         r#"{"name": "legacy-orders"}"#,

@@ -1126,8 +1126,7 @@ async fn scale_only_scales_a_custom_kind_through_discovery_when_the_chart_grants
     drop(op);
 
     // Granted: scaled to minReplicas through /scale, found by discovery.
-    let granted =
-        format!(r#"rbac.scaleTargets=[{{"apiGroup":"argoproj.io","resources":["rollouts"]}}]"#);
+    let granted = r#"rbac.scaleTargets=[{"apiGroup":"argoproj.io","resources":["rollouts"]}]"#;
     let chart = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/charts/queue-consumer-operator"
@@ -1142,7 +1141,7 @@ async fn scale_only_scales_a_custom_kind_through_discovery_when_the_chart_grants
             &op_ns,
             "--reuse-values",
             "--set-json",
-            &granted,
+            granted,
         ],
     );
     let op = release.operator(&cluster, "op-1", &[]).await;

@@ -650,6 +650,65 @@ pub struct ScaleTargetRef {
 }
 
 impl ScaleTargetRef {
+    /// What the CRD's patterns refuse, for `check` (whose CEL validator runs no patterns): (field, message).
+    pub fn errors(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        let dns_label = |s: &str| {
+            !s.is_empty()
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !s.starts_with('-')
+                && !s.ends_with('-')
+        };
+        let name_ok = self.name.len() <= 253 && self.name.split('.').all(dns_label);
+        if !name_ok {
+            out.push((
+                "spec.scaleTargetRef.name",
+                format!(
+                    "{:?} is not a Kubernetes object name: lowercase letters, digits, '-' and '.', e.g. orders-consumer",
+                    self.name
+                ),
+            ));
+        }
+        let kind_ok = self.kind.len() <= 63
+            && self.kind.starts_with(|c: char| c.is_ascii_uppercase())
+            && self.kind.chars().all(|c| c.is_ascii_alphanumeric());
+        if !kind_ok {
+            out.push((
+                "spec.scaleTargetRef.kind",
+                format!(
+                    "{:?} is not a kind: CamelCase as the API names it, e.g. Deployment, StatefulSet or Rollout",
+                    self.kind
+                ),
+            ));
+        }
+        let (group, version) = self
+            .api_version
+            .rsplit_once('/')
+            .unwrap_or(("", &self.api_version));
+        let version_ok = version.strip_prefix('v').is_some_and(|rest| {
+            let digits = rest.trim_start_matches(|c: char| c.is_ascii_digit());
+            rest.len() > digits.len()
+                && (digits.is_empty()
+                    || ["alpha", "beta"].iter().any(|p| {
+                        digits
+                            .strip_prefix(p)
+                            .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+                    }))
+        });
+        let group_ok = !self.api_version.contains('/') || group.split('.').all(dns_label);
+        if !(version_ok && group_ok) || self.api_version.len() > 316 {
+            out.push((
+                "spec.scaleTargetRef.apiVersion",
+                format!(
+                    "{:?} is not an API version: group/version, e.g. apps/v1 or argoproj.io/v1alpha1",
+                    self.api_version
+                ),
+            ));
+        }
+        out
+    }
+
     /// `Kind/name` (`Deployment/orders`), as status and Events name it.
     pub fn describe(&self) -> String {
         format!("{}/{}", self.kind, self.name)

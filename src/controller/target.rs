@@ -106,35 +106,34 @@ async fn api(
     ns: &str,
     t: &ScaleTargetRef,
 ) -> Result<Api<DynamicObject>, TargetRead> {
-    let resource = match known_resource(t) {
-        Some(r) => r,
-        None => {
-            let (group, version) = group_version(&t.api_version);
-            let gvk = GroupVersionKind::gvk(group, version, &t.kind);
-            match kube::discovery::pinned_kind(client, &gvk).await {
-                Ok((resource, caps)) => {
-                    if !caps.subresources.iter().any(|(r, _)| r.plural == "scale") {
-                        return Err(TargetRead::NotScalable(format!(
-                            "{} {} has no /scale subresource",
-                            t.api_version, t.kind
-                        )));
-                    }
-                    resource
-                }
-                Err(kube::Error::Api(s)) if s.code == 404 => {
+    let resource = if let Some(r) = known_resource(t) {
+        r
+    } else {
+        let (group, version) = group_version(&t.api_version);
+        let gvk = GroupVersionKind::gvk(group, version, &t.kind);
+        match kube::discovery::pinned_kind(client, &gvk).await {
+            Ok((resource, caps)) => {
+                if !caps.subresources.iter().any(|(r, _)| r.plural == "scale") {
                     return Err(TargetRead::NotScalable(format!(
-                        "the API server does not serve {} {} (is its CRD installed?)",
+                        "{} {} has no /scale subresource",
                         t.api_version, t.kind
                     )));
                 }
-                Err(kube::Error::Discovery(e)) => {
-                    return Err(TargetRead::NotScalable(format!(
-                        "the API server does not serve {} {}: {e}",
-                        t.api_version, t.kind
-                    )));
-                }
-                Err(e) => return Err(TargetRead::Failed(format!("discovery: {e}"))),
+                resource
             }
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                return Err(TargetRead::NotScalable(format!(
+                    "the API server does not serve {} {} (is its CRD installed?)",
+                    t.api_version, t.kind
+                )));
+            }
+            Err(kube::Error::Discovery(e)) => {
+                return Err(TargetRead::NotScalable(format!(
+                    "the API server does not serve {} {}: {e}",
+                    t.api_version, t.kind
+                )));
+            }
+            Err(e) => return Err(TargetRead::Failed(format!("discovery: {e}"))),
         }
     };
     Ok(Api::namespaced_with(client.clone(), ns, &resource))
@@ -301,7 +300,7 @@ mod tests {
             owner("example.org/v1", "QueueConsumer", Some(true)),
         ] {
             assert_eq!(
-                worker_of_a_queue_consumer(&[other.clone()]),
+                worker_of_a_queue_consumer(std::slice::from_ref(&other)),
                 None,
                 "{other:?}"
             );

@@ -1073,3 +1073,53 @@ fn the_modes_conflict_is_named_with_its_fields() {
     );
     assert_eq!(spec("processing: {p99: 2s}").mode_conflict(), None);
 }
+
+/// `check`'s own reading of the CRD's patterns for `scaleTargetRef` (its CEL validator runs none).
+#[test]
+fn scale_target_ref_fields_are_checked_as_the_crd_patterns_do() {
+    let t = |api_version: &str, kind: &str, name: &str| crate::api::ScaleTargetRef {
+        api_version: api_version.into(),
+        kind: kind.into(),
+        name: name.into(),
+    };
+    for ok in [
+        t("apps/v1", "Deployment", "orders"),
+        t("argoproj.io/v1alpha1", "Rollout", "orders.canary-2"),
+        t("v1", "ReplicationController", "a"),
+        t("example.org/v2beta3", "Consumer", "x"),
+    ] {
+        assert_eq!(ok.errors(), vec![], "{ok:?}");
+    }
+    for (bad, field) in [
+        (
+            t("apps/v1", "Deployment", "Bad_Name"),
+            "spec.scaleTargetRef.name",
+        ),
+        (t("apps/v1", "Deployment", ""), "spec.scaleTargetRef.name"),
+        (t("apps/v1", "Deployment", "-x"), "spec.scaleTargetRef.name"),
+        (t("apps/v1", "deployment", "x"), "spec.scaleTargetRef.kind"),
+        (t("apps/v1", "Deploy-ment", "x"), "spec.scaleTargetRef.kind"),
+        (
+            t("apps/1", "Deployment", "x"),
+            "spec.scaleTargetRef.apiVersion",
+        ),
+        (
+            t("apps/v1gamma1", "Deployment", "x"),
+            "spec.scaleTargetRef.apiVersion",
+        ),
+        (
+            t("apps/valpha", "Deployment", "x"),
+            "spec.scaleTargetRef.apiVersion",
+        ),
+        (
+            t("Apps/v1", "Deployment", "x"),
+            "spec.scaleTargetRef.apiVersion",
+        ),
+    ] {
+        let errors = bad.errors();
+        assert!(
+            errors.len() == 1 && errors[0].0 == field && errors[0].1.contains("e.g."),
+            "{bad:?}: {errors:?}"
+        );
+    }
+}
