@@ -345,15 +345,17 @@ async fn per_interval_each_consumer_is_reconciled_once_and_each_queue_read_once(
                 "{name} waited {gap:?} for its reconcile {}: {t:?}\n{metrics}",
                 k + 1
             );
-            // Seen up to 50 ms after it started (the polling here), a little late on a loaded machine.
+            // Seen up to 50 ms after it started (the polling here), late by up to 771 ms on a loaded CI run.
             // The one after the first may be its slot's own come late: a first reconcile that ran past
             // its slot is followed at once by the slot's (the gap above still holds it to an interval).
             let late = (w[1].1 + poll_ms - phase) % poll_ms;
             if k == 0 {
                 continue;
             }
+            // 1.5 s of the 4 s interval: far from "anywhere in the interval" (what its own writes
+            // coming back would give), with room for a machine busy with three test lanes.
             assert!(
-                late < 750,
+                late < 1500,
                 "{name}'s reconcile {} came {late} ms after its slot: {t:?}\n{metrics}",
                 k + 1
             );

@@ -892,8 +892,16 @@ mod tests {
     fn every_sample_renders_a_command_line_qc_worker_parses() {
         let all = samples();
         assert!(all.len() >= 3, "{}", all.len());
-        for qc in &all {
+        // A scale-only sample (spec.scaleTargetRef) renders no worker: render refuses it.
+        let (worker, scale_only): (Vec<_>, Vec<_>) = all
+            .iter()
+            .partition(|qc| matches!(qc.spec.mode(), qc::api::Mode::Worker));
+        assert!(worker.len() >= 3, "{}", worker.len());
+        for qc in worker {
             round_trip(qc);
+        }
+        for qc in scale_only {
+            assert!(render::deployment(qc, &RenderOptions::default()).is_err());
         }
     }
 
