@@ -234,7 +234,10 @@ moto_instance() { # recording, log
     : >"$1"
     recording=(env MOTO_ENABLE_RECORDING=1 MOTO_RECORDER_FILEPATH="$1")
   fi
-  "${recording[@]}" "$QC_VENV/bin/moto_server" -H 127.0.0.1 -p "$port" >"$2" 2>&1 &
+  # With each receive atomic (scripts/moto-atomic-receive.py): moto's own receive can hand one message to
+  # two receives running at once, which a loaded CI run took for the worker's double handling.
+  "${recording[@]}" "$QC_VENV/bin/python" "$(dirname "${BASH_SOURCE[0]}")/moto-atomic-receive.py" \
+    -H 127.0.0.1 -p "$port" >"$2" 2>&1 &
   QC_PIDS+=($!)
   wait_http "http://127.0.0.1:$port/moto-api/" 30 || return 1
   QC_MOTO_PORT=$port

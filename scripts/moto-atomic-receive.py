@@ -1,4 +1,5 @@
-"""moto_server with each SQS receive atomic, for the node scenarios (tests/node.rs).
+"""moto_server with each SQS receive atomic, for every test (scripts/lib.sh moto_instance, and the node
+scenarios of tests/node.rs).
 
 moto checks a message's visibility and marks it received in two steps, without a lock: two receives
 running at once in its server's threads can both take the same message (the second with the receive count
