@@ -825,7 +825,10 @@ async fn fast_calls_get_one_batch_ahead_which_sigterm_hands_back() {
     let q = TestQueue::new("batch-ahead", 30, 5, false).await;
     let bodies = numbered(60);
     q.send_all(&bodies, |_| String::new()).await;
-    let h = HttpHandler::start(|_| Reply::answer(MS(100), "")).await;
+    // 200 ms: fast enough that prefetch pays (a round trip over 4 ms, 2 % of it), slow enough that the
+    // batch received ahead lands while the call runs even when a loaded machine's receive takes 100 ms
+    // and more (with 100 ms calls a loaded CI run saw every prefetch land after its call had ended).
+    let h = HttpHandler::start(|_| Reply::answer(MS(200), "")).await;
     let mut w = Worker::start(&one_call_of_five(&q, &h.url));
     let mut most = 0.0f64;
     let deadline = std::time::Instant::now() + SECS(60);
@@ -838,7 +841,7 @@ async fn fast_calls_get_one_batch_ahead_which_sigterm_hands_back() {
     }
     assert!(
         most > 5.0,
-        "a batch is received while the call runs (prefetch pays for 100 ms calls): at most {most} in flight"
+        "a batch is received while the call runs (prefetch pays for 200 ms calls): at most {most} in flight"
     );
     assert!(most <= 10.0, "one call's worth ahead, no more: saw {most}");
     w.signal("TERM");
