@@ -161,7 +161,7 @@ async fn the_rate_holds_within_ten_percent_across_a_scale_from_one_to_three() {
     // 20); a limiter that over-throttles (half the rate, a share never handed back) is still caught.
     for (rate, what) in [(phase1, "one worker"), (phase2, "three workers")] {
         assert!(
-            rate <= MAX_RATE * 1.1 && rate >= MAX_RATE * 0.75,
+            (MAX_RATE * 0.75..=MAX_RATE * 1.1).contains(&rate),
             "{what}: {rate:.2}/s is not between 75 % and 110 % of {MAX_RATE}/s"
         );
     }
