@@ -845,6 +845,19 @@ async fn apply_deployment(
     Ok(DeploymentWrite::Done(Some(applied)))
 }
 
+/// Why replicas go to `n`, for the Scaled Event; `suspended` says what becomes of the pods on suspend.
+fn scale_note(replicas: &ReplicaDecision, n: u32, suspended: &str) -> String {
+    match replicas {
+        ReplicaDecision::Scale { current, decision } => {
+            format!("from {current} to {n}: {decision}")
+        }
+        ReplicaDecision::Suspended { current } => {
+            format!("from {current} to {n}: spec.suspend is true ({suspended})")
+        }
+        ReplicaDecision::Keep => format!("to {n}"),
+    }
+}
+
 /// Writes `spec.replicas` when the decision changes it, as the scaler's own field manager; before a
 /// scale-down, marks the idle pods to go first (with a fresh read of the workers, which replaces
 /// `workers`). `deployment` becomes the Deployment as written. The note of the Scaled Event, if any.
@@ -861,15 +874,7 @@ async fn scale_deployment(
         return Ok(None);
     };
     let name = qc.name_any();
-    let why = match replicas {
-        ReplicaDecision::Scale { current, decision } => {
-            format!("from {current} to {n}: {decision}")
-        }
-        ReplicaDecision::Suspended { current } => format!(
-            "from {current} to {n}: spec.suspend is true (pods drain what they hold, then exit)"
-        ),
-        ReplicaDecision::Keep => format!("to {n}"),
-    };
+    let why = scale_note(replicas, n, "pods drain what they hold, then exit");
     if let ReplicaDecision::Scale { current, .. } = replicas
         && n < *current
     {
@@ -937,15 +942,11 @@ async fn scale_target_write(
     read: &mut target::TargetRead,
 ) -> Option<String> {
     let n = replicas.write()?;
-    let why = match replicas {
-        ReplicaDecision::Scale { current, decision } => {
-            format!("from {current} to {n}: {decision}")
-        }
-        ReplicaDecision::Suspended { current } => format!(
-            "from {current} to {n}: spec.suspend is true (its pods stop as its own controller stops them)"
-        ),
-        ReplicaDecision::Keep => format!("to {n}"),
-    };
+    let why = scale_note(
+        replicas,
+        n,
+        "its pods stop as its own controller stops them",
+    );
     match target::scale(&ctx.client, ns, t, n).await {
         Ok(written) => {
             ctx.metrics.scale_writes.fetch_add(1, Ordering::Relaxed);

@@ -135,6 +135,15 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
     let processing = processing_time(i);
     let handler = handler_healthy(i);
     let fifo_groups = fifo_groups_healthy(i);
+    let as_condition = |c: Cond| Condition {
+        type_: c.type_.to_string(),
+        status: c.status.as_str().to_string(),
+        reason: c.reason.to_string(),
+        message: c.message,
+        observed_generation: generation,
+        last_transition_time: i.now.clone(),
+    };
+    // The optional ones (FIFO groups, scale-only mode) only where they apply.
     let mut fresh = [
         ready,
         queue_reachable,
@@ -145,31 +154,10 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
         handler,
     ]
     .into_iter()
-    .map(|c| Condition {
-        type_: c.type_.to_string(),
-        status: c.status.as_str().to_string(),
-        reason: c.reason.to_string(),
-        message: c.message,
-        observed_generation: generation,
-        last_transition_time: i.now.clone(),
-    })
+    .chain(fifo_groups)
+    .chain(scale_only(i))
+    .map(as_condition)
     .collect::<Vec<_>>();
-    fresh.extend(fifo_groups.map(|c| Condition {
-        type_: c.type_.to_string(),
-        status: c.status.as_str().to_string(),
-        reason: c.reason.to_string(),
-        message: c.message,
-        observed_generation: generation,
-        last_transition_time: i.now.clone(),
-    }));
-    fresh.extend(scale_only(i).map(|c| Condition {
-        type_: c.type_.to_string(),
-        status: c.status.as_str().to_string(),
-        reason: c.reason.to_string(),
-        message: c.message,
-        observed_generation: generation,
-        last_transition_time: i.now.clone(),
-    }));
     fresh.extend(alarm_synced(i, &old.conditions));
     let conditions = merge_conditions(&old.conditions, fresh);
 
