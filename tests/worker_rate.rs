@@ -165,10 +165,23 @@ async fn the_rate_holds_within_ten_percent_across_a_scale_from_one_to_three() {
             "{what}: {rate:.2}/s is not between 75 % and 110 % of {MAX_RATE}/s"
         );
     }
-    // Never well over the rate while the shares change hands.
+    // While the shares change hands, no more than the limiter's own bound: the new workers start with
+    // empty buckets, the old one paces to the whole rate until it next reads its file (every
+    // SHARE_POLL, a second late on a busy machine), plus its bucket's burst and one receive already
+    // on its way when the files were rewritten. (A CI run saw 24.2/s over 4.8 s here, the old worker
+    // still at 20/s for its first 2 s: within this bound, over a flat 110 %.) New workers that came up
+    // at the whole rate, or an old one that never read its file, exceed it.
+    let window = (p2 - transition).as_secs_f64();
+    let share_f: f64 = share.parse().unwrap();
+    let stale = qc::worker::rate::SHARE_POLL.as_secs_f64() + 1.0;
+    let bound = MAX_RATE * window
+        + (MAX_RATE - share_f) * stale
+        + qc::worker::rate::burst(MAX_RATE, 10)
+        + 10.0;
+    let in_transition = started_in(&h, transition, p2 - transition) as f64;
     assert!(
-        transition_rate <= MAX_RATE * 1.1,
-        "transition: {transition_rate:.2}/s"
+        in_transition <= bound,
+        "transition: {in_transition} calls in {window:.1} s ({transition_rate:.2}/s), over the bound {bound:.0}"
     );
 }
 
