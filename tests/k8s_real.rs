@@ -851,9 +851,61 @@ async fn scale_only_scales_an_existing_deployment_through_scale_with_conditions_
     )
     .await;
 
-    // A backlog: scaled out through /scale.
+    // A backlog, but the team's Deployment has not opted in: not scaled, and said with the fix.
     let sqs = common::sqs_client().await;
     common::send_numbered(&sqs, &url, "order", 1200).await;
+    let unavailable = |needle: &'static str| {
+        let qcs = qcs.clone();
+        move || {
+            let qcs = qcs.clone();
+            async move {
+                let s = qcs.get("orders").await.ok()?.status?;
+                let c = s.conditions.iter().find(|c| c.type_ == "ScalingActive")?;
+                (c.reason == "ScaleTargetUnavailable" && c.message.contains(needle))
+                    .then(|| c.message.clone())
+            }
+        }
+    };
+    let why = eventually(
+        60,
+        "ScaleTargetUnavailable until the target opts in",
+        || op.logs(),
+        unavailable("sqs.consumers.dev/scaled-by"),
+    )
+    .await;
+    assert!(
+        why.contains(&format!(
+            "kubectl annotate -n {team} deployment.apps/legacy-orders sqs.consumers.dev/scaled-by=orders"
+        )),
+        "{why}"
+    );
+    let untouched = deployments.get("legacy-orders").await.expect("read it");
+    assert_eq!(untouched.spec.replicas, Some(1));
+    assert!(
+        !untouched
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .any(|m| m.manager.as_deref() == Some("qc-operator-scaler")),
+        "nothing written before the opt-in: {:?}",
+        untouched.metadata.managed_fields
+    );
+    let annotate = |consumer: &str| {
+        Patch::Merge(serde_json::json!({
+            "metadata": {"annotations": {"sqs.consumers.dev/scaled-by": consumer}}
+        }))
+    };
+    deployments
+        .patch(
+            "legacy-orders",
+            &PatchParams::default(),
+            &annotate("orders"),
+        )
+        .await
+        .expect("opt in");
+
+    // Opted in: scaled out through /scale.
     let scaled = eventually(
         90,
         "legacy-orders scaled out",
@@ -946,6 +998,31 @@ async fn scale_only_scales_an_existing_deployment_through_scale_with_conditions_
         .as_ref()
         .and_then(|d| d.alarm_name.clone())
         .expect("the alarm's name");
+
+    // Handed to another QueueConsumer: this one stops scaling it, and says so.
+    deployments
+        .patch(
+            "legacy-orders",
+            &PatchParams::default(),
+            &annotate("billing"),
+        )
+        .await
+        .expect("name another QueueConsumer");
+    eventually(
+        60,
+        "ScaleTargetUnavailable naming the other QueueConsumer",
+        || op.logs(),
+        unavailable("names QueueConsumer \"billing\""),
+    )
+    .await;
+    deployments
+        .patch(
+            "legacy-orders",
+            &PatchParams::default(),
+            &annotate("orders"),
+        )
+        .await
+        .expect("opt in again");
 
     // Suspend: to zero through /scale.
     qcs.patch(
@@ -1068,7 +1145,8 @@ async fn scale_only_scales_a_custom_kind_through_discovery_when_the_chart_grants
     let rollout = eventually(30, "the Rollout CRD served", String::new, || async {
         let obj: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
             "apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout",
-            "metadata": {"name": "orders-rollout"},
+            "metadata": {"name": "orders-rollout",
+                         "annotations": {"sqs.consumers.dev/scaled-by": "orders"}},
             "spec": {"replicas": 1, "strategy": {"canary": {}}}
         }))
         .ok()?;

@@ -172,7 +172,8 @@ fn expected_controller_grants() -> BTreeSet<(String, String, String)> {
             // scale-only mode
             &["get", "list", "watch", "create", "patch", "delete"],
         ),
-        // scale-only mode: the user's workloads, through /scale only
+        // scale-only mode: the user's workloads, through /scale only; read for the opt-in annotation
+        ("apps", "statefulsets", &["get"]),
         ("apps", "deployments/scale", &["get", "patch"]),
         ("apps", "statefulsets/scale", &["get", "patch"]),
         // the worker pods: start-up (scaleDownStabilization: auto), /metrics, crash loops; deletion cost
@@ -250,7 +251,7 @@ fn chart_default_rbac_is_the_documented_least_privilege() {
 }
 
 #[test]
-fn chart_scale_targets_grant_only_their_scale_subresource() {
+fn chart_scale_targets_grant_their_scale_subresource_and_a_read() {
     let Some(docs) = render(&[
         "--set-json",
         r#"rbac.scaleTargets=[{"apiGroup":"argoproj.io","resources":["rollouts"]}]"#,
@@ -267,6 +268,12 @@ fn chart_scale_targets_grant_only_their_scale_subresource() {
             verb.to_string(),
         ));
     }
+    // get on the object, for its opt-in annotation; no write of it
+    expected.insert((
+        "argoproj.io".to_string(),
+        "rollouts".to_string(),
+        "get".to_string(),
+    ));
     assert_eq!(grants(&role["rules"]), expected);
     // A resource that is no DNS label is refused by the chart's schema.
     let bad = render(&[

@@ -63,6 +63,10 @@ pub const API_VERSION: &str = "sqs.consumers.dev/v1alpha1";
 /// Annotation that asks for one move of the DLQ's messages back to the source: any new value (a token)
 /// starts one redrive; progress is in `status.deadLetter.redrive`.
 pub const REDRIVE_REQUEST_ANNOTATION: &str = "sqs.consumers.dev/redrive-request";
+/// Annotation on a scale-only target (`spec.scaleTargetRef`) naming the one QueueConsumer of its
+/// namespace that may scale it. Without it the controller does not write the target's `/scale`: creating
+/// a QueueConsumer must not let anyone scale a workload they could not scale themselves.
+pub const SCALED_BY_ANNOTATION: &str = "sqs.consumers.dev/scaled-by";
 
 /// Desired state of a QueueConsumer: which queue, how messages are processed, by what, at what scale.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -712,6 +716,21 @@ impl ScaleTargetRef {
     /// `Kind/name` (`Deployment/orders`), as status and Events name it.
     pub fn describe(&self) -> String {
         format!("{}/{}", self.kind, self.name)
+    }
+
+    /// The command that opts the target in for QueueConsumer `consumer` ([`SCALED_BY_ANNOTATION`]):
+    /// `kubectl annotate -n shop deployment.apps/orders sqs.consumers.dev/scaled-by=orders`.
+    pub fn opt_in_command(&self, namespace: Option<&str>, consumer: &str) -> String {
+        let kind = self.kind.to_lowercase();
+        let resource = match self.api_version.rsplit_once('/') {
+            Some((group, _)) if !group.is_empty() => format!("{kind}.{group}"),
+            _ => kind,
+        };
+        let ns = namespace.map(|n| format!("-n {n} ")).unwrap_or_default();
+        format!(
+            "kubectl annotate {ns}{resource}/{} {SCALED_BY_ANNOTATION}={consumer}",
+            self.name
+        )
     }
 }
 

@@ -367,7 +367,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
     // Scale-only mode reads the target's /scale, and neither a Deployment of ours nor worker pods.
     let mut scale_target = match qc.spec.mode() {
-        Mode::ScaleOnly(t) => Some(target::read(&ctx.client, &ns, t).await),
+        Mode::ScaleOnly(t) => Some(target::read(&ctx.client, &ns, &name, t).await),
         Mode::Worker => None,
     };
     let live = deployments

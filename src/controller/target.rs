@@ -1,13 +1,14 @@
 //! Scale-only mode (`spec.scaleTargetRef`): the user's own workload, read and scaled through its
 //! `/scale` subresource only. Its pod template, labels and everything else stay the user's: the
-//! controller never reads the object itself, never applies it and never owns it.
+//! controller never applies the object and never owns it; it reads only its metadata, for the opt-in
+//! (`sqs.consumers.dev/scaled-by`, naming the QueueConsumer) and its owners.
 
 use k8s_openapi::api::autoscaling::v1::Scale;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
 
-use crate::api::ScaleTargetRef;
+use crate::api::{SCALED_BY_ANNOTATION, ScaleTargetRef};
 
 use super::apply::SCALER_FIELD_MANAGER;
 
@@ -45,6 +46,8 @@ pub enum TargetRead {
     NotFound,
     /// The API server does not serve that apiVersion and kind, or it has no `/scale` subresource.
     NotScalable(String),
+    /// The target does not name this QueueConsumer in `sqs.consumers.dev/scaled-by`: the message.
+    NotOptedIn(String),
     /// Anything else (403 without the chart's RBAC for that kind, a timeout): the message.
     Failed(String),
 }
@@ -66,7 +69,9 @@ impl TargetRead {
                 t.describe(),
                 t.api_version
             )),
-            TargetRead::NotScalable(why) | TargetRead::Failed(why) => Some(format!(
+            TargetRead::NotScalable(why)
+            | TargetRead::NotOptedIn(why)
+            | TargetRead::Failed(why) => Some(format!(
                 "spec.scaleTargetRef {} ({}) cannot be scaled: {why}",
                 t.describe(),
                 t.api_version
@@ -139,16 +144,55 @@ async fn api(
     Ok(Api::namespaced_with(client.clone(), ns, &resource))
 }
 
-fn failed(e: kube::Error, verb: &str, t: &ScaleTargetRef) -> TargetRead {
+/// `what`: the request, e.g. "get its /scale".
+fn failed(e: kube::Error, what: &str, t: &ScaleTargetRef) -> TargetRead {
     match e {
         kube::Error::Api(s) if s.code == 404 => TargetRead::NotFound,
         kube::Error::Api(s) if s.code == 403 => TargetRead::Failed(format!(
-            "the operator may not {verb} its /scale ({}): grant it in the chart's rbac.scaleTargets, e.g. {{apiGroup: {}, resources: [{}]}}",
+            "the operator may not {what} ({}): grant it in the chart's rbac.scaleTargets, e.g. {{apiGroup: {}, resources: [{}]}}",
             s.message,
             group_version(&t.api_version).0,
             t.kind.to_lowercase() + "s"
         )),
-        e => TargetRead::Failed(format!("{verb} /scale: {e}")),
+        e => TargetRead::Failed(format!("{what}: {e}")),
+    }
+}
+
+/// Whether the target's metadata lets QueueConsumer `consumer` scale it: it names `consumer` in
+/// [`SCALED_BY_ANNOTATION`], and no QueueConsumer controls it as its bundled worker. The message says why
+/// not and how to opt in. Anyone who may create a QueueConsumer could otherwise have any workload of the
+/// namespace scaled (to 0 by `suspend`, up to `maxReplicas`) without the right to scale it themselves;
+/// the annotation is written by whoever may change the target, once.
+pub fn opt_in_problem(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    t: &ScaleTargetRef,
+    namespace: &str,
+    consumer: &str,
+) -> Option<String> {
+    if let Some(owner) =
+        worker_of_a_queue_consumer(meta.owner_references.as_deref().unwrap_or_default())
+    {
+        return Some(format!(
+            "it is the bundled worker's Deployment of QueueConsumer {owner}, which scales it already: point scaleTargetRef at your own workload"
+        ));
+    }
+    let named = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SCALED_BY_ANNOTATION))
+        .map(|v| v.trim());
+    let fix = format!(
+        "whoever may change it opts it in with {}",
+        t.opt_in_command(Some(namespace), consumer)
+    );
+    match named {
+        Some(n) if n == consumer => None,
+        Some(n) => Some(format!(
+            "its annotation {SCALED_BY_ANNOTATION} names QueueConsumer {n:?}, not {consumer}: one QueueConsumer scales a workload; {fix}"
+        )),
+        None => Some(format!(
+            "it has no annotation {SCALED_BY_ANNOTATION}: {consumer}; {fix}"
+        )),
     }
 }
 
@@ -169,35 +213,30 @@ pub fn worker_of_a_queue_consumer(
         .map(|o| o.name.clone())
 }
 
-/// Reads the target's `/scale`. A Deployment is read once more for its owner: the worker Deployment of a
-/// QueueConsumer is refused as a target (its own QueueConsumer scales it).
-pub async fn read(client: &kube::Client, ns: &str, t: &ScaleTargetRef) -> TargetRead {
+/// Reads the target's metadata (for the opt-in and its owners) and its `/scale`. Without the opt-in the
+/// target is not scaled; its `/scale` is still read, so status shows what it runs.
+pub async fn read(
+    client: &kube::Client,
+    ns: &str,
+    consumer: &str,
+    t: &ScaleTargetRef,
+) -> TargetRead {
     let api = match api(client, ns, t).await {
         Ok(a) => a,
         Err(r) => return r,
     };
-    let scale = match api.get_scale(&t.name).await {
-        Ok(s) => TargetScale::from_scale(&s),
-        Err(e) => return failed(e, "get", t),
+    let meta = match api.get_metadata_opt(&t.name).await {
+        Ok(Some(m)) => m.metadata,
+        Ok(None) => return TargetRead::NotFound,
+        Err(e) => return failed(e, "get its metadata", t),
     };
-    if t.kind == "Deployment" && group_version(&t.api_version).0 == "apps" {
-        let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
-            Api::namespaced(client.clone(), ns);
-        match deployments.get_metadata_opt(&t.name).await {
-            Ok(Some(m)) => {
-                if let Some(owner) = worker_of_a_queue_consumer(
-                    m.metadata.owner_references.as_deref().unwrap_or_default(),
-                ) {
-                    return TargetRead::NotScalable(format!(
-                        "it is the bundled worker's Deployment of QueueConsumer {owner}, which scales it already: point scaleTargetRef at your own workload"
-                    ));
-                }
-            }
-            Ok(None) => return TargetRead::NotFound,
-            Err(e) => return failed(e, "get", t),
-        }
+    if let Some(why) = opt_in_problem(&meta, t, ns, consumer) {
+        return TargetRead::NotOptedIn(why);
     }
-    TargetRead::Found(scale)
+    match api.get_scale(&t.name).await {
+        Ok(s) => TargetRead::Found(TargetScale::from_scale(&s)),
+        Err(e) => failed(e, "get its /scale", t),
+    }
 }
 
 /// Writes `spec.replicas` through `/scale` as the scaler's field manager: a merge patch, which every
@@ -216,7 +255,7 @@ pub async fn scale(
     api.patch_scale(&t.name, &params, &Patch::Merge(replicas_patch(replicas)))
         .await
         .map(|s| TargetScale::from_scale(&s))
-        .map_err(|e| failed(e, "patch", t))
+        .map_err(|e| failed(e, "patch its /scale", t))
 }
 
 #[cfg(test)]
@@ -309,6 +348,80 @@ mod tests {
     }
 
     #[test]
+    fn only_a_target_that_names_the_queue_consumer_is_scaled() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+        let meta = |scaled_by: Option<&str>| ObjectMeta {
+            name: Some("orders".into()),
+            annotations: scaled_by
+                .map(|v| [(SCALED_BY_ANNOTATION.to_string(), v.to_string())].into()),
+            ..ObjectMeta::default()
+        };
+        let t = target("apps/v1", "Deployment");
+        assert_eq!(
+            opt_in_problem(&meta(Some("orders-qc")), &t, "shop", "orders-qc"),
+            None
+        );
+        assert_eq!(
+            opt_in_problem(&meta(Some(" orders-qc ")), &t, "shop", "orders-qc"),
+            None
+        );
+        // No annotation: refused, with the command that opts it in.
+        let none = opt_in_problem(&meta(None), &t, "shop", "orders-qc").unwrap();
+        assert!(
+            none.contains("no annotation sqs.consumers.dev/scaled-by")
+                && none.contains(
+                    "kubectl annotate -n shop deployment.apps/orders sqs.consumers.dev/scaled-by=orders-qc"
+                ),
+            "{none}"
+        );
+        // Another QueueConsumer named: one scaler per workload.
+        let other = opt_in_problem(&meta(Some("billing")), &t, "shop", "orders-qc").unwrap();
+        assert!(
+            other.contains("names QueueConsumer \"billing\", not orders-qc"),
+            "{other}"
+        );
+        // Empty value, a prefix, a case change: no match.
+        for v in ["", "orders", "Orders-qc", "orders-qc2"] {
+            assert!(
+                opt_in_problem(&meta(Some(v)), &t, "shop", "orders-qc").is_some(),
+                "{v:?}"
+            );
+        }
+        // The bundled worker of a QueueConsumer is refused even when annotated.
+        let mut worker = meta(Some("orders-qc"));
+        worker.owner_references = Some(vec![OwnerReference {
+            api_version: "sqs.consumers.dev/v1alpha1".into(),
+            kind: "QueueConsumer".into(),
+            name: "payments".into(),
+            uid: "u".into(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        }]);
+        let w = opt_in_problem(&worker, &t, "shop", "orders-qc").unwrap();
+        assert!(
+            w.contains("bundled worker's Deployment of QueueConsumer payments"),
+            "{w}"
+        );
+        // A core-group or custom kind is named as kubectl reads it.
+        let rollout = opt_in_problem(
+            &meta(None),
+            &target("argoproj.io/v1alpha1", "Rollout"),
+            "shop",
+            "orders-qc",
+        )
+        .unwrap();
+        assert!(rollout.contains("rollout.argoproj.io/orders"), "{rollout}");
+        let rc = opt_in_problem(
+            &meta(None),
+            &target("v1", "ReplicationController"),
+            "shop",
+            "q",
+        )
+        .unwrap();
+        assert!(rc.contains(" replicationcontroller/orders "), "{rc}");
+    }
+
+    #[test]
     fn problems_name_the_target_and_the_fix() {
         let t = target("apps/v1", "Deployment");
         assert_eq!(
@@ -329,7 +442,7 @@ mod tests {
             kube::Error::Api(Box::new(
                 kube::core::Status::failure("forbidden", "Forbidden").with_code(403),
             )),
-            "get",
+            "get its /scale",
             &target("argoproj.io/v1alpha1", "Rollout"),
         );
         let TargetRead::Failed(why) = &denied else {

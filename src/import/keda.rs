@@ -1660,8 +1660,9 @@ fn draft(
         ));
     } else {
         header.push(format!(
-            "Scale-only mode: the controller sets the replicas of {} through /scale from the queue's counts. Delete the ScaledObject before applying this: KEDA's HPA would set them too.",
-            target.describe()
+            "Scale-only mode: the controller sets the replicas of {} through /scale from the queue's counts, once the target opts in: {}. Delete the ScaledObject before applying this: KEDA's HPA would set them too.",
+            target.describe(),
+            target.opt_in_command(namespace.as_deref(), name)
         ));
     }
     if !todos.is_empty() {

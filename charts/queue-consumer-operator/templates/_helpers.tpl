@@ -110,12 +110,19 @@ reads its redis URL Secret through the pod's env (valueFrom), so the controller 
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# Scale-only mode (spec.scaleTargetRef): the user's own Deployments and StatefulSets, read and scaled
-# through /scale only; never the objects themselves, never their pod templates.
+# Scale-only mode (spec.scaleTargetRef): the user's own Deployments and StatefulSets, scaled through
+# /scale only, never written themselves; read (get, as Deployments above) for the opt-in annotation
+# sqs.consumers.dev/scaled-by only.
+- apiGroups: ["apps"]
+  resources: ["statefulsets"]
+  verbs: ["get"]
 - apiGroups: ["apps"]
   resources: ["deployments/scale", "statefulsets/scale"]
   verbs: ["get", "patch"]
 {{- range .Values.rbac.scaleTargets }}
+- apiGroups: [{{ .apiGroup | quote }}]
+  resources: [{{- range $i, $r := .resources }}{{ if $i }}, {{ end }}{{ $r | quote }}{{- end }}]
+  verbs: ["get"]
 - apiGroups: [{{ .apiGroup | quote }}]
   resources: [{{- range $i, $r := .resources }}{{ if $i }}, {{ end }}{{ printf "%s/scale" $r | quote }}{{- end }}]
   verbs: ["get", "patch"]
