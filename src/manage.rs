@@ -408,6 +408,29 @@ pub fn create_conflicts(spec: &QueueConsumerSpec, peers: &[Peer<'_>]) -> Vec<Str
         .collect()
 }
 
+/// Why `create` must not give `q` (a live queue without a redrive policy) one now, if so. SQS moves a
+/// message to the DLQ at the receive that takes its receive count past maxReceiveCount, counting the
+/// receives made before the policy existed: on a queue whose consumer has been retrying, messages
+/// already received `max_receive_count` times would be dead-lettered on their next receive with no
+/// handler call. The receive counts of a backlog cannot be read without receiving it, so the policy
+/// waits for a queue that holds nothing (visible, in flight or delayed), as its counts say; unknown
+/// counts wait too. The message names the queue, what it holds and the two ways on.
+pub fn redrive_policy_deferred(q: &QueueFacts, max_receive_count: u32) -> Option<String> {
+    let held = match (q.visible, q.in_flight, q.delayed) {
+        (Some(v), Some(f), Some(d)) => Some((v, f, d)),
+        _ => None,
+    };
+    let what = match held {
+        Some((0, 0, 0)) => return None,
+        Some((v, f, d)) => format!("holds {v} visible, {f} in flight and {d} delayed messages"),
+        None => "holds an unknown number of messages (its counts were not read)".to_string(),
+    };
+    Some(format!(
+        "queue {} has no redrive policy and {what}: a policy set now would send any of them already received more than {max_receive_count} times to the dead-letter queue at their next receive, unhandled. It (and its dead-letter queue) is set once the queue is empty; to set it now, accepting that, set the RedrivePolicy yourself",
+        q.url
+    ))
+}
+
 /// `create` for an existing queue without a redrive policy: its DLQ, and the policy to set.
 pub fn plan_dead_letter(
     spec: &QueueConsumerSpec,
@@ -416,15 +439,19 @@ pub fn plan_dead_letter(
     consumer: &str,
 ) -> Result<(NewQueue, u32), ManageError> {
     let plan = plan_create(spec, namespace, consumer)?;
+    Ok((plan.dead_letter, added_receive_count(spec, q)))
+}
+
+/// The maxReceiveCount of the redrive policy `create` adds to `q`, a queue without one.
+pub fn added_receive_count(spec: &QueueConsumerSpec, q: &QueueFacts) -> u32 {
     let mut with_policy = q.clone();
     with_policy.redrive = Some(RedrivePolicy {
         dead_letter_target_arn: String::new(),
         max_receive_count: validate::RECOMMENDED_RECEIVE_COUNT,
     });
-    let r = targets(spec, &with_policy)
+    targets(spec, &with_policy)
         .max_receive_count
-        .unwrap_or(validate::RECOMMENDED_RECEIVE_COUNT);
-    Ok((plan.dead_letter, r))
+        .unwrap_or(validate::RECOMMENDED_RECEIVE_COUNT)
 }
 
 #[cfg(test)]

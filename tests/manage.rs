@@ -483,6 +483,108 @@ async fn create_gives_an_existing_queue_without_redrive_policy_a_dlq() {
     assert_eq!(changes[1].0, "RedrivePolicy");
 }
 
+/// A live queue without a redrive policy that holds messages (its consumer may have received them many
+/// times already) gets neither a DLQ nor a policy until it is empty: SQS would dead-letter those past the
+/// new maxReceiveCount at their next receive, unhandled. Its other settings are raised meanwhile; one
+/// Warning Event for the cause, not one per poll.
+#[tokio::test]
+async fn create_defers_the_redrive_policy_of_a_queue_that_holds_messages() {
+    let e = env().await;
+    let name = common::unique_name("busy");
+    let url = common::create_queue(&e.sqs, &name, &[(A::VisibilityTimeout, "5".into())]).await;
+    common::send_numbered(&e.sqs, &url, "m", 3).await;
+    // One of them received six times already (released at once each time): receive count 6.
+    for _ in 0..6 {
+        let got = e
+            .sqs
+            .receive_message()
+            .queue_url(&url)
+            .max_number_of_messages(1)
+            .send()
+            .await
+            .expect("receive");
+        let m = &got.messages.unwrap_or_default()[0];
+        e.sqs
+            .change_message_visibility()
+            .queue_url(&url)
+            .receipt_handle(m.receipt_handle.clone().unwrap())
+            .visibility_timeout(0)
+            .send()
+            .await
+            .expect("release");
+    }
+    e.fake
+        .create(QUEUE_CONSUMERS, manifest("orders", &url, "create"));
+    for _ in 0..3 {
+        e.reconcile("orders").await;
+        e.next_poll().await;
+    }
+    let attrs = e.attrs(&url).await;
+    assert!(!attrs.contains_key("RedrivePolicy"), "{attrs:?}");
+    assert_eq!(attrs["VisibilityTimeout"], "15", "raised meanwhile");
+    let dlqs = e
+        .sqs
+        .list_queues()
+        .queue_name_prefix(format!("{name}-dlq"))
+        .send()
+        .await
+        .expect("ListQueues")
+        .queue_urls
+        .unwrap_or_default();
+    assert!(dlqs.is_empty(), "no DLQ yet: {dlqs:?}");
+    let (status, reason, message) = e.condition("orders");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "RedrivePolicyDeferred"),
+        "{message}"
+    );
+    assert!(
+        message.contains("holds 3 visible") && message.contains("more than 5 times"),
+        "{message}"
+    );
+    let notes = event_notes(&e.fake.take_requests(), "RedrivePolicyDeferred");
+    assert_eq!(notes.len(), 1, "one Event per cause: {notes:?}");
+
+    // Drained: the DLQ and the policy, and every message was handled by the consumer, none moved.
+    let mut handled = 0;
+    while handled < 3 {
+        let got = e
+            .sqs
+            .receive_message()
+            .queue_url(&url)
+            .max_number_of_messages(10)
+            .send()
+            .await
+            .expect("receive");
+        for m in got.messages.unwrap_or_default() {
+            e.sqs
+                .delete_message()
+                .queue_url(&url)
+                .receipt_handle(m.receipt_handle.unwrap())
+                .send()
+                .await
+                .expect("delete");
+            handled += 1;
+        }
+    }
+    e.next_poll().await;
+    e.reconcile("orders").await;
+    let attrs = e.attrs(&url).await;
+    let policy = qc::aws::facts::parse_redrive_policy(&attrs["RedrivePolicy"]).expect("policy");
+    assert!(
+        policy
+            .dead_letter_target_arn
+            .ends_with(&format!(":{name}-dlq")),
+        "{policy:?}"
+    );
+    let (status, reason, message) = e.condition("orders");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "QueueAttributesUpdated"),
+        "{message}"
+    );
+}
+
 #[tokio::test]
 async fn attributes_mode_never_creates_a_missing_queue() {
     let e = env().await;

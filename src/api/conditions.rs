@@ -53,6 +53,10 @@ pub mod reason {
     pub const INVALID_QUEUE_NAME: &str = "InvalidQueueName";
     /// The operator has no SQS client to write with (only a provider of test doubles).
     pub const QUEUE_WRITER_UNAVAILABLE: &str = "QueueWriterUnavailable";
+    /// `create` on a live queue without a redrive policy that holds messages: the policy (and its DLQ)
+    /// waits until the queue is empty, since messages already received more than maxReceiveCount times
+    /// would go to the DLQ on their next receive, unhandled.
+    pub const REDRIVE_POLICY_DEFERRED: &str = "RedrivePolicyDeferred";
     // Ready
     pub const AVAILABLE: &str = "Available";
     /// Scale-only mode: `ScaleOnly`'s reason; Ready's, ProcessingTimeWithinDeclared's and

@@ -199,7 +199,11 @@ pub async fn step(
     // `create` on a queue without a redrive policy: its DLQ first, then the policy with the rest.
     let mut q = q.clone();
     let mut attributes = std::collections::BTreeMap::new();
+    let mut deferred = None;
     if mode == QueueManage::Create && q.redrive.is_none() {
+        deferred = manage::redrive_policy_deferred(&q, manage::added_receive_count(&qc.spec, &q));
+    }
+    if mode == QueueManage::Create && q.redrive.is_none() && deferred.is_none() {
         let ns = qc.namespace().unwrap_or_default();
         let (dlq, r) = match manage::plan_dead_letter(&qc.spec, &q, &ns, &qc.name_any()) {
             Ok(p) => p,
@@ -251,6 +255,9 @@ pub async fn step(
     let plan = manage::plan_attributes(&qc.spec, &q);
     attributes.extend(plan.attributes.clone());
     if attributes.is_empty() {
+        if let Some(why) = deferred {
+            return Outcome::refused(reason::REDRIVE_POLICY_DEFERRED, why);
+        }
         return Outcome::condition(Status::True, reason::QUEUE_IN_SYNC, in_sync_message(&plan));
     }
     if let Err(source) = writer.set_attributes(&q.url, &attributes).await {
@@ -281,10 +288,18 @@ pub async fn step(
         reason: reason::QUEUE_ATTRIBUTES_UPDATED,
         note: note.clone(),
     });
-    out.condition = Some(ManagedCondition {
-        status: Status::True,
-        reason: reason::QUEUE_ATTRIBUTES_UPDATED,
-        message: format!("{note} (queue.manage: {})", mode.as_str()),
+    out.condition = Some(match deferred {
+        // the other settings are raised meanwhile: a longer visibility timeout is safe at any time
+        Some(why) => ManagedCondition {
+            status: Status::False,
+            reason: reason::REDRIVE_POLICY_DEFERRED,
+            message: format!("{note}; {why}"),
+        },
+        None => ManagedCondition {
+            status: Status::True,
+            reason: reason::QUEUE_ATTRIBUTES_UPDATED,
+            message: format!("{note} (queue.manage: {})", mode.as_str()),
+        },
     });
     out.reread = true;
     out

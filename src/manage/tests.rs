@@ -321,3 +321,29 @@ fn two_consumers_creating_one_queue_with_other_settings_conflict() {
     let same = a.clone();
     assert!(create_conflicts(&a, &[peer(&same)]).is_empty());
 }
+
+#[test]
+fn a_redrive_policy_waits_for_an_empty_queue() {
+    let mut q = queue(30, 4 * 24 * 3600, None);
+    let counts = |v, f, d| (Some(v), Some(f), Some(d));
+    assert_eq!(redrive_policy_deferred(&q, 5), None, "an empty queue");
+    for (visible, in_flight, delayed) in [counts(1, 0, 0), counts(0, 3, 0), counts(0, 0, 2)] {
+        (q.visible, q.in_flight, q.delayed) = (visible, in_flight, delayed);
+        let why = redrive_policy_deferred(&q, 5).expect("deferred");
+        assert!(
+            why.contains(&format!(
+                "holds {} visible, {} in flight and {} delayed messages",
+                visible.unwrap(),
+                in_flight.unwrap(),
+                delayed.unwrap()
+            )) && why.contains("more than 5 times")
+                && why.contains("set the RedrivePolicy yourself"),
+            "{why}"
+        );
+    }
+    // Counts not read: no guess.
+    q.in_flight = None;
+    (q.visible, q.delayed) = (Some(0), Some(0));
+    let why = redrive_policy_deferred(&q, 5).expect("deferred");
+    assert!(why.contains("an unknown number"), "{why}");
+}
