@@ -369,7 +369,7 @@ pub fn render_text(run: &CheckRun, source: &FactsSource) -> String {
 
 /// `--live`: reads the queue and its DLQ through the SQS adapter. Region: `spec.queue.region`, else the
 /// one in the queue URL, else the environment; endpoint: `spec.queue.endpoint`, else the SDK's own
-/// settings (`AWS_ENDPOINT_URL`).
+/// settings (`AWS_ENDPOINT_URL`); with `spec.aws.roleArn`, as that role (see `facts`).
 pub struct LiveFacts;
 
 #[async_trait::async_trait]
@@ -377,8 +377,14 @@ impl FactsReader for LiveFacts {
     async fn facts(&self, qc: &QueueConsumer) -> Result<Facts, String> {
         let q = &qc.spec.queue;
         let region = crate::aws::facts::queue_region(q.region.as_deref(), &q.url);
-        let conf =
+        let mut conf =
             crate::aws::controller_sdk_config(region.as_deref(), q.endpoint.as_deref()).await;
+        // As the controller reads it: through `spec.aws.roleArn`, with the session name and the
+        // ExternalId (`qc:NAMESPACE`) of the manifest's namespace (`default` when it names none, as
+        // `kubectl apply` without -n would), assumed with this machine's credentials.
+        if let Some(role) = crate::aws::identity::of_consumer(qc) {
+            conf = crate::aws::identity::assume(conf, &role).await;
+        }
         let reader = crate::aws::sqs::SqsReader::new(aws_sdk_sqs::Client::new(&conf));
         crate::aws::sqs::observe(&reader, &q.url)
             .await

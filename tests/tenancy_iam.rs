@@ -187,6 +187,20 @@ fn world() -> World {
 /// `qc-operator plan --live` of QueueConsumer `namespace/orders` on `url` as `keys`: (succeeded to
 /// read the queue, everything it printed).
 fn plan(w: &World, keys: &Keys, namespace: &str, url: &str, role: Option<&str>) -> (bool, String) {
+    let (_, text) = live(w, "plan", keys, namespace, url, role);
+    (text.contains("reason: QueueAttributesRead"), text)
+}
+
+/// `qc-operator COMMAND --live` (check or plan) of QueueConsumer `namespace/orders` on `url` as `keys`:
+/// (its exit code, everything it printed).
+fn live(
+    w: &World,
+    command: &str,
+    keys: &Keys,
+    namespace: &str,
+    url: &str,
+    role: Option<&str>,
+) -> (Option<i32>, String) {
     let dir = std::env::temp_dir().join(format!("qc-tenancy-iam-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join(format!(
@@ -203,7 +217,7 @@ fn plan(w: &World, keys: &Keys, namespace: &str, url: &str, role: Option<&str>) 
     )
     .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_qc-operator"))
-        .args(["plan", "--live", "--allowed-endpoint", &w.moto.endpoint])
+        .args([command, "--live", "--allowed-endpoint", &w.moto.endpoint])
         .arg(&file)
         .env("AWS_ACCESS_KEY_ID", &keys.id)
         .env("AWS_SECRET_ACCESS_KEY", &keys.secret)
@@ -214,7 +228,7 @@ fn plan(w: &World, keys: &Keys, namespace: &str, url: &str, role: Option<&str>) 
         .unwrap();
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    (text.contains("reason: QueueAttributesRead"), text)
+    (out.status.code(), text)
 }
 
 async fn sqs_as(w: &World, keys: &Keys) -> aws_sdk_sqs::Client {
@@ -268,6 +282,19 @@ async fn a_role_reaches_its_own_queue_only_for_the_controller_and_the_worker() {
         out.contains("credentials") && out.contains("team-a-orders"),
         "reported as the credentials (AssumeRole) failing for that queue: {out}"
     );
+
+    // `check --live` reads as the controller would: through the role, with the manifest's namespace's
+    // ExternalId; the machine's own identity reads nothing.
+    let (code, out) = live(&w, "check", &w.operator, "team-a", &w.team_a, Some(ROLE));
+    assert!(
+        code != Some(2) && !out.contains("AccessDenied") && !out.contains("credentials"),
+        "check --live reads team-a's queue as the role: {code:?} {out}"
+    );
+    let (code, out) = live(&w, "check", &w.operator, "team-a", &w.team_a, None);
+    assert_eq!(code, Some(2), "without the role nothing is read: {out}");
+    let (code, out) = live(&w, "check", &w.operator, "team-b", &w.team_a, Some(ROLE));
+    assert_eq!(code, Some(2), "qc:team-b fails the trust policy: {out}");
+    assert!(out.contains("credentials"), "{out}");
 
     // The worker, with pod credentials that may only assume the role, consumes team-a's queue.
     let admin = sqs_as(&w, &w.admin).await;

@@ -321,8 +321,10 @@ fn in_flight(s: &str) -> Result<usize, String> {
 #[derive(Args)]
 struct FactsArgs {
     /// Read the queue and its dead-letter queue (region from the URL or spec.queue.region; endpoint from
-    /// spec.queue.endpoint or AWS_ENDPOINT_URL; credentials from the default chain). `plan` also reads
-    /// the DLQ's oldest-message age, as the controller does.
+    /// spec.queue.endpoint or AWS_ENDPOINT_URL; credentials from the default chain; with spec.aws.roleArn
+    /// that role, assumed with those credentials and the ExternalId qc:NAMESPACE of the manifest's
+    /// namespace, `default` when it names none). `plan` also reads the DLQ's oldest-message age, as the
+    /// controller does.
     #[arg(long, conflicts_with = "attributes")]
     live: bool,
     // With --live: the same list as `run --allowed-endpoint`.
