@@ -218,6 +218,66 @@ async fn a_call_longer_than_the_visibility_timeout_keeps_every_lease() {
     w.stop().await;
 }
 
+/// FIFO in batch mode reports its groups as single mode does: a group whose first item fails every
+/// call is reported with its head's receive count (what the controller names as stuck), a group that
+/// drained is no longer held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_batch_mode_reports_a_stuck_groups_head() {
+    let q = TestQueue::new("batch-fifo-head", 30, 5, true).await;
+    let bodies: Vec<String> = ["bad-0", "bad-1"]
+        .into_iter()
+        .map(String::from)
+        .chain((0..4).map(|i| format!("good-{i}")))
+        .collect();
+    q.send_all(&bodies, |i| {
+        if i < 2 { "g-bad" } else { "g-good" }.to_string()
+    })
+    .await;
+    let h = HttpHandler::start(|call| {
+        let failed: Vec<String> = events(call)
+            .iter()
+            .filter(|e| e["data"].as_str().is_some_and(|d| d.starts_with("bad")))
+            .map(|e| e["id"].as_str().unwrap().to_string())
+            .collect();
+        Reply::answer(MS(5), &failures(&failed))
+    })
+    .await;
+    let mut w = Worker::start(&q.args(&[
+        "--http-url",
+        &h.url,
+        "--batch-max-items",
+        "10",
+        "--retry-base",
+        "1s",
+        "--retry-max",
+        "1s",
+        "--breaker",
+        "false",
+    ]));
+    let head = "qc_worker_fifo_group_head_receives{group=\"g-bad\"}";
+    eventually(
+        SECS(60),
+        "g-bad's head reported at its third receive",
+        || async { w.metric(head).await.is_some_and(|n| n >= 3.0) },
+    )
+    .await;
+    eventually(SECS(30), "g-good drained and no longer held", || async {
+        w.metric("qc_worker_fifo_group_head_receives{group=\"g-good\"}")
+            .await
+            .is_none()
+            && w.metric("qc_worker_fifo_groups").await == Some(1.0)
+    })
+    .await;
+    let good = h
+        .calls()
+        .iter()
+        .flat_map(events)
+        .filter(|e| e["data"].as_str().is_some_and(|d| d.starts_with("good")))
+        .count();
+    assert_eq!(good, 4, "the healthy group went on, each message once");
+    w.stop().await;
+}
+
 /// FIFO: a failed item holds back the later items of its group in the same batch (not deleted,
 /// whatever the answer said: they come again after it), other groups go on, and no group is in
 /// two calls at once.

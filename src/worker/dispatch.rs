@@ -648,8 +648,21 @@ async fn run_group_batches(
         let Ok(_permit) = calls.acquire().await else {
             return;
         };
+        // The group's head for qc_worker_fifo_group_head_*: the call's first item, and after the call
+        // the first item that stayed on the queue (it comes back first), as single mode reports them.
+        let heads: Vec<(u32, Option<u64>)> = batch
+            .iter()
+            .map(|l| (l.msg.receive_count, l.msg.sent_timestamp))
+            .collect();
+        if let Some(&(rc, sent)) = heads.first() {
+            p.metrics.fifo_heads.started(&group, rc, sent);
+        }
         let ended = p.process_batch(std::mem::take(&mut batch)).await;
-        let kept = ended.iter().any(|(_, e)| *e == Ended::Kept);
+        let first_kept = ended.iter().position(|(_, e)| *e == Ended::Kept);
+        let kept = first_kept.is_some();
+        if let Some(&(rc, sent)) = first_kept.and_then(|i| heads.get(i)) {
+            p.metrics.fifo_heads.started(&group, rc, sent);
+        }
         let mut stopped = Vec::new();
         if let Ok(mut g) = groups.lock() {
             if kept {
@@ -661,6 +674,7 @@ async fn run_group_batches(
                     Some(l) => batch.push(l),
                     None => {
                         g.remove(&group);
+                        p.metrics.fifo_heads.done(&group);
                     }
                 }
             }
