@@ -90,6 +90,8 @@ pub const REDRIVE_REQUEST_ANNOTATION: &str = "sqs.consumers.dev/redrive-request"
 #[schemars(transform = RecursiveTransform(kubernetes_integers))]
 #[x_kube(validation = Rule::new("has(self.scaleTargetRef) || has(self.handler)").message("spec sets neither handler nor scaleTargetRef: set handler and template to run your handler behind the bundled qc-worker, or scaleTargetRef (kind, name) to scale the Deployment that already runs your own consumer").reason(Reason::FieldValueRequired))]
 #[x_kube(validation = Rule::new("!has(self.scaleTargetRef) || (!has(self.handler) && (!has(self.template) || !has(self.template.spec)) && !has(self.filter) && (!has(self.idempotency) || !has(self.idempotency.store) || self.idempotency.store == 'none'))").message("spec.scaleTargetRef (scale-only mode: your own consumer, scaled through /scale) excludes handler, template, filter and idempotency.store, which configure the bundled qc-worker: remove them, or remove scaleTargetRef to run the bundled worker").reason(Reason::FieldValueForbidden))]
+#[x_kube(validation = Rule::new(format!("!has(self.scaling) || !has(self.scaling.objective) || {}", duration::when_durations(&["processing.p99", "scaling.objective.dwellP99"], "duration(self.scaling.objective.dwellP99) > duration(self.processing.p99)"))).message("spec.scaling.objective.dwellP99 must be greater than processing.p99: a message's dwell includes its handling, so a dwellP99 at or below the declared P99 can never be met; raise dwellP99 or lower processing.p99").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("!has(self.scaleTargetRef) || !has(self.scaling) || !has(self.scaling.objective)").message("spec.scaling.objective needs the bundled qc-worker, whose pods measure each message's dwell; scale-only mode (scaleTargetRef) has no such measurement: remove scaling.objective, or remove scaleTargetRef to run the bundled worker").reason(Reason::FieldValueForbidden))]
 pub struct QueueConsumerSpec {
     /// The SQS queue to consume. Required.
     pub queue: QueueSpec,
@@ -1202,6 +1204,24 @@ pub struct ScalingSpec {
     /// Ready; 30s until measured), or a duration such as 5m overrides it. Default: auto.
     #[serde(default)]
     pub scale_down_stabilization: Stabilization,
+    /// A service-level objective on how long a message stays in the queue, measured by the workers
+    /// (SentTimestamp to deleted): condition `ObjectiveMet`, `status.objective` (observed dwell P99 and
+    /// the error budget's burn rate), and the scaler sizes and holds replicas for it from the workers'
+    /// measurements (docs/scaling.md, "Dwell objective"). Needs the bundled qc-worker (refused with
+    /// scaleTargetRef). Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objective: Option<ObjectiveSpec>,
+}
+
+/// `scaling.objective`: the dwell time 99 % of messages must stay within.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new(duration::when_durations(&["dwellP99"], "duration(self.dwellP99) > duration('0s')")).message("scaling.objective.dwellP99 must be greater than 0s: write the time 99 % of messages may take from their send to their deletion, e.g. 2m").reason(Reason::FieldValueInvalid))]
+pub struct ObjectiveSpec {
+    /// At most this long from a message's send (SentTimestamp) to its deletion for 99 % of the
+    /// messages, a duration above processing.p99 (a message's dwell includes its handling), e.g. 2m.
+    /// Required.
+    pub dwell_p99: Duration,
 }
 
 impl Default for ScalingSpec {
@@ -1215,6 +1235,7 @@ impl Default for ScalingSpec {
             message_groups: None,
             poll_interval: defaults::poll_interval(),
             scale_down_stabilization: Stabilization::Auto,
+            objective: None,
         }
     }
 }
