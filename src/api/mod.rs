@@ -1461,7 +1461,8 @@ pub struct QueueConsumerStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive,
-    /// ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced, QueueManaged, FifoGroupsHealthy, ScaleOnly
+    /// ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced, QueueManaged, FifoGroupsHealthy, ScaleOnly,
+    /// ObjectiveMet
     /// (Kubernetes conditions).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
@@ -1478,6 +1479,9 @@ pub struct QueueConsumerStatus {
     /// Processing time and throughput as the worker pods report them on their /metrics.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed: Option<ObservedStatus>,
+    /// With `spec.scaling.objective`: the workers' dwell measurement against it (condition ObjectiveMet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objective: Option<ObjectiveStatus>,
     /// Worker pods the Deployment has (its status.replicas).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<i32>,
@@ -1538,7 +1542,7 @@ fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
     let item = generator.subschema_for::<Condition>();
     json_schema!({
         "type": "array",
-        "description": "Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive, ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced, QueueManaged, FifoGroupsHealthy, ScaleOnly (Kubernetes conditions: type, status, reason, message, lastTransitionTime). ScaleOnly (only with spec.scaleTargetRef) is True and lists what runs without the bundled worker and what does not; in that mode Ready and ScalingActive are False (ScaleTargetUnavailable) while the target cannot be read or scaled. FifoGroupsHealthy (FIFO queues whose workers report their groups) is False (GroupStuck) naming the groups whose head failed 3 times in a row or is older than 5 minutes. HandlerHealthy is False (DownstreamFailing) while workers report their outage breaker open, with the share in the message; while more than half do, ScalingActive is False (DownstreamFailing) and replicas are held. QueueManaged (only with spec.queue.manage on) says whether the queue's settings are what the rules ask for, what was changed, or why nothing was (ManageConflict, Suspended). Only QueueReachable, ConfigValid and the Deployment gate Ready: it is False while a new pod template rolls out (RollingOut) or the rollout is stalled (RolloutStalled, with the Deployment's message); the scaler's replica changes keep it.",
+        "description": "Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive, ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced, QueueManaged, FifoGroupsHealthy, ScaleOnly, ObjectiveMet (Kubernetes conditions: type, status, reason, message, lastTransitionTime). ObjectiveMet (only with spec.scaling.objective) is False (DwellAboveObjective) while more than 1 % of the messages the workers removed in their window stayed longer than dwellP99, with the observed P99 and the burn rate in the message and in status.objective; Unknown (NoMeasurement) until enough messages were measured. ScaleOnly (only with spec.scaleTargetRef) is True and lists what runs without the bundled worker and what does not; in that mode Ready and ScalingActive are False (ScaleTargetUnavailable) while the target cannot be read or scaled. FifoGroupsHealthy (FIFO queues whose workers report their groups) is False (GroupStuck) naming the groups whose head failed 3 times in a row or is older than 5 minutes. HandlerHealthy is False (DownstreamFailing) while workers report their outage breaker open, with the share in the message; while more than half do, ScalingActive is False (DownstreamFailing) and replicas are held. QueueManaged (only with spec.queue.manage on) says whether the queue's settings are what the rules ask for, what was changed, or why nothing was (ManageConflict, Suspended). Only QueueReachable, ConfigValid and the Deployment gate Ready: it is False while a new pod template rolls out (RollingOut) or the rollout is stalled (RolloutStalled, with the Deployment's message); the scaler's replica changes keep it.",
         "items": item,
         "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["type"]
@@ -1725,6 +1729,33 @@ pub struct ObservedStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub breaker_open: Option<i32>,
     /// The span of the deltas, a duration such as 50s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<Duration>,
+    /// When the pods were last scraped (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "time_schema")]
+    pub sampled_at: Option<Time>,
+}
+
+/// `status.objective`: the dwell objective as the workers measured it (their
+/// `qc_worker_message_dwell_seconds` histogram deltas, summed over the pods, over the window).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectiveStatus {
+    /// Observed P99 of the time from a message's send (SentTimestamp) to its leaving the queue, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dwell_p99_seconds: Option<f64>,
+    /// Share of the window's messages that stayed longer than spec.scaling.objective.dwellP99 (0 to 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub over_objective: Option<f64>,
+    /// The error budget's burn rate: overObjective divided by the 1 % a P99 objective allows. Above 1 the
+    /// budget is spent faster than it accrues.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burn_rate: Option<f64>,
+    /// Messages that left the queue in the window (what the figures are estimated from).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<i64>,
+    /// The span of the deltas, a duration such as 1m.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<Duration>,
     /// When the pods were last scraped (RFC 3339).
