@@ -994,9 +994,8 @@ fn objective_met(i: &StatusInputs<'_>) -> Option<Cond> {
             Status::False,
             reason::DWELL_ABOVE_OBJECTIVE,
             format!(
-                "{}: more than the 1 % a P99 allows; the scaler removes no replica while it burns and scales out while messages wait (ScalingActive says limited by Objective), up to maxReplicas {}",
-                figures(&m),
-                i.qc.spec.scaling.max_replicas
+                "{}: more than the 1 % a P99 allows; while messages wait the scaler removes no replica and defers no scale-up (ScalingActive says limited by Objective); a miss that outlasts the burst that caused it wants more standing replicas (minReplicas) or a faster handler",
+                figures(&m)
             ),
         ),
         Verdict::NoMeasurement(why) => Cond::new(

@@ -357,9 +357,8 @@ pub enum Limit {
     /// younger than maxBacklogAge less a poll, a start-up and P, so replicas asked for a poll later are still
     /// in time for it.
     Deferred,
-    /// `scaling.objective`: more than 1 % of the workers' recent messages stayed longer than dwellP99, so
-    /// no replica is removed, and while messages wait the recommendation is scaled by the observed P99 over
-    /// the objective ([`objective::with_objective`]).
+    /// `scaling.objective`: more than 1 % of the workers' recent messages stayed longer than dwellP99 and
+    /// messages wait: no replica is removed and no scale-up deferred ([`objective::with_objective`]).
     Objective,
 }
 
@@ -511,7 +510,7 @@ pub fn decide_for(
 ) -> Decision {
     // with an objective, the backlog drains within what it leaves after the handling
     let mut scaling = spec.scaling.clone();
-    scaling.max_backlog_age = objective::backlog_target(spec);
+    scaling.max_backlog_age = objective::backlog_target(&spec.scaling, spec.processing.p99);
     let queue = decide_with_waiting(
         &scaling,
         spec.processing.p99,
@@ -534,7 +533,7 @@ pub fn decide_for(
             None
         };
         let visible = history.latest().map_or(0, |s| s.visible);
-        let d = objective::with_objective(spec, queue, current, downstream.dwell, visible);
+        let d = objective::with_objective(&spec.scaling, queue, current, downstream.dwell, visible);
         return with_group_cap(spec, with_rate_cap(spec, d, current), current, groups);
     }
     let min = spec.scaling.min_replicas.min(spec.scaling.max_replicas);
