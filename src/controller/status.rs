@@ -1020,7 +1020,8 @@ fn objective_met(i: &StatusInputs<'_>) -> Option<Cond> {
 fn objective_block(w: &Workers) -> Option<crate::api::ObjectiveStatus> {
     let m = w.dwell?;
     Some(crate::api::ObjectiveStatus {
-        dwell_p99_seconds: Some(round3(m.p99.as_secs_f64())),
+        // no message in the window: no P99 to show
+        dwell_p99_seconds: (m.messages > 0).then(|| round3(m.p99.as_secs_f64())),
         over_objective: Some((m.bad_fraction() * 10_000.0).round() / 10_000.0),
         burn_rate: Some((m.burn_rate() * 100.0).round() / 100.0),
         messages: Some(i64::try_from(m.messages).unwrap_or(i64::MAX)),

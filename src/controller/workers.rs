@@ -697,7 +697,7 @@ impl Window {
         let mut best = None;
         for n in WINDOW_SCRAPES..=MAX_SCRAPES.max(WINDOW_SCRAPES) {
             let from = all.len().saturating_sub(n);
-            let m = dwell_delta(&all[from..]).and_then(|(h, window)| {
+            let m = dwell_delta(&all[from..]).map(|(h, window)| {
                 crate::scaling::objective::Measurement::of(&h, objective, window)
             });
             let enough = m.is_some_and(|m| m.messages >= MIN_MESSAGES);
@@ -1167,8 +1167,7 @@ mod tests {
             "the lifetime totals are not counted, c not at all"
         );
         assert_eq!(window, Duration::from_secs(15));
-        let m = crate::scaling::objective::Measurement::of(&h, Duration::from_secs(20), window)
-            .unwrap();
+        let m = crate::scaling::objective::Measurement::of(&h, Duration::from_secs(20), window);
         assert_eq!(m.messages, 100);
         assert!((m.bad_fraction() - 0.4).abs() < 1e-9, "{m:?}");
         assert!(m.burning());

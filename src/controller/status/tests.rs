@@ -1450,7 +1450,7 @@ fn objective_met_says_the_verdict_with_the_figures() {
     assert!(objective_condition(&s).is_none());
     assert!(s.objective.is_none());
     // (measurement, pods, unreachable) -> (status, reason, words of the message)
-    let rows: [(Option<_>, usize, usize, &str, &str, &[&str]); 6] = [
+    let rows: [(Option<_>, usize, usize, &str, &str, &[&str]); 7] = [
         (
             Some(dwell(12, 400, 2)),
             2,
@@ -1483,6 +1483,14 @@ fn objective_met_says_the_verdict_with_the_figures() {
             "Unknown",
             reason::NO_MEASUREMENT,
             &["30 message(s)", "at least 50"],
+        ),
+        (
+            Some(dwell(0, 0, 0)),
+            2,
+            0,
+            "Unknown",
+            reason::NO_MEASUREMENT,
+            &["0 message(s) left the queue"],
         ),
         (
             None,
@@ -1531,7 +1539,8 @@ fn objective_met_says_the_verdict_with_the_figures() {
         let block = s.objective.as_ref();
         assert_eq!(block.is_some(), m.is_some(), "{block:?}");
         if let (Some(b), Some(m)) = (block, m) {
-            assert_eq!(b.dwell_p99_seconds, Some(m.p99.as_secs_f64()));
+            let p99 = (m.messages > 0).then(|| m.p99.as_secs_f64());
+            assert_eq!(b.dwell_p99_seconds, p99, "{b:?}");
             assert_eq!(b.burn_rate, Some((m.burn_rate() * 100.0).round() / 100.0));
             assert_eq!(b.messages, Some(i64::try_from(m.messages).unwrap()));
             assert_eq!(b.window, Some(Duration::from_secs(60)));

@@ -205,7 +205,7 @@ impl Ours {
                 };
                 let window =
                     Duration::from_millis((newest_at - at).saturating_add(500) / 1000 * 1000);
-                best = objective::Measurement::of(&delta, o.dwell_p99, window).or(best);
+                best = Some(objective::Measurement::of(&delta, o.dwell_p99, window));
             }
             if best.is_some_and(|m: objective::Measurement| m.messages >= objective::MIN_MESSAGES)
                 || from == 0
