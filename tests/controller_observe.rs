@@ -26,6 +26,7 @@ use support::{HttpHandler, Reply, TestQueue, Worker, base_args, parse_metric};
 const NS: &str = "shop";
 const NAME: &str = "orders";
 const PROCESSING: &str = "ProcessingTimeWithinDeclared";
+const OBJECTIVE: &str = "ObjectiveMet";
 
 struct Env {
     fake: FakeKube,
@@ -898,7 +899,6 @@ async fn a_backlog_over_the_dwell_objective_turns_objective_met_false_then_true_
     manifest["spec"]["scaling"]["objective"] = json!({"dwellP99": "6s"});
     e.fake.create(QUEUE_CONSUMERS, manifest);
     reconcile(Arc::new(e.qc()), e.ctx.clone()).await.unwrap();
-    const OBJECTIVE: &str = "ObjectiveMet";
     let c = e.condition(OBJECTIVE);
     assert_eq!(
         (c.status.as_str(), c.reason.as_str()),

@@ -38,9 +38,8 @@ fn hidden_traces() -> Vec<(&'static str, Vec<u32>)> {
     // 10/s for 10 min, 60/s for 15 min, 10/s for 10 min, idle 5 min
     let step = (0..2400)
         .map(|s| match s {
-            0..600 => rng.arrivals(10.0),
             600..1500 => rng.arrivals(60.0),
-            1500..2100 => rng.arrivals(10.0),
+            0..2100 => rng.arrivals(10.0),
             _ => 0,
         })
         .collect();

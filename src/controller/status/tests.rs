@@ -1419,6 +1419,16 @@ fn scale_only_says_so_and_reports_the_target() {
     );
 }
 
+/// (measurement, pods, unreachable, status, reason, words of the message)
+type ObjectiveRow<'a> = (
+    Option<crate::scaling::objective::Measurement>,
+    usize,
+    usize,
+    &'a str,
+    &'a str,
+    &'a [&'a str],
+);
+
 fn with_objective(dwell_p99: &str) -> QueueConsumer {
     let mut q = qc(false);
     q.spec.scaling.objective = Some(crate::api::ObjectiveSpec {
@@ -1450,7 +1460,7 @@ fn objective_met_says_the_verdict_with_the_figures() {
     assert!(objective_condition(&s).is_none());
     assert!(s.objective.is_none());
     // (measurement, pods, unreachable) -> (status, reason, words of the message)
-    let rows: [(Option<_>, usize, usize, &str, &str, &[&str]); 7] = [
+    let rows: [ObjectiveRow; 7] = [
         (
             Some(dwell(12, 400, 2)),
             2,
