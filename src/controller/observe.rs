@@ -441,3 +441,64 @@ pub fn wall_clock() -> Timestamp {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     Timestamp::from_millis(ms)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::aws::QueueFacts;
+
+    fn facts(visible: i64) -> Facts {
+        Facts {
+            queue: QueueFacts {
+                url: "https://sqs.us-east-1.amazonaws.com/1/orders".into(),
+                arn: Some("arn:aws:sqs:us-east-1:1:orders".into()),
+                visibility_timeout: Duration::from_secs(30),
+                retention: Duration::from_secs(345_600),
+                fifo: false,
+                redrive: None,
+                visible: Some(visible),
+                in_flight: Some(0),
+                delayed: Some(0),
+            },
+            dead_letter: DeadLetterFacts::None,
+            oldest_age_seconds: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn with_an_objective_the_source_queues_age_is_not_read() {
+        let asked = Mutex::new(Vec::new());
+        let age = |name: String| {
+            asked.lock().unwrap().push(name);
+            async { Some(42) }
+        };
+        let f = with_ages(facts(5), SourceAge::FromCloudWatch, true, age).await;
+        assert_eq!(f.oldest_age_seconds, Some(42));
+        assert_eq!(asked.lock().unwrap().as_slice(), ["orders"]);
+        asked.lock().unwrap().clear();
+        let f = with_ages(facts(5), SourceAge::FromWorkers, true, age).await;
+        assert_eq!(f.oldest_age_seconds, None, "the workers measure it");
+        assert!(
+            asked.lock().unwrap().is_empty(),
+            "{:?}",
+            asked.lock().unwrap()
+        );
+        // an empty queue's age is 0 without a call, but not claimed when the workers measure it
+        let f = with_ages(facts(0), SourceAge::FromCloudWatch, true, age).await;
+        assert_eq!(f.oldest_age_seconds, Some(0));
+        assert!(asked.lock().unwrap().is_empty());
+        let spec = |objective: &str| -> crate::api::QueueConsumerSpec {
+            serde_saphyr::from_str(&format!(
+                "queue: {{url: https://sqs.us-east-1.amazonaws.com/1/q}}\nhandler: {{http: {{}}}}\nprocessing: {{p99: 2s}}\nscaling: {objective}\n"
+            ))
+            .unwrap()
+        };
+        assert_eq!(SourceAge::of(&spec("{}")), SourceAge::FromCloudWatch);
+        assert_eq!(
+            SourceAge::of(&spec("{objective: {dwellP99: 1m}}")),
+            SourceAge::FromWorkers
+        );
+    }
+}
