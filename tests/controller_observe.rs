@@ -26,6 +26,7 @@ use support::{HttpHandler, Reply, TestQueue, Worker, base_args, parse_metric};
 const NS: &str = "shop";
 const NAME: &str = "orders";
 const PROCESSING: &str = "ProcessingTimeWithinDeclared";
+const OBJECTIVE: &str = "ObjectiveMet";
 
 struct Env {
     fake: FakeKube,
@@ -767,4 +768,238 @@ fn parse_receives(line: &str) -> u64 {
     line.rsplit_once(' ')
         .and_then(|(_, v)| v.parse::<f64>().ok())
         .map_or(0, |v| v as u64)
+}
+
+/// CloudWatch with no alarms and no metrics that counts the age reads of each queue: with
+/// `scaling.objective` the source queue's age comes from the workers, never from CloudWatch.
+#[derive(Default)]
+struct AgeReads(std::sync::Mutex<Vec<String>>);
+
+#[async_trait::async_trait]
+impl qc::aws::cloudwatch::Alarms for AgeReads {
+    async fn describe(
+        &self,
+        _: &str,
+    ) -> Result<Option<qc::aws::cloudwatch::ObservedAlarm>, qc::aws::cloudwatch::CloudWatchError>
+    {
+        Ok(None)
+    }
+    async fn put(
+        &self,
+        _: &qc::aws::cloudwatch::AlarmSpec,
+        _: &qc::aws::cloudwatch::AlarmOwner,
+    ) -> Result<(), qc::aws::cloudwatch::CloudWatchError> {
+        Ok(())
+    }
+    async fn delete(
+        &self,
+        _: &str,
+        _: &qc::aws::cloudwatch::AlarmOwner,
+    ) -> Result<qc::aws::cloudwatch::AlarmDeletion, qc::aws::cloudwatch::CloudWatchError> {
+        Ok(qc::aws::cloudwatch::AlarmDeletion::Absent)
+    }
+    async fn oldest_message_age(
+        &self,
+        queue: &str,
+    ) -> Result<Option<i64>, qc::aws::cloudwatch::CloudWatchError> {
+        self.0.lock().unwrap().push(queue.to_string());
+        Ok(None)
+    }
+}
+
+/// Sends 10 messages, waits until the queue holds none (visible or in flight), and again, until stopped:
+/// a load the worker keeps up with by construction, however slow moto answers on a loaded machine.
+fn keep_up(queue: &TestQueue, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
+    let client = queue.client.clone();
+    let url = queue.url.clone();
+    tokio::spawn(async move {
+        while !stop.load(Ordering::Relaxed) {
+            let mut batch = client.send_message_batch().queue_url(&url);
+            for i in 0..10 {
+                batch = batch.entries(
+                    aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
+                        .id(format!("t{i}"))
+                        .message_body("tick")
+                        .build()
+                        .unwrap(),
+                );
+            }
+            if let Err(e) = batch.send().await {
+                println!("keep_up: send failed: {e}");
+            }
+            while !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let Ok(a) = client
+                    .get_queue_attributes()
+                    .queue_url(&url)
+                    .attribute_names(aws_sdk_sqs::types::QueueAttributeName::All)
+                    .send()
+                    .await
+                else {
+                    continue;
+                };
+                let count = |name| {
+                    a.attributes()
+                        .and_then(|m| m.get(&name))
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .unwrap_or(1)
+                };
+                if count(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages) == 0
+                    && count(
+                        aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+                    ) == 0
+                {
+                    break;
+                }
+            }
+        }
+    })
+}
+
+/// Issue 46 item 2 against moto: a real qc-worker with ten slots and a 1 s handler, a backlog of 200
+/// messages sent at once, `scaling.objective.dwellP99: 6s`. The messages at the back of the backlog stay
+/// far longer than 6 s (up to 20 s), so ObjectiveMet turns False (DwellAboveObjective, a Warning Event) with the
+/// observed dwell P99 and the burn rate in the message and status.objective; once the handler is fast and
+/// messages come only as fast as the worker takes them, the slow ones leave the window and it turns True
+/// again (a
+/// Normal Event after the Warning). The source queue's age is never read from CloudWatch. Bounds are in
+/// polls and ratios, generous for a loaded machine; the order of the Events is what is asserted.
+#[tokio::test]
+async fn a_backlog_over_the_dwell_objective_turns_objective_met_false_then_true_when_it_keeps_up() {
+    let queue = TestQueue::new("objective", 30, 5, false).await;
+    let fake = FakeKube::new();
+    let ages = Arc::new(AgeReads::default());
+    let ctx = context(
+        &fake,
+        Arc::new(SqsReader::new(queue.client.clone())),
+        ages.clone(),
+        Some("test"),
+    );
+    let e = Env { fake, ctx, queue };
+    let delay_ms = Arc::new(AtomicU64::new(1000));
+    let d = delay_ms.clone();
+    let handler =
+        HttpHandler::start(move |_| Reply::ok(Duration::from_millis(d.load(Ordering::Relaxed))))
+            .await;
+    let mut args = base_args(&e.queue);
+    args.extend(
+        [
+            "--concurrency",
+            "10",
+            "--timeout",
+            "20s",
+            "--http-url",
+            &handler.url,
+        ]
+        .map(String::from),
+    );
+    let worker = Worker::start(&args);
+    worker.wait_ready(Duration::from_secs(30)).await;
+    let mut manifest = e.manifest("500ms", 1, 1);
+    manifest["spec"]["scaling"]["objective"] = json!({"dwellP99": "6s"});
+    e.fake.create(QUEUE_CONSUMERS, manifest);
+    reconcile(Arc::new(e.qc()), e.ctx.clone()).await.unwrap();
+    let c = e.condition(OBJECTIVE);
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("Unknown", "NoMeasurement"),
+        "{}",
+        c.message
+    );
+    e.add_pod("orders-a", &worker);
+    // the backlog: 200 messages at once, at most 10 a second drained (ten slots of 1 s): the last wait
+    // 20 s or more
+    for b in 0..20 {
+        let mut batch = e.queue.client.send_message_batch().queue_url(&e.queue.url);
+        for i in 0..10 {
+            batch = batch.entries(
+                aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
+                    .id(format!("b{i}"))
+                    .message_body(format!("backlog {b}-{i}"))
+                    .build()
+                    .unwrap(),
+            );
+        }
+        batch.send().await.unwrap();
+    }
+    let until = |status: &'static str, limit: u32| {
+        let e = &e;
+        async move {
+            for n in 1..=limit {
+                e.poll().await;
+                let c = e.condition(OBJECTIVE);
+                if c.status == status {
+                    return n;
+                }
+                if n % 10 == 0 {
+                    println!("poll {n}: {} {}: {}", c.status, c.reason, c.message);
+                }
+            }
+            let c = e.condition(OBJECTIVE);
+            panic!(
+                "{OBJECTIVE} not {status} within {limit} polls: {} {} {}",
+                c.status, c.reason, c.message
+            );
+        }
+    };
+    // Not a stated bound: 50 messages must first leave the queue (about 5 s at 10/s), on a loaded machine.
+    let n = until("False", 60).await;
+    let c = e.condition(OBJECTIVE);
+    assert_eq!(c.reason, "DwellAboveObjective", "{}", c.message);
+    assert!(
+        c.message.contains("against the objective 6s") && c.message.contains("burn rate"),
+        "{}",
+        c.message
+    );
+    let o = e.qc().status.unwrap().objective.expect("status.objective");
+    let (p99, burn, messages) = (
+        o.dwell_p99_seconds.unwrap(),
+        o.burn_rate.unwrap(),
+        o.messages.unwrap(),
+    );
+    assert!(p99 > 6.0, "{o:?}");
+    assert!(burn > 1.0, "{o:?}");
+    assert!(messages >= 50, "{o:?}");
+    assert!(o.window.is_some(), "{o:?}");
+    println!(
+        "backlog: False after {n} poll(s): dwell P99 {p99}s, burn rate {burn}, {messages} messages"
+    );
+
+    // fast again, with messages sent as fast as the worker takes them (it keeps up by construction):
+    // True once the slow messages left the window
+    delay_ms.store(5, Ordering::Relaxed);
+    let stop = Arc::new(AtomicBool::new(false));
+    let feeder = keep_up(&e.queue, stop.clone());
+    // Not a stated bound: the rest of the backlog drains, then the window (5 polls) rolls past it, on a
+    // loaded machine.
+    let n = until("True", 150).await;
+    let c = e.condition(OBJECTIVE);
+    assert_eq!(c.reason, "ObjectiveMet", "{}", c.message);
+    let o = e.qc().status.unwrap().objective.expect("status.objective");
+    assert!(o.burn_rate.unwrap() <= 1.0, "{o:?}");
+    assert!(o.dwell_p99_seconds.unwrap() <= 6.0, "{o:?}");
+    println!("keeping up: True after {n} more poll(s): {o:?}");
+    stop.store(true, Ordering::Relaxed);
+    feeder.await.unwrap();
+
+    // Events: the Warning on the burn, then the Normal one at its end, once each
+    let reasons = e.event_reasons();
+    let burn = reasons.iter().position(|r| r == "DwellAboveObjective");
+    let met = reasons.iter().position(|r| r == "ObjectiveMet");
+    assert!(
+        matches!((burn, met), (Some(b), Some(m)) if b < m),
+        "{reasons:?}"
+    );
+    assert_eq!(
+        reasons
+            .iter()
+            .filter(|r| *r == "DwellAboveObjective")
+            .count(),
+        1,
+        "{reasons:?}"
+    );
+    // no CloudWatch age read for the source queue (the DLQ stayed empty: none for it either)
+    let source = e.queue.url.rsplit('/').next().unwrap().to_string();
+    let reads = ages.0.lock().unwrap().clone();
+    assert!(!reads.contains(&source), "{reads:?}");
 }

@@ -653,6 +653,20 @@ const SPEC_RULES: &[(&str, &str, &str, &str, &str)] = &[
         "should match",
     ),
     (
+        "objective.dwellP99 above processing.p99",
+        "/spec/scaling",
+        r#"{"objective": {"dwellP99": "2s"}}"#,
+        "spec",
+        "dwellP99 must be greater than processing.p99",
+    ),
+    (
+        "objective.dwellP99 above 0s",
+        "/spec/scaling",
+        r#"{"objective": {"dwellP99": "0s"}}"#,
+        "spec.scaling.objective",
+        "dwellP99 must be greater than 0s",
+    ),
+    (
         "scaleTargetRef excludes handler and template",
         "/spec/scaleTargetRef",
         r#"{"name": "legacy-orders"}"#,

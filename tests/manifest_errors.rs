@@ -104,6 +104,26 @@ const BAD_FIELDS: &[(&str, &str)] = &[
         "  handler: {http: {}}\n",
         "spec: missing field `processing`",
     ),
+    (
+        "  handler: {http: {}}\n  processing: {p99: 5s}\n  scaling: {objective: {dwellP99: 5s}}\n",
+        "spec.scaling.objective.dwellP99 must be greater than processing.p99",
+    ),
+    (
+        "  handler: {http: {}}\n  processing: {p99: 1s}\n  scaling: {objective: {dwellP99: 0s}}\n",
+        "scaling.objective.dwellP99 must be greater than 0s",
+    ),
+    (
+        "  handler: {http: {}}\n  processing: {p99: 1s}\n  scaling: {objective: {dwellP99: soon}}\n",
+        "spec.scaling.objective.dwellP99: invalid duration",
+    ),
+    (
+        "  handler: {http: {}}\n  processing: {p99: 1s}\n  scaling: {objective: {}}\n",
+        "missing field `dwellP99`",
+    ),
+    (
+        "  scaleTargetRef: {name: orders}\n  processing: {p99: 1s}\n  scaling: {objective: {dwellP99: 1m}}\n",
+        "spec.scaling.objective needs the bundled qc-worker",
+    ),
 ];
 
 #[test]

@@ -970,6 +970,7 @@ fn most_breakers_open_hold_replicas_against_the_growing_backlog() {
         open,
         scraped,
         fifo_groups: None,
+        dwell: None,
     };
     let free = decide_for(&qc.spec, &h, 3, Downstream::default(), now);
     assert_eq!((free.replicas, free.reason), (6, Reason::ScaleUp), "{free}");

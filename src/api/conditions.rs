@@ -22,8 +22,17 @@ pub const FIFO_GROUPS_HEALTHY: &str = "FifoGroupsHealthy";
 /// Scale-only mode (`spec.scaleTargetRef`): present, True, only in that mode; its message lists what
 /// runs without the bundled worker and what does not.
 pub const SCALE_ONLY: &str = "ScaleOnly";
+/// `spec.scaling.objective`: present only with it; False while more than 1 % of the messages the workers
+/// removed in their window stayed longer than dwellP99. Does not gate Ready.
+pub const OBJECTIVE_MET: &str = "ObjectiveMet";
 
 pub mod reason {
+    // ObjectiveMet (the Warning Event on a flip to False is DwellAboveObjective, the Normal one back
+    // ObjectiveMet)
+    pub const OBJECTIVE_MET: &str = "ObjectiveMet";
+    pub const DWELL_ABOVE_OBJECTIVE: &str = "DwellAboveObjective";
+    /// Too few messages measured in the window, no worker pod answered, or one scrape so far.
+    pub const NO_MEASUREMENT: &str = "NoMeasurement";
     // FifoGroupsHealthy
     pub const NO_STUCK_GROUPS: &str = "NoStuckGroups";
     pub const GROUP_STUCK: &str = "GroupStuck";

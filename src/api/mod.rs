@@ -94,6 +94,8 @@ pub const SCALED_BY_ANNOTATION: &str = "sqs.consumers.dev/scaled-by";
 #[schemars(transform = RecursiveTransform(kubernetes_integers))]
 #[x_kube(validation = Rule::new("has(self.scaleTargetRef) || has(self.handler)").message("spec sets neither handler nor scaleTargetRef: set handler and template to run your handler behind the bundled qc-worker, or scaleTargetRef (kind, name) to scale the Deployment that already runs your own consumer").reason(Reason::FieldValueRequired))]
 #[x_kube(validation = Rule::new("!has(self.scaleTargetRef) || (!has(self.handler) && (!has(self.template) || !has(self.template.spec)) && !has(self.filter) && (!has(self.idempotency) || !has(self.idempotency.store) || self.idempotency.store == 'none'))").message("spec.scaleTargetRef (scale-only mode: your own consumer, scaled through /scale) excludes handler, template, filter and idempotency.store, which configure the bundled qc-worker: remove them, or remove scaleTargetRef to run the bundled worker").reason(Reason::FieldValueForbidden))]
+#[x_kube(validation = Rule::new(format!("!has(self.scaling) || !has(self.scaling.objective) || {}", duration::when_durations(&["processing.p99", "scaling.objective.dwellP99"], "duration(self.scaling.objective.dwellP99) > duration(self.processing.p99)"))).message("spec.scaling.objective.dwellP99 must be greater than processing.p99: a message's dwell includes its handling, so a dwellP99 at or below the declared P99 can never be met; raise dwellP99 or lower processing.p99").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("!has(self.scaleTargetRef) || !has(self.scaling) || !has(self.scaling.objective)").message("spec.scaling.objective needs the bundled qc-worker, whose pods measure each message's dwell; scale-only mode (scaleTargetRef) has no such measurement: remove scaling.objective, or remove scaleTargetRef to run the bundled worker").reason(Reason::FieldValueForbidden))]
 pub struct QueueConsumerSpec {
     /// The SQS queue to consume. Required.
     pub queue: QueueSpec,
@@ -1221,6 +1223,24 @@ pub struct ScalingSpec {
     /// Ready; 30s until measured), or a duration such as 5m overrides it. Default: auto.
     #[serde(default)]
     pub scale_down_stabilization: Stabilization,
+    /// A service-level objective on how long a message stays in the queue, measured by the workers
+    /// (SentTimestamp to deleted): condition `ObjectiveMet`, `status.objective` (observed dwell P99 and
+    /// the error budget's burn rate), and the scaler sizes and holds replicas for it from the workers'
+    /// measurements (docs/scaling.md, "Dwell objective"). Needs the bundled qc-worker (refused with
+    /// scaleTargetRef). Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objective: Option<ObjectiveSpec>,
+}
+
+/// `scaling.objective`: the dwell time 99 % of messages must stay within.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new(duration::when_durations(&["dwellP99"], "duration(self.dwellP99) > duration('0s')")).message("scaling.objective.dwellP99 must be greater than 0s: write the time 99 % of messages may take from their send to their deletion, e.g. 2m").reason(Reason::FieldValueInvalid))]
+pub struct ObjectiveSpec {
+    /// At most this long from a message's send (SentTimestamp) to its deletion for 99 % of the
+    /// messages, a duration above processing.p99 (a message's dwell includes its handling), e.g. 2m.
+    /// Required.
+    pub dwell_p99: Duration,
 }
 
 impl Default for ScalingSpec {
@@ -1234,6 +1254,7 @@ impl Default for ScalingSpec {
             message_groups: None,
             poll_interval: defaults::poll_interval(),
             scale_down_stabilization: Stabilization::Auto,
+            objective: None,
         }
     }
 }
@@ -1459,7 +1480,8 @@ pub struct QueueConsumerStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive,
-    /// ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced, QueueManaged, FifoGroupsHealthy, ScaleOnly
+    /// ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced, QueueManaged, FifoGroupsHealthy, ScaleOnly,
+    /// ObjectiveMet
     /// (Kubernetes conditions).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
@@ -1476,6 +1498,9 @@ pub struct QueueConsumerStatus {
     /// Processing time and throughput as the worker pods report them on their /metrics.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed: Option<ObservedStatus>,
+    /// With `spec.scaling.objective`: the workers' dwell measurement against it (condition ObjectiveMet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objective: Option<ObjectiveStatus>,
     /// Worker pods the Deployment has (its status.replicas).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<i32>,
@@ -1536,7 +1561,7 @@ fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
     let item = generator.subschema_for::<Condition>();
     json_schema!({
         "type": "array",
-        "description": "Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive, ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced, QueueManaged, FifoGroupsHealthy, ScaleOnly (Kubernetes conditions: type, status, reason, message, lastTransitionTime). ScaleOnly (only with spec.scaleTargetRef) is True and lists what runs without the bundled worker and what does not; in that mode Ready and ScalingActive are False (ScaleTargetUnavailable) while the target cannot be read or scaled. FifoGroupsHealthy (FIFO queues whose workers report their groups) is False (GroupStuck) naming the groups whose head failed 3 times in a row or is older than 5 minutes. HandlerHealthy is False (DownstreamFailing) while workers report their outage breaker open, with the share in the message; while more than half do, ScalingActive is False (DownstreamFailing) and replicas are held. QueueManaged (only with spec.queue.manage on) says whether the queue's settings are what the rules ask for, what was changed, or why nothing was (ManageConflict, Suspended). Only QueueReachable, ConfigValid and the Deployment gate Ready: it is False while a new pod template rolls out (RollingOut) or the rollout is stalled (RolloutStalled, with the Deployment's message); the scaler's replica changes keep it.",
+        "description": "Ready, QueueReachable, ConfigValid, DeadLetterQueueHealthy, ScalingActive, ProcessingTimeWithinDeclared, HandlerHealthy, AlarmSynced, QueueManaged, FifoGroupsHealthy, ScaleOnly, ObjectiveMet (Kubernetes conditions: type, status, reason, message, lastTransitionTime). ObjectiveMet (only with spec.scaling.objective) is False (DwellAboveObjective) while more than 1 % of the messages the workers removed in their window stayed longer than dwellP99, with the observed P99 and the burn rate in the message and in status.objective; Unknown (NoMeasurement) until enough messages were measured. ScaleOnly (only with spec.scaleTargetRef) is True and lists what runs without the bundled worker and what does not; in that mode Ready and ScalingActive are False (ScaleTargetUnavailable) while the target cannot be read or scaled. FifoGroupsHealthy (FIFO queues whose workers report their groups) is False (GroupStuck) naming the groups whose head failed 3 times in a row or is older than 5 minutes. HandlerHealthy is False (DownstreamFailing) while workers report their outage breaker open, with the share in the message; while more than half do, ScalingActive is False (DownstreamFailing) and replicas are held. QueueManaged (only with spec.queue.manage on) says whether the queue's settings are what the rules ask for, what was changed, or why nothing was (ManageConflict, Suspended). Only QueueReachable, ConfigValid and the Deployment gate Ready: it is False while a new pod template rolls out (RollingOut) or the rollout is stalled (RolloutStalled, with the Deployment's message); the scaler's replica changes keep it.",
         "items": item,
         "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["type"]
@@ -1723,6 +1748,33 @@ pub struct ObservedStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub breaker_open: Option<i32>,
     /// The span of the deltas, a duration such as 50s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<Duration>,
+    /// When the pods were last scraped (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "time_schema")]
+    pub sampled_at: Option<Time>,
+}
+
+/// `status.objective`: the dwell objective as the workers measured it (their
+/// `qc_worker_message_dwell_seconds` histogram deltas, summed over the pods, over the window).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectiveStatus {
+    /// Observed P99 of the time from a message's send (SentTimestamp) to its leaving the queue, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dwell_p99_seconds: Option<f64>,
+    /// Share of the window's messages that stayed longer than spec.scaling.objective.dwellP99 (0 to 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub over_objective: Option<f64>,
+    /// The error budget's burn rate: overObjective divided by the 1 % a P99 objective allows. Above 1 the
+    /// budget is spent faster than it accrues.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burn_rate: Option<f64>,
+    /// Messages that left the queue in the window (what the figures are estimated from).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<i64>,
+    /// The span of the deltas, a duration such as 1m.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<Duration>,
     /// When the pods were last scraped (RFC 3339).

@@ -324,6 +324,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
                     (&ctx.tenancy, &ns),
                     qc.spec.scaling.poll_interval,
                     clients,
+                    observe::SourceAge::of(&qc.spec),
                 )
                 .await
         }
@@ -361,6 +362,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
                 tenancy,
                 qc.spec.scaling.poll_interval,
                 clients,
+                observe::SourceAge::of(&qc.spec),
             )
             .await;
     }

@@ -229,6 +229,25 @@ pub struct Observed {
 
 type Slot = Arc<tokio::sync::Mutex<Option<Observed>>>;
 
+/// Whether a reconcile reads the source queue's ApproximateAgeOfOldestMessage from CloudWatch. With
+/// `scaling.objective` the workers measure each message's age themselves (their dwell histograms), and
+/// the scaler takes that instead: no CloudWatch read for it (docs/scaling.md, "Dwell objective").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceAge {
+    FromCloudWatch,
+    FromWorkers,
+}
+
+impl SourceAge {
+    pub fn of(spec: &crate::api::QueueConsumerSpec) -> SourceAge {
+        if spec.scaling.objective.is_some() {
+            SourceAge::FromWorkers
+        } else {
+            SourceAge::FromCloudWatch
+        }
+    }
+}
+
 /// Facts per queue, reused within the asking QueueConsumer's poll interval (`spread::same_interval`). Concurrent
 /// reconciles of one queue wait for the read in flight instead of issuing their own. A queue is its
 /// endpoint, account, region and name ([`QueueId`]): two QueueConsumers whose URLs are equal but whose
@@ -295,6 +314,7 @@ impl FactsCache {
         (tenancy, namespace): (&TenancyPolicy, &str),
         max_age: Duration,
         clients: &AwsClients,
+        age: SourceAge,
     ) -> Result<Observed, ObserveError> {
         let slot = self.slot(Self::key(url, target, (tenancy, namespace)));
         let mut cached = slot.lock().await;
@@ -307,7 +327,19 @@ impl FactsCache {
         if let Some(o) = cached.as_ref()
             && super::spread::same_interval(o.at, wall_clock(), max_age.as_std())
         {
-            return Ok(o.clone());
+            let mut o = o.clone();
+            // Another QueueConsumer of the queue read it: the source's age as this one asks for it.
+            match age {
+                SourceAge::FromWorkers => o.facts.oldest_age_seconds = None,
+                SourceAge::FromCloudWatch if o.facts.oldest_age_seconds.is_none() => {
+                    o.facts = with_ages(o.facts, age, false, |name| async move {
+                        age_or_none(&name, clients.alarms.known_oldest_message_age(&name).await)
+                    })
+                    .await;
+                }
+                SourceAge::FromCloudWatch => {}
+            }
+            return Ok(o);
         }
         let at = wall_clock();
         let allowed = |arn: &str| {
@@ -322,7 +354,10 @@ impl FactsCache {
                 return Err(e);
             }
         };
-        let facts = with_known_oldest_age(facts, clients.alarms.as_ref()).await;
+        let facts = with_ages(facts, age, true, |name| async move {
+            age_or_none(&name, clients.alarms.known_oldest_message_age(&name).await)
+        })
+        .await;
         let o = Observed {
             facts,
             sampled_at: now(),
@@ -338,7 +373,7 @@ impl FactsCache {
 /// oldest message: 0, without a call. The DLQ is read only when it holds messages. A CloudWatch failure
 /// only leaves an age out: the counts from SQS are what scaling and health are decided on.
 pub async fn with_oldest_age(facts: Facts, alarms: &dyn Alarms) -> Facts {
-    with_ages(facts, |name| async move {
+    with_ages(facts, SourceAge::FromCloudWatch, true, |name| async move {
         age_or_none(&name, alarms.oldest_message_age(&name).await)
     })
     .await
@@ -348,15 +383,16 @@ pub async fn with_oldest_age(facts: Facts, alarms: &dyn Alarms) -> Facts {
 /// waiting for CloudWatch (`Alarms::known_oldest_message_age`). An age not read yet, or too old to use,
 /// is left out, like a failed read.
 pub async fn with_known_oldest_age(facts: Facts, alarms: &dyn Alarms) -> Facts {
-    with_ages(facts, |name| async move {
+    with_ages(facts, SourceAge::FromCloudWatch, true, |name| async move {
         age_or_none(&name, alarms.known_oldest_message_age(&name).await)
     })
     .await
 }
 
-/// The source queue's and the DLQ's oldest-message age from `age(queue name)`, skipping the call for
-/// a queue SQS reports empty (0) and for an empty DLQ.
-async fn with_ages<F, Fut>(mut facts: Facts, age: F) -> Facts
+/// The source queue's (unless `source` says the workers measure it) and, with `dead_letter`, the DLQ's
+/// oldest-message age from `age(queue name)`, skipping the call for a queue SQS reports empty (0) and for
+/// an empty DLQ.
+async fn with_ages<F, Fut>(mut facts: Facts, source: SourceAge, dead_letter: bool, age: F) -> Facts
 where
     F: Fn(String) -> Fut,
     Fut: std::future::Future<Output = Option<i64>>,
@@ -365,7 +401,14 @@ where
     let empty = [q.visible, q.in_flight, q.delayed]
         .iter()
         .all(|c| *c == Some(0));
-    facts.oldest_age_seconds = if empty { Some(0) } else { age(q.name()).await };
+    facts.oldest_age_seconds = match source {
+        SourceAge::FromWorkers => None,
+        SourceAge::FromCloudWatch if empty => Some(0),
+        SourceAge::FromCloudWatch => age(q.name()).await,
+    };
+    if !dead_letter {
+        return facts;
+    }
     if let DeadLetterFacts::Found {
         queue,
         oldest_age_seconds,
@@ -397,4 +440,65 @@ pub fn wall_clock() -> Timestamp {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     Timestamp::from_millis(ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::aws::QueueFacts;
+
+    fn facts(visible: i64) -> Facts {
+        Facts {
+            queue: QueueFacts {
+                url: "https://sqs.us-east-1.amazonaws.com/1/orders".into(),
+                arn: Some("arn:aws:sqs:us-east-1:1:orders".into()),
+                visibility_timeout: Duration::from_secs(30),
+                retention: Duration::from_secs(345_600),
+                fifo: false,
+                redrive: None,
+                visible: Some(visible),
+                in_flight: Some(0),
+                delayed: Some(0),
+            },
+            dead_letter: DeadLetterFacts::None,
+            oldest_age_seconds: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn with_an_objective_the_source_queues_age_is_not_read() {
+        let asked = Mutex::new(Vec::new());
+        let age = |name: String| {
+            asked.lock().unwrap().push(name);
+            async { Some(42) }
+        };
+        let f = with_ages(facts(5), SourceAge::FromCloudWatch, true, age).await;
+        assert_eq!(f.oldest_age_seconds, Some(42));
+        assert_eq!(asked.lock().unwrap().as_slice(), ["orders"]);
+        asked.lock().unwrap().clear();
+        let f = with_ages(facts(5), SourceAge::FromWorkers, true, age).await;
+        assert_eq!(f.oldest_age_seconds, None, "the workers measure it");
+        assert!(
+            asked.lock().unwrap().is_empty(),
+            "{:?}",
+            asked.lock().unwrap()
+        );
+        // an empty queue's age is 0 without a call, but not claimed when the workers measure it
+        let f = with_ages(facts(0), SourceAge::FromCloudWatch, true, age).await;
+        assert_eq!(f.oldest_age_seconds, Some(0));
+        assert!(asked.lock().unwrap().is_empty());
+        let spec = |objective: &str| -> crate::api::QueueConsumerSpec {
+            serde_saphyr::from_str(&format!(
+                "queue: {{url: https://sqs.us-east-1.amazonaws.com/1/q}}\nhandler: {{http: {{}}}}\nprocessing: {{p99: 2s}}\nscaling: {objective}\n"
+            ))
+            .unwrap()
+        };
+        assert_eq!(SourceAge::of(&spec("{}")), SourceAge::FromCloudWatch);
+        assert_eq!(
+            SourceAge::of(&spec("{objective: {dwellP99: 1m}}")),
+            SourceAge::FromWorkers
+        );
+    }
 }

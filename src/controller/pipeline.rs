@@ -567,6 +567,7 @@ mod tests {
             open,
             scraped,
             fifo_groups: None,
+            dwell: None,
         };
         // 900 visible ask for 3; 0 visible ask for fewer than 2 (after the window).
         let busy = one_sample(900, 0);

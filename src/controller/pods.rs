@@ -57,6 +57,12 @@ pub(super) async fn read_workers(
         in_flight: latest.map_or(0, |r| r.pods.values().map(|m| m.in_flight).sum()),
         breaker_open: latest.map_or(0, workers::Round::breaker_open),
         fifo: latest.and_then(workers::Round::fifo),
+        dwell: qc
+            .spec
+            .scaling
+            .objective
+            .as_ref()
+            .and_then(|o| window.as_ref().and_then(|w| w.dwell(o.dwell_p99))),
         sampled_at: latest.map(|r| timestamp_time(r.at)),
         crash_looping: pods
             .as_deref()

@@ -64,6 +64,18 @@ pub const GAUGES: &[(&str, &str)] = &[
         "qc_workers_breaker_open_ratio",
         "Share of the scraped worker pods whose outage breaker is open (intake paused: the handler's dependency is failing); above 0.5 the scaler holds replicas.",
     ),
+    (
+        "qc_objective_dwell_p99_seconds",
+        "Declared scaling.objective.dwellP99: 99 % of the messages should leave the queue within it of their send.",
+    ),
+    (
+        "qc_objective_observed_dwell_p99_seconds",
+        "P99 of the messages' dwell (send to deletion), observed on the worker pods over the window (status.objective).",
+    ),
+    (
+        "qc_objective_burn_rate",
+        "The dwell objective's error budget burn rate over the window: the share of messages over dwellP99 divided by the 1 % allowed.",
+    ),
 ];
 
 /// One series per condition, with its status as a label: value 1.
@@ -108,6 +120,12 @@ impl Series {
                     let pods = o.pods.filter(|p| *p > 0)?;
                     Some(f64::from(o.breaker_open.unwrap_or(0)) / f64::from(pods))
                 }),
+                spec.scaling
+                    .objective
+                    .as_ref()
+                    .map(|o| o.dwell_p99.as_secs_f64()),
+                s.objective.as_ref().and_then(|o| o.dwell_p99_seconds),
+                s.objective.as_ref().and_then(|o| o.burn_rate),
             ],
             conditions: s
                 .conditions

@@ -107,6 +107,8 @@ pub struct Workers {
     pub warming_up: bool,
     /// FIFO: the groups the pods hold in all and their reported heads (None: no pod reports groups).
     pub fifo: Option<(u64, Vec<crate::scaling::fifo::GroupHead>)>,
+    /// With `scaling.objective`: the dwell measurement over the window (None: no delta yet).
+    pub dwell: Option<crate::scaling::objective::Measurement>,
 }
 
 impl Workers {
@@ -116,6 +118,7 @@ impl Workers {
             open: u32::try_from(self.breaker_open).unwrap_or(u32::MAX),
             scraped: u32::try_from(self.pods).unwrap_or(u32::MAX),
             fifo_groups: self.fifo.as_ref().map(|(held, _)| *held),
+            dwell: self.dwell,
         }
     }
 }
@@ -135,6 +138,7 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
     let processing = processing_time(i);
     let handler = handler_healthy(i);
     let fifo_groups = fifo_groups_healthy(i);
+    let objective = objective_met(i);
     let as_condition = |c: Cond| Condition {
         type_: c.type_.to_string(),
         status: c.status.as_str().to_string(),
@@ -156,6 +160,7 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
     .into_iter()
     .chain(fifo_groups)
     .chain(scale_only(i))
+    .chain(objective)
     .map(as_condition)
     .collect::<Vec<_>>();
     fresh.extend(alarm_synced(i, &old.conditions));
@@ -203,6 +208,11 @@ pub fn build(i: &StatusInputs<'_>) -> QueueConsumerStatus {
         observed: match i.workers {
             Some(w) => observed_block(w),
             None => old.observed.clone(),
+        },
+        objective: match (&i.qc.spec.scaling.objective, i.workers) {
+            (None, _) => None,
+            (Some(_), Some(w)) => objective_block(w),
+            (Some(_), None) => old.objective.clone(),
         },
         replicas: match i.target.and_then(TargetRead::found) {
             Some(t) => Some(t.replicas),
@@ -946,6 +956,80 @@ fn processing_time(i: &StatusInputs<'_>) -> Cond {
     }
 }
 
+/// The `ObjectiveMet` condition, present only with `scaling.objective` (docs/controller.md): the verdict
+/// of `scaling::objective` on the workers' dwell measurement, with the figures.
+fn objective_met(i: &StatusInputs<'_>) -> Option<Cond> {
+    use crate::scaling::objective::{self, MIN_MESSAGES, Unmeasured, Verdict};
+    let o = i.qc.spec.scaling.objective.as_ref()?;
+    let t = conditions::OBJECTIVE_MET;
+    let objective = o.dwell_p99;
+    let Some(w) = i.workers else {
+        return Some(Cond::new(
+            t,
+            Status::Unknown,
+            reason::NO_MEASUREMENT,
+            "the worker pods were not read (plan reads no pod)".to_string(),
+        ));
+    };
+    let figures = |m: &objective::Measurement| {
+        format!(
+            "observed dwell P99 {} against the objective {objective}: {:.1} % of {} messages over it, error budget burn rate {:.2} (over {} from {} pod(s))",
+            m.p99,
+            m.bad_fraction() * 100.0,
+            m.messages,
+            m.burn_rate(),
+            m.window,
+            w.pods
+        )
+    };
+    Some(match objective::verdict(w.dwell, w.pods, w.unreachable) {
+        Verdict::Met(m) => Cond::new(
+            t,
+            Status::True,
+            reason::OBJECTIVE_MET,
+            format!("{}: within the 1 % a P99 allows", figures(&m)),
+        ),
+        Verdict::Missed(m) => Cond::new(
+            t,
+            Status::False,
+            reason::DWELL_ABOVE_OBJECTIVE,
+            format!(
+                "{}: more than the 1 % a P99 allows; while messages wait the scaler removes no replica and defers no scale-up (ScalingActive says limited by Objective); a miss that outlasts the burst that caused it wants more standing replicas (minReplicas) or a faster handler",
+                figures(&m)
+            ),
+        ),
+        Verdict::NoMeasurement(why) => Cond::new(
+            t,
+            Status::Unknown,
+            reason::NO_MEASUREMENT,
+            match why {
+                Unmeasured::NoPods => "no ready worker pod to read".to_string(),
+                Unmeasured::NoAnswer { unreachable } => format!(
+                    "none of the {unreachable} ready worker pod(s) answered on /metrics"
+                ),
+                Unmeasured::NoHistogram => "waiting for a second scrape of the worker pods (a window needs two), or the workers expose no qc_worker_message_dwell_seconds".to_string(),
+                Unmeasured::TooFew { messages } => format!(
+                    "{messages} message(s) left the queue in the observed window (status.objective.window); a P99 needs at least {MIN_MESSAGES}"
+                ),
+            },
+        ),
+    })
+}
+
+/// `status.objective` from the workers' dwell measurement (None before a first delta).
+fn objective_block(w: &Workers) -> Option<crate::api::ObjectiveStatus> {
+    let m = w.dwell?;
+    Some(crate::api::ObjectiveStatus {
+        // no message in the window: no P99 to show
+        dwell_p99_seconds: (m.messages > 0).then(|| round3(m.p99.as_secs_f64())),
+        over_objective: Some((m.bad_fraction() * 10_000.0).round() / 10_000.0),
+        burn_rate: Some((m.burn_rate() * 100.0).round() / 100.0),
+        messages: Some(i64::try_from(m.messages).unwrap_or(i64::MAX)),
+        window: Some(m.window),
+        sampled_at: w.sampled_at.clone(),
+    })
+}
+
 /// The `FifoGroupsHealthy` condition (FIFO queues whose workers report their groups): False naming
 /// the stuck groups (a head that failed 3 times in a row, or older than 5 minutes) and the hot ones;
 /// absent on a standard queue or before a worker reported (a first False is an Event).
@@ -1386,6 +1470,10 @@ fn normalized(s: &QueueConsumerStatus) -> QueueConsumerStatus {
         o.sampled_at = None;
         o.window = None;
     }
+    if let Some(o) = s.objective.as_mut() {
+        o.sampled_at = None;
+        o.window = None;
+    }
     s
 }
 
@@ -1454,6 +1542,14 @@ fn without_counts(s: &QueueConsumerStatus) -> QueueConsumerStatus {
         empty(&mut d.visible);
         some(&mut d.oldest_age_seconds);
     }
+    // The objective's figures are counts too: its verdict (ObjectiveMet's status) is written at once.
+    if let Some(o) = s.objective.as_mut() {
+        let some = |v: &mut Option<f64>| *v = v.map(|_| 1.0);
+        some(&mut o.dwell_p99_seconds);
+        some(&mut o.over_objective);
+        some(&mut o.burn_rate);
+        o.messages = o.messages.map(|_| 1);
+    }
     for c in &mut s.conditions {
         c.message = numbers_masked(&c.message);
     }
@@ -1506,6 +1602,14 @@ pub fn transitions(old: &[Condition], new: &[Condition]) -> Vec<Transition> {
                 None => c.status != Status::True.as_str() && c.reason != reason::NO_OBSERVATIONS,
             };
             if !changed {
+                return None;
+            }
+            // ObjectiveMet speaks of the objective only: a Warning when it turns False, a Normal when it
+            // is met again; Unknown (too few messages, a lull) is no news either way.
+            if c.type_ == conditions::OBJECTIVE_MET
+                && c.status != f
+                && before.is_none_or(|o| o.status != f || c.status != Status::True.as_str())
+            {
                 return None;
             }
             let reason = if c.type_ == conditions::HANDLER_HEALTHY {

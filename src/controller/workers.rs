@@ -71,10 +71,10 @@ pub const SCRAPE_TIMEOUT: StdDuration = StdDuration::from_secs(2);
 /// `WINDOW_SCRAPES - 1` poll intervals), widened back up to `MAX_SCRAPES` until it holds
 /// `MIN_MESSAGES` finished messages; the observed P99 is above the declared one when it exceeds it by
 /// more than `TOLERANCE` (20 %).
-pub const WINDOW_SCRAPES: usize = 5;
-pub const MAX_SCRAPES: usize = 20;
-pub const MIN_MESSAGES: u64 = 50;
+pub use crate::scaling::objective::{MAX_SCRAPES, MIN_MESSAGES, WINDOW_SCRAPES};
 pub const TOLERANCE: f64 = 1.2;
+/// The worker's histogram of each message's dwell: SentTimestamp to its leaving the queue.
+pub const DWELL_HISTOGRAM: &str = "qc_worker_message_dwell_seconds";
 
 /// The annotation the ReplicaSet controller ranks pods by when it scales in (lower goes first).
 pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
@@ -208,6 +208,55 @@ pub struct PodMetrics {
     pub fifo_groups: Option<u64>,
     /// The FIFO group heads the pod reports (receive count and age), at most 100.
     pub fifo_heads: Vec<crate::scaling::fifo::GroupHead>,
+    /// `qc_worker_message_dwell_seconds`; None when the exposition lacks it (an older worker).
+    pub dwell: Option<Buckets>,
+}
+
+/// A histogram's finite buckets and total, made sane as [`parse`] says.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Buckets {
+    pub bounds: Arc<[f64]>,
+    pub cumulative: Vec<u64>,
+    pub count: u64,
+}
+
+/// Bucket lines (bound, count) and the total into sorted finite bounds with cumulative counts that only
+/// grow and never pass the total (of a bound written twice, the first line counts).
+fn sane_buckets(mut buckets: Vec<(f64, u64)>, count: u64) -> Buckets {
+    // Stable: of a bound written twice, the first line counts.
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    buckets.dedup_by(|later, earlier| later.0.total_cmp(&earlier.0).is_eq());
+    let mut running = 0;
+    let cumulative = buckets
+        .iter()
+        .map(|b| {
+            running = b.1.max(running).min(count);
+            running
+        })
+        .collect();
+    Buckets {
+        bounds: buckets.iter().map(|b| b.0).collect(),
+        cumulative,
+        count,
+    }
+}
+
+/// The bound of a `_bucket` line's `le` label and its count, when both are sane numbers.
+fn bucket_line(labels: &str, value: Option<u64>) -> Option<(f64, u64)> {
+    let le = labels
+        .split(',')
+        .find_map(|l| l.strip_prefix("le=\""))
+        .map(|l| l.trim_end_matches('"'))?;
+    let v = value?;
+    if le == "+Inf" {
+        return None;
+    }
+    let b = le
+        .parse::<f64>()
+        .ok()
+        .filter(|b| b.is_finite() && *b >= 0.0)?;
+    // abs: -0 is the bound 0 (tests/fuzz.rs, `scrape_exposition`).
+    Some((b.abs(), v))
 }
 
 /// The value of the one label `group="..."` of a sample (Prometheus escapes `\`, `"` and newlines),
@@ -246,6 +295,10 @@ pub fn parse(text: &str) -> Option<PodMetrics> {
     let sum_name = format!("{HANDLER_HISTOGRAM}_sum");
     let count_name = format!("{HANDLER_HISTOGRAM}_count");
     let mut buckets: Vec<(f64, u64)> = Vec::new();
+    let dwell_bucket = format!("{DWELL_HISTOGRAM}_bucket");
+    let dwell_count_name = format!("{DWELL_HISTOGRAM}_count");
+    let mut dwell_buckets: Vec<(f64, u64)> = Vec::new();
+    let mut dwell_count = None;
     let (mut count, mut sum, mut in_flight, mut deleted) = (None, None, 0i64, None);
     let mut breaker = None;
     let mut fifo_groups = None;
@@ -270,21 +323,11 @@ pub fn parse(text: &str) -> Option<PodMetrics> {
             None => (name_labels, ""),
         };
         if name == bucket {
-            let le = labels
-                .split(',')
-                .find_map(|l| l.strip_prefix("le=\""))
-                .map(|l| l.trim_end_matches('"'));
-            let (Some(le), Some(v)) = (le, count_of(value)) else {
-                continue;
-            };
-            if le != "+Inf"
-                && let Ok(b) = le.parse::<f64>()
-                && b.is_finite()
-                && b >= 0.0
-            {
-                // abs: -0 is the bound 0 (tests/fuzz.rs, `scrape_exposition`).
-                buckets.push((b.abs(), v));
-            }
+            buckets.extend(bucket_line(labels, count_of(value)));
+        } else if name == dwell_bucket {
+            dwell_buckets.extend(bucket_line(labels, count_of(value)));
+        } else if name == dwell_count_name {
+            dwell_count = count_of(value);
         } else if name == sum_name {
             sum = value.parse::<f64>().ok();
         } else if name == count_name {
@@ -316,20 +359,10 @@ pub fn parse(text: &str) -> Option<PodMetrics> {
     }
     let count = count?;
     let sum = sum.filter(|s| s.is_finite() && *s >= 0.0)?;
-    // Stable: of a bound written twice, the first line counts.
-    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-    buckets.dedup_by(|later, earlier| later.0.total_cmp(&earlier.0).is_eq());
-    let mut running = 0;
-    let cumulative = buckets
-        .iter()
-        .map(|b| {
-            running = b.1.max(running).min(count);
-            running
-        })
-        .collect();
+    let handler = sane_buckets(buckets, count);
     Some(PodMetrics {
-        bounds: buckets.iter().map(|b| b.0).collect(),
-        cumulative,
+        bounds: handler.bounds,
+        cumulative: handler.cumulative,
         count,
         sum,
         in_flight,
@@ -345,6 +378,7 @@ pub fn parse(text: &str) -> Option<PodMetrics> {
                 held: 1,
             })
             .collect(),
+        dwell: dwell_count.map(|c| sane_buckets(dwell_buckets, c)),
     })
 }
 
@@ -394,30 +428,7 @@ pub struct Stats {
     pub window: Duration,
 }
 
-/// The histogram quantile `q` of cumulative counts (linear interpolation inside the bucket, as
-/// Prometheus' `histogram_quantile`); above the last finite bound it answers that bound.
-pub fn quantile(q: f64, bounds: &[f64], cumulative: &[u64], total: u64) -> Option<f64> {
-    if total == 0 {
-        return None;
-    }
-    let rank = q * total as f64;
-    let mut prev_bound = 0.0;
-    let mut prev_count = 0u64;
-    for (b, c) in bounds.iter().zip(cumulative) {
-        if *c as f64 >= rank {
-            let in_bucket = c.saturating_sub(prev_count) as f64;
-            if in_bucket == 0.0 {
-                return Some(*b);
-            }
-            // The share of the bucket first: bound times count could overflow to infinity.
-            let share = (rank - prev_count as f64) / in_bucket;
-            return Some(prev_bound + (b - prev_bound) * share);
-        }
-        prev_bound = *b;
-        prev_count = *c;
-    }
-    bounds.last().copied()
-}
+pub use crate::scaling::objective::quantile;
 
 /// Deltas of every pod of the newest round against its oldest reading among `rounds` (a pod seen once
 /// adds nothing: its counts may cover any past; a counter that went back means a restart, and the
@@ -429,22 +440,8 @@ pub fn stats(rounds: &[&Round]) -> Option<Stats> {
     let (mut count, mut sum, mut per_second, mut span_ms) = (0u64, 0.0f64, 0.0f64, 0u64);
     let mut any = false;
     for (pod, now) in &newest.pods {
-        // Back from the newest reading while the counts only grew: a count that went back is a
-        // restart, and the reading after it is the base.
-        let mut base: Option<(Timestamp, &PodMetrics)> = None;
-        let mut next = now;
-        for r in rounds[..rounds.len() - 1].iter().rev() {
-            match r.pods.get(pod) {
-                Some(m) if m.count <= next.count && m.bounds == now.bounds => {
-                    base = Some((r.at, m));
-                    next = m;
-                }
-                // A scrape that missed the pod (timeout under load) breaks nothing: look further back.
-                None => {}
-                Some(_) => break,
-            }
-        }
-        let Some((base_at, base)) = base else {
+        let handler = |m: &PodMetrics| Some((m.count, m.bounds.clone()));
+        let Some((base_at, base)) = base_of(rounds, pod, now, handler) else {
             continue;
         };
         match &bounds {
@@ -528,6 +525,70 @@ pub fn scrape_due(since: StdDuration, every: StdDuration) -> bool {
 /// state, and on a long `pollInterval` a new consumer showed nothing for that long.
 pub fn warm_up(every: StdDuration) -> StdDuration {
     (every / 3).min(StdDuration::from_secs(5))
+}
+
+/// The reading of `pod` among `rounds` (newest last, `now` its reading in the newest) that a delta of the
+/// histogram `of` starts from: back from the newest while the count only grew and the bounds stayed the
+/// same (a count that went back is a restart, and the reading after it is the base); a scrape that missed
+/// the pod (timeout under load) breaks nothing. None for a pod seen once (its counts may cover any past).
+fn base_of<'a>(
+    rounds: &[&'a Round],
+    pod: &str,
+    now: &PodMetrics,
+    of: impl Fn(&PodMetrics) -> Option<(u64, Arc<[f64]>)>,
+) -> Option<(Timestamp, &'a PodMetrics)> {
+    let (mut next_count, bounds) = of(now)?;
+    let mut base = None;
+    for r in rounds[..rounds.len().saturating_sub(1)].iter().rev() {
+        match r.pods.get(pod).map(|m| (m, of(m))) {
+            Some((m, Some((count, b)))) if count <= next_count && b == bounds => {
+                base = Some((r.at, m));
+                next_count = count;
+            }
+            None => {}
+            Some(_) => break,
+        }
+    }
+    base
+}
+
+/// The dwell histogram's deltas over `rounds` (newest last), summed over pods as [`stats`] sums the
+/// handler's, with the span they cover; None when no pod has two readings of it with the same bounds.
+pub fn dwell_delta(rounds: &[&Round]) -> Option<(crate::scaling::objective::Histogram, Duration)> {
+    let newest = rounds.last()?;
+    let of = |m: &PodMetrics| m.dwell.as_ref().map(|d| (d.count, d.bounds.clone()));
+    let mut out: Option<crate::scaling::objective::Histogram> = None;
+    let mut span_ms = 0u64;
+    for (pod, now) in &newest.pods {
+        let (Some(d), Some((base_at, base))) = (&now.dwell, base_of(rounds, pod, now, of)) else {
+            continue;
+        };
+        let Some(b) = &base.dwell else { continue };
+        let h = out.get_or_insert_with(|| crate::scaling::objective::Histogram {
+            bounds: d.bounds.to_vec(),
+            cumulative: vec![0; d.bounds.len()],
+            count: 0,
+        });
+        if h.bounds[..] != d.bounds[..] {
+            continue;
+        }
+        for (c, (n, o)) in h
+            .cumulative
+            .iter_mut()
+            .zip(d.cumulative.iter().zip(&b.cumulative))
+        {
+            *c += n.saturating_sub(*o);
+        }
+        h.count += d.count.saturating_sub(b.count);
+        span_ms = span_ms.max(newest.at.as_millis().saturating_sub(base_at.as_millis()));
+    }
+    // to the second, as the handler's window (status shows it)
+    out.map(|h| {
+        (
+            h,
+            Duration::from_millis(span_ms.saturating_add(500) / 1000 * 1000),
+        )
+    })
 }
 
 /// Messages deleted by a QueueConsumer's workers between two scrapes.
@@ -619,6 +680,29 @@ impl Window {
             let enough = s.as_ref().is_some_and(|s| s.messages >= MIN_MESSAGES);
             if s.is_some() {
                 best = s;
+            }
+            if enough || from == 0 {
+                break;
+            }
+        }
+        best
+    }
+}
+
+impl Window {
+    /// The dwell objective's measurement over the rule's window (the last `WINDOW_SCRAPES`, widened until
+    /// it holds `MIN_MESSAGES` messages that left the queue).
+    pub fn dwell(&self, objective: Duration) -> Option<crate::scaling::objective::Measurement> {
+        let all: Vec<&Round> = self.rounds.iter().collect();
+        let mut best = None;
+        for n in WINDOW_SCRAPES..=MAX_SCRAPES.max(WINDOW_SCRAPES) {
+            let from = all.len().saturating_sub(n);
+            let m = dwell_delta(&all[from..]).map(|(h, window)| {
+                crate::scaling::objective::Measurement::of(&h, objective, window)
+            });
+            let enough = m.is_some_and(|m| m.messages >= MIN_MESSAGES);
+            if m.is_some() {
+                best = m;
             }
             if enough || from == 0 {
                 break;
@@ -1041,6 +1125,66 @@ mod tests {
                 .map(|d| d.count),
             None,
             "the nearest scrape to 74 s is the gap at 61 s"
+        );
+    }
+
+    #[test]
+    fn the_dwell_histogram_is_read_and_its_deltas_summed_over_pods() {
+        let m = crate::worker::metrics::Metrics::default();
+        m.handler_seconds.observe(0.1);
+        // an exposition without the dwell histogram (an older worker) has none
+        assert_eq!(parse(&text(&[(1.0, 1)], 1, 0.3, 0)).unwrap().dwell, None);
+        let at = |at_ms: u64, pods: &[(&str, &[f64])]| {
+            let texts: Vec<(String, String)> = pods
+                .iter()
+                .map(|(p, dwells)| {
+                    let m = crate::worker::metrics::Metrics::default();
+                    m.handler_seconds.observe(0.1);
+                    for d in *dwells {
+                        m.dwell_seconds.observe(*d);
+                    }
+                    (p.to_string(), m.render())
+                })
+                .collect();
+            let refs: Vec<(&str, &str)> = texts
+                .iter()
+                .map(|(p, t)| (p.as_str(), t.as_str()))
+                .collect();
+            round(at_ms, &refs)
+        };
+        let first = at(0, &[("a", &[100.0; 5]), ("b", &[])]);
+        assert_eq!(first.pods["a"].dwell.as_ref().unwrap().count, 5);
+        // 15 s later: a +60 at 3 s, b +40 at 30 s; c is new (its counts could cover any past)
+        let mut a = vec![100.0; 5];
+        a.extend([3.0; 60]);
+        let second = at(
+            15_000,
+            &[("a", &a), ("b", &[30.0; 40]), ("c", &[500.0; 99])],
+        );
+        let (h, window) = dwell_delta(&[&first, &second]).unwrap();
+        assert_eq!(
+            h.count, 100,
+            "the lifetime totals are not counted, c not at all"
+        );
+        assert_eq!(window, Duration::from_secs(15));
+        let m = crate::scaling::objective::Measurement::of(&h, Duration::from_secs(20), window);
+        assert_eq!(m.messages, 100);
+        assert!((m.bad_fraction() - 0.4).abs() < 1e-9, "{m:?}");
+        assert!(m.burning());
+        let mut w = Window::default();
+        w.push(first);
+        w.push(second);
+        assert_eq!(w.dwell(Duration::from_secs(20)), Some(m));
+        // a restarted pod counts from its restart
+        let third = at(30_000, &[("a", &[3.0; 10]), ("b", &[30.0; 40])]);
+        w.push(third);
+        let fourth = at(45_000, &[("a", &[3.0; 70]), ("b", &[30.0; 40])]);
+        w.push(fourth);
+        let m = w.dwell(Duration::from_secs(20)).unwrap();
+        assert_eq!(
+            m.messages,
+            60 + 40,
+            "a since its restart, b since the first: {m:?}"
         );
     }
 

@@ -5,6 +5,7 @@
 //! simulator (`sim`) drives the same function from a simulated queue. See docs/scaling.md.
 
 pub mod fifo;
+pub mod objective;
 pub mod rate;
 pub mod sim;
 
@@ -285,6 +286,9 @@ pub struct Downstream {
     pub scraped: u32,
     /// FIFO: the message groups the scraped workers hold in all (None: they report none).
     pub fifo_groups: Option<u64>,
+    /// With `scaling.objective`: the workers' dwell measurement over their window (None: not enough
+    /// scrapes yet, or no objective).
+    pub dwell: Option<objective::Measurement>,
 }
 
 impl Downstream {
@@ -353,6 +357,9 @@ pub enum Limit {
     /// younger than maxBacklogAge less a poll, a start-up and P, so replicas asked for a poll later are still
     /// in time for it.
     Deferred,
+    /// `scaling.objective`: more than 1 % of the workers' recent messages stayed longer than dwellP99 and
+    /// messages wait: no replica is removed and no scale-up deferred ([`objective::with_objective`]).
+    Objective,
 }
 
 impl Limit {
@@ -369,6 +376,7 @@ impl Limit {
             Limit::MaxRate => "MaxRate",
             Limit::MessageGroups => "MessageGroups",
             Limit::Deferred => "Deferred",
+            Limit::Objective => "Objective",
         }
     }
 }
@@ -500,8 +508,11 @@ pub fn decide_for(
     downstream: Downstream,
     now: Timestamp,
 ) -> Decision {
+    // with an objective, the backlog drains within what it leaves after the handling
+    let mut scaling = spec.scaling.clone();
+    scaling.max_backlog_age = objective::backlog_target(&spec.scaling, spec.processing.p99);
     let queue = decide_with_waiting(
-        &spec.scaling,
+        &scaling,
         spec.processing.p99,
         spec.processing.mean,
         crate::validate::message_slots(spec),
@@ -521,7 +532,9 @@ pub fn decide_for(
         } else {
             None
         };
-        return with_group_cap(spec, with_rate_cap(spec, queue, current), current, groups);
+        let visible = history.latest().map_or(0, |s| s.visible);
+        let d = objective::with_objective(&spec.scaling, queue, current, downstream.dwell, visible);
+        return with_group_cap(spec, with_rate_cap(spec, d, current), current, groups);
     }
     let min = spec.scaling.min_replicas.min(spec.scaling.max_replicas);
     let replicas = current.clamp(min, spec.scaling.max_replicas);

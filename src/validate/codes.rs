@@ -31,6 +31,9 @@ pub const FILTER_PATTERN_INVALID: &str = "FilterPatternInvalid";
 pub const FILTER_ON_BACKLOG: &str = "FilterOnBacklog";
 pub const FIFO_PARALLELISM_ABOVE_GROUPS: &str = "FifoParallelismAboveGroups";
 pub const FIFO_RATE_ABOVE_LIMIT: &str = "FifoRateAboveLimit";
+/// `scaling.objective.dwellP99` shorter than a message on an idle queue waits when minReplicas is 0:
+/// activation (two polls), a pod's start-up and its handling.
+pub const OBJECTIVE_BELOW_ACTIVATION: &str = "ObjectiveBelowActivation";
 
 /// Rules about the bundled worker's own settings: not run in scale-only mode (`spec.scaleTargetRef`),
 /// where those settings do nothing.
@@ -61,6 +64,7 @@ pub const OFFLINE_RULES: &[&str] = &[
     FILTER_PATTERN_INVALID,
     FIFO_PARALLELISM_ABOVE_GROUPS,
     FIFO_RATE_ABOVE_LIMIT,
+    OBJECTIVE_BELOW_ACTIVATION,
 ];
 
 /// Rules that need the source queue's attributes.
@@ -114,4 +118,5 @@ pub const ALL: &[&str] = &[
     FILTER_PATTERN_INVALID,
     FIFO_PARALLELISM_ABOVE_GROUPS,
     FIFO_RATE_ABOVE_LIMIT,
+    OBJECTIVE_BELOW_ACTIVATION,
 ];

@@ -551,7 +551,46 @@ fn missing_restricted(
     }
 }
 
+/// How long the first message on an idle queue waits, at most, before its handling ends when
+/// minReplicas is 0: two polls (activation needs the signal on two consecutive samples, the first up
+/// to a poll after the send), a pod's start-up (the scaler's 30s until measured) and the declared P99.
+pub fn dwell_from_zero(spec: &QueueConsumerSpec) -> Duration {
+    spec.scaling
+        .poll_interval
+        .saturating_mul(2)
+        .saturating_add(crate::api::DEFAULT_STARTUP)
+        .saturating_add(spec.processing.p99)
+}
+
+/// `scaling.objective.dwellP99` against what scale-from-zero costs a message (Warning: a busy queue
+/// never waits for activation, so the objective may still hold where traffic never stops).
+fn objective_rules(spec: &QueueConsumerSpec, out: &mut Vec<Finding>) {
+    let Some(o) = &spec.scaling.objective else {
+        return;
+    };
+    let from_zero = dwell_from_zero(spec);
+    if spec.scaling.min_replicas == 0 && o.dwell_p99 < from_zero {
+        out.push(finding(
+            codes::OBJECTIVE_BELOW_ACTIVATION,
+            Severity::Warning,
+            format!(
+                "scaling.objective.dwellP99 is {} but with minReplicas 0 the first message on an idle queue may take {} (two polls of {} to activate, about {} of pod start-up, the declared p99 {}): every lull spends error budget",
+                secs(o.dwell_p99),
+                secs(from_zero),
+                secs(spec.scaling.poll_interval),
+                secs(crate::api::DEFAULT_STARTUP),
+                secs(spec.processing.p99)
+            ),
+            format!(
+                "set scaling.minReplicas to 1, or raise scaling.objective.dwellP99 to at least {}",
+                secs(ceil_secs(from_zero))
+            ),
+        ));
+    }
+}
+
 fn offline_rules(spec: &QueueConsumerSpec, out: &mut Vec<Finding>) {
+    objective_rules(spec, out);
     if let Some(f) = &spec.filter
         && let Err(e) = crate::worker::core::filter::Filter::parse(&f.patterns)
     {

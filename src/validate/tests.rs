@@ -1123,3 +1123,30 @@ fn scale_target_ref_fields_are_checked_as_the_crd_patterns_do() {
         );
     }
 }
+
+#[test]
+fn an_objective_shorter_than_a_start_from_zero_is_a_warning() {
+    let c = codes::OBJECTIVE_BELOW_ACTIVATION;
+    // dwell from zero at these settings: 2 × 15s + 30s + 2s = 62s
+    for (scaling, fires) in [
+        ("{objective: {dwellP99: 61s}}", true),
+        ("{objective: {dwellP99: 62s}}", false),
+        ("{objective: {dwellP99: 10s}, minReplicas: 1}", false),
+        ("{objective: {dwellP99: 40s}, pollInterval: 2s}", false),
+        ("{objective: {dwellP99: 30s}, pollInterval: 2s}", true),
+        ("{}", false),
+    ] {
+        let s = spec(&format!("processing: {{p99: 2s}}\nscaling: {scaling}"));
+        let f = find(&s, None, c);
+        assert_eq!(f.is_some(), fires, "{scaling}: {f:?}");
+        if let Some(f) = f {
+            assert_eq!(f.severity, Severity::Warning);
+            assert!(
+                f.recommendation.contains("minReplicas to 1")
+                    && f.recommendation.contains("dwellP99 to at least"),
+                "{}",
+                f.recommendation
+            );
+        }
+    }
+}

@@ -528,6 +528,7 @@ fn busy(p99: f64, mean: f64, rate: f64, in_flight: i64, at_secs: i64) -> Workers
         crash_looping: vec![],
         warming_up: false,
         fifo: None,
+        dwell: None,
     }
 }
 
@@ -1415,5 +1416,204 @@ fn scale_only_says_so_and_reports_the_target() {
             .conditions
             .iter()
             .all(|c| c.type_ != conditions::SCALE_ONLY)
+    );
+}
+
+/// (measurement, pods, unreachable, status, reason, words of the message)
+type ObjectiveRow<'a> = (
+    Option<crate::scaling::objective::Measurement>,
+    usize,
+    usize,
+    &'a str,
+    &'a str,
+    &'a [&'a str],
+);
+
+fn with_objective(dwell_p99: &str) -> QueueConsumer {
+    let mut q = qc(false);
+    q.spec.scaling.objective = Some(crate::api::ObjectiveSpec {
+        dwell_p99: dwell_p99.parse().unwrap(),
+    });
+    q
+}
+
+fn dwell(p99_s: u64, messages: u64, over: u64) -> crate::scaling::objective::Measurement {
+    crate::scaling::objective::Measurement {
+        objective: Duration::from_secs(20),
+        p99: Duration::from_secs(p99_s),
+        messages,
+        over_milli: over * 1000,
+        window: Duration::from_secs(60),
+    }
+}
+
+fn objective_condition(s: &QueueConsumerStatus) -> Option<&Condition> {
+    s.conditions
+        .iter()
+        .find(|c| c.type_ == conditions::OBJECTIVE_MET)
+}
+
+#[test]
+fn objective_met_says_the_verdict_with_the_figures() {
+    // no objective: no condition, no block
+    let s = running(&qc(false), &busy(1.5, 0.8, 40.0, 10, 0), 0);
+    assert!(objective_condition(&s).is_none());
+    assert!(s.objective.is_none());
+    // (measurement, pods, unreachable) -> (status, reason, words of the message)
+    let rows: [ObjectiveRow; 7] = [
+        (
+            Some(dwell(12, 400, 2)),
+            2,
+            0,
+            "True",
+            reason::OBJECTIVE_MET,
+            &[
+                "observed dwell P99 12s against the objective 20s",
+                "0.5 % of 400 messages",
+                "burn rate 0.50",
+            ],
+        ),
+        (
+            Some(dwell(45, 400, 40)),
+            2,
+            0,
+            "False",
+            reason::DWELL_ABOVE_OBJECTIVE,
+            &[
+                "observed dwell P99 45s",
+                "10.0 % of 400",
+                "burn rate 10.00",
+                "limited by Objective",
+            ],
+        ),
+        (
+            Some(dwell(45, 30, 30)),
+            2,
+            0,
+            "Unknown",
+            reason::NO_MEASUREMENT,
+            &["30 message(s)", "at least 50"],
+        ),
+        (
+            Some(dwell(0, 0, 0)),
+            2,
+            0,
+            "Unknown",
+            reason::NO_MEASUREMENT,
+            &["0 message(s) left the queue"],
+        ),
+        (
+            None,
+            0,
+            0,
+            "Unknown",
+            reason::NO_MEASUREMENT,
+            &["no ready worker pod"],
+        ),
+        (
+            None,
+            0,
+            2,
+            "Unknown",
+            reason::NO_MEASUREMENT,
+            &["none of the 2 ready worker pod(s) answered"],
+        ),
+        (
+            None,
+            2,
+            0,
+            "Unknown",
+            reason::NO_MEASUREMENT,
+            &["second scrape"],
+        ),
+    ];
+    let q = with_objective("20s");
+    for (m, pods, unreachable, status, why, words) in rows {
+        let w = Workers {
+            dwell: m,
+            pods,
+            unreachable,
+            ..busy(1.5, 0.8, 40.0, 10, 0)
+        };
+        let s = running(&q, &w, 0);
+        let c = objective_condition(&s).expect("ObjectiveMet with an objective");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            (status, why),
+            "{m:?}: {}",
+            c.message
+        );
+        for word in words {
+            assert!(c.message.contains(word), "{word:?} not in {}", c.message);
+        }
+        let block = s.objective.as_ref();
+        assert_eq!(block.is_some(), m.is_some(), "{block:?}");
+        if let (Some(b), Some(m)) = (block, m) {
+            let p99 = (m.messages > 0).then(|| m.p99.as_secs_f64());
+            assert_eq!(b.dwell_p99_seconds, p99, "{b:?}");
+            assert_eq!(b.burn_rate, Some((m.burn_rate() * 100.0).round() / 100.0));
+            assert_eq!(b.messages, Some(i64::try_from(m.messages).unwrap()));
+            assert_eq!(b.window, Some(Duration::from_secs(60)));
+        }
+    }
+}
+
+#[test]
+fn objective_met_events_only_on_a_burn_and_its_end() {
+    let q = with_objective("20s");
+    let w = |m| Workers {
+        dwell: m,
+        ..busy(1.5, 0.8, 40.0, 10, 0)
+    };
+    let met = running(&q, &w(Some(dwell(12, 400, 2))), 0);
+    let missed = running(&q, &w(Some(dwell(45, 400, 40))), 15);
+    let unknown = running(&q, &w(Some(dwell(45, 10, 10))), 30);
+    let of = |old: &QueueConsumerStatus, new: &QueueConsumerStatus| {
+        transitions(&old.conditions, &new.conditions)
+            .into_iter()
+            .filter(|t| t.type_ == conditions::OBJECTIVE_MET)
+            .map(|t| (t.reason, t.warning))
+            .collect::<Vec<_>>()
+    };
+    let none = QueueConsumerStatus::default();
+    assert_eq!(
+        of(&met, &missed),
+        [(reason::DWELL_ABOVE_OBJECTIVE.to_string(), true)]
+    );
+    assert_eq!(
+        of(&missed, &met),
+        [(reason::OBJECTIVE_MET.to_string(), false)]
+    );
+    assert_eq!(
+        of(&none, &missed),
+        [(reason::DWELL_ABOVE_OBJECTIVE.to_string(), true)]
+    );
+    // a lull (too few messages) and a first measurement are no news
+    assert!(of(&met, &unknown).is_empty());
+    assert!(of(&missed, &unknown).is_empty());
+    assert!(of(&unknown, &met).is_empty());
+    assert!(of(&none, &met).is_empty());
+    assert!(of(&none, &unknown).is_empty());
+    // new figures with the same verdict are counts: held for the refresh, not written at once
+    let later = running(&q, &w(Some(dwell(14, 500, 3))), 45);
+    assert_eq!(
+        status_write(
+            &met,
+            &later,
+            Some(crate::scaling::Timestamp::from_millis(0)),
+            crate::scaling::Timestamp::from_millis(45_000),
+            COUNTS_REFRESH
+        ),
+        StatusWrite::Hold
+    );
+    assert_eq!(
+        status_write(
+            &met,
+            &missed,
+            Some(crate::scaling::Timestamp::from_millis(0)),
+            crate::scaling::Timestamp::from_millis(15_000),
+            COUNTS_REFRESH
+        ),
+        StatusWrite::Write
     );
 }

@@ -47,6 +47,9 @@ pub struct Observation {
 pub struct Stats {
     /// Wait of every started message (arrival to start of handling), in start order, ms.
     pub waits_ms: Vec<u64>,
+    /// Per message, from its arrival to the end of its handling (its deletion): the wait plus its service
+    /// time, what the workers' `qc_worker_message_dwell_seconds` measures. In completion order, ms.
+    pub dwells_ms: Vec<u64>,
     pub completed: u64,
     /// Completions by replicas already removed from the Deployment (drained, not cut).
     pub completed_while_draining: u64,
@@ -65,7 +68,11 @@ pub struct Engine<'a> {
     started: usize,
     replicas: Vec<Replica>,
     reusable: Vec<usize>,
-    completions: BinaryHeap<Reverse<(u64, usize)>>,
+    /// (when, replica, the message's dwell in ms at that moment)
+    completions: BinaryHeap<Reverse<(u64, usize, u64)>>,
+    /// Messages deleted per bucket of `telemetry::LATENCY_BUCKETS` by their dwell (the last entry: beyond
+    /// the last bound), as the workers' histogram counts them.
+    dwell_buckets: Vec<u64>,
     starting: BinaryHeap<Reverse<(u64, usize, u64)>>,
     concurrency: u32,
     startup_ms: u64,
@@ -102,6 +109,7 @@ impl<'a> Engine<'a> {
             replicas: Vec::new(),
             reusable: Vec::new(),
             completions: BinaryHeap::new(),
+            dwell_buckets: vec![0; crate::telemetry::LATENCY_BUCKETS.len() + 1],
             starting: BinaryHeap::new(),
             concurrency: concurrency.max(1),
             startup_ms,
@@ -127,6 +135,7 @@ impl<'a> Engine<'a> {
     pub fn recording(mut self) -> Self {
         self.stats = Some(Stats {
             waits_ms: Vec::with_capacity(self.msgs.len()),
+            dwells_ms: Vec::with_capacity(self.msgs.len()),
             ..Stats::default()
         });
         self
@@ -243,12 +252,12 @@ impl<'a> Engine<'a> {
                 return;
             }
             self.advance(next);
-            while let Some(&Reverse((at, idx))) = self.completions.peek() {
+            while let Some(&Reverse((at, idx, dwell))) = self.completions.peek() {
                 if at != next {
                     break;
                 }
                 self.completions.pop();
-                self.complete(idx);
+                self.complete(idx, dwell);
             }
             while let Some(&Reverse((at, idx, seq))) = self.starting.peek() {
                 if at != next {
@@ -274,7 +283,7 @@ impl<'a> Engine<'a> {
 
     fn next_event(&self) -> u64 {
         let mut next = u64::MAX;
-        if let Some(Reverse((at, _))) = self.completions.peek() {
+        if let Some(Reverse((at, _, _))) = self.completions.peek() {
             next = next.min(*at);
         }
         if let Some(Reverse((at, _, _))) = self.starting.peek() {
@@ -382,7 +391,30 @@ impl<'a> Engine<'a> {
         }
     }
 
-    fn complete(&mut self, idx: usize) {
+    /// The workers' cumulative dwell histogram so far (`qc_worker_message_dwell_seconds` summed over
+    /// the replicas, none of which restarts here).
+    pub fn dwell_histogram(&self) -> crate::scaling::objective::Histogram {
+        let bounds = crate::telemetry::LATENCY_BUCKETS;
+        let mut running = 0;
+        let cumulative = self.dwell_buckets[..bounds.len()]
+            .iter()
+            .map(|c| {
+                running += c;
+                running
+            })
+            .collect();
+        crate::scaling::objective::Histogram {
+            bounds: bounds.to_vec(),
+            cumulative,
+            count: self.deleted,
+        }
+    }
+
+    fn complete(&mut self, idx: usize, dwell_ms: u64) {
+        // the bucket the worker's histogram puts it in: the first bound at or above it
+        let seconds = dwell_ms as f64 / 1000.0;
+        let bucket = crate::telemetry::LATENCY_BUCKETS.partition_point(|b| *b < seconds);
+        self.dwell_buckets[bucket] += 1;
         let r = &mut self.replicas[idx];
         r.busy -= 1;
         self.in_flight -= 1;
@@ -399,6 +431,7 @@ impl<'a> Engine<'a> {
         }
         if let Some(st) = self.stats.as_mut() {
             st.completed += 1;
+            st.dwells_ms.push(dwell_ms);
             if draining {
                 st.completed_while_draining += 1;
             }
@@ -425,8 +458,9 @@ impl<'a> Engine<'a> {
             self.replicas[idx].busy += 1;
             self.free_slots -= 1;
             self.in_flight += 1;
+            let dwell = self.now - m.at + u64::from(m.service);
             self.completions
-                .push(Reverse((self.now + u64::from(m.service), idx)));
+                .push(Reverse((self.now + u64::from(m.service), idx, dwell)));
             if let Some(st) = self.stats.as_mut() {
                 st.waits_ms.push(self.now - m.at);
             }

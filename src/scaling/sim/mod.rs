@@ -14,7 +14,9 @@ pub mod trace;
 
 use serde::Serialize;
 
-use super::{History, Sample, Timestamp, decide};
+use std::collections::VecDeque;
+
+use super::{History, Sample, Timestamp, decide, objective};
 use crate::api::{API_VERSION, Duration, QueueConsumerSpec, ScalingSpec};
 use crate::manifest;
 use engine::{Engine, Observation, Stats};
@@ -123,6 +125,8 @@ pub struct Outcome {
     pub replica_seconds: f64,
     pub p99_wait_seconds: f64,
     pub max_wait_seconds: f64,
+    /// P99 of the dwell (arrival to deletion: the wait plus the handling), what `scaling.objective` bounds.
+    pub p99_dwell_seconds: f64,
     /// Share of simulated seconds at which the oldest waiting message was older than maxBacklogAge.
     pub over_target_share: f64,
     pub scale_events: u32,
@@ -142,6 +146,9 @@ pub trait Scaler {
     fn next_tick(&self) -> u64;
     /// Observe at `now` and answer the replica count.
     fn tick(&mut self, now: u64, obs: Observation, current: u32) -> u32;
+    /// The workers' cumulative dwell histogram, given just before each `tick` (as the controller scrapes
+    /// the pods once per poll). Only a scaler with a dwell objective reads it.
+    fn see_dwell(&mut self, _cumulative: crate::scaling::objective::Histogram) {}
 }
 
 /// Our policy as the controller runs it: one sample per pollInterval into a History, then `decide`.
@@ -155,6 +162,8 @@ pub struct Ours {
     poll_ms: u64,
     /// The engine's deleted count at the previous sample.
     deleted: u64,
+    /// With `scaling.objective`: the dwell histograms of the last scrapes (time, cumulative), newest last.
+    dwell: VecDeque<(u64, crate::scaling::objective::Histogram)>,
 }
 
 impl Ours {
@@ -170,7 +179,41 @@ impl Ours {
                 .unwrap_or(u64::MAX)
                 .max(1000),
             deleted: 0,
+            dwell: VecDeque::new(),
         }
+    }
+
+    /// The objective's measurement as the controller takes it from its scrapes: the last
+    /// `WINDOW_SCRAPES`, widened up to `MAX_SCRAPES` until `MIN_MESSAGES` left the queue in it.
+    fn dwell_measurement(&self) -> Option<objective::Measurement> {
+        let o = self.scaling.objective.as_ref()?;
+        let (newest_at, newest) = self.dwell.back()?;
+        let mut best = None;
+        for n in objective::WINDOW_SCRAPES..=objective::MAX_SCRAPES {
+            let from = self.dwell.len().saturating_sub(n);
+            let (at, base) = &self.dwell[from];
+            if from + 1 < self.dwell.len() {
+                let delta = objective::Histogram {
+                    bounds: newest.bounds.clone(),
+                    cumulative: newest
+                        .cumulative
+                        .iter()
+                        .zip(&base.cumulative)
+                        .map(|(n, b)| n - b)
+                        .collect(),
+                    count: newest.count - base.count,
+                };
+                let window =
+                    Duration::from_millis((newest_at - at).saturating_add(500) / 1000 * 1000);
+                best = Some(objective::Measurement::of(&delta, o.dwell_p99, window));
+            }
+            if best.is_some_and(|m: objective::Measurement| m.messages >= objective::MIN_MESSAGES)
+                || from == 0
+            {
+                break;
+            }
+        }
+        best
     }
 }
 
@@ -187,23 +230,48 @@ impl Scaler for Ours {
             in_flight: obs.in_flight,
             delayed: 0,
             deleted: Some(obs.deleted.saturating_sub(self.deleted)),
-            oldest_age: Some(Duration::from_millis(obs.oldest_age_ms)),
+            // with an objective the controller reads no CloudWatch age: the workers measure it
+            oldest_age: self
+                .scaling
+                .objective
+                .is_none()
+                .then(|| Duration::from_millis(obs.oldest_age_ms)),
             at,
         };
         self.deleted = obs.deleted;
         if self.history.push(sample).is_err() {
             return current;
         }
-        decide(
-            &self.scaling,
+        let mut scaling = self.scaling.clone();
+        scaling.max_backlog_age = objective::backlog_target(&self.scaling, self.p99);
+        let d = decide(
+            &scaling,
             self.p99,
             self.mean,
             self.concurrency,
             &self.history,
             current,
             at,
+        );
+        objective::with_objective(
+            &self.scaling,
+            d,
+            current,
+            self.dwell_measurement(),
+            obs.visible,
         )
         .replicas
+    }
+
+    fn see_dwell(&mut self, cumulative: objective::Histogram) {
+        if self.scaling.objective.is_none() {
+            return;
+        }
+        // called just before the tick at `next`
+        self.dwell.push_back((self.next, cumulative));
+        while self.dwell.len() > objective::MAX_SCRAPES {
+            self.dwell.pop_front();
+        }
     }
 }
 
@@ -331,6 +399,7 @@ fn drive<'a>(
         .min(cap);
         engine.run_until(until);
         if until == tick {
+            scaler.see_dwell(engine.dwell_histogram());
             let n = scaler.tick(until, engine.observe(), engine.target());
             engine.set_target(n);
         }
@@ -419,6 +488,15 @@ fn outcome(policy: Policy, engine: Engine<'_>, plan: Option<String>) -> (Outcome
     (o, stats)
 }
 
+/// The nearest-rank 99th percentile (0 of nothing).
+fn percentile_99(mut v: Vec<u64>) -> u64 {
+    if v.is_empty() {
+        return 0;
+    }
+    let rank = (v.len() * 99).div_ceil(100).max(1) - 1;
+    *v.select_nth_unstable(rank).1
+}
+
 fn summarize(
     policy: Policy,
     replica_seconds: f64,
@@ -427,19 +505,14 @@ fn summarize(
     stats: &Stats,
     plan: Option<String>,
 ) -> Outcome {
-    let mut waits = stats.waits_ms.clone();
-    let p99 = if waits.is_empty() {
-        0
-    } else {
-        let rank = (waits.len() * 99).div_ceil(100).max(1) - 1;
-        *waits.select_nth_unstable(rank).1
-    };
-    let max = waits.iter().copied().max().unwrap_or(0);
+    let p99 = percentile_99(stats.waits_ms.clone());
+    let max = stats.waits_ms.iter().copied().max().unwrap_or(0);
     Outcome {
         policy,
         replica_seconds,
         p99_wait_seconds: p99 as f64 / 1000.0,
         max_wait_seconds: max as f64 / 1000.0,
+        p99_dwell_seconds: percentile_99(stats.dwells_ms.clone()) as f64 / 1000.0,
         over_target_share: if stats.seconds == 0 {
             0.0
         } else {
