@@ -669,14 +669,11 @@ async fn run_group_batches(
                 if let Some(q) = g.remove(&group) {
                     stopped.extend(q);
                 }
+            } else if let Some(l) = g.get_mut(&group).and_then(VecDeque::pop_front) {
+                batch.push(l);
             } else {
-                match g.get_mut(&group).and_then(VecDeque::pop_front) {
-                    Some(l) => batch.push(l),
-                    None => {
-                        g.remove(&group);
-                        p.metrics.fifo_heads.done(&group);
-                    }
-                }
+                g.remove(&group);
+                p.metrics.fifo_heads.done(&group);
             }
         }
         if !stopped.is_empty() {
