@@ -10,8 +10,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::trace::{SpanId, TraceId};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
-use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
+use opentelemetry_sdk::trace::{
+    IdGenerator, RandomIdGenerator, Sampler, SdkTracer, SdkTracerProvider,
+};
 
 /// The exporter's answer is read up to this size (an OTLP answer is a few bytes).
 const MAX_ANSWER: usize = 64 * 1024;
@@ -211,6 +214,7 @@ impl Otlp {
         let provider = SdkTracerProvider::builder()
             .with_batch_exporter(exporter)
             .with_sampler(settings.sampling.sampler())
+            .with_id_generator(Ids::default())
             .with_resource(resource.build())
             .build();
         let tracer = provider.tracer(settings.service_name.clone());
@@ -239,10 +243,43 @@ impl Otlp {
         match done {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
-                tracing::warn!(error = %e, "spans still buffered could not all be exported")
+                tracing::warn!(error = %e, "spans still buffered could not all be exported");
             }
             Err(e) => tracing::warn!(error = %e, "the span exporter did not stop cleanly"),
         }
+    }
+}
+
+thread_local! {
+    /// The trace id the next root span started on this thread gets (`with_trace_id`).
+    static NEXT_TRACE_ID: std::cell::Cell<Option<TraceId>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `start` (which starts one root span, synchronously) with `id` as the trace id a root span
+/// gets: the worker gives every delivery of a message the trace id of its message id, so all
+/// deliveries of a message share one trace and one sampling decision. A span with a parent keeps
+/// the parent's trace id, as always.
+pub fn with_trace_id<T>(id: TraceId, start: impl FnOnce() -> T) -> T {
+    NEXT_TRACE_ID.with(|n| n.set(Some(id)));
+    let out = start();
+    NEXT_TRACE_ID.with(|n| n.set(None));
+    out
+}
+
+/// The SDK's random ids, except a root span's trace id set by `with_trace_id`.
+#[derive(Debug, Default)]
+struct Ids(RandomIdGenerator);
+
+impl IdGenerator for Ids {
+    fn new_trace_id(&self) -> TraceId {
+        match NEXT_TRACE_ID.with(std::cell::Cell::take) {
+            Some(id) if id != TraceId::INVALID => id,
+            _ => self.0.new_trace_id(),
+        }
+    }
+
+    fn new_span_id(&self) -> SpanId {
+        self.0.new_span_id()
     }
 }
 

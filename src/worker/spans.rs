@@ -4,7 +4,8 @@
 //! The producer's context (a `traceparent` attribute, else `AWSTraceHeader`, as `worker::trace`
 //! reads them) is the parent of `qc.message`, not a link: the message's spans, and the handler's
 //! under `qc.handle`, stay in the producer's trace, the trace the handler's spans were already in
-//! before the worker made spans of its own. A message without one starts a trace of its own.
+//! before the worker made spans of its own. A message without one gets a trace of its own, whose id
+//! comes from the message id: every delivery of the message (a retry) is in that one trace.
 //! Tracing off: no `Spans` exists and a lease carries no `MessageSpan`, so nothing here runs.
 
 use std::borrow::Cow;
@@ -65,19 +66,24 @@ impl Spans {
             KeyValue::new("messaging.operation.type", "process"),
             KeyValue::new("messaging.destination.name", self.queue.clone()),
             KeyValue::new("messaging.message.id", msg.id.clone()),
-            KeyValue::new("messaging.message.body.size", msg.body.len() as i64),
+            KeyValue::new(
+                "messaging.message.body.size",
+                i64::try_from(msg.body.len()).unwrap_or(i64::MAX),
+            ),
             KeyValue::new("qc.receive_count", i64::from(msg.receive_count)),
         ];
         if let Some(g) = &msg.group_id {
             attributes.push(KeyValue::new("qc.message_group_id", g.clone()));
         }
-        let span = self
+        let builder = self
             .tracer
             .span_builder("qc.message")
             .with_kind(SpanKind::Consumer)
             .with_start_time(received)
-            .with_attributes(attributes)
-            .start_with_context(&self.tracer, &parent);
+            .with_attributes(attributes);
+        let span = crate::telemetry::otlp::with_trace_id(message_trace_id(&msg.id), || {
+            builder.start_with_context(&self.tracer, &parent)
+        });
         MessageSpan {
             cx: parent.with_span(span),
             received,
@@ -112,7 +118,7 @@ impl Spans {
         if let Fate::RetryAfter { delay, .. } | Fate::Hide(delay) | Fate::Leave(delay) = fate {
             attributes.push(KeyValue::new(
                 "qc.visibility_timeout_s",
-                super::core::backoff::visibility_secs(*delay) as i64,
+                i64::from(super::core::backoff::visibility_secs(*delay)),
             ));
         }
         self.child(m, &format!("qc.{name}"), SpanKind::Client, attributes)
@@ -209,6 +215,19 @@ pub fn fate_name(fate: &Fate) -> &'static str {
         Fate::Leave(_) => "leave",
         Fate::Abandon => "abandon",
     }
+}
+
+/// The trace of a message without a producer's context: from its id, so every delivery of the
+/// message is in one trace (and sampled alike).
+pub fn message_trace_id(message_id: &str) -> TraceId {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::new()
+        .chain_update(b"qc-message:")
+        .chain_update(message_id.as_bytes())
+        .finalize();
+    let mut id = [0u8; 16];
+    id.copy_from_slice(&digest[..16]);
+    TraceId::from_bytes(id)
 }
 
 /// The producer's context as a remote parent; an empty context when the message carries none.
