@@ -188,6 +188,38 @@ enum LogFormat {
     Text,
 }
 
+/// The default of `spec.worker.tracing` (chart values `tracing.*`).
+#[derive(Args, Debug, Clone)]
+struct WorkerTracingArgs {
+    /// Workers export spans unless their spec.worker.tracing.enabled says false (chart value
+    /// tracing.workers).
+    #[arg(long, env = "QC_WORKER_TRACING")]
+    worker_tracing: bool,
+    /// The collector workers send spans to when their spec names none (chart value tracing.otlp.endpoint).
+    #[arg(long, env = "QC_WORKER_OTLP_ENDPOINT", value_name = "URL")]
+    worker_otlp_endpoint: Option<String>,
+    /// The share of messages workers trace when their spec names none (chart value tracing.sampling).
+    #[arg(long, env = "QC_WORKER_TRACE_SAMPLING", value_name = "PERCENT", default_value = "1%", value_parser = parse_sampling)]
+    worker_trace_sampling: String,
+}
+
+impl WorkerTracingArgs {
+    fn defaults(&self) -> qc::render::TracingDefaults {
+        qc::render::TracingDefaults {
+            enabled: self.worker_tracing,
+            endpoint: self
+                .worker_otlp_endpoint
+                .clone()
+                .filter(|e| !e.trim().is_empty()),
+            sampling: self.worker_trace_sampling.clone(),
+        }
+    }
+}
+
+fn parse_sampling(s: &str) -> Result<String, String> {
+    qc::api::sampling_ratio(s).map(|_| s.to_string())
+}
+
 #[derive(Args)]
 struct RunArgs {
     /// Namespace to watch (repeatable); default: all namespaces.
@@ -219,6 +251,8 @@ struct RunArgs {
     /// Image of the worker containers (holds /usr/local/bin/qc-worker).
     #[arg(long, env = "QC_WORKER_IMAGE", value_name = "IMAGE")]
     worker_image: Option<String>,
+    #[command(flatten)]
+    worker_tracing: WorkerTracingArgs,
     #[arg(long, value_enum, default_value = "json")]
     log_format: LogFormat,
     /// Reconciles run at once by each controller (one per watched namespace, or one for all).
@@ -362,6 +396,8 @@ struct PlanArgs {
     /// Image of the worker container, as `run --worker-image`.
     #[arg(long, env = "QC_WORKER_IMAGE", value_name = "IMAGE")]
     worker_image: Option<String>,
+    #[command(flatten)]
+    worker_tracing: WorkerTracingArgs,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -516,6 +552,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         worker_image: args
             .worker_image
             .unwrap_or_else(qc::render::default_worker_image),
+        tracing: args.worker_tracing.defaults(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -571,6 +608,7 @@ fn plan(args: PlanArgs) -> ExitCode {
         worker_image: args
             .worker_image
             .unwrap_or_else(qc::render::default_worker_image),
+        tracing: args.worker_tracing.defaults(),
     };
     let rt = match runtime() {
         Ok(rt) => rt,
