@@ -193,25 +193,32 @@ enum LogFormat {
 struct WorkerTracingArgs {
     /// Workers export spans unless their spec.worker.tracing.enabled says false (chart value
     /// tracing.workers).
-    #[arg(long, env = "QC_WORKER_TRACING")]
-    worker_tracing: bool,
+    #[arg(long = "worker-tracing", env = "QC_WORKER_TRACING")]
+    enabled: bool,
     /// The collector workers send spans to when their spec names none (chart value tracing.otlp.endpoint).
-    #[arg(long, env = "QC_WORKER_OTLP_ENDPOINT", value_name = "URL")]
-    worker_otlp_endpoint: Option<String>,
+    #[arg(
+        long = "worker-otlp-endpoint",
+        env = "QC_WORKER_OTLP_ENDPOINT",
+        value_name = "URL"
+    )]
+    otlp_endpoint: Option<String>,
     /// The share of messages workers trace when their spec names none (chart value tracing.sampling).
-    #[arg(long, env = "QC_WORKER_TRACE_SAMPLING", value_name = "PERCENT", default_value = "1%", value_parser = parse_sampling)]
-    worker_trace_sampling: String,
+    #[arg(
+        long = "worker-trace-sampling",
+        env = "QC_WORKER_TRACE_SAMPLING",
+        value_name = "PERCENT",
+        default_value = "1%",
+        value_parser = parse_sampling
+    )]
+    sampling: String,
 }
 
 impl WorkerTracingArgs {
     fn defaults(&self) -> qc::render::TracingDefaults {
         qc::render::TracingDefaults {
-            enabled: self.worker_tracing,
-            endpoint: self
-                .worker_otlp_endpoint
-                .clone()
-                .filter(|e| !e.trim().is_empty()),
-            sampling: self.worker_trace_sampling.clone(),
+            enabled: self.enabled,
+            endpoint: self.otlp_endpoint.clone().filter(|e| !e.trim().is_empty()),
+            sampling: self.sampling.clone(),
         }
     }
 }
@@ -572,10 +579,22 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         ctx.reconcile_timeout = reconcile_timeout;
         ctx.access = access_binding
             .map(|name| qc::controller::access::AccessBinding::new(ctx.client.clone(), name));
+        // OTEL_EXPORTER_OTLP_ENDPOINT (chart value tracing.otlp.endpoint): a trace per reconcile.
+        let otlp = qc::telemetry::otlp::Otlp::from_env("qc-operator")
+            .context("tracing (chart values tracing.*)")?;
+        if let Some(o) = &otlp {
+            let s = o.settings();
+            tracing::info!(endpoint = %s.traces_url, sampler = ?s.sampling, "exporting spans over OTLP");
+            ctx.tracer = Some(o.tracer());
+        }
         let ctx = std::sync::Arc::new(ctx);
-        qc::controller::run::run(ctx, opts, shutdown_signal())
+        let result = qc::controller::run::run(ctx, opts, shutdown_signal())
             .await
-            .map_err(anyhow::Error::from)
+            .map_err(anyhow::Error::from);
+        if let Some(o) = otlp {
+            o.shutdown().await;
+        }
+        result
     })
 }
 
