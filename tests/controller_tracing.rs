@@ -1,4 +1,4 @@
-//! The controller's spans (#46 item 1, docs/operations.md "Tracing"): a reconcile against the
+//! The controller's spans (#46 item 1, docs/controller.md "Tracing"): a reconcile against the
 //! in-memory Kubernetes API exports one `qc.reconcile` trace with a child per step to an OTLP/HTTP
 //! receiver started by the test; a ratio of 0 exports nothing.
 

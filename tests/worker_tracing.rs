@@ -314,3 +314,63 @@ async fn a_bad_sampler_setting_stops_the_worker_naming_the_variable() {
         "{log}"
     );
 }
+
+/// Batch mode: one handler call for several messages, still one trace per message, each with its
+/// own `qc.handle` span, whose context is the traceparent of that message's event in the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_mode_gives_each_message_its_trace_and_its_item_the_handle_span() {
+    let q = TestQueue::new("trace-batch", 30, 5, false).await;
+    let receiver = Receiver::start().await;
+    let bodies = numbered(3);
+    q.send_all(&bodies, |_| String::new()).await;
+    let h = HttpHandler::start(|_| Reply::answer(Duration::from_millis(20), "{}")).await;
+    let a = q.args(&[
+        "--http-url",
+        &h.url,
+        "--batch-max-items",
+        "3",
+        "--batch-max-wait",
+        "500ms",
+    ]);
+    let mut w = Worker::start_with_env(
+        Arc::new(tempfile::tempdir().unwrap()),
+        &a,
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.url)],
+    );
+    w.wait_deleted(3, SECS(60)).await;
+    w.stop().await;
+    let spans = receiver.spans();
+    let events: Vec<serde_json::Value> = h
+        .calls()
+        .iter()
+        .flat_map(|c| {
+            serde_json::from_slice::<serde_json::Value>(&c.body)
+                .unwrap()
+                .as_array()
+                .unwrap()
+                .clone()
+        })
+        .collect();
+    assert_eq!(events.len(), 3, "{events:#?}");
+    for e in &events {
+        let id = e["id"].as_str().unwrap();
+        let d = deliveries(&spans, id);
+        assert_eq!(d.len(), 1, "{spans:#?}");
+        assert_eq!(
+            d[0].trace_id,
+            qc::worker::spans::message_trace_id(id).to_string()
+        );
+        let c = children(&spans, d[0]);
+        assert_eq!(
+            names(&c),
+            ["qc.delete", "qc.handle", "qc.wait"],
+            "{spans:#?}"
+        );
+        assert_eq!(c["qc.handle"].attr("qc.verdict"), Some("success"));
+        assert_eq!(
+            e["traceparent"].as_str(),
+            Some(format!("00-{}-{}-01", d[0].trace_id, c["qc.handle"].span_id).as_str())
+        );
+    }
+    assert_eq!(spans.len(), 3 * 4, "{spans:#?}");
+}
