@@ -61,29 +61,33 @@ impl Spans {
         let received = SystemTime::now()
             .checked_sub(msg.received_at.elapsed())
             .unwrap_or_else(SystemTime::now);
-        let mut attributes = vec![
-            KeyValue::new("messaging.system", "aws_sqs"),
-            KeyValue::new("messaging.operation.type", "process"),
-            KeyValue::new("messaging.destination.name", self.queue.clone()),
-            KeyValue::new("messaging.message.id", msg.id.clone()),
-            KeyValue::new(
-                "messaging.message.body.size",
-                i64::try_from(msg.body.len()).unwrap_or(i64::MAX),
-            ),
-            KeyValue::new("qc.receive_count", i64::from(msg.receive_count)),
-        ];
-        if let Some(g) = &msg.group_id {
-            attributes.push(KeyValue::new("qc.message_group_id", g.clone()));
-        }
+        // No attribute before the sampler's decision (ours read none): a message not sampled costs no
+        // attribute built.
         let builder = self
             .tracer
             .span_builder("qc.message")
             .with_kind(SpanKind::Consumer)
-            .with_start_time(received)
-            .with_attributes(attributes);
-        let span = crate::telemetry::otlp::with_trace_id(message_trace_id(&msg.id), || {
+            .with_start_time(received);
+        let mut span = crate::telemetry::otlp::with_trace_id(message_trace_id(&msg.id), || {
             builder.start_with_context(&self.tracer, &parent)
         });
+        if opentelemetry::trace::Span::is_recording(&span) {
+            let mut attributes = vec![
+                KeyValue::new("messaging.system", "aws_sqs"),
+                KeyValue::new("messaging.operation.type", "process"),
+                KeyValue::new("messaging.destination.name", self.queue.clone()),
+                KeyValue::new("messaging.message.id", msg.id.clone()),
+                KeyValue::new(
+                    "messaging.message.body.size",
+                    i64::try_from(msg.body.len()).unwrap_or(i64::MAX),
+                ),
+                KeyValue::new("qc.receive_count", i64::from(msg.receive_count)),
+            ];
+            if let Some(g) = &msg.group_id {
+                attributes.push(KeyValue::new("qc.message_group_id", g.clone()));
+            }
+            opentelemetry::trace::Span::set_attributes(&mut span, attributes);
+        }
         MessageSpan {
             cx: parent.with_span(span),
             received,
@@ -113,6 +117,9 @@ impl Spans {
     /// The settle of `fate`, started now: `qc.delete`, `qc.retry`, `qc.dead_letter`, ...
     pub fn settle(&self, m: &MessageSpan, fate: &Fate) -> Child {
         let name = fate_name(fate);
+        if !m.recording() {
+            return Child { cx: m.cx.clone() };
+        }
         m.cx.span().set_attribute(KeyValue::new("qc.outcome", name));
         let mut attributes = vec![KeyValue::new("messaging.operation.type", "settle")];
         if let Fate::RetryAfter { delay, .. } | Fate::Hide(delay) | Fate::Leave(delay) = fate {
