@@ -13,6 +13,9 @@ mod common;
 mod reference;
 #[path = "../tests/worker/support.rs"]
 mod support;
+// The OTLP receiver the tracing rows export to (in this process: its decoding is not the worker's CPU).
+#[path = "../tests/common/otlp.rs"]
+mod otlp;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -102,6 +105,7 @@ fn main() {
         .unwrap();
     runtime.block_on(async move {
         let handler = Handler::start().await;
+        let receiver = otlp::Receiver::start().await;
         let upstream = endpoint.trim_start_matches("http://").to_string();
         let proxy = LatencyProxy::start(upstream).await;
         let conf = qc::aws::sdk_config(Some("us-east-1"), Some(&endpoint)).await;
@@ -124,6 +128,16 @@ fn main() {
                 env!("CARGO_BIN_EXE_qc-worker").to_string(),
                 "qc-worker".to_string(),
             ));
+            // Tracing (#46 item 1): the row above has it off (no endpoint); these export every span
+            // of 1 % and of all messages to the receiver above.
+            for (ratio, label) in [("0.01", "1 %"), ("1", "100 %")] {
+                consumers.push(Consumer::WorkerTraced {
+                    bin: env!("CARGO_BIN_EXE_qc-worker").to_string(),
+                    ratio,
+                    label,
+                    endpoint: receiver.url.clone(),
+                });
+            }
             consumers.push(Consumer::WorkerBatch(
                 env!("CARGO_BIN_EXE_qc-worker").to_string(),
             ));
@@ -140,7 +154,15 @@ fn main() {
                 consumers.retain(|c| wanted.iter().any(|w| c.name().contains(w)));
             }
             for consumer in consumers {
+                receiver.clear();
                 let run = bench_one(&client, &proxy, &handler, &consumer, c, n).await;
+                if let Consumer::WorkerTraced { .. } = consumer {
+                    eprintln!(
+                        "{} C={c}: {} spans exported for {n} messages",
+                        run.consumer,
+                        receiver.spans().len()
+                    );
+                }
                 eprintln!(
                     "{} C={c}: drained {n} in {:.2}s ({:.2} × ideal), {:.3} requests/msg",
                     run.consumer,
@@ -160,6 +182,14 @@ enum Consumer {
     Worker(String, String),
     /// A qc-worker binary in batch mode: C / `BATCH_ITEMS` calls of `BATCH_ITEMS` messages.
     WorkerBatch(String),
+    /// A qc-worker binary exporting spans to `endpoint`, sampling `ratio` of the messages
+    /// (`parentbased_traceidratio`; the bench's messages carry no producer context).
+    WorkerTraced {
+        bin: String,
+        ratio: &'static str,
+        label: &'static str,
+        endpoint: String,
+    },
     /// The bench script of bbc/sqs-consumer and its mode.
     Bbc(String, &'static str),
     /// The reference consumer (`benches/reference/consumer.rs`): this bench binary run again, with
@@ -172,6 +202,7 @@ impl Consumer {
         match self {
             Consumer::Worker(_, label) => label.clone(),
             Consumer::WorkerBatch(_) => format!("qc-worker batch {BATCH_ITEMS}"),
+            Consumer::WorkerTraced { label, .. } => format!("qc-worker tracing {label}"),
             Consumer::Bbc(_, mode) => format!("sqs-consumer {mode}"),
             Consumer::Reference(1) => "reference loop".to_string(),
             Consumer::Reference(items) => format!("reference loop batch {items}"),
@@ -204,6 +235,23 @@ impl Consumer {
                     .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
                     .args(["--http-url", handler_url])
                     .env("RUST_LOG", "warn");
+                cmd
+            }
+            Consumer::WorkerTraced {
+                bin,
+                ratio,
+                endpoint: otlp_endpoint,
+                ..
+            } => {
+                let mut cmd = Command::new(bin);
+                cmd.args(["--queue-url", url, "--endpoint-url", endpoint])
+                    .args(["--concurrency", &concurrency.to_string()])
+                    .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
+                    .args(["--http-url", handler_url])
+                    .env("RUST_LOG", "warn")
+                    .env("OTEL_EXPORTER_OTLP_ENDPOINT", otlp_endpoint)
+                    .env("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+                    .env("OTEL_TRACES_SAMPLER_ARG", ratio);
                 cmd
             }
             Consumer::WorkerBatch(bin) => {
@@ -279,7 +327,9 @@ async fn bench_one(
     let drain = started.elapsed();
     let cpu = cpu_time(pid);
     let peak_rss_kib = peak_rss_kib(pid);
-    if let Consumer::Worker(..) | Consumer::WorkerBatch(..) = consumer {
+    if let Consumer::Worker(..) | Consumer::WorkerBatch(..) | Consumer::WorkerTraced { .. } =
+        consumer
+    {
         // How full the receives were (qc_worker_receive_messages), for the log.
         if let Some((_, text)) =
             support::http_get(&format!("127.0.0.1:{metrics_port}"), "/metrics").await

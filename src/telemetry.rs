@@ -13,6 +13,8 @@ use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use tokio::net::TcpListener;
 
+pub mod otlp;
+
 /// Why telemetry could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {

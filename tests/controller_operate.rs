@@ -289,6 +289,7 @@ async fn redrive_env(redrive_endpoint: Option<String>) -> RedriveEnv {
         }),
         RenderOptions {
             worker_image: TEST_WORKER_IMAGE.into(),
+            ..Default::default()
         },
         None,
     );

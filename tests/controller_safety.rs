@@ -268,6 +268,7 @@ fn sdk_context(fake: &FakeKube, allowed: &[&str]) -> (Arc<Context>, Arc<Recordin
         provider.clone(),
         RenderOptions {
             worker_image: TEST_WORKER_IMAGE.into(),
+            ..Default::default()
         },
         None,
     );

@@ -257,6 +257,7 @@ async fn per_interval_each_consumer_is_reconciled_once_and_each_queue_read_once(
         provider.clone(),
         RenderOptions {
             worker_image: "qc:test".into(),
+            ..Default::default()
         },
         None,
     );

@@ -706,6 +706,7 @@ fn cloudevents_head() {
                 })
                 .collect(),
             trace_header: c.trace.clone(),
+            handler_traceparent: None,
             received_at: std::time::Instant::now(),
         };
         let head = h.head(&msg);

@@ -80,6 +80,7 @@ fn context(
         Arc::new(FixedProvider(AwsClients { sqs, alarms })),
         RenderOptions {
             worker_image: TEST_WORKER_IMAGE.into(),
+            ..Default::default()
         },
         Some(identity.to_string()),
     );

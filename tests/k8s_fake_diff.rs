@@ -482,6 +482,7 @@ async fn controller_verbs(client: kube::Client, ns: &str, real: bool) -> Vec<(St
                 qc,
                 &qc::render::RenderOptions {
                     worker_image: "example.org/qc:1".into(),
+                    ..Default::default()
                 },
             )
             .unwrap(),

@@ -86,6 +86,7 @@ fn env_with(sqs: aws_sdk_sqs::Client, tenancy: Option<&str>) -> Env {
         }),
         RenderOptions {
             worker_image: TEST_WORKER_IMAGE.into(),
+            ..Default::default()
         },
         Some("test".into()),
     );

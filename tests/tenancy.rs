@@ -28,6 +28,7 @@ fn sdk_context(fake: &FakeKube) -> Arc<Context> {
         Arc::new(SdkProvider::default()),
         RenderOptions {
             worker_image: TEST_WORKER_IMAGE.into(),
+            ..Default::default()
         },
         None,
     );
@@ -109,6 +110,7 @@ fn policy_context(fake: &FakeKube, allowed: &[&str]) -> Arc<Context> {
         Arc::new(SdkProvider::default()),
         RenderOptions {
             worker_image: TEST_WORKER_IMAGE.into(),
+            ..Default::default()
         },
         None,
     );
@@ -333,6 +335,7 @@ async fn a_consumer_with_a_role_makes_every_call_as_that_role() {
         Arc::new(SdkProvider::default()),
         RenderOptions {
             worker_image: TEST_WORKER_IMAGE.into(),
+            ..Default::default()
         },
         None,
     );
@@ -687,6 +690,7 @@ async fn a_queue_in_another_account_is_read_alarmed_and_consumed_there_through_t
         Arc::new(SdkProvider::default()),
         RenderOptions {
             worker_image: TEST_WORKER_IMAGE.into(),
+            ..Default::default()
         },
         None,
     );

@@ -1379,6 +1379,59 @@ pub struct WorkerSpec {
     /// replaces the default as a whole.
     #[serde(default)]
     pub resources: WorkerResources,
+    /// Spans of every message (receive, wait for a slot, handler call, delete / retry / dead-letter)
+    /// exported over OTLP/HTTP (docs/worker.md, "Tracing"). Default: the operator's default for
+    /// workers (chart values `tracing.*`), which is off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracing: Option<WorkerTracing>,
+}
+
+/// `spec.worker.tracing`: the worker's spans; each field left out takes the operator's default
+/// (chart values `tracing.workers`, `tracing.otlp.endpoint`, `tracing.sampling`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("!has(self.endpoint) || self.endpoint.matches('^http://[!-~]+$')").message("worker.tracing.endpoint must be the collector's OTLP/HTTP base URL over plain http, e.g. http://otel-collector.observability:4318 (a collector forwards over TLS if needed)").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("!has(self.sampling) || self.sampling.matches('^(100([.]0{1,4})?|[0-9]{1,2}([.][0-9]{1,4})?)%$')").message("worker.tracing.sampling must be a percentage from 0% to 100%, e.g. 1% or 0.1%").reason(Reason::FieldValueInvalid))]
+pub struct WorkerTracing {
+    /// true: the worker exports spans; false: it does not, whatever the operator's default.
+    /// Default: the operator's default for workers (chart value `tracing.workers`, false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// The collector's OTLP/HTTP base URL (`/v1/traces` is added), e.g.
+    /// http://otel-collector.observability:4318. Default: the operator's (chart value
+    /// `tracing.otlp.endpoint`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub endpoint: Option<String>,
+    /// The share of messages traced, as a percentage: 1%, 0.1%, 100%. A message whose producer sent
+    /// its own trace context follows the producer's decision instead. Default: the operator's (chart
+    /// value `tracing.sampling`, 1%).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 9))]
+    pub sampling: Option<String>,
+}
+
+/// A `sampling` percentage (`1%`, `0.1%`, `100%`) as a ratio from 0 to 1; the error names what is
+/// wrong. Up to four decimals, at most 100 %.
+pub fn sampling_ratio(s: &str) -> Result<f64, String> {
+    let bad = || format!("{s:?} is not a percentage from 0% to 100% (e.g. 1% or 0.1%)");
+    let number = s.strip_suffix('%').ok_or_else(bad)?;
+    let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
+    let digits = |d: &str| d.bytes().all(|b| b.is_ascii_digit());
+    if whole.is_empty()
+        || whole.len() > 3
+        || !digits(whole)
+        || !digits(frac)
+        || frac.len() > 4
+        || (number.contains('.') && frac.is_empty())
+    {
+        return Err(bad());
+    }
+    let pct: f64 = number.parse().map_err(|_| bad())?;
+    if pct > 100.0 {
+        return Err(bad());
+    }
+    Ok(pct / 100.0)
 }
 
 /// Requests and limits of cpu, memory and ephemeral storage.
@@ -1907,4 +1960,29 @@ pub fn crd()
 /// The CRD as YAML, exactly as committed under `crds/`.
 pub fn crd_yaml() -> Result<String, serde_saphyr::ser::Error> {
     serde_saphyr::to_string(&crd())
+}
+
+#[cfg(test)]
+mod sampling_tests {
+    use super::sampling_ratio;
+
+    #[test]
+    fn sampling_percentages_become_ratios_and_anything_else_is_refused() {
+        for (text, want) in [
+            ("1%", 0.01),
+            ("0.1%", 0.001),
+            ("100%", 1.0),
+            ("100.0%", 1.0),
+            ("0%", 0.0),
+            ("12.5%", 0.125),
+        ] {
+            assert_eq!(sampling_ratio(text), Ok(want), "{text}");
+        }
+        for text in [
+            "1", "%", "101%", "1.%", ".5%", "-1%", "1e2%", "0.00001%", "1 %", "",
+        ] {
+            let err = sampling_ratio(text).unwrap_err();
+            assert!(err.contains("from 0% to 100%"), "{text}: {err}");
+        }
+    }
 }

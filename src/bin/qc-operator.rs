@@ -188,6 +188,45 @@ enum LogFormat {
     Text,
 }
 
+/// The default of `spec.worker.tracing` (chart values `tracing.*`).
+#[derive(Args, Debug, Clone)]
+struct WorkerTracingArgs {
+    /// Workers export spans unless their spec.worker.tracing.enabled says false (chart value
+    /// tracing.workers).
+    #[arg(long = "worker-tracing", env = "QC_WORKER_TRACING")]
+    enabled: bool,
+    /// The collector workers send spans to when their spec names none (chart value tracing.otlp.endpoint).
+    #[arg(
+        long = "worker-otlp-endpoint",
+        env = "QC_WORKER_OTLP_ENDPOINT",
+        value_name = "URL"
+    )]
+    otlp_endpoint: Option<String>,
+    /// The share of messages workers trace when their spec names none (chart value tracing.sampling).
+    #[arg(
+        long = "worker-trace-sampling",
+        env = "QC_WORKER_TRACE_SAMPLING",
+        value_name = "PERCENT",
+        default_value = "1%",
+        value_parser = parse_sampling
+    )]
+    sampling: String,
+}
+
+impl WorkerTracingArgs {
+    fn defaults(&self) -> qc::render::TracingDefaults {
+        qc::render::TracingDefaults {
+            enabled: self.enabled,
+            endpoint: self.otlp_endpoint.clone().filter(|e| !e.trim().is_empty()),
+            sampling: self.sampling.clone(),
+        }
+    }
+}
+
+fn parse_sampling(s: &str) -> Result<String, String> {
+    qc::api::sampling_ratio(s).map(|_| s.to_string())
+}
+
 #[derive(Args)]
 struct RunArgs {
     /// Namespace to watch (repeatable); default: all namespaces.
@@ -219,6 +258,8 @@ struct RunArgs {
     /// Image of the worker containers (holds /usr/local/bin/qc-worker).
     #[arg(long, env = "QC_WORKER_IMAGE", value_name = "IMAGE")]
     worker_image: Option<String>,
+    #[command(flatten)]
+    worker_tracing: WorkerTracingArgs,
     #[arg(long, value_enum, default_value = "json")]
     log_format: LogFormat,
     /// Reconciles run at once by each controller (one per watched namespace, or one for all).
@@ -364,6 +405,8 @@ struct PlanArgs {
     /// Image of the worker container, as `run --worker-image`.
     #[arg(long, env = "QC_WORKER_IMAGE", value_name = "IMAGE")]
     worker_image: Option<String>,
+    #[command(flatten)]
+    worker_tracing: WorkerTracingArgs,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -518,6 +561,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         worker_image: args
             .worker_image
             .unwrap_or_else(qc::render::default_worker_image),
+        tracing: args.worker_tracing.defaults(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -537,10 +581,22 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         ctx.reconcile_timeout = reconcile_timeout;
         ctx.access = access_binding
             .map(|name| qc::controller::access::AccessBinding::new(ctx.client.clone(), name));
+        // OTEL_EXPORTER_OTLP_ENDPOINT (chart value tracing.otlp.endpoint): a trace per reconcile.
+        let otlp = qc::telemetry::otlp::Otlp::from_env("qc-operator")
+            .context("tracing (chart values tracing.*)")?;
+        if let Some(o) = &otlp {
+            let s = o.settings();
+            tracing::info!(endpoint = %s.traces_url, sampler = ?s.sampling, "exporting spans over OTLP");
+            ctx.tracer = Some(o.tracer());
+        }
         let ctx = std::sync::Arc::new(ctx);
-        qc::controller::run::run(ctx, opts, shutdown_signal())
+        let result = qc::controller::run::run(ctx, opts, shutdown_signal())
             .await
-            .map_err(anyhow::Error::from)
+            .map_err(anyhow::Error::from);
+        if let Some(o) = otlp {
+            o.shutdown().await;
+        }
+        result
     })
 }
 
@@ -573,6 +629,7 @@ fn plan(args: PlanArgs) -> ExitCode {
         worker_image: args
             .worker_image
             .unwrap_or_else(qc::render::default_worker_image),
+        tracing: args.worker_tracing.defaults(),
     };
     let rt = match runtime() {
         Ok(rt) => rt,

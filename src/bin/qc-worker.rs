@@ -687,6 +687,7 @@ fn main() -> ExitCode {
                 e,
                 qc::worker::WorkerError::ValidateFlags { .. }
                     | qc::worker::WorkerError::SetUpHandler(_)
+                    | qc::worker::WorkerError::StartTracing(_)
             ) {
                 ExitCode::from(2)
             } else {

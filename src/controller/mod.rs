@@ -104,6 +104,9 @@ pub struct Context {
     /// Namespaced mode: the operator's RoleBinding in each watched namespace, held while QueueConsumers
     /// there hold finalizers (`run --access-binding`; none otherwise).
     pub access: Option<access::AccessBinding>,
+    /// Tracing on (`telemetry::otlp`): a `qc.reconcile` span per reconcile, a child per step. None:
+    /// no span is made.
+    pub tracer: Option<opentelemetry_sdk::trace::SdkTracer>,
 }
 
 /// A reconcile normally takes well under a second; each AWS call is bounded by the SDK's operation
@@ -145,7 +148,26 @@ impl Context {
             reconcile_timeout: DEFAULT_RECONCILE_TIMEOUT,
             reconcile_slots: slots::Slots::new(usize::from(run::DEFAULT_RECONCILE_CONCURRENCY)),
             access: None,
+            tracer: None,
         }
+    }
+
+    /// Runs one reconcile step as a child span of the reconcile's (`qc.{name}`); just `step` when
+    /// tracing is off or the reconcile is not sampled.
+    async fn step<T>(&self, name: &'static str, step: impl std::future::Future<Output = T>) -> T {
+        use opentelemetry::trace::{FutureExt as _, TraceContextExt as _, Tracer as _};
+        let cx = opentelemetry::Context::current();
+        let Some(tracer) = &self.tracer else {
+            return step.await;
+        };
+        if !cx.span().is_recording() {
+            return step.await;
+        }
+        let span = tracer.start_with_context(format!("qc.{name}"), &cx);
+        let cx = cx.with_span(span);
+        let out = step.with_context(cx.clone()).await;
+        cx.span().end();
+        out
     }
 
     /// Remember a controller's QueueConsumer cache: series of consumers no cache holds are dropped.
@@ -249,10 +271,38 @@ pub async fn reconcile(qc: Arc<QueueConsumer>, ctx: Arc<Context>) -> Result<Acti
     let _slot = ctx.reconcile_slots.acquire(&namespace).await;
     ctx.metrics.reconciles.fetch_add(1, Ordering::Relaxed);
     let began = std::time::Instant::now();
+    let span = ctx.tracer.as_ref().map(|t| {
+        use opentelemetry::trace::{SpanKind, Tracer as _};
+        let span = t
+            .span_builder("qc.reconcile")
+            .with_kind(SpanKind::Internal)
+            .with_attributes([
+                opentelemetry::KeyValue::new("k8s.namespace.name", namespace.clone()),
+                opentelemetry::KeyValue::new("qc.queueconsumer", qc.name_any()),
+                opentelemetry::KeyValue::new(
+                    "qc.generation",
+                    qc.metadata.generation.unwrap_or_default(),
+                ),
+            ])
+            .start(t);
+        opentelemetry::trace::TraceContextExt::with_span(&opentelemetry::Context::new(), span)
+    });
     let run = crate::aws::limit::in_namespace(namespace, Box::pin(reconcile_inner(&qc, &ctx)));
-    let result = tokio::time::timeout(ctx.reconcile_timeout, run)
-        .await
-        .unwrap_or(Err(Error::DeadlineExceeded(ctx.reconcile_timeout)));
+    let timed = tokio::time::timeout(ctx.reconcile_timeout, run);
+    let result = match &span {
+        Some(cx) => opentelemetry::trace::FutureExt::with_context(timed, cx.clone()).await,
+        None => timed.await,
+    }
+    .unwrap_or(Err(Error::DeadlineExceeded(ctx.reconcile_timeout)));
+    if let Some(cx) = span {
+        use opentelemetry::trace::TraceContextExt as _;
+        let s = cx.span();
+        if let Err(e) = &result {
+            s.set_status(opentelemetry::trace::Status::error(e.to_string()));
+            s.set_attribute(opentelemetry::KeyValue::new("qc.error", e.reason()));
+        }
+        s.end();
+    }
     ctx.metrics
         .reconcile_duration
         .0
@@ -301,7 +351,10 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
                 cap: ctx.limits.max_consumers_per_namespace.unwrap_or(0),
             },
         )),
-        None => aws_clients(ctx, qc, &ns, &target).await,
+        None => {
+            ctx.step("aws_clients", aws_clients(ctx, qc, &ns, &target))
+                .await
+        }
     };
 
     if qc.metadata.deletion_timestamp.is_some() {
@@ -317,22 +370,26 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     // observe
     let mut observed = match &clients {
         Ok(clients) => {
-            ctx.facts
-                .get(
+            ctx.step(
+                "observe",
+                ctx.facts.get(
                     &qc.spec.queue.url,
                     &target,
                     (&ctx.tenancy, &ns),
                     qc.spec.scaling.poll_interval,
                     clients,
                     observe::SourceAge::of(&qc.spec),
-                )
-                .await
+                ),
+            )
+            .await
         }
         Err(refused) => Err(refused.clone()),
     };
     // manage: the queue's settings raised (or the queue created) before the rules see it, and read
     // again, so the findings it fixed are gone from this status already
-    let managed = manage_queue(ctx, qc, &target, &observed).await;
+    let managed = ctx
+        .step("manage", manage_queue(ctx, qc, &target, &observed))
+        .await;
     // A failure or refusal that QueueManaged already shows (same reason) made its Event when it began:
     // one Event per cause, not one per poll.
     let again = managed.condition.as_ref().is_some_and(|c| {
@@ -392,7 +449,10 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     // the deletes their counters show
     let (pods, mut workers) = match scale_target {
         Some(_) => (None, Workers::default()),
-        None => pods::read_workers(qc, ctx, &ns, false).await,
+        None => {
+            ctx.step("read_workers", pods::read_workers(qc, ctx, &ns, false))
+                .await
+        }
     };
     if let Ok(o) = &observed {
         record_sample(qc, ctx, o);
@@ -408,18 +468,22 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
 
     // apply; a Deployment someone else controls is neither changed nor reported as ours
     let mut deployment = live.filter(|d| pipeline::controls(qc, d));
-    let applied =
-        match apply_deployment(ctx, &deployments, &name, &decision.rollout, &mut deployment).await?
-        {
-            DeploymentWrite::Done(applied) => applied,
-            DeploymentWrite::TemplateRefused(message) => {
-                decision
-                    .report
-                    .findings
-                    .push(crate::validate::template_invalid(&message));
-                None
-            }
-        };
+    let applied = match ctx
+        .step(
+            "apply",
+            apply_deployment(ctx, &deployments, &name, &decision.rollout, &mut deployment),
+        )
+        .await?
+    {
+        DeploymentWrite::Done(applied) => applied,
+        DeploymentWrite::TemplateRefused(message) => {
+            decision
+                .report
+                .findings
+                .push(crate::validate::template_invalid(&message));
+            None
+        }
+    };
 
     // scale: the policy on the Deployment as it is now; replicas go out as their own manager's apply
     if deployment.is_some() {
@@ -443,14 +507,17 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
     let scaled = match (qc.spec.mode(), scale_target.as_mut()) {
         (Mode::ScaleOnly(t), Some(read)) => scale_target_write(ctx, &ns, t, &replicas, read).await,
         _ => {
-            scale_deployment(
-                qc,
-                ctx,
-                &ns,
-                &replicas,
-                &mut deployment,
-                pods.as_deref(),
-                &mut workers,
+            ctx.step(
+                "scale",
+                scale_deployment(
+                    qc,
+                    ctx,
+                    &ns,
+                    &replicas,
+                    &mut deployment,
+                    pods.as_deref(),
+                    &mut workers,
+                ),
             )
             .await?
         }
@@ -480,12 +547,15 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         change: alarm_change,
     } = match &clients {
         Ok(clients) => {
-            alarm::sync(
-                qc,
-                &decision.alarm,
-                clients.alarms.as_ref(),
-                &qcs,
-                ctx.access.as_ref(),
+            ctx.step(
+                "alarm",
+                alarm::sync(
+                    qc,
+                    &decision.alarm,
+                    clients.alarms.as_ref(),
+                    &qcs,
+                    ctx.access.as_ref(),
+                ),
             )
             .await
         }
@@ -503,24 +573,28 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
             .map(crate::aws::operator_sqs),
         Err(_) => None,
     };
-    let redrive = redrive::step(
-        qc,
-        &redrive::StepInputs {
-            key: &ConsumerKey::of(qc),
-            redrives: &ctx.redrives,
-            client: redrive_client.as_ref(),
-            endpoint: endpoint.as_deref(),
-            facts: observed.as_ref().ok().map(|o| &o.facts),
-            now: observe::now(),
-            recovery_rate: qc
-                .spec
-                .dead_letter
-                .redrive_after_recovery
-                .as_ref()
-                .map_or_else(crate::api::defaults::recovery_rate, |r| r.rate),
-        },
-    )
-    .await;
+    let redrive = ctx
+        .step(
+            "redrive",
+            redrive::step(
+                qc,
+                &redrive::StepInputs {
+                    key: &ConsumerKey::of(qc),
+                    redrives: &ctx.redrives,
+                    client: redrive_client.as_ref(),
+                    endpoint: endpoint.as_deref(),
+                    facts: observed.as_ref().ok().map(|o| &o.facts),
+                    now: observe::now(),
+                    recovery_rate: qc
+                        .spec
+                        .dead_letter
+                        .redrive_after_recovery
+                        .as_ref()
+                        .map_or_else(crate::api::defaults::recovery_rate, |r| r.rate),
+                },
+            ),
+        )
+        .await;
 
     // status
     let new_status = status::build(&StatusInputs {
@@ -605,7 +679,10 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         ctx.counts_refresh,
     );
     if write == status::StatusWrite::Write {
-        match write_status(ctx, &qcs, &name, &new_status).await {
+        match ctx
+            .step("write_status", write_status(ctx, &qcs, &name, &new_status))
+            .await
+        {
             Ok(written) => {
                 if let Some(rv) = written
                     .metadata

@@ -67,12 +67,35 @@ pub const EXIT_MARGIN: Duration = Duration::from_secs(5);
 pub struct RenderOptions {
     /// Image holding `/usr/local/bin/qc-worker`.
     pub worker_image: String,
+    /// What `spec.worker.tracing` falls back to, field by field.
+    pub tracing: TracingDefaults,
 }
 
 impl Default for RenderOptions {
     fn default() -> Self {
         RenderOptions {
             worker_image: default_worker_image(),
+            tracing: TracingDefaults::default(),
+        }
+    }
+}
+
+/// The operator's default tracing of workers (`qc-operator run --worker-tracing`, chart values
+/// `tracing.*`): off, no endpoint, 1 %.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TracingDefaults {
+    pub enabled: bool,
+    pub endpoint: Option<String>,
+    /// A percentage as `spec.worker.tracing.sampling` takes it.
+    pub sampling: String,
+}
+
+impl Default for TracingDefaults {
+    fn default() -> Self {
+        TracingDefaults {
+            enabled: false,
+            endpoint: None,
+            sampling: "1%".into(),
         }
     }
 }
@@ -130,6 +153,12 @@ pub enum RenderError {
         "spec.worker.resources.{field} {value:?} is not a Kubernetes quantity: write e.g. 50m or 0.5 (cpu), 128Mi (memory)"
     )]
     InvalidQuantity { field: String, value: String },
+    #[error(
+        "spec.worker.tracing turns tracing on but no endpoint is set: set spec.worker.tracing.endpoint to the collector's OTLP/HTTP URL (e.g. http://otel-collector.observability:4318), or ask the operator's admin for the chart value tracing.otlp.endpoint"
+    )]
+    TracingWithoutEndpoint,
+    #[error("spec.worker.tracing.{field}: {reason}")]
+    InvalidTracing { field: &'static str, reason: String },
 }
 
 impl RenderError {
@@ -145,6 +174,9 @@ impl RenderError {
             | RenderError::ReservedPortName { .. }
             | RenderError::WorkerVolumeMounted { .. } => "ReservedName",
             RenderError::InvalidQuantity { .. } => "InvalidResources",
+            RenderError::TracingWithoutEndpoint | RenderError::InvalidTracing { .. } => {
+                "InvalidTracing"
+            }
         }
     }
 }
@@ -230,7 +262,8 @@ pub fn deployment(qc: &QueueConsumer, opts: &RenderOptions) -> Result<Deployment
     }
     let metrics_port = pick_metrics_port(&pod, &handler);
     let exec = matches!(handler, Handler::Exec(_));
-    let env = worker_env(spec);
+    let mut env = worker_env(spec);
+    env.extend(tracing_env(spec, &namespace, &name, &opts.tracing)?);
     let resources = worker_resources(spec)?;
 
     match handler {
@@ -432,6 +465,56 @@ fn pick_metrics_port(pod: &PodSpec, handler: &Handler<'_>) -> u16 {
     (DEFAULT_METRICS_PORT..=u16::MAX)
         .find(|p| !taken.contains(&i32::from(*p)))
         .unwrap_or(DEFAULT_METRICS_PORT)
+}
+
+/// The worker's OTLP settings (`telemetry::otlp` reads them) when `spec.worker.tracing`, or the
+/// operator's default, turns tracing on; none otherwise. The sampler follows a producer's decision
+/// (`parentbased_traceidratio`).
+pub fn tracing_env(
+    spec: &QueueConsumerSpec,
+    namespace: &str,
+    name: &str,
+    defaults: &TracingDefaults,
+) -> Result<Vec<EnvVar>, RenderError> {
+    let t = spec.worker.tracing.clone().unwrap_or_default();
+    if !t.enabled.unwrap_or(defaults.enabled) {
+        return Ok(Vec::new());
+    }
+    let endpoint = t
+        .endpoint
+        .or_else(|| defaults.endpoint.clone())
+        .filter(|e| !e.trim().is_empty())
+        .ok_or(RenderError::TracingWithoutEndpoint)?;
+    if !endpoint.starts_with("http://")
+        || endpoint.len() <= "http://".len()
+        || !endpoint.bytes().all(|b| (b'!'..=b'~').contains(&b))
+    {
+        return Err(RenderError::InvalidTracing {
+            field: "endpoint",
+            reason: format!(
+                "{endpoint:?} is not an http:// URL: give the collector's OTLP/HTTP base URL, e.g. http://otel-collector.observability:4318"
+            ),
+        });
+    }
+    let (sampling, field) = match &t.sampling {
+        Some(s) => (s.as_str(), "sampling"),
+        None => (
+            defaults.sampling.as_str(),
+            "sampling (the operator's default, chart value tracing.sampling)",
+        ),
+    };
+    let ratio = crate::api::sampling_ratio(sampling)
+        .map_err(|reason| RenderError::InvalidTracing { field, reason })?;
+    Ok(vec![
+        plain_env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+        plain_env("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+        plain_env("OTEL_TRACES_SAMPLER_ARG", &ratio.to_string()),
+        plain_env("OTEL_SERVICE_NAME", NAME_VALUE),
+        plain_env(
+            "OTEL_RESOURCE_ATTRIBUTES",
+            &format!("k8s.namespace.name={namespace},k8s.deployment.name={name}"),
+        ),
+    ])
 }
 
 /// Region and endpoint for the SDK, the pod's identity for the worker, and the redis URL from its

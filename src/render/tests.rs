@@ -42,6 +42,7 @@ fn render(spec: Value) -> Deployment {
         &qc(spec),
         &RenderOptions {
             worker_image: "qc:test".into(),
+            ..Default::default()
         },
     )
     .unwrap()
@@ -986,5 +987,121 @@ fn dynamodb_store_renders_its_table_flags() {
         !worker_command_line(&render(http_spec()))
             .iter()
             .any(|a| a.starts_with("--dynamodb"))
+    );
+}
+
+/// The worker container's environment (http layout).
+fn worker_env_of(d: &Deployment) -> Container {
+    pod(d)
+        .containers
+        .iter()
+        .find(|c| c.name == "qc-worker")
+        .cloned()
+        .unwrap()
+}
+
+fn render_with(spec: Value, tracing: TracingDefaults) -> Result<Deployment, RenderError> {
+    deployment(
+        &qc(spec),
+        &RenderOptions {
+            worker_image: "qc:test".into(),
+            tracing,
+        },
+    )
+}
+
+#[test]
+fn tracing_is_off_unless_the_spec_or_the_operator_turns_it_on() {
+    let with = |tracing: Value| {
+        let mut s = http_spec();
+        s["worker"] = json!({"tracing": tracing});
+        s
+    };
+    let on = TracingDefaults {
+        enabled: true,
+        endpoint: Some("http://collector.observability:4318".into()),
+        sampling: "1%".into(),
+    };
+    // Off: no OTLP variable at all (the worker then builds no span).
+    let d = render_with(http_spec(), TracingDefaults::default()).unwrap();
+    let w = worker_env_of(&d);
+    assert_eq!(env_value(&w, "OTEL_EXPORTER_OTLP_ENDPOINT"), None);
+    // The operator's default, applied to a spec that says nothing.
+    let w = worker_env_of(&render_with(http_spec(), on.clone()).unwrap());
+    assert_eq!(
+        env_value(&w, "OTEL_EXPORTER_OTLP_ENDPOINT"),
+        Some("http://collector.observability:4318")
+    );
+    assert_eq!(
+        env_value(&w, "OTEL_TRACES_SAMPLER"),
+        Some("parentbased_traceidratio")
+    );
+    assert_eq!(env_value(&w, "OTEL_TRACES_SAMPLER_ARG"), Some("0.01"));
+    assert_eq!(env_value(&w, "OTEL_SERVICE_NAME"), Some("qc-worker"));
+    assert_eq!(
+        env_value(&w, "OTEL_RESOURCE_ATTRIBUTES"),
+        Some("k8s.namespace.name=shop,k8s.deployment.name=orders")
+    );
+    // The spec turns it off against the default, or on with its own endpoint and ratio.
+    let d = render_with(with(json!({"enabled": false})), on.clone()).unwrap();
+    assert_eq!(
+        env_value(&worker_env_of(&d), "OTEL_EXPORTER_OTLP_ENDPOINT"),
+        None
+    );
+    let d = render_with(
+        with(json!({"enabled": true, "endpoint": "http://otel:4318", "sampling": "100%"})),
+        TracingDefaults::default(),
+    )
+    .unwrap();
+    let w = worker_env_of(&d);
+    assert_eq!(
+        env_value(&w, "OTEL_EXPORTER_OTLP_ENDPOINT"),
+        Some("http://otel:4318")
+    );
+    assert_eq!(env_value(&w, "OTEL_TRACES_SAMPLER_ARG"), Some("1"));
+    // The exec layout's worker runs in the user's container: the variables go there.
+    let mut exec = exec_spec();
+    exec["worker"] =
+        json!({"tracing": {"enabled": true, "endpoint": "http://otel:4318", "sampling": "0.1%"}});
+    let d = render_with(exec, TracingDefaults::default()).unwrap();
+    assert_eq!(
+        env_value(&pod(&d).containers[0], "OTEL_TRACES_SAMPLER_ARG"),
+        Some("0.001")
+    );
+}
+
+#[test]
+fn tracing_without_an_endpoint_or_with_a_bad_percentage_names_the_field_and_the_fix() {
+    let with = |tracing: Value| {
+        let mut s = http_spec();
+        s["worker"] = json!({"tracing": tracing});
+        s
+    };
+    let err = render_with(with(json!({"enabled": true})), TracingDefaults::default()).unwrap_err();
+    assert_eq!(err, RenderError::TracingWithoutEndpoint);
+    assert_eq!(err.reason(), "InvalidTracing");
+    assert!(
+        err.to_string().contains("spec.worker.tracing.endpoint")
+            && err.to_string().contains("tracing.otlp.endpoint"),
+        "{err}"
+    );
+    let err = render_with(
+        with(json!({"enabled": true, "endpoint": "http://otel:4318", "sampling": "5"})),
+        TracingDefaults::default(),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("spec.worker.tracing.sampling: \"5\" is not a percentage"),
+        "{err}"
+    );
+    let err = render_with(
+        with(json!({"enabled": true, "endpoint": "https://otel:4318"})),
+        TracingDefaults::default(),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("spec.worker.tracing.endpoint"),
+        "{err}"
     );
 }

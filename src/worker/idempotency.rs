@@ -888,6 +888,7 @@ mod tests {
                 ),
             ],
             trace_header: None,
+            handler_traceparent: None,
             received_at: Instant::now(),
         }
     }

@@ -65,6 +65,7 @@ pub fn message(inv: &Invocation) -> Message {
         first_receive_timestamp: Some(now),
         attributes,
         trace_header: None,
+        handler_traceparent: None,
         received_at: std::time::Instant::now(),
     }
 }

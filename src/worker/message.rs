@@ -21,6 +21,7 @@ use super::heartbeat::{Heartbeats, Plan, lease_lost};
 use super::held::{Admission, Held, ReceiptHandle};
 use super::idempotency::{Claim, IdempotencyError, Store, key_of, payload_hash};
 use super::metrics::{Metrics, OutcomeLabel};
+use super::spans::{MessageSpan, Spans};
 use super::sqs::{Entry, Message, Sqs};
 
 mod batch;
@@ -72,6 +73,8 @@ pub struct Processor {
     pub breaker: Arc<Breaker>,
     /// The messages held here by id, with their newest receipt handles (`worker::held`).
     pub held: Held,
+    /// Tracing on: makes each message's spans (`worker::spans`); None: no span anywhere.
+    pub spans: Option<Spans>,
     poisoned: Mutex<BoundedSet>,
 }
 
@@ -113,6 +116,8 @@ pub struct Lease {
     /// The S3 payload fetched for this message (`--s3-payloads`), deleted after the message with
     /// `--s3-delete-after`.
     s3_payload: Option<super::s3::Pointer>,
+    /// Tracing on: the message's `qc.message` span, ended when the lease goes.
+    span: Option<MessageSpan>,
 }
 
 impl Lease {
@@ -127,6 +132,7 @@ impl Lease {
             .map(|(interval, hb)| hb.align(Instant::from_std(msg.received_at) + interval));
         let received_at = Instant::from_std(msg.received_at);
         let lease_until = received_at + processor.visibility_timeout;
+        let span = processor.spans.as_ref().map(|s| s.message(&msg));
         Lease {
             msg,
             beat: Beat {
@@ -146,6 +152,7 @@ impl Lease {
             store_down: false,
             failed_at: None,
             s3_payload: None,
+            span,
         }
     }
 
@@ -698,6 +705,7 @@ impl Processor {
             confirm_deletes: false,
             breaker,
             held: Held::default(),
+            spans: None,
             poisoned: Mutex::new(BoundedSet {
                 set: HashSet::new(),
                 order: VecDeque::new(),
@@ -753,6 +761,32 @@ impl Processor {
     /// hidden or left, with its log line. `reason`: what happened. `Hold` is no end (the caller keeps
     /// the message for the breaker's probe); given here, the message is released, unhandled.
     async fn carry_out(
+        &self,
+        lease: &mut Lease,
+        happened: &Happened,
+        fate: Fate,
+        reason: &str,
+    ) -> Ended {
+        let span = match (&self.spans, &lease.span) {
+            (Some(s), Some(m)) => Some(s.settle(m, &fate)),
+            _ => return self.carry_out_untraced(lease, happened, fate, reason).await,
+        };
+        let dead_letter = matches!(fate, Fate::DeadLetter(_));
+        let ended = self.carry_out_untraced(lease, happened, fate, reason).await;
+        if let Some(span) = span {
+            // A dead-letter kept on the queue, or a delete SQS never confirmed, did not happen.
+            let failed = match ended {
+                Ended::Kept if dead_letter => Some(
+                    "the dead-letter queue did not take the message; left for the redrive policy",
+                ),
+                _ => None,
+            };
+            span.end_settle(failed);
+        }
+        ended
+    }
+
+    async fn carry_out_untraced(
         &self,
         lease: &mut Lease,
         happened: &Happened,
@@ -1039,6 +1073,9 @@ impl Processor {
     /// Runs one message to its end.
     pub async fn process(&self, mut lease: Lease) -> Ended {
         let m = &self.metrics;
+        if let (Some(s), Some(span)) = (&self.spans, &lease.span) {
+            s.waited(span);
+        }
         lease.beat_inline().await;
         if let Some(ended) = self.end_filtered(&mut lease).await {
             return ended;
@@ -1253,7 +1290,26 @@ impl Processor {
         let deadline = started + self.timeout;
         // The handler stops itself at the deadline (connection closed, process group killed and
         // reaped) and the claim is held until it has; the heartbeat's own bound is a backstop.
-        let msg = view.unwrap_or(&lease.msg);
+        let span = match (&self.spans, &lease.span) {
+            (Some(s), Some(m)) => Some(s.handle(m)),
+            _ => None,
+        };
+        // The handler's traceparent is the call's span (its own spans nest under it).
+        let traced;
+        let msg = match (&span, view) {
+            (None, view) => view.unwrap_or(&lease.msg),
+            (Some(span), None) => {
+                lease.msg.handler_traceparent = Some(span.traceparent());
+                &lease.msg
+            }
+            (Some(span), Some(view)) => {
+                traced = Message {
+                    handler_traceparent: Some(span.traceparent()),
+                    ..view.clone()
+                };
+                &traced
+            }
+        };
         let call = async {
             let call = self.handler.handle(msg, deadline);
             match &claimed {
@@ -1285,6 +1341,9 @@ impl Processor {
                 true,
             ),
         };
+        if let Some(span) = span {
+            span.end_handle(&verdict, timed_out);
+        }
 
         if let Some((key, token)) = &claimed {
             let recorded = if verdict == Verdict::Success {

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod rate;
 pub mod s3;
 pub mod sns;
+pub mod spans;
 pub mod sqs;
 pub mod trace;
 
@@ -70,6 +71,8 @@ pub enum WorkerError {
     ConnectStore(#[from] IdempotencyError),
     #[error("cannot use --schema-file {path}: {reason}")]
     LoadSchema { path: String, reason: String },
+    #[error("cannot start tracing: {0}")]
+    StartTracing(#[from] crate::telemetry::otlp::OtlpError),
 }
 
 /// The handler the worker calls.
@@ -408,12 +411,33 @@ fn log_roots(roots: &crate::roots::Roots) {
     }
 }
 
-/// Runs the worker until `shutdown` completes and the drain is over.
+/// Runs the worker until `shutdown` completes and the drain is over; with tracing on
+/// (`OTEL_EXPORTER_OTLP_ENDPOINT`), the spans still buffered are exported before it returns.
 pub async fn run(
     config: Config,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<Summary, WorkerError> {
     config.validate()?;
+    let otlp = telemetry::otlp::Otlp::from_env("qc-worker")?;
+    if let Some(o) = &otlp {
+        let s = o.settings();
+        tracing::info!(endpoint = %s.traces_url, sampler = ?s.sampling, service = %s.service_name, "exporting spans over OTLP");
+    }
+    let spans = otlp
+        .as_ref()
+        .map(|o| spans::Spans::new(o.tracer(), &config.queue_url));
+    let result = consume(config, shutdown, spans).await;
+    if let Some(o) = otlp {
+        o.shutdown().await;
+    }
+    result
+}
+
+async fn consume(
+    config: Config,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    spans: Option<spans::Spans>,
+) -> Result<Summary, WorkerError> {
     // Read once at start: a schema that does not compile stops the worker before any receive.
     let schema = config.schema_file.as_deref().map(load_schema).transpose()?;
     let metrics = Arc::new(Metrics::default());
@@ -578,6 +602,7 @@ pub async fn run(
         processor.s3 = Some(s3::S3Payloads::new(&sdk, settings));
     }
     processor.schema = schema;
+    processor.spans = spans;
     if !config.filter.is_empty() {
         let filter = self::core::filter::Filter::parse(&config.filter).map_err(|e| {
             WorkerError::ValidateFlags {

@@ -437,6 +437,7 @@ mod tests {
                 ),
             ],
             trace_header: None,
+            handler_traceparent: None,
             received_at: std::time::Instant::now(),
         }
     }

@@ -55,7 +55,21 @@ impl TraceContext {
 impl TraceContext {
     /// The trace context of a received message: its `traceparent` / `tracestate` string attributes
     /// (names matched without regard to case, the first in sorted order) and its `AWSTraceHeader`.
+    /// Tracing on, the worker's own `qc.handle` span (`Message::handler_traceparent`) takes the
+    /// `traceparent`'s place; the producer's `tracestate` and X-Ray header go along unchanged.
     pub fn of_message(msg: &crate::worker::sqs::Message) -> TraceContext {
+        let producer = TraceContext::of_message_attributes(msg);
+        match &msg.handler_traceparent {
+            Some(tp) => TraceContext {
+                traceparent: Some(tp.clone()),
+                ..producer
+            },
+            None => producer,
+        }
+    }
+
+    /// `of_message` without the worker's own span: what the producer sent.
+    pub fn of_message_attributes(msg: &crate::worker::sqs::Message) -> TraceContext {
         let attr = |name: &str| {
             msg.attributes
                 .iter()

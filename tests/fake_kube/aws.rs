@@ -70,6 +70,7 @@ pub fn context(
         Arc::new(FixedProvider(AwsClients { sqs, alarms })),
         RenderOptions {
             worker_image: TEST_WORKER_IMAGE.into(),
+            ..Default::default()
         },
         identity.map(str::to_string),
     );

@@ -329,6 +329,7 @@ mod tests {
             first_receive_timestamp: None,
             attributes: Vec::new(),
             trace_header: None,
+            handler_traceparent: None,
             received_at: std::time::Instant::now(),
         }
     }

@@ -520,6 +520,7 @@ mod tests {
         let msg = |trace_header: Option<&str>, attributes| Message {
             attributes,
             trace_header: trace_header.map(str::to_string),
+            handler_traceparent: None,
             ..Message::test(b"{}")
         };
         let xray = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1";

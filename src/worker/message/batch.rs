@@ -53,6 +53,11 @@ impl Processor {
         let mut leases = leases;
         // Kept alive by one shared task while waiting for a FIFO call slot: taken back at once.
         Lease::beat_inline_all(&mut leases.iter_mut().collect::<Vec<_>>()).await;
+        if let Some(spans) = &self.spans {
+            for m in leases.iter().filter_map(|l| l.span.as_ref()) {
+                spans.waited(m);
+            }
+        }
         for (at, mut lease) in leases.into_iter().enumerate() {
             if let Some(ended) = self.before_call(&mut lease, fifo, &stopped).await {
                 stop_group(&mut stopped, fifo, &lease, ended);
@@ -356,6 +361,23 @@ impl Processor {
             }
         }
         let deadline = started + self.timeout;
+        // Tracing on: a `qc.handle` span per item (the call they share), each item's traceparent its own.
+        let handles: Vec<Option<super::super::spans::Child>> = items
+            .iter_mut()
+            .map(|item| {
+                let span = self
+                    .spans
+                    .as_ref()
+                    .zip(item.lease.span.as_ref())
+                    .map(|(s, m)| s.handle(m))?;
+                let tp = Some(span.traceparent());
+                match item.view.as_mut() {
+                    Some(view) => view.handler_traceparent = tp,
+                    None => item.lease.msg.handler_traceparent = tp,
+                }
+                Some(span)
+            })
+            .collect();
         let msgs: Vec<&Message> = items
             .iter()
             .map(|i| i.view.as_ref().unwrap_or(&i.lease.msg))
@@ -440,6 +462,12 @@ impl Processor {
         for (item, v) in items.iter_mut().zip(&verdicts) {
             if !matches!(v, Verdict::Success | Verdict::Poison(_)) {
                 item.lease.failed_at.get_or_insert_with(Instant::now);
+            }
+        }
+        let timed_out = outcome_label == Some(OutcomeLabel::Timeout);
+        for (span, v) in handles.into_iter().zip(&verdicts) {
+            if let Some(span) = span {
+                span.end_handle(v, timed_out);
             }
         }
         for v in &verdicts {

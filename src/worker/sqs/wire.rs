@@ -27,6 +27,10 @@ pub struct Message {
     pub attributes: Vec<(String, AttributeValue)>,
     /// The X-Ray trace header SQS keeps for the message (`AWSTraceHeader` system attribute).
     pub trace_header: Option<String>,
+    /// Tracing on: the `traceparent` of the worker's `qc.handle` span for the call under way
+    /// (`worker::spans`), given to the handler instead of the producer's so its spans nest under the
+    /// worker's. Never sent anywhere else (not an attribute: a DLQ copy does not carry it).
+    pub handler_traceparent: Option<String>,
     /// When the worker counts the lease from (`lease_start`): the receive's start, or shortly before
     /// its answer after a long poll; never after SQS started the lease unless the answer took longer
     /// than `RECEIVE_LAG` to be read.
@@ -58,6 +62,7 @@ impl Message {
             first_receive_timestamp: None,
             attributes: Vec::new(),
             trace_header: None,
+            handler_traceparent: None,
             received_at: Instant::now(),
         }
     }
@@ -121,6 +126,7 @@ impl Message {
             )
             .and_then(|t| t.parse().ok()),
             trace_header: take(MessageSystemAttributeName::AwsTraceHeader),
+            handler_traceparent: None,
             id,
             receipt_handle,
             body: Bytes::from(m.body.unwrap_or_default().into_bytes()),
