@@ -199,11 +199,11 @@ pub async fn step(
     // `create` on a queue without a redrive policy: its DLQ first, then the policy with the rest.
     let mut q = q.clone();
     let mut attributes = std::collections::BTreeMap::new();
-    let mut deferred = None;
-    if mode == QueueManage::Create && q.redrive.is_none() {
-        deferred = manage::redrive_policy_deferred(&q, manage::added_receive_count(&qc.spec, &q));
-    }
-    if mode == QueueManage::Create && q.redrive.is_none() && deferred.is_none() {
+    let adds_policy = mode == QueueManage::Create && q.redrive.is_none();
+    let deferred = adds_policy
+        .then(|| manage::redrive_policy_deferred(&q, manage::added_receive_count(&qc.spec, &q)))
+        .flatten();
+    if adds_policy && deferred.is_none() {
         let ns = qc.namespace().unwrap_or_default();
         let (dlq, r) = match manage::plan_dead_letter(&qc.spec, &q, &ns, &qc.name_any()) {
             Ok(p) => p,
