@@ -156,15 +156,15 @@ async fn the_rate_holds_within_ten_percent_across_a_scale_from_one_to_three() {
     w0.stop().await;
     w1.stop().await;
     w2.stop().await;
-    // maxRate is a ceiling: never more than 10 % over it. Below it the floor is loose: when moto answers
-    // a receive in a second or more, a worker gets fewer batches than its tokens allow (CI runs with
-    // three lanes saw one worker at 17/s and at 12/s, seconds of 0 and 10 between seconds of 20). Half
-    // the rate still catches a limiter that divides a share twice or never hands it back; a receive
-    // latency metric to bound the floor by what moto allowed is the next step (closing note).
+    // maxRate is a ceiling: never more than 10 % over it. Below it the floor is 75 %: a limiter that
+    // divides a share twice (10/s for one worker, 6.7/s for three) or never hands it back is under it.
+    // CI runs once saw 12/s here, moto answering a receive in 1-2.5 s: its retention check scanned the
+    // whole queue three times per message handed out (scripts/moto-atomic-receive.py now reads the one
+    // attribute); with that fixed, four busy processes beside this test measured 19.0-20.5/s.
     for (rate, what) in [(phase1, "one worker"), (phase2, "three workers")] {
         assert!(
-            (MAX_RATE * 0.5..=MAX_RATE * 1.1).contains(&rate),
-            "{what}: {rate:.2}/s is not between 50 % and 110 % of {MAX_RATE}/s"
+            (MAX_RATE * 0.75..=MAX_RATE * 1.1).contains(&rate),
+            "{what}: {rate:.2}/s is not between 75 % and 110 % of {MAX_RATE}/s"
         );
     }
     // While the shares change hands, no more than the limiter's own bound: the new workers start with
@@ -303,13 +303,12 @@ async fn batch_mode_counts_messages_not_calls() {
         "batch mode at maxRate {RATE}/s: {rate:.2} messages/s in {} calls over {WINDOW} s",
         calls.len()
     );
-    // At most 10 % over the rate; below it, as above, a slow moto costs whole receives (a CI run: 4/s,
-    // receives 1.0-2.5 s apart), so the floor is half the rate: a limiter counting calls rather than
-    // messages (1 call of 5 messages a second = 5/s, but a call per token would be 25/s) is over the
-    // ceiling, and one counting each message twice is under the floor.
+    // At most 10 % over the rate, at least 75 % of it (as above; four busy processes beside it measured
+    // 4.75-5.0/s): a limiter counting calls rather than messages (a call per token would be 25/s) is
+    // over the ceiling, and one counting each message twice (2.5/s) is under the floor.
     assert!(
-        (RATE * 0.5..=RATE * 1.1).contains(&rate),
-        "{rate:.2} messages/s is not between 50 % and 110 % of {RATE}/s"
+        (RATE * 0.75..=RATE * 1.1).contains(&rate),
+        "{rate:.2} messages/s is not between 75 % and 110 % of {RATE}/s"
     );
     assert!(messages > calls.len(), "calls of several messages each");
 }
