@@ -153,9 +153,13 @@ fn main() {
                 let wanted: Vec<&str> = only.split(',').map(str::trim).collect();
                 consumers.retain(|c| wanted.iter().any(|w| c.name().contains(w)));
             }
-            for consumer in consumers {
+            // QC_BENCH_ROUNDS (1): the list run that many times, round-robin, so a busy minute of the
+            // machine falls on every consumer alike; the summary table takes each one's median.
+            let rounds: usize = env_or("QC_BENCH_ROUNDS", "1").parse().unwrap();
+            let order: Vec<&Consumer> = (0..rounds.max(1)).flat_map(|_| &consumers).collect();
+            for consumer in order {
                 receiver.clear();
-                let run = bench_one(&client, &proxy, &handler, &consumer, c, n).await;
+                let run = bench_one(&client, &proxy, &handler, consumer, c, n).await;
                 if let Consumer::WorkerTraced { .. } = consumer {
                     eprintln!(
                         "{} C={c}: {} spans exported for {n} messages",
@@ -174,7 +178,56 @@ fn main() {
             }
         }
         print_table(&runs);
+        print_medians(&runs);
     });
+}
+
+/// With several rounds: each consumer's median CPU per message and drain / ideal at each C, with the
+/// range of the rounds, and the ratio to the first `qc-worker` row of that C (the peer in the same run).
+fn print_medians(runs: &[Run]) {
+    let mut groups: Vec<((String, usize), Vec<&Run>)> = Vec::new();
+    for r in runs {
+        let key = (r.consumer.clone(), r.concurrency);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.push(r),
+            None => groups.push((key, vec![r])),
+        }
+    }
+    if groups.iter().all(|(_, v)| v.len() < 2) {
+        return;
+    }
+    let median = |mut xs: Vec<f64>| -> (f64, f64, f64) {
+        xs.sort_by(f64::total_cmp);
+        let mid = if xs.len() % 2 == 1 {
+            xs[xs.len() / 2]
+        } else {
+            f64::midpoint(xs[xs.len() / 2 - 1], xs[xs.len() / 2])
+        };
+        (mid, xs[0], xs[xs.len() - 1])
+    };
+    let cpu = |r: &Run| r.cpu.as_secs_f64() * 1e6 / r.messages as f64;
+    println!(
+        "
+| consumer | C | rounds | CPU / msg (median) | range | × qc-worker | drain / ideal (median) |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for ((name, c), rs) in &groups {
+        let (m, lo, hi) = median(rs.iter().map(|r| cpu(r)).collect());
+        let peer = groups
+            .iter()
+            .find(|((n, pc), _)| n == "qc-worker" && pc == c)
+            .map(|(_, prs)| median(prs.iter().map(|r| cpu(r)).collect()).0);
+        let ratio = peer.map_or("-".to_string(), |p| format!("{:.3}", m / p));
+        let (d, _, _) = median(
+            rs.iter()
+                .map(|r| r.drain.as_secs_f64() / r.ideal.as_secs_f64())
+                .collect(),
+        );
+        println!(
+            "| {name} | {c} | {} | {m:.1} µs | {lo:.1}-{hi:.1} µs | {ratio} | {d:.3} |",
+            rs.len()
+        );
+    }
 }
 
 enum Consumer {

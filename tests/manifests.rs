@@ -1084,7 +1084,7 @@ fn chart_dashboard_and_alert_rules_use_only_metrics_the_binaries_export() {
     // The checks have something to check: every panel, every alert.
     assert_eq!(
         rule["spec"]["groups"][0]["rules"].as_array().unwrap().len(),
-        7
+        9
     );
     assert!(used.len() >= 12, "{used:?}");
     assert!(
@@ -1495,7 +1495,7 @@ fn chart_monitoring_objects_go_to_their_namespace_with_labels_per_alert() {
     let rule = find(&docs, "PrometheusRule", "qc-queue-consumer-operator");
     assert_eq!(rule["metadata"]["namespace"], "monitoring");
     let alerts = rule["spec"]["groups"][0]["rules"].as_array().unwrap();
-    assert_eq!(alerts.len(), 7);
+    assert_eq!(alerts.len(), 9);
     for alert in alerts {
         let name = alert["alert"].as_str().unwrap();
         let labels = &alert["labels"];
@@ -1530,6 +1530,7 @@ fn chart_monitoring_objects_go_to_their_namespace_with_labels_per_alert() {
     for (name, labels) in severities {
         let want = if [
             "QueueConsumerQueueUnreachable",
+            "QueueConsumerDwellObjectiveBurningFast",
             "QueueConsumerOperatorNoLeader",
         ]
         .contains(&name)

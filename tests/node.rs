@@ -505,7 +505,7 @@ async fn a_rollout_under_load_loses_nothing_and_ready_follows_it() {
             }
         })
         .collect();
-    let sent = send(sqs, url, &bodies).await;
+    let mut sent = send(sqs, url, &bodies).await;
     eventually(
         60,
         "50 handled",
@@ -513,6 +513,24 @@ async fn a_rollout_under_load_loses_nothing_and_ready_follows_it() {
         || async { (seen(seen_at.path()).len() >= 50).then_some(()) },
     )
     .await;
+    // Under load through the whole rollout: ten messages every half second until the new pods have
+    // run for 5 s (the 600 alone were drained by the old pods before the new ones came up once the
+    // test server answered fast).
+    let producing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let producer = {
+        let (sqs, url, producing) = (sqs.clone(), url.clone(), producing.clone());
+        tokio::spawn(async move {
+            let mut ids = BTreeSet::new();
+            let mut n = 0;
+            while producing.load(std::sync::atomic::Ordering::Relaxed) {
+                let bodies: Vec<String> = (n..n + 10).map(|i| format!("during {i}")).collect();
+                ids.extend(send(&sqs, &url, &bodies).await);
+                n += 10;
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            ids
+        })
+    };
     let v2 = tag_handler_image(&node, &format!("rollout-{}", std::process::id()));
     doc["spec"]["template"]["spec"]["containers"][0]["image"] = v2.clone().into();
     node.apply(ns, &doc).await;
@@ -554,6 +572,9 @@ async fn a_rollout_under_load_loses_nothing_and_ready_follows_it() {
         "rolled out in {:.1} s; Ready went {ready_seen:?}",
         rolled.elapsed().as_secs_f64()
     );
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    producing.store(false, std::sync::atomic::Ordering::Relaxed);
+    sent.extend(producer.await.expect("the producer"));
     assert!(
         ready_seen
             .iter()
@@ -562,8 +583,15 @@ async fn a_rollout_under_load_loses_nothing_and_ready_follows_it() {
     );
     eventually(
         240,
-        "all 600 handled",
-        || format!("{} seen\n{}", seen(seen_at.path()).len(), node.describe(ns)),
+        "every message sent handled",
+        || {
+            format!(
+                "{} seen of {}\n{}",
+                seen(seen_at.path()).len(),
+                sent.len(),
+                node.describe(ns)
+            )
+        },
         || async { (seen(seen_at.path()).len() >= sent.len()).then_some(()) },
     )
     .await;

@@ -55,6 +55,20 @@ fn text_output_is_a_table_with_every_policy_and_the_goal_checks() {
     }
     assert!(stdout.contains("- ramp: ours/oracle"), "{stdout}");
     assert!(stdout.contains("start-up 30s"), "{stdout}");
+    // each row's P99 dwell (arrival to deletion), a number of seconds, beside its P99 wait
+    assert!(stdout.contains("| max wait | P99 dwell |"), "{stdout}");
+    let ours = stdout
+        .lines()
+        .find(|l| l.starts_with("| ramp | ours |"))
+        .expect("the ours row");
+    let cells: Vec<&str> = ours.split('|').map(str::trim).collect();
+    let secs = |c: &str| c.trim_end_matches('s').parse::<f64>().expect(c);
+    assert!(
+        secs(cells[7]) >= secs(cells[5]),
+        "a dwell is a wait plus its handling: {ours}"
+    );
+    // no objective in this spec: no objective line
+    assert!(!stdout.contains("objective: dwellP99"), "{stdout}");
 }
 
 #[test]

@@ -161,6 +161,13 @@ async fn each_message_is_one_trace_of_wait_handle_and_settle_continuing_the_prod
     assert_eq!(m.attr("messaging.operation.type"), Some("process"));
     assert_eq!(m.attr("qc.receive_count"), Some("1"));
     assert_eq!(m.attr("qc.outcome"), Some("delete"));
+    // The time in the queue before the receipt, where the span starts: sent before the worker began.
+    let queued = |s: &Span| -> i64 {
+        s.attr("qc.queue_time_ms")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("qc.queue_time_ms on {s:?}"))
+    };
+    assert!((0..60_000).contains(&queued(m)), "{m:?}");
     let c = children(&spans, m);
     assert_eq!(
         names(&c),
@@ -250,6 +257,14 @@ async fn each_message_is_one_trace_of_wait_handle_and_settle_continuing_the_prod
     assert_eq!(first["qc.handle"].attr("qc.verdict"), Some("transient"));
     assert_eq!(first["qc.retry"].attr("qc.visibility_timeout_s"), Some("1"));
     assert_eq!(d[1].attr("qc.receive_count"), Some("2"));
+    // The redelivery's time in the queue counts from the send: it holds the first delivery and its
+    // 1 s backoff (less a little for the clocks' milliseconds).
+    assert!(
+        queued(d[1]) >= queued(d[0]) + 900,
+        "{:?} then {:?}",
+        d[0],
+        d[1]
+    );
     assert_eq!(d[1].attr("qc.outcome"), Some("delete"));
     assert_eq!(
         names(&children(&spans, d[1])),

@@ -959,9 +959,18 @@ fn processing_time(i: &StatusInputs<'_>) -> Cond {
 /// The `ObjectiveMet` condition, present only with `scaling.objective` (docs/controller.md): the verdict
 /// of `scaling::objective` on the workers' dwell measurement, with the figures.
 fn objective_met(i: &StatusInputs<'_>) -> Option<Cond> {
-    use crate::scaling::objective::{self, MIN_MESSAGES, Unmeasured, Verdict};
+    use crate::scaling::objective::{self, Before, MIN_MESSAGES, Unmeasured, Verdict};
     let o = i.qc.spec.scaling.objective.as_ref()?;
     let t = conditions::OBJECTIVE_MET;
+    let before = match i
+        .qc
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == t))
+    {
+        Some(c) if c.status == "False" => Before::Missed,
+        _ => Before::NotMissed,
+    };
     let objective = o.dwell_p99;
     let Some(w) = i.workers else {
         return Some(Cond::new(
@@ -982,7 +991,7 @@ fn objective_met(i: &StatusInputs<'_>) -> Option<Cond> {
             w.pods
         )
     };
-    Some(match objective::verdict(w.dwell, w.pods, w.unreachable) {
+    Some(match objective::verdict(w.dwell, w.pods, w.unreachable, before) {
         Verdict::Met(m) => Cond::new(
             t,
             Status::True,
@@ -996,6 +1005,16 @@ fn objective_met(i: &StatusInputs<'_>) -> Option<Cond> {
             format!(
                 "{}: more than the 1 % a P99 allows; while messages wait the scaler removes no replica and defers no scale-up (ScalingActive says limited by Objective); a miss that outlasts the burst that caused it wants more standing replicas (minReplicas) or a faster handler",
                 figures(&m)
+            ),
+        ),
+        Verdict::Recovering(m) => Cond::new(
+            t,
+            Status::False,
+            reason::DWELL_ABOVE_OBJECTIVE,
+            format!(
+                "{}: within the 1 % a P99 allows again, and False until the burn rate falls to {} or below (so a window hovering at the budget does not flip this condition every poll)",
+                figures(&m),
+                objective::RECOVERED_BURN_RATE
             ),
         ),
         Verdict::NoMeasurement(why) => Cond::new(

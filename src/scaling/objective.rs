@@ -121,6 +121,12 @@ impl Measurement {
         self.bad_fraction() * 1000.0 / BUDGET_PERMILLE as f64
     }
 
+    /// At most [`RECOVERED_BURN_RATE`] of the budget burnt: 0.75 % of the messages over the objective.
+    pub fn recovered(&self) -> bool {
+        u128::from(self.over_milli) * 1000 * 4
+            <= u128::from(self.messages) * 1000 * u128::from(BUDGET_PERMILLE) * 3
+    }
+
     /// Enough messages for a P99, and more than 1 % of them over the objective.
     pub fn burning(&self) -> bool {
         self.messages >= MIN_MESSAGES
@@ -145,20 +151,44 @@ pub enum Unmeasured {
 /// `ObjectiveMet`'s verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
-    /// At most 1 % of the window's messages over the objective.
+    /// At most 1 % of the window's messages over the objective (and, after a miss, at most 0.75 %).
     Met(Measurement),
     /// More than 1 %: the error budget burns faster than it accrues.
     Missed(Measurement),
+    /// Missed at the last verdict and within the 1 % again, but not yet below the burn rate a miss must
+    /// fall to ([`RECOVERED_BURN_RATE`]): still missed, so a window hovering at the budget does not flip the
+    /// condition (and send a Warning and a Normal Event) every poll.
+    Recovering(Measurement),
     NoMeasurement(Unmeasured),
 }
 
-/// The verdict of a window: `measured` (None: no delta) from `pods` that answered and `unreachable` ones.
-pub fn verdict(measured: Option<Measurement>, pods: usize, unreachable: usize) -> Verdict {
+/// How `ObjectiveMet` stood before this window: the hysteresis of [`verdict`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Before {
+    /// False (missed): it turns True only at a burn rate of [`RECOVERED_BURN_RATE`] or less.
+    Missed,
+    /// True, Unknown, or no condition yet: it turns False above a burn rate of 1.
+    NotMissed,
+}
+
+/// The burn rate a missed objective must fall to before `ObjectiveMet` is True again: three quarters of the
+/// budget (0.75 % of the messages over the objective).
+pub const RECOVERED_BURN_RATE: f64 = 0.75;
+
+/// The verdict of a window: `measured` (None: no delta) from `pods` that answered and `unreachable` ones,
+/// with the hysteresis of `before`.
+pub fn verdict(
+    measured: Option<Measurement>,
+    pods: usize,
+    unreachable: usize,
+    before: Before,
+) -> Verdict {
     match measured {
         Some(m) if m.messages < MIN_MESSAGES => Verdict::NoMeasurement(Unmeasured::TooFew {
             messages: m.messages,
         }),
         Some(m) if m.burning() => Verdict::Missed(m),
+        Some(m) if before == Before::Missed && !m.recovered() => Verdict::Recovering(m),
         Some(m) => Verdict::Met(m),
         None if pods == 0 && unreachable == 0 => Verdict::NoMeasurement(Unmeasured::NoPods),
         None if pods == 0 => Verdict::NoMeasurement(Unmeasured::NoAnswer { unreachable }),
@@ -289,10 +319,11 @@ mod tests {
         ];
         for (cum, count, objective, want, burn) in rows {
             let m = measured(cum, *count, *objective);
-            let v = verdict(Some(m), 2, 0);
+            let v = verdict(Some(m), 2, 0, Before::NotMissed);
             let got = match v {
                 Verdict::Met(_) => "met",
                 Verdict::Missed(_) => "missed",
+                Verdict::Recovering(_) => "recovering",
                 Verdict::NoMeasurement(Unmeasured::TooFew { .. }) => "too few",
                 Verdict::NoMeasurement(_) => "none",
             };
@@ -311,23 +342,79 @@ mod tests {
     }
 
     #[test]
+    fn a_miss_turns_met_only_below_three_quarters_of_the_budget() {
+        // (cumulative counts at 1, 5, 10, 30 s, of 1000 messages, objective 10 s): how many over it
+        let of = |over: u64| measured(&[500, 900, 1000 - over, 1000], 1000, 10);
+        let rows: &[(u64, Before, &str)] = &[
+            // 1.1 %: missed whatever came before
+            (11, Before::NotMissed, "missed"),
+            (11, Before::Missed, "missed"),
+            // exactly the budget (1 %): met from met, still missed from a miss
+            (10, Before::NotMissed, "met"),
+            (10, Before::Missed, "recovering"),
+            // 0.8 %: the same
+            (8, Before::NotMissed, "met"),
+            (8, Before::Missed, "recovering"),
+            // 0.75 %, three quarters of the budget: met again
+            (7, Before::Missed, "met"),
+            (0, Before::Missed, "met"),
+        ];
+        for (over, before, want) in rows {
+            let m = of(*over);
+            let got = match verdict(Some(m), 1, 0, *before) {
+                Verdict::Met(_) => "met",
+                Verdict::Missed(_) => "missed",
+                Verdict::Recovering(_) => "recovering",
+                Verdict::NoMeasurement(_) => "none",
+            };
+            assert_eq!(got, *want, "{over} of 1000 over, {before:?}: {m:?}");
+        }
+        // 7.5 of 1000 (interpolated thousandths): exactly three quarters counts as recovered
+        let m = Measurement {
+            objective: Duration::from_secs(10),
+            p99: Duration::from_secs(9),
+            messages: 1000,
+            over_milli: 7500,
+            window: Duration::from_secs(60),
+        };
+        assert!(m.recovered() && !m.burning(), "{m:?}");
+        assert!(
+            !Measurement {
+                over_milli: 7501,
+                ..m
+            }
+            .recovered()
+        );
+        // too few messages says so, before or after a miss
+        assert!(matches!(
+            verdict(
+                Some(Measurement { messages: 10, ..m }),
+                1,
+                0,
+                Before::Missed
+            ),
+            Verdict::NoMeasurement(Unmeasured::TooFew { messages: 10 })
+        ));
+    }
+
+    #[test]
     fn no_measurement_says_why() {
         assert_eq!(
-            verdict(None, 0, 0),
+            verdict(None, 0, 0, Before::NotMissed),
             Verdict::NoMeasurement(Unmeasured::NoPods)
         );
         assert_eq!(
-            verdict(None, 0, 3),
+            verdict(None, 0, 3, Before::NotMissed),
             Verdict::NoMeasurement(Unmeasured::NoAnswer { unreachable: 3 })
         );
         assert_eq!(
-            verdict(None, 2, 1),
+            verdict(None, 2, 1, Before::NotMissed),
             Verdict::NoMeasurement(Unmeasured::NoHistogram)
         );
         // a window in which no message left the queue: too few, not "no histogram"
         let empty = Measurement::of(&h(&[1.0], &[0], 0), Duration::from_secs(1), Duration::ZERO);
         assert_eq!(
-            verdict(Some(empty), 1, 0),
+            verdict(Some(empty), 1, 0, Before::NotMissed),
             Verdict::NoMeasurement(Unmeasured::TooFew { messages: 0 })
         );
     }

@@ -86,6 +86,17 @@ impl Spans {
             if let Some(g) = &msg.group_id {
                 attributes.push(KeyValue::new("qc.message_group_id", g.clone()));
             }
+            // The time in the queue before this receipt (SentTimestamp to it; a redelivery's includes
+            // its earlier deliveries): the span starts at the receipt, so this is where a trace shows it.
+            if let Some(sent) = msg.sent_timestamp {
+                let received_ms = received
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+                attributes.push(KeyValue::new(
+                    "qc.queue_time_ms",
+                    i64::try_from(received_ms.saturating_sub(sent)).unwrap_or(i64::MAX),
+                ));
+            }
             opentelemetry::trace::Span::set_attributes(&mut span, attributes);
         }
         MessageSpan {

@@ -1559,6 +1559,47 @@ fn objective_met_says_the_verdict_with_the_figures() {
 }
 
 #[test]
+fn objective_met_turns_true_again_only_below_three_quarters_of_the_budget() {
+    let w = |m| Workers {
+        dwell: Some(m),
+        ..busy(1.5, 0.8, 40.0, 10, 0)
+    };
+    // 0.9 % over: met from nothing, still False after a miss; 0.5 %: met again
+    let hovering = dwell(19, 1000, 9);
+    let fresh = running(&with_objective("20s"), &w(hovering), 0);
+    assert_eq!(objective_condition(&fresh).unwrap().status, "True");
+    let mut q = with_objective("20s");
+    q.status = Some(running(&q, &w(dwell(45, 400, 40)), 0));
+    assert_eq!(
+        objective_condition(q.status.as_ref().unwrap())
+            .unwrap()
+            .status,
+        "False"
+    );
+    let still = running(&q, &w(hovering), 15);
+    let c = objective_condition(&still).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", reason::DWELL_ABOVE_OBJECTIVE),
+        "{}",
+        c.message
+    );
+    assert!(
+        c.message.contains("0.9 % of 1000") && c.message.contains("falls to 0.75 or below"),
+        "{}",
+        c.message
+    );
+    let again = running(&q, &w(dwell(12, 1000, 5)), 30);
+    let c = objective_condition(&again).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", reason::OBJECTIVE_MET),
+        "{}",
+        c.message
+    );
+}
+
+#[test]
 fn objective_met_events_only_on_a_burn_and_its_end() {
     let q = with_objective("20s");
     let w = |m| Workers {

@@ -80,8 +80,14 @@ pub fn text(cfg: &SimConfig, results: &[TraceResult]) -> String {
         cfg.seed,
         cfg.keda.queue_length,
     );
-    out.push_str("| trace | policy | replica-seconds | × oracle | P99 wait | max wait | over maxBacklogAge | scale events | events/min |\n");
-    out.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    if let Some(o) = &s.objective {
+        out.push_str(&format!(
+            "objective: dwellP99 {} (P99 dwell: arrival to deletion, what it bounds)\n\n",
+            o.dwell_p99
+        ));
+    }
+    out.push_str("| trace | policy | replica-seconds | × oracle | P99 wait | max wait | P99 dwell | over maxBacklogAge | scale events | events/min |\n");
+    out.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for r in results {
         let oracle = find(&r.outcomes, Policy::Oracle).map(|o| o.replica_seconds);
         for o in &r.outcomes {
@@ -95,13 +101,14 @@ pub fn text(cfg: &SimConfig, results: &[TraceResult]) -> String {
                 String::new()
             };
             out.push_str(&format!(
-                "| {} | {} | {:.0} | {} | {:.1}s | {:.1}s | {} | {}{} | {:.2} |\n",
+                "| {} | {} | {:.0} | {} | {:.1}s | {:.1}s | {:.1}s | {} | {}{} | {:.2} |\n",
                 r.trace,
                 o.policy.as_str(),
                 o.replica_seconds,
                 ratio,
                 o.p99_wait_seconds,
                 o.max_wait_seconds,
+                o.p99_dwell_seconds,
                 pct(o.over_target_share),
                 o.scale_events,
                 unserved,
