@@ -69,6 +69,8 @@ def _retained(self, queue_name, message):
 # 2,000 took 2.7 s on an idle machine, past the worker's bound (wait + 10 s) under CI's load, and the
 # receives it gave up on still ran later, burning receive counts until SQS's redrive dead-lettered
 # messages no handler had seen. The same check reading the one attribute it needs.
+# (Read first, so a moto that renamed it fails here instead of losing the fix silently.)
+assert callable(models.SQSBackend.is_message_valid_based_on_retention_period)
 models.SQSBackend.is_message_valid_based_on_retention_period = _retained
 
 if __name__ == "__main__":
