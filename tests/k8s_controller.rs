@@ -245,6 +245,26 @@ async fn status_is_applied_by_qc_operator_merging_conditions_by_type() {
         again.metadata.resource_version, qc.metadata.resource_version,
         "nothing written"
     );
+    // The same from the object as the watch cache keeps it (managedFields cut to who owns which
+    // condition, no last-applied copy): the other tool's condition is still told apart, so still no write.
+    let mut cached = qc.clone();
+    qc::controller::cache::trim(&mut cached);
+    assert!(
+        serde_json::to_vec(&cached).unwrap().len() < serde_json::to_vec(&qc).unwrap().len(),
+        "the cache keeps less"
+    );
+    fake.clear_requests();
+    reconcile(Arc::new(cached), ctx.clone()).await.unwrap();
+    let writes = fake.writes();
+    assert!(
+        writes.is_empty(),
+        "writes from the cached object: {writes:#?}"
+    );
+    assert_eq!(
+        qcs.get("orders").await.unwrap().metadata.resource_version,
+        qc.metadata.resource_version,
+        "nothing written from the cached object"
+    );
 
     // Ready flips when the Deployment becomes available: its lastTransitionTime moves, the others'
     // stay (timestamps have second precision: wait past the second).

@@ -7,6 +7,7 @@ pub mod access;
 pub mod alarm;
 pub mod apply;
 pub mod backoff;
+pub mod cache;
 mod cleanup;
 pub mod client;
 pub mod error;

@@ -304,6 +304,7 @@ async fn controllers(ctx: &Arc<Context>, namespaces: &[String], concurrency: u16
             let consumers = triggers::changes(
                 watcher(qcs, watcher::Config::default())
                     .default_backoff()
+                    .modify(super::cache::trim)
                     .reflect(writer),
                 triggers::consumer_fingerprint,
                 triggers::FirstSight::Passes,
