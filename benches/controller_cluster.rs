@@ -18,7 +18,8 @@
 //! moto per scale, and names them in `QC_TEST_CLUSTER_KUBECONFIG`, `QC_TEST_CLUSTER_AUDIT_LOG` and
 //! `AWS_ENDPOINT_URL_SQS` / `AWS_ENDPOINT_URL_CLOUDWATCH` (so the manifests name no endpoint). Knobs:
 //! `QC_BENCH_N` (1000), `QC_BENCH_QUEUES` (100), `QC_BENCH_STEADY` (120 s), `QC_BENCH_CHANGES` (100),
-//! `QC_BENCH_POLL` (15s). Without `--bench` (cargo test) it does nothing.
+//! `QC_BENCH_POLL` (15s), `QC_BENCH_OPERATOR` (the qc-operator binary to run: default this build's, e.g. an
+//! earlier commit's or a release build to compare). Without `--bench` (cargo test) it does nothing.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, Seek};
@@ -260,7 +261,10 @@ fn log_size(log: &str) -> u64 {
 }
 
 fn start_operator(kubeconfig: &str, metrics: &str, log: &std::path::Path) -> tokio::process::Child {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_qc-operator"))
+    // QC_BENCH_OPERATOR: another build of qc-operator (an earlier commit's, a release or musl build).
+    let operator = std::env::var("QC_BENCH_OPERATOR")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_qc-operator").to_string());
+    tokio::process::Command::new(operator)
         .args([
             "run",
             "--metrics-addr",
@@ -442,6 +446,10 @@ async fn bench(n: usize, q: usize, poll: &str, steady: Duration, changes: usize)
             .collect::<Vec<_>>()
             .join(" ")
     );
+    if let Ok(operator) = std::env::var("QC_BENCH_OPERATOR") {
+        println!();
+        println!("qc-operator: {operator}");
+    }
     println!();
     println!("| measure | value |");
     println!("|---|---|");
