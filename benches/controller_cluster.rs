@@ -260,10 +260,14 @@ fn log_size(log: &str) -> u64 {
     std::fs::metadata(log).map_or(0, |m| m.len())
 }
 
+/// QC_BENCH_OPERATOR: another build of qc-operator to run (an earlier commit's, a release or musl build).
+fn other_operator() -> Option<String> {
+    std::env::var("QC_BENCH_OPERATOR").ok()
+}
+
 fn start_operator(kubeconfig: &str, metrics: &str, log: &std::path::Path) -> tokio::process::Child {
-    // QC_BENCH_OPERATOR: another build of qc-operator (an earlier commit's, a release or musl build).
-    let operator = std::env::var("QC_BENCH_OPERATOR")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_qc-operator").to_string());
+    let operator =
+        other_operator().unwrap_or_else(|| env!("CARGO_BIN_EXE_qc-operator").to_string());
     tokio::process::Command::new(operator)
         .args([
             "run",
@@ -446,7 +450,7 @@ async fn bench(n: usize, q: usize, poll: &str, steady: Duration, changes: usize)
             .collect::<Vec<_>>()
             .join(" ")
     );
-    if let Ok(operator) = std::env::var("QC_BENCH_OPERATOR") {
+    if let Some(operator) = other_operator() {
         println!();
         println!("qc-operator: {operator}");
     }

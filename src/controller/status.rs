@@ -87,6 +87,16 @@ pub struct StatusInputs<'a> {
     pub now: Time,
 }
 
+impl StatusInputs<'_> {
+    /// The condition of type `t` in the status the QueueConsumer has now (before this reconcile's).
+    fn last_condition(&self, t: &str) -> Option<&Condition> {
+        self.qc
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == t))
+    }
+}
+
 /// The worker pods as the reconcile saw them: the window's statistics and the pods' health.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Workers {
@@ -728,13 +738,9 @@ fn ready(i: &StatusInputs<'_>, queue: &Cond, config: &Cond, name: &str) -> Cond 
                 format!("the rollout of Deployment {name} is stalled: {why}"),
             );
         }
-        let was_rolling_out =
-            i.qc.status
-                .as_ref()
-                .and_then(|s| s.conditions.iter().find(|c| c.type_ == t))
-                .is_some_and(|c| {
-                    c.reason == reason::ROLLING_OUT || c.reason == reason::ROLLOUT_STALLED
-                });
+        let was_rolling_out = i.last_condition(t).is_some_and(|c| {
+            c.reason == reason::ROLLING_OUT || c.reason == reason::ROLLOUT_STALLED
+        });
         if let Some(why) = rolling_out(d, new_template, was_rolling_out) {
             return Cond::new(
                 t,
@@ -962,12 +968,7 @@ fn objective_met(i: &StatusInputs<'_>) -> Option<Cond> {
     use crate::scaling::objective::{self, Before, MIN_MESSAGES, Unmeasured, Verdict};
     let o = i.qc.spec.scaling.objective.as_ref()?;
     let t = conditions::OBJECTIVE_MET;
-    let before = match i
-        .qc
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == t))
-    {
+    let before = match i.last_condition(t) {
         Some(c) if c.status == "False" => Before::Missed,
         _ => Before::NotMissed,
     };

@@ -319,14 +319,7 @@ mod tests {
         ];
         for (cum, count, objective, want, burn) in rows {
             let m = measured(cum, *count, *objective);
-            let v = verdict(Some(m), 2, 0, Before::NotMissed);
-            let got = match v {
-                Verdict::Met(_) => "met",
-                Verdict::Missed(_) => "missed",
-                Verdict::Recovering(_) => "recovering",
-                Verdict::NoMeasurement(Unmeasured::TooFew { .. }) => "too few",
-                Verdict::NoMeasurement(_) => "none",
-            };
+            let got = label(verdict(Some(m), 2, 0, Before::NotMissed));
             assert_eq!(got, *want, "{cum:?}: {m:?}");
             assert!(
                 (m.burn_rate() - burn).abs() < 1e-6,
@@ -339,6 +332,17 @@ mod tests {
         assert!(m.p99 > Duration::from_secs(10), "{m:?}");
         let m = measured(&[50, 100, 100, 100], 100, 10);
         assert!(m.p99 <= Duration::from_secs(5), "{m:?}");
+    }
+
+    /// A verdict's kind, for table tests.
+    fn label(v: Verdict) -> &'static str {
+        match v {
+            Verdict::Met(_) => "met",
+            Verdict::Missed(_) => "missed",
+            Verdict::Recovering(_) => "recovering",
+            Verdict::NoMeasurement(Unmeasured::TooFew { .. }) => "too few",
+            Verdict::NoMeasurement(_) => "none",
+        }
     }
 
     #[test]
@@ -361,12 +365,7 @@ mod tests {
         ];
         for (over, before, want) in rows {
             let m = of(*over);
-            let got = match verdict(Some(m), 1, 0, *before) {
-                Verdict::Met(_) => "met",
-                Verdict::Missed(_) => "missed",
-                Verdict::Recovering(_) => "recovering",
-                Verdict::NoMeasurement(_) => "none",
-            };
+            let got = label(verdict(Some(m), 1, 0, *before));
             assert_eq!(got, *want, "{over} of 1000 over, {before:?}: {m:?}");
         }
         // 7.5 of 1000 (interpolated thousandths): exactly three quarters counts as recovered
