@@ -260,6 +260,29 @@ fn log_size(log: &str) -> u64 {
     std::fs::metadata(log).map_or(0, |m| m.len())
 }
 
+/// The operator's status writes so far by cause (`qc_status_writes_total{cause}` on its /metrics); empty
+/// for an operator from before the label, or when /metrics does not answer.
+fn status_writes(metrics: &str) -> BTreeMap<String, u64> {
+    use std::io::{Read, Write};
+    let mut out = BTreeMap::new();
+    let Ok(mut conn) = std::net::TcpStream::connect(metrics) else {
+        return out;
+    };
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+    let _ = write!(conn, "GET /metrics HTTP/1.0\r\nHost: {metrics}\r\n\r\n");
+    let mut text = String::new();
+    let _ = conn.read_to_string(&mut text);
+    for line in text.lines() {
+        if let Some((cause, n)) = line
+            .strip_prefix("qc_status_writes_total{cause=\"")
+            .and_then(|rest| rest.split_once("\"} "))
+        {
+            out.insert(cause.to_string(), n.trim().parse().unwrap_or(0));
+        }
+    }
+    out
+}
+
 /// QC_BENCH_OPERATOR: another build of qc-operator to run (an earlier commit's, a release or musl build).
 fn other_operator() -> Option<String> {
     std::env::var("QC_BENCH_OPERATOR").ok()
@@ -374,6 +397,7 @@ async fn bench(n: usize, q: usize, poll: &str, steady: Duration, changes: usize)
     let poll_secs = poll.trim_end_matches('s').parse::<u64>().unwrap_or(15);
     tokio::time::sleep(Duration::from_secs(poll_secs * 3 / 2)).await;
     let mark = log_size(&audit);
+    let writes_before = status_writes(&metrics);
     let window = Instant::now();
     let gap = steady / u32::try_from(changes.max(1)).unwrap();
     let mut changed = 0;
@@ -403,6 +427,7 @@ async fn bench(n: usize, q: usize, poll: &str, steady: Duration, changes: usize)
     }
     let minutes = window.elapsed().as_secs_f64() / 60.0;
     let (requests, _) = operator_requests(&audit, mark);
+    let writes_after = status_writes(&metrics);
     let rss_steady = status_mib(pid, "VmRSS:");
     // Let the last changes land before reading the latencies.
     let _ = until_current(&seen, &want, Duration::from_mins(2)).await;
@@ -480,6 +505,13 @@ async fn bench(n: usize, q: usize, poll: &str, steady: Duration, changes: usize)
         "| of which spec changes made by the bench in the window | {changed} ({:.1} / minute) |",
         changed as f64 / minutes
     );
+    for (cause, n) in &writes_after {
+        let was = writes_before.get(cause).copied().unwrap_or(0);
+        println!(
+            "| … status writes caused by {cause} / minute | {:.1} |",
+            n.saturating_sub(was) as f64 / minutes
+        );
+    }
     println!(
         "| reconcile latency, spec change to observedGeneration (n = {}) | p50 {:.2} s, p99 {:.2} s, max {:.2} s |",
         latencies.len(),

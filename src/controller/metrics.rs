@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::telemetry::{Exposition, Histogram};
 
 use super::series;
+use super::status::WriteCause;
 
 /// Bounds of `qc_reconcile_duration_seconds`: from 5 ms to the reconcile deadline's range.
 pub const RECONCILE_BUCKETS: &[f64] = &[
@@ -37,6 +38,8 @@ pub struct Metrics {
     /// Writes of the `processing.maxRate` share annotation on worker pods.
     pub rate_share_writes: AtomicU64,
     pub status_writes: AtomicU64,
+    /// Status writes by what made each due (`status::WriteCause`).
+    pub status_write_causes: Mutex<HashMap<WriteCause, u64>>,
     /// Per-QueueConsumer series, from each consumer's last computed status.
     pub consumers: series::Consumers,
 }
@@ -46,6 +49,14 @@ impl Metrics {
     pub(super) fn error(&self, reason: &'static str) {
         let mut m = crate::sync::lock(&self.reconcile_errors);
         *m.entry(reason).or_default() += 1;
+    }
+
+    /// Counts a status write and its cause.
+    pub(super) fn status_written(&self, cause: WriteCause) {
+        self.status_writes.fetch_add(1, Ordering::Relaxed);
+        *crate::sync::lock(&self.status_write_causes)
+            .entry(cause)
+            .or_default() += 1;
     }
 
     /// Prometheus text exposition.
@@ -68,16 +79,12 @@ impl Metrics {
             .map(|(k, v)| (*k, *v))
             .collect();
         errors.sort_unstable();
-        let labels: Vec<[(&str, &str); 1]> = errors.iter().map(|(r, _)| [("reason", *r)]).collect();
-        let samples: Vec<_> = labels
-            .iter()
-            .zip(&errors)
-            .map(|(l, (_, n))| (&l[..], *n))
-            .collect();
-        e.counter(
+        counters_by(
+            e,
             "qc_reconcile_errors_total",
             "Failed reconcile steps by reason (the reason names the step: ApplyDeployment, WriteStatus, ...).",
-            &samples,
+            "reason",
+            &errors,
         );
         e.histogram(
             "qc_reconcile_duration_seconds",
@@ -96,11 +103,6 @@ impl Metrics {
                 &self.scale_writes,
             ),
             (
-                "qc_status_writes_total",
-                "QueueConsumer status writes.",
-                &self.status_writes,
-            ),
-            (
                 "qc_deletion_cost_writes_total",
                 "Pod deletion costs written before scale-downs.",
                 &self.deletion_cost_writes,
@@ -113,8 +115,31 @@ impl Metrics {
         ] {
             e.counter(name, help, &[(&[], count(counter))]);
         }
+        let mut causes: Vec<(&'static str, u64)> = crate::sync::lock(&self.status_write_causes)
+            .iter()
+            .map(|(k, v)| (k.label(), *v))
+            .collect();
+        causes.sort_unstable();
+        counters_by(
+            e,
+            "qc_status_writes_total",
+            "QueueConsumer status writes, by the part of status that made each due (generation, conditions, replicas, findings, queue, observed, objective, managed) or counts older than the refresh (counts).",
+            "cause",
+            &causes,
+        );
         self.consumers.render(e);
     }
+}
+
+/// A counter family with one label, a sample per value.
+fn counters_by(e: &mut Exposition, name: &str, help: &str, label: &str, counts: &[(&str, u64)]) {
+    let labels: Vec<[(&str, &str); 1]> = counts.iter().map(|(v, _)| [(label, *v)]).collect();
+    let samples: Vec<_> = labels
+        .iter()
+        .zip(counts)
+        .map(|(l, (_, n))| (&l[..], *n))
+        .collect();
+    e.counter(name, help, &samples);
 }
 
 #[cfg(test)]
@@ -141,5 +166,21 @@ mod tests {
             .expect(&text);
         assert!(apply < status, "{text}");
         assert!(text.contains("qc_deletion_cost_writes_total 0\n"), "{text}");
+    }
+
+    #[test]
+    fn status_writes_are_counted_by_cause() {
+        let m = Metrics::default();
+        m.status_written(WriteCause::Counts);
+        m.status_written(WriteCause::Conditions);
+        m.status_written(WriteCause::Counts);
+        assert_eq!(m.status_writes.load(Ordering::Relaxed), 3);
+        let text = m.render();
+        assert!(
+            text.contains(
+                "# TYPE qc_status_writes_total counter\nqc_status_writes_total{cause=\"conditions\"} 1\nqc_status_writes_total{cause=\"counts\"} 2\n"
+            ),
+            "{text}"
+        );
     }
 }

@@ -679,9 +679,13 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         write_at,
         ctx.counts_refresh,
     );
-    if write == status::StatusWrite::Write {
+    if let status::StatusWrite::Write(cause) = write {
+        tracing::debug!(queueconsumer = %key, cause = cause.label(), "writing status");
         match ctx
-            .step("write_status", write_status(ctx, &qcs, &name, &new_status))
+            .step(
+                "write_status",
+                write_status(ctx, &qcs, &name, &new_status, cause),
+            )
             .await
         {
             Ok(written) => {
@@ -1046,6 +1050,7 @@ async fn write_status(
     qcs: &Api<QueueConsumer>,
     name: &str,
     status: &QueueConsumerStatus,
+    cause: status::WriteCause,
 ) -> Result<QueueConsumer, Error> {
     let patch = json!({
         "apiVersion": API_VERSION,
@@ -1061,7 +1066,7 @@ async fn write_status(
         )
         .await
         .map_err(Error::WriteStatus)?;
-    ctx.metrics.status_writes.fetch_add(1, Ordering::Relaxed);
+    ctx.metrics.status_written(cause);
     Ok(written)
 }
 

@@ -1508,8 +1508,9 @@ pub const COUNTS_REFRESH: std::time::Duration = std::time::Duration::from_mins(1
 pub enum StatusWrite {
     /// Equal but for timestamps: nothing to write.
     Unchanged,
-    /// Something a reader must see at once changed, or the counts in status are due for a refresh.
-    Write,
+    /// Something a reader must see at once changed, or the counts in status are due for a refresh:
+    /// the cause says which.
+    Write(WriteCause),
     /// Only counts moved (none emptied or filled) and the ones in status are younger than the
     /// refresh: status stays as written. The metrics carry the fresh counts.
     Hold,
@@ -1532,13 +1533,97 @@ pub fn status_write(
     if old == fresh {
         return StatusWrite::Unchanged;
     }
-    if without_counts(&old) != without_counts(&fresh) {
-        return StatusWrite::Write;
+    if let Some(cause) = news(&without_counts(&old), &without_counts(&fresh)) {
+        return StatusWrite::Write(cause);
     }
     match counts_written_at {
         Some(at) if at <= now && now.since(at).as_std() < refresh => StatusWrite::Hold,
-        _ => StatusWrite::Write,
+        _ => StatusWrite::Write(WriteCause::Counts),
     }
+}
+
+/// Why a status is written: the first part of it, in this order, that differs from the status as last
+/// written (counts masked, [`without_counts`]), or `Counts` when only counts moved and they were due.
+/// `qc_status_writes_total{cause}` counts them, so a steady stream of writes names its source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WriteCause {
+    /// `observedGeneration`: the spec changed (or no status was written yet).
+    Generation,
+    /// A condition's status, reason or message (its numbers aside), or a condition came or went.
+    Conditions,
+    /// `replicas`, `desiredReplicas`, the selector or `lastScaleTime`.
+    Replicas,
+    /// `findings` of the rules.
+    Findings,
+    /// `status.queue` or `status.deadLetter`: a queue emptied or filled, or a field other than a count.
+    Queue,
+    /// `status.observed`: the workers' measurement (it has its own dead-band).
+    Observed,
+    /// `status.objective`: the dwell objective's verdict or settings.
+    Objective,
+    /// `status.managed` and the attribute changes of `manage`.
+    Managed,
+    /// Only counts moved, and those in status were older than the refresh ([`COUNTS_REFRESH`]).
+    Counts,
+}
+
+impl WriteCause {
+    /// The value of the metric's `cause` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Generation => "generation",
+            Self::Conditions => "conditions",
+            Self::Replicas => "replicas",
+            Self::Findings => "findings",
+            Self::Queue => "queue",
+            Self::Observed => "observed",
+            Self::Objective => "objective",
+            Self::Managed => "managed",
+            Self::Counts => "counts",
+        }
+    }
+}
+
+/// The first part that differs between two masked statuses, None when they are equal. A field added to
+/// the status and missed here is still written (as `Managed`, the last part compared), never held.
+fn news(old: &QueueConsumerStatus, fresh: &QueueConsumerStatus) -> Option<WriteCause> {
+    if old == fresh {
+        return None;
+    }
+    let parts = [
+        (
+            WriteCause::Generation,
+            old.observed_generation == fresh.observed_generation,
+        ),
+        (WriteCause::Conditions, old.conditions == fresh.conditions),
+        (
+            WriteCause::Replicas,
+            (
+                old.replicas,
+                old.desired_replicas,
+                &old.selector,
+                &old.last_scale_time,
+            ) == (
+                fresh.replicas,
+                fresh.desired_replicas,
+                &fresh.selector,
+                &fresh.last_scale_time,
+            ),
+        ),
+        (WriteCause::Findings, old.findings == fresh.findings),
+        (
+            WriteCause::Queue,
+            (&old.queue, &old.dead_letter) == (&fresh.queue, &fresh.dead_letter),
+        ),
+        (WriteCause::Observed, old.observed == fresh.observed),
+        (WriteCause::Objective, old.objective == fresh.objective),
+    ];
+    Some(
+        parts
+            .into_iter()
+            .find(|(_, same)| !same)
+            .map_or(WriteCause::Managed, |(cause, _)| cause),
+    )
 }
 
 /// A normalized status with each count replaced by its emptiness (0 stays 0, any other count is 1),
@@ -1576,20 +1661,38 @@ fn without_counts(s: &QueueConsumerStatus) -> QueueConsumerStatus {
     s
 }
 
-/// Each run of digits as `#`: "12 visible, 0 in flight, the oldest 2m5s old" reads "# visible, # in
-/// flight, the oldest #m#s old".
+/// Each number as `#`, a duration with its units included: "12 visible, 0 in flight, the oldest 2m5s old"
+/// reads "# visible, # in flight, the oldest # old". An age crossing a unit ("59s" to "1m0s") is no more
+/// news than one that does not.
 fn numbers_masked(message: &str) -> String {
+    let chars: Vec<char> = message.chars().collect();
     let mut out = String::with_capacity(message.len());
-    let mut in_number = false;
-    for ch in message.chars() {
-        if ch.is_ascii_digit() {
-            if !in_number {
-                out.push('#');
+    let mut i = 0;
+    while i < chars.len() {
+        if !chars[i].is_ascii_digit() {
+            out.push(chars[i]);
+            i += 1;
+            continue;
+        }
+        out.push('#');
+        loop {
+            while chars.get(i).is_some_and(char::is_ascii_digit) {
+                i += 1;
             }
-            in_number = true;
-        } else {
-            in_number = false;
-            out.push(ch);
+            // A unit (d, h, m, s, ms) right after the digits belongs to the number when a word does not
+            // go on after it: "1m10s", "500ms", "30s" but not "3 messages" or "10seconds".
+            let unit = chars[i..]
+                .iter()
+                .take_while(|c| matches!(c, 'd' | 'h' | 'm' | 's'))
+                .count();
+            let after = chars.get(i + unit);
+            if (1..=2).contains(&unit) && !after.is_some_and(|c| c.is_alphabetic()) {
+                i += unit;
+                if after.is_some_and(char::is_ascii_digit) {
+                    continue;
+                }
+            }
+            break;
         }
     }
     out

@@ -798,11 +798,19 @@ fn busy_counts_are_held_for_a_minute_then_written() {
     };
     assert_eq!(decide(Some(100), 130), StatusWrite::Hold);
     assert_eq!(decide(Some(100), 159), StatusWrite::Hold);
-    assert_eq!(decide(Some(100), 160), StatusWrite::Write, "a minute later");
-    assert_eq!(decide(None, 130), StatusWrite::Write, "not known when");
+    assert_eq!(
+        decide(Some(100), 160),
+        StatusWrite::Write(WriteCause::Counts),
+        "a minute later"
+    );
+    assert_eq!(
+        decide(None, 130),
+        StatusWrite::Write(WriteCause::Counts),
+        "not known when"
+    );
     assert_eq!(
         decide(Some(131), 130),
-        StatusWrite::Write,
+        StatusWrite::Write(WriteCause::Counts),
         "the clock went back"
     );
     // The same counts again (only their times move): nothing to write, however old.
@@ -815,41 +823,41 @@ fn busy_counts_are_held_for_a_minute_then_written() {
 
 #[test]
 fn what_readers_must_see_is_written_at_once() {
-    type Change = (&'static str, fn(&mut QueueConsumerStatus));
+    type Change = (&'static str, WriteCause, fn(&mut QueueConsumerStatus));
     let (_, written, fresh) = written_and_busier();
     let decide = |old: &QueueConsumerStatus, new: &QueueConsumerStatus| {
         status_write(old, new, Some(ms(100)), ms(110), COUNTS_REFRESH)
     };
     assert_eq!(decide(&written, &fresh), StatusWrite::Hold, "the baseline");
     let changes: [Change; 11] = [
-        ("the queue empties", |s| {
+        ("the queue empties", WriteCause::Queue, |s| {
             s.queue.as_mut().unwrap().visible = Some(0);
         }),
-        ("nothing left in flight", |s| {
+        ("nothing left in flight", WriteCause::Queue, |s| {
             s.queue.as_mut().unwrap().in_flight = Some(0);
         }),
-        ("the DLQ empties", |s| {
+        ("the DLQ empties", WriteCause::Queue, |s| {
             s.dead_letter.as_mut().unwrap().visible = Some(0);
         }),
-        ("a condition's status", |s| {
+        ("a condition's status", WriteCause::Conditions, |s| {
             s.conditions[0].status = "False".into();
         }),
-        ("a condition's reason", |s| {
+        ("a condition's reason", WriteCause::Conditions, |s| {
             s.conditions[0].reason = "Other".into();
         }),
-        ("a message's words", |s| {
+        ("a message's words", WriteCause::Conditions, |s| {
             s.conditions[0].message.push_str(", and more");
         }),
-        ("the desired replicas", |s| {
+        ("the desired replicas", WriteCause::Replicas, |s| {
             s.desired_replicas = Some(3);
         }),
-        ("the current replicas", |s| {
+        ("the current replicas", WriteCause::Replicas, |s| {
             s.replicas = Some(1);
         }),
-        ("observedGeneration", |s| {
+        ("observedGeneration", WriteCause::Generation, |s| {
             s.observed_generation = Some(5);
         }),
-        ("a finding", |s| {
+        ("a finding", WriteCause::Findings, |s| {
             s.findings.push(Finding {
                 code: "SomeRule".into(),
                 severity: Severity::Warning,
@@ -857,22 +865,30 @@ fn what_readers_must_see_is_written_at_once() {
                 recommendation: "r".into(),
             });
         }),
-        ("the visibility timeout", |s| {
+        ("the visibility timeout", WriteCause::Queue, |s| {
             s.queue.as_mut().unwrap().visibility_timeout =
                 Some(crate::api::Duration::from_secs(61));
         }),
     ];
-    for (what, change) in changes {
+    for (what, cause, change) in changes {
         let mut new = fresh.clone();
         change(&mut new);
-        assert_eq!(decide(&written, &new), StatusWrite::Write, "{what}");
+        assert_eq!(decide(&written, &new), StatusWrite::Write(cause), "{what}");
     }
+    // Two parts at once: the first in the order of WriteCause names the write.
+    let mut both = fresh.clone();
+    both.desired_replicas = Some(3);
+    both.conditions[0].status = "False".into();
+    assert_eq!(
+        decide(&written, &both),
+        StatusWrite::Write(WriteCause::Conditions)
+    );
     // And the other way: a queue that fills again.
     let mut empty = written.clone();
     empty.queue.as_mut().unwrap().visible = Some(0);
     assert_eq!(
         decide(&empty, &fresh),
-        StatusWrite::Write,
+        StatusWrite::Write(WriteCause::Queue),
         "the queue fills"
     );
 }
@@ -881,8 +897,21 @@ fn what_readers_must_see_is_written_at_once() {
 fn numbers_in_messages_are_masked() {
     assert_eq!(
         numbers_masked("12 visible (0 new), the oldest 2m05s old; 1.5/s"),
-        "# visible (# new), the oldest #m#s old; #.#/s"
+        "# visible (# new), the oldest # old; #.#/s"
     );
+    // An age is one number whatever its units, so crossing a minute or an hour is not news; a word
+    // after digits stays a word.
+    for age in ["30s", "59s", "1m0s", "1m10s", "2h", "1h0m5s", "500ms", "7"] {
+        assert_eq!(
+            numbers_masked(&format!("the oldest {age} old")),
+            "the oldest # old"
+        );
+    }
+    assert_eq!(
+        numbers_masked("3 messages, 10seconds, 2d"),
+        "# messages, #seconds, #"
+    );
+    assert_eq!(numbers_masked("s3 1mx"), "s# #mx");
     assert_eq!(numbers_masked("no numbers"), "no numbers");
 }
 
@@ -916,7 +945,7 @@ fn an_age_or_a_derived_number_going_to_zero_is_held() {
     new.queue.as_mut().unwrap().oldest_age_seconds = None;
     assert_eq!(
         status_write(&old, &new, Some(ms(100)), ms(110), COUNTS_REFRESH),
-        StatusWrite::Write
+        StatusWrite::Write(WriteCause::Queue)
     );
 }
 
@@ -929,7 +958,7 @@ fn a_held_write_keeps_transition_times_and_events() {
     let later = counted(&q, 1800, 7, 170);
     assert_eq!(
         status_write(&written, &later, Some(ms(100)), ms(170), COUNTS_REFRESH),
-        StatusWrite::Write
+        StatusWrite::Write(WriteCause::Counts)
     );
     assert!(transitions(&written.conditions, &later.conditions).is_empty());
     for c in &later.conditions {
@@ -1655,6 +1684,6 @@ fn objective_met_events_only_on_a_burn_and_its_end() {
             crate::scaling::Timestamp::from_millis(15_000),
             COUNTS_REFRESH
         ),
-        StatusWrite::Write
+        StatusWrite::Write(WriteCause::Conditions)
     );
 }
