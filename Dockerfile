@@ -1,11 +1,13 @@
 # syntax=docker/dockerfile:1
-# One small image with both binaries: qc-operator (the controller) and qc-worker (every worker pod).
+# One small image, one binary under two names: qc-operator (the controller) and qc-worker (every worker pod), a
+# symlink to it (qc-operator runs as the worker when started under that name; docs/image.md).
 # Static musl binaries on an empty base: no shell, no package manager, nothing in it but our code and CA roots.
 #
 # Build arguments (docs/image.md; scripts/image passes them):
 #   BUILD_IMAGE  the Rust toolchain image of the build stage (default: the official rust image below)
 #   BINARIES     the stage the final image takes its files from: `build` (compile here, the default) or
-#                `prebuilt` (static binaries, passwd, group and CA roots already made, in prebuilt/ of the context)
+#                `prebuilt` (bin/qc-operator, the bin/qc-worker symlink, passwd, group and CA roots already made, in
+#                prebuilt/ of the context)
 #   BASE_IMAGE   the final stage's base (default: scratch, which needs no registry)
 #   VERSION, REVISION, SOURCE   OCI labels
 
@@ -31,14 +33,15 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     target="$(cat /rust-target)" \
- && cargo build --release --locked --target "$target" --bin qc-operator --bin qc-worker \
- && mkdir -p /out \
- && cp "target/$target/release/qc-operator" "target/$target/release/qc-worker" /out/ \
+ && cargo build --release --locked --target "$target" --bin qc-operator \
+ && mkdir -p /out/bin \
+ && cp "target/$target/release/qc-operator" /out/bin/ \
+ && ln -s qc-operator /out/bin/qc-worker \
  && cp /etc/ssl/certs/ca-certificates.crt /out/ca-certificates.crt \
  && echo 'nonroot:x:65532:65532:nonroot:/nonexistent:/sbin/nologin' > /out/passwd \
  && echo 'nonroot:x:65532:' > /out/group
 
-# The same five files, made outside (scripts/image: a host build with the musl target). Only used with
+# The same files, made outside (scripts/image: a host build with the musl target). Only used with
 # --build-arg BINARIES=prebuilt; builders skip the stage otherwise.
 FROM scratch AS prebuilt
 COPY prebuilt/ /out/
@@ -58,8 +61,8 @@ LABEL org.opencontainers.image.title="queue-consumer-operator" \
 COPY --from=binaries /out/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
 COPY --from=binaries /out/passwd /etc/passwd
 COPY --from=binaries /out/group /etc/group
-COPY --from=binaries /out/qc-operator /usr/local/bin/qc-operator
-COPY --from=binaries /out/qc-worker /usr/local/bin/qc-worker
+# qc-operator and the qc-worker symlink to it (a directory's copy keeps the link).
+COPY --from=binaries /out/bin/ /usr/local/bin/
 # The TLS stack reads the system roots from here (there is no other trust store in the image).
 ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 # uid/gid 65532 ("nonroot"), numeric so runAsNonRoot can verify it without reading /etc/passwd.

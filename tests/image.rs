@@ -67,9 +67,10 @@ fn podman_ok(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// (a) Both binaries answer --version in a container with a read-only root, no capability at all and
-/// no-new-privileges, as the image's own user; the image holds the two binaries, CA roots, passwd and
-/// group, and nothing else (no shell, no C library); its OCI labels say what it is.
+/// (a) Both names answer --version in a container with a read-only root, no capability at all and
+/// no-new-privileges, as the image's own user; the image holds the binary (`qc-worker` a symlink to
+/// `qc-operator`: one file, docs/image.md), CA roots, passwd and group, and nothing else (no shell, no C
+/// library); its OCI labels say what it is.
 #[test]
 fn image_runs_read_only_without_capabilities_and_holds_only_its_files() {
     let Some(images) = images("image_runs_read_only_without_capabilities_and_holds_only_its_files")
@@ -176,6 +177,17 @@ fn image_runs_read_only_without_capabilities_and_holds_only_its_files() {
         ]
         .into(),
         "the image holds exactly the binaries, CA roots, passwd and group"
+    );
+    // qc-worker is the same file as qc-operator, so the image carries the code once.
+    let verbose = Command::new("tar").arg("-tvf").arg(&tar).output().unwrap();
+    let verbose = String::from_utf8_lossy(&verbose.stdout);
+    let worker = verbose
+        .lines()
+        .find(|l| l.contains("usr/local/bin/qc-worker"))
+        .expect("qc-worker in the image");
+    assert!(
+        worker.starts_with('l') && worker.ends_with("usr/local/bin/qc-worker -> qc-operator"),
+        "{worker}"
     );
 }
 

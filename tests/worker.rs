@@ -1361,6 +1361,60 @@ fn copy_self_to_installs_a_runnable_copy() {
     );
 }
 
+/// The image holds one binary under two names (docs/image.md): `qc-operator` started as `qc-worker`
+/// (a symlink, as in the image) is the worker, and its install step writes a copy that is the worker too
+/// under the name the exec layout gives it. Under its own name it stays the controller.
+#[test]
+fn the_operator_binary_started_as_qc_worker_is_the_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let operator = std::path::Path::new(env!("CARGO_BIN_EXE_qc-operator"));
+    let link = dir.path().join("qc-worker");
+    std::os::unix::fs::symlink(operator, &link).unwrap();
+    let run = |exe: &std::path::Path, args: &[&str]| {
+        let out = std::process::Command::new(exe).args(args).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let version = format!("qc-worker {}", env!("CARGO_PKG_VERSION"));
+    let (code, out, err) = run(&link, &["--version"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out.trim(), version);
+    // A worker's bad flag is refused by the worker's parser, naming it.
+    let flags = [
+        "--queue-url",
+        "http://127.0.0.1:1/1/q",
+        "--http-url",
+        "http://127.0.0.1:1/m",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--batch-size",
+        "12",
+    ];
+    let (code, _, err) = run(&link, &flags);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--batch-size"), "{err}");
+    let (code, out, err) = run(operator, &["--version"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        out.trim(),
+        format!("qc-operator {}", env!("CARGO_PKG_VERSION"))
+    );
+    // The install step copies the file the link points to, not the link.
+    let installed = dir.path().join("bin").join("qc-worker");
+    std::fs::create_dir(dir.path().join("bin")).unwrap();
+    let (code, _, err) = run(&link, &["--copy-self-to", installed.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{err}");
+    let meta = std::fs::symlink_metadata(&installed).unwrap();
+    assert!(meta.file_type().is_file());
+    assert_eq!(meta.len(), std::fs::metadata(operator).unwrap().len());
+    let (code, out, err) = run(&installed, &["--version"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out.trim(), version);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_store_over_tls_dedups_and_an_untrusted_certificate_keeps_the_worker_unready() {
     let redis = TlsRedis::start();

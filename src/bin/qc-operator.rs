@@ -426,7 +426,25 @@ struct CheckArgs {
     output: Output,
 }
 
+/// The worker's allocator ([`qc::worker::cli`] runs in this process when it is started as `qc-worker`):
+/// mimalloc, for the controller too, so one binary serves both.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Whether this process was started under the worker's name: the image holds one binary under both
+/// names (`/usr/local/bin/qc-worker` links to `qc-operator`), and the exec layout's copy is named
+/// `qc-worker` too.
+fn started_as_worker(argv0: Option<&std::ffi::OsStr>) -> bool {
+    argv0
+        .and_then(|a| Path::new(a).file_name())
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("qc-worker"))
+}
+
 fn main() -> ExitCode {
+    if started_as_worker(std::env::args_os().next().as_deref()) {
+        return qc::worker::cli::main();
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Crd => match qc::api::crd_yaml() {

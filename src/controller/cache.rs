@@ -20,8 +20,9 @@ use crate::api::QueueConsumer;
 pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// Trims a QueueConsumer as the watch delivers it, before it enters the cache (see the module's text).
-/// A `managedFields` entry is kept, with its manager and its `f:status.f:conditions` only, when it owns
-/// status conditions; other entries are dropped.
+/// A `managedFields` entry is kept, with its manager and the keys of its `f:status.f:conditions` only
+/// (which condition types it owns, not the fields of each), when it owns status conditions; other
+/// entries are dropped.
 pub fn trim(qc: &mut QueueConsumer) {
     let meta = qc.meta_mut();
     if let Some(annotations) = meta.annotations.as_mut() {
@@ -29,12 +30,18 @@ pub fn trim(qc: &mut QueueConsumer) {
     }
     if let Some(entries) = meta.managed_fields.as_mut() {
         entries.retain_mut(|entry| {
-            let conditions = entry
+            let conditions: Option<serde_json::Map<String, serde_json::Value>> = entry
                 .fields_v1
                 .as_ref()
                 .and_then(|f| f.0.get("f:status"))
                 .and_then(|s| s.get("f:conditions"))
-                .cloned();
+                .and_then(serde_json::Value::as_object)
+                .map(|owned| {
+                    owned
+                        .keys()
+                        .map(|k| (k.clone(), serde_json::Value::Object(serde_json::Map::new())))
+                        .collect()
+                });
             let Some(conditions) = conditions else {
                 return false;
             };
@@ -132,7 +139,7 @@ mod tests {
         assert_eq!(ours.subresource.as_deref(), Some("status"));
         assert_eq!(
             ours.fields_v1.as_ref().unwrap().0,
-            json!({"f:status": {"f:conditions": {"k:{\"type\":\"Ready\"}": {".": {}, "f:status": {}}}}})
+            json!({"f:status": {"f:conditions": {"k:{\"type\":\"Ready\"}": {}}}})
         );
         // The one reader of managedFields answers the same before and after.
         assert_eq!(

@@ -3,6 +3,7 @@
 
 pub mod batcher;
 pub mod breaker;
+pub mod cli;
 pub mod core;
 pub mod dead_letter;
 pub mod dispatch;
