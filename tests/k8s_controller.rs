@@ -564,7 +564,7 @@ async fn run_watches_the_real_server_requeues_and_only_the_leader_writes_status(
     let ctxs: HashMap<&str, Arc<Context>> =
         replicas.iter().map(|(id, r)| (*id, r.0.clone())).collect();
     let reconciles = |id: &str| ctxs[id].metrics.reconciles.load(Ordering::SeqCst);
-    let status_writes = |id: &str| ctxs[id].metrics.status_writes.load(Ordering::SeqCst);
+    let status_writes = |id: &str| ctxs[id].metrics.status_writes();
     let first = reconciles(&leader);
     eventually("a requeued reconcile", || async {
         reconciles(&leader) > first
