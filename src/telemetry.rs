@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{BodyExt as _, Full, StreamBody, combinators::UnsyncBoxBody};
+use hyper::body::Frame;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use tokio::net::TcpListener;
@@ -160,12 +161,18 @@ impl Exposition {
         Self::default()
     }
 
+    /// A gauge family's HELP and TYPE lines, for samples written one by one ([`Exposition::sample`]).
+    pub fn gauge_header(&mut self, name: &str, help: &str) {
+        self.header(name, help, "gauge");
+    }
+
     fn header(&mut self, name: &str, help: &str, kind: &str) {
         let _ = writeln!(self.out, "# HELP {name} {help}");
         let _ = writeln!(self.out, "# TYPE {name} {kind}");
     }
 
-    fn sample(&mut self, name: &str, labels: Labels<'_>, value: impl std::fmt::Display) {
+    /// One sample line.
+    pub fn sample(&mut self, name: &str, labels: Labels<'_>, value: impl std::fmt::Display) {
         self.out.push_str(name);
         if !labels.is_empty() {
             self.out.push('{');
@@ -244,9 +251,35 @@ fn escape_label(v: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// What the probe server asks its owner.
+/// What `/metrics` answers: `head` at once, then each part of `rest`, rendered only when the client has
+/// taken the one before. A controller with thousands of QueueConsumers exposes tens of megabytes of
+/// per-consumer series; rendered whole, each scrape would hold all of it (and the map it came from) in
+/// memory at once.
+pub struct MetricsBody {
+    pub head: String,
+    pub rest: Option<Box<dyn Iterator<Item = String> + Send>>,
+}
+
+impl From<String> for MetricsBody {
+    fn from(head: String) -> Self {
+        MetricsBody { head, rest: None }
+    }
+}
+
+impl MetricsBody {
+    /// The whole text at once (tests, and callers that need it as one string).
+    pub fn text(self) -> String {
+        let mut out = self.head;
+        for part in self.rest.into_iter().flatten() {
+            out.push_str(&part);
+        }
+        out
+    }
+}
+
 pub trait Probes: Send + Sync + 'static {
     /// Prometheus text for `/metrics`.
-    fn metrics(&self) -> String;
+    fn metrics(&self) -> MetricsBody;
     /// `/healthz`: Ok while the process is able to do its job; Err(reason) to be restarted.
     fn live(&self) -> Result<(), String>;
     /// `/readyz`: Ok when serving; Err(reason) otherwise.
@@ -299,13 +332,31 @@ pub async fn serve_probes(
     }
 }
 
-fn route(probes: &dyn Probes, path: &str) -> Response<Full<Bytes>> {
+type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+fn route(probes: &dyn Probes, path: &str) -> Response<Body> {
     let (status, content_type, body) = match path {
-        "/metrics" => (
-            StatusCode::OK,
-            "text/plain; version=0.0.4; charset=utf-8",
-            probes.metrics(),
-        ),
+        "/metrics" => {
+            let MetricsBody { head, rest } = probes.metrics();
+            let body = match rest {
+                None => Full::new(Bytes::from(head)).boxed_unsync(),
+                // Each part is rendered when hyper polls for more, i.e. once the previous one is
+                // written out: memory holds a part, not the exposition. Empty parts are skipped (an
+                // empty chunk would read as the end of a chunked body).
+                Some(rest) => StreamBody::new(futures::stream::iter(
+                    std::iter::once(head)
+                        .chain(rest)
+                        .filter(|part| !part.is_empty())
+                        .map(|part| Ok::<_, Infallible>(Frame::data(Bytes::from(part)))),
+                ))
+                .boxed_unsync(),
+            };
+            return with_content_type(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                body,
+            );
+        }
         "/healthz" => probe(probes.live()),
         "/readyz" => probe(probes.ready()),
         _ => (
@@ -314,7 +365,15 @@ fn route(probes: &dyn Probes, path: &str) -> Response<Full<Bytes>> {
             "not found: try /metrics, /healthz or /readyz\n".to_string(),
         ),
     };
-    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    with_content_type(
+        status,
+        content_type,
+        Full::new(Bytes::from(body)).boxed_unsync(),
+    )
+}
+
+fn with_content_type(status: StatusCode, content_type: &str, body: Body) -> Response<Body> {
+    let mut resp = Response::new(body);
     *resp.status_mut() = status;
     if let Ok(v) = hyper::header::HeaderValue::from_str(content_type) {
         resp.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
@@ -337,6 +396,102 @@ fn probe(result: Result<(), String>) -> (StatusCode, &'static str, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `/metrics` of many parts, counting the parts rendered.
+    struct Parts {
+        rendered: Arc<AtomicU64>,
+        count: u64,
+        size: usize,
+    }
+
+    impl Probes for Parts {
+        fn metrics(&self) -> MetricsBody {
+            let rendered = self.rendered.clone();
+            let (count, size) = (self.count, self.size);
+            MetricsBody {
+                head: "# head\n".into(),
+                rest: Some(Box::new((0..count).map(move |i| {
+                    rendered.fetch_add(1, Ordering::SeqCst);
+                    let mut part = format!("part_{i} ");
+                    part.push_str(&"x".repeat(size - part.len() - 1));
+                    part.push('\n');
+                    part
+                }))),
+            }
+        }
+        fn live(&self) -> Result<(), String> {
+            Ok(())
+        }
+        fn ready(&self) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    /// The parts of `/metrics` are rendered as the client reads them: a client that reads nothing
+    /// holds back all but the few parts the socket's buffers take, and one that reads gets every part,
+    /// in order, whole.
+    #[tokio::test]
+    async fn metrics_parts_are_rendered_as_the_client_reads() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let (count, size) = (1000u64, 64 * 1024);
+        let rendered = Arc::new(AtomicU64::new(0));
+        let listener = bind_probes("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let probes = Arc::new(Parts {
+            rendered: rendered.clone(),
+            count,
+            size,
+        });
+        tokio::spawn(serve_probes(listener, probes, std::future::pending()));
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        conn.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        // Not reading: the server renders until the socket's buffers are full, and then waits.
+        let mut last = u64::MAX;
+        loop {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            let now = rendered.load(Ordering::SeqCst);
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+        assert!(
+            last < count / 2,
+            "{last} of {count} parts rendered before the client read any"
+        );
+        let mut raw = Vec::new();
+        conn.read_to_end(&mut raw).await.unwrap();
+        let raw = String::from_utf8(raw).unwrap();
+        let (head, mut body) = raw.split_once("\r\n\r\n").unwrap();
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("transfer-encoding: chunked"),
+            "{head}"
+        );
+        let mut text = String::new();
+        loop {
+            let (len, rest) = body.split_once("\r\n").unwrap();
+            let len = usize::from_str_radix(len, 16).unwrap();
+            if len == 0 {
+                break;
+            }
+            text.push_str(&rest[..len]);
+            body = &rest[len + 2..];
+        }
+        assert_eq!(rendered.load(Ordering::SeqCst), count);
+        assert_eq!(text.len(), "# head\n".len() + count as usize * size);
+        let parts: Vec<&str> = text.lines().skip(1).collect();
+        assert_eq!(parts.len(), count as usize);
+        for (i, part) in parts.iter().enumerate() {
+            assert!(
+                part.starts_with(&format!("part_{i} ")),
+                "part {i}: {}",
+                &part[..20]
+            );
+        }
+    }
 
     #[test]
     fn histogram_renders_cumulative_buckets() {

@@ -11,8 +11,12 @@
 //! server-side applies it builds itself (status, finalizers, the redrive annotation), never by
 //! replacing a cached object.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1;
+use std::collections::BTreeSet;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
 use kube::Resource;
+
+use super::apply::FIELD_MANAGER;
 
 use crate::api::QueueConsumer;
 
@@ -20,40 +24,58 @@ use crate::api::QueueConsumer;
 pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// Trims a QueueConsumer as the watch delivers it, before it enters the cache (see the module's text).
-/// A `managedFields` entry is kept, with its manager and the keys of its `f:status.f:conditions` only
-/// (which condition types it owns, not the fields of each), when it owns status conditions; other
-/// entries are dropped.
+/// Of `managedFields`, what stays is what [`super::status::foreign_condition_types`] answers from: for
+/// each other manager owning status conditions, an entry with its manager and the keys of the conditions
+/// it owns and the controller does not. The controller's own entry goes: it only ever cancelled out
+/// types another manager owned as well, and those keys are dropped instead. So a QueueConsumer whose
+/// conditions are all the controller's keeps no `managedFields` at all.
 pub fn trim(qc: &mut QueueConsumer) {
     let meta = qc.meta_mut();
     if let Some(annotations) = meta.annotations.as_mut() {
         annotations.remove(LAST_APPLIED);
     }
-    if let Some(entries) = meta.managed_fields.as_mut() {
-        entries.retain_mut(|entry| {
-            let conditions: Option<serde_json::Map<String, serde_json::Value>> = entry
-                .fields_v1
-                .as_ref()
-                .and_then(|f| f.0.get("f:status"))
-                .and_then(|s| s.get("f:conditions"))
-                .and_then(serde_json::Value::as_object)
-                .map(|owned| {
-                    owned
-                        .keys()
-                        .map(|k| (k.clone(), serde_json::Value::Object(serde_json::Map::new())))
-                        .collect()
-                });
-            let Some(conditions) = conditions else {
-                return false;
-            };
-            entry.fields_v1 = Some(FieldsV1(serde_json::json!({
-                "f:status": { "f:conditions": conditions }
-            })));
-            entry.time = None;
-            entry.api_version = None;
-            entry.fields_type = None;
-            true
-        });
-    }
+    let Some(mut entries) = meta.managed_fields.take() else {
+        return;
+    };
+    let condition_keys = |entry: &ManagedFieldsEntry| -> Vec<String> {
+        entry
+            .fields_v1
+            .as_ref()
+            .and_then(|f| f.0.get("f:status"))
+            .and_then(|s| s.get("f:conditions"))
+            .and_then(serde_json::Value::as_object)
+            .map(|owned| owned.keys().cloned().collect())
+            .unwrap_or_default()
+    };
+    let ours: BTreeSet<String> = entries
+        .iter()
+        .filter(|e| e.manager.as_deref() == Some(FIELD_MANAGER))
+        .flat_map(condition_keys)
+        .collect();
+    entries.retain_mut(|entry| {
+        if entry.manager.as_deref() == Some(FIELD_MANAGER) {
+            return false;
+        }
+        let theirs: serde_json::Map<String, serde_json::Value> = condition_keys(entry)
+            .into_iter()
+            .filter(|k| !ours.contains(k))
+            .map(|k| (k, serde_json::Value::Object(serde_json::Map::new())))
+            .collect();
+        if theirs.is_empty() {
+            return false;
+        }
+        *entry = ManagedFieldsEntry {
+            manager: entry.manager.take(),
+            operation: entry.operation.take(),
+            subresource: entry.subresource.take(),
+            fields_v1: Some(FieldsV1(serde_json::json!({
+                "f:status": { "f:conditions": theirs }
+            }))),
+            ..ManagedFieldsEntry::default()
+        };
+        true
+    });
+    meta.managed_fields = (!entries.is_empty()).then_some(entries);
 }
 
 #[cfg(test)]
@@ -134,12 +156,12 @@ mod tests {
             .flatten()
             .map(|e| e.manager.clone().unwrap_or_default())
             .collect();
-        assert_eq!(managers, ["qc-operator", "team-tool"]);
-        let ours = &after.metadata.managed_fields.as_ref().unwrap()[0];
-        assert_eq!(ours.subresource.as_deref(), Some("status"));
+        assert_eq!(managers, ["team-tool"]);
+        let theirs = &after.metadata.managed_fields.as_ref().unwrap()[0];
+        assert_eq!(theirs.subresource.as_deref(), Some("status"));
         assert_eq!(
-            ours.fields_v1.as_ref().unwrap().0,
-            json!({"f:status": {"f:conditions": {"k:{\"type\":\"Ready\"}": {}}}})
+            theirs.fields_v1.as_ref().unwrap().0,
+            json!({"f:status": {"f:conditions": {"k:{\"type\":\"Audited\"}": {}}}})
         );
         // The one reader of managedFields answers the same before and after.
         assert_eq!(
@@ -155,6 +177,42 @@ mod tests {
         assert_eq!(after.spec, before.spec);
         assert!(
             serde_json::to_vec(&after).unwrap().len() < serde_json::to_vec(&before).unwrap().len()
+        );
+    }
+
+    /// A type another manager owns as well stays the controller's: trimmed, the other manager's entry
+    /// loses it, and with nothing else of theirs the entry goes; the answer is the same as before.
+    #[test]
+    fn conditions_the_controller_owns_too_are_not_foreign_after_the_trim() {
+        let mut before = consumer();
+        let entries = before.metadata.managed_fields.as_mut().unwrap();
+        entries[2].fields_v1 = Some(FieldsV1(json!({"f:status": {"f:conditions": {
+            "k:{\"type\":\"Ready\"}": {".": {}, "f:status": {}}
+        }}})));
+        let mut after = before.clone();
+        trim(&mut after);
+        assert_eq!(after.metadata.managed_fields, None);
+        assert!(foreign_condition_types(&before.metadata, "qc-operator").is_empty());
+        assert!(foreign_condition_types(&after.metadata, "qc-operator").is_empty());
+        // Both owning Ready and the other also Audited: Audited alone stays, as theirs.
+        let mut both = consumer();
+        both.metadata.managed_fields.as_mut().unwrap()[2].fields_v1 =
+            Some(FieldsV1(json!({"f:status": {"f:conditions": {
+                "k:{\"type\":\"Ready\"}": {}, "k:{\"type\":\"Audited\"}": {}
+            }}})));
+        let mut trimmed = both.clone();
+        trim(&mut trimmed);
+        assert_eq!(
+            trimmed.metadata.managed_fields.as_ref().unwrap()[0]
+                .fields_v1
+                .as_ref()
+                .unwrap()
+                .0,
+            json!({"f:status": {"f:conditions": {"k:{\"type\":\"Audited\"}": {}}}})
+        );
+        assert_eq!(
+            foreign_condition_types(&trimmed.metadata, "qc-operator"),
+            foreign_condition_types(&both.metadata, "qc-operator")
         );
     }
 

@@ -71,6 +71,12 @@ impl Metrics {
 
     /// Adds these families to `e`.
     pub fn render_into(&self, e: &mut Exposition) {
+        self.render_totals(e);
+        self.consumers.render(e);
+    }
+
+    /// The process-wide families: all but the per-QueueConsumer series.
+    pub fn render_totals(&self, e: &mut Exposition) {
         let count = |c: &AtomicU64| c.load(Ordering::Relaxed);
         e.counter(
             "qc_reconciles_total",
@@ -130,7 +136,6 @@ impl Metrics {
             "cause",
             &causes,
         );
-        self.consumers.render(e);
     }
 }
 

@@ -224,7 +224,9 @@ impl Context {
             .map(|q| ConsumerKey::of(&q))
             .collect();
         crate::sync::lock(&self.status_written).retain(|k, _| live.contains(k));
-        crate::sync::lock(&self.status_sent).retain(|k, _| live.contains(k));
+        let mut sent = crate::sync::lock(&self.status_sent);
+        sent.retain(|k, _| live.contains(k));
+        shrink_sparse(&mut sent);
     }
 
     /// The status as this process last wrote it, when the watch cache's `qc` does not show that write
@@ -244,19 +246,30 @@ impl Context {
             .as_deref()
             .and_then(|rv| rv.parse::<u64>().ok());
         match cached {
-            Some(cached) if cached < entry.resource_version => Some(entry.status.clone()),
+            Some(cached) if cached < entry.resource_version => Some((*entry.status).clone()),
             _ => {
                 sent.remove(&key);
+                shrink_sparse(&mut sent);
                 None
             }
         }
     }
 }
 
-/// A status write of this process and the resourceVersion it left.
+/// A status write of this process and the resourceVersion it left. Boxed: the map holds an entry for
+/// every QueueConsumer whose write the watch has not shown yet, which after a catch-up was all of
+/// them, and a status held inline made each of the table's slots over a kilobyte (20 MB at 10,000).
 struct SentStatus {
     resource_version: u64,
-    status: QueueConsumerStatus,
+    status: Box<QueueConsumerStatus>,
+}
+
+/// Gives back the memory of a map that has emptied out: a hash table never shrinks by itself, so one
+/// sized by a catch-up's burst would stay that size.
+fn shrink_sparse<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
+    if map.capacity() > 64 && map.len() * 4 < map.capacity() {
+        map.shrink_to(map.len() * 2);
+    }
 }
 
 /// namespace/name, for log lines.
@@ -699,7 +712,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
                         key.clone(),
                         SentStatus {
                             resource_version: rv,
-                            status: new_status.clone(),
+                            status: Box::new(new_status.clone()),
                         },
                     );
                 }
@@ -1130,4 +1143,23 @@ async fn step_failed(ctx: &Context, qc: &QueueConsumer, e: &Error) {
     ctx.metrics.error(e.reason());
     tracing::warn!(queueconsumer = %name_of(qc), error = %e, "reconcile step failed");
     ctx.event(qc, true, e.reason(), e.to_string()).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The map of statuses not yet seen in the watch cache fills for every QueueConsumer in a
+    /// catch-up and then empties: its table must give the memory back as it does.
+    #[test]
+    fn a_map_that_empties_out_gives_its_table_back() {
+        let mut m: HashMap<String, u64> = (0..10_000).map(|i| (i.to_string(), i)).collect();
+        let full = m.capacity();
+        for i in 0..9_990u64 {
+            m.remove(&i.to_string());
+            shrink_sparse(&mut m);
+        }
+        assert_eq!(m.len(), 10);
+        assert!(m.capacity() < 64 * 2, "capacity {} of {full}", m.capacity());
+    }
 }

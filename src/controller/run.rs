@@ -350,8 +350,8 @@ struct ControllerProbes {
 }
 
 impl Probes for ControllerProbes {
-    fn metrics(&self) -> String {
-        metrics_text(&self.ctx, &self.health)
+    fn metrics(&self) -> crate::telemetry::MetricsBody {
+        metrics_body(&self.ctx, &self.health)
     }
 
     fn live(&self) -> Result<(), String> {
@@ -389,18 +389,35 @@ pub fn render_process_state(e: &mut Exposition, leading: bool, (running, waiting
     crate::process_metrics::render_into(e);
 }
 
-/// The controller's exposition: its counters, per-QueueConsumer series (of consumers that still exist),
-/// the AWS gates and whether it leads.
-pub fn metrics_text(ctx: &Context, health: &Health) -> String {
+/// Consumers whose series one part of `/metrics` carries: at ~100 bytes a sample, a part of a
+/// family is some tens of kilobytes.
+const SERIES_PART: usize = 256;
+
+/// The controller's exposition: its counters, the AWS gates and whether it leads, at once; then the
+/// per-QueueConsumer series (of consumers that still exist), family by family in parts of
+/// [`SERIES_PART`] consumers, each rendered as the client reads.
+pub fn metrics_body(ctx: &Arc<Context>, health: &Health) -> crate::telemetry::MetricsBody {
     ctx.forget_deleted_consumers();
     let mut e = Exposition::new();
-    ctx.metrics.render_into(&mut e);
+    ctx.metrics.render_totals(&mut e);
     render_process_state(
         &mut e,
         health.leading.load(Ordering::Relaxed),
         ctx.reconcile_slots.load(),
     );
-    let mut out = e.finish();
-    out.push_str(&ctx.aws.metrics());
-    out
+    let mut head = e.finish();
+    head.push_str(&ctx.aws.metrics());
+    let ctx = ctx.clone();
+    let mut cursor = super::series::Cursor::default();
+    let rest = std::iter::from_fn(move || {
+        let mut e = Exposition::new();
+        ctx.metrics
+            .consumers
+            .render_part(&mut e, &mut cursor, SERIES_PART)
+            .then(|| e.finish())
+    });
+    crate::telemetry::MetricsBody {
+        head,
+        rest: Some(Box::new(rest)),
+    }
 }

@@ -162,42 +162,70 @@ impl Consumers {
         self.lock().retain(|(ns, name), s| exists(ns, name, &s.uid));
     }
 
+    /// Every family at once (tests; `/metrics` renders them in parts, [`Consumers::render_part`]).
     pub fn render(&self, e: &mut Exposition) {
-        let entries = self.lock().clone();
-        for (i, (name, help)) in GAUGES.iter().enumerate() {
-            let samples: Vec<([(&str, &str); 2], f64)> = entries
-                .iter()
-                .filter_map(|((ns, qc), s)| {
-                    let v = s.values.get(i).copied().flatten()?;
-                    Some((
-                        [("namespace", ns.as_str()), ("queueconsumer", qc.as_str())],
-                        v,
-                    ))
-                })
-                .collect();
-            let refs: Vec<(&[(&str, &str)], f64)> =
-                samples.iter().map(|(l, v)| (&l[..], *v)).collect();
-            e.gauge_f64(name, help, &refs);
+        let mut cursor = Cursor::default();
+        while self.render_part(e, &mut cursor, usize::MAX) {}
+    }
+
+    /// Renders the samples of at most `max` consumers of the family `cursor` is at (its HELP and TYPE
+    /// first, when the family begins), and moves the cursor past them; false once every family is out.
+    /// The lock is held for one part only, so reconciles are not held up by a scrape; a consumer
+    /// created or deleted between two parts is then in some families of that scrape and not others.
+    pub fn render_part(&self, e: &mut Exposition, cursor: &mut Cursor, max: usize) -> bool {
+        use std::ops::Bound;
+        let Some((name, help)) = GAUGES
+            .get(cursor.family)
+            .copied()
+            .or((cursor.family == GAUGES.len()).then_some(CONDITION))
+        else {
+            return false;
+        };
+        if cursor.after.is_none() {
+            e.gauge_header(name, help);
         }
-        let labels: Vec<([(&str, &str); 4], i64)> = entries
-            .iter()
-            .flat_map(|((ns, qc), s)| {
-                s.conditions.iter().map(move |(t, st)| {
-                    (
-                        [
-                            ("namespace", ns.as_str()),
-                            ("queueconsumer", qc.as_str()),
-                            ("type", t.as_str()),
-                            ("status", st.as_str()),
+        let entries = self.lock();
+        let from = match cursor.after.take() {
+            Some(key) => Bound::Excluded(key),
+            None => Bound::Unbounded,
+        };
+        let mut taken = 0;
+        let mut last = None;
+        for ((ns, qc), s) in entries.range((from, Bound::Unbounded)).take(max) {
+            taken += 1;
+            last = Some((ns, qc));
+            if cursor.family < GAUGES.len() {
+                if let Some(v) = s.values.get(cursor.family).copied().flatten() {
+                    e.sample(name, &[("namespace", ns), ("queueconsumer", qc)], v);
+                }
+            } else {
+                for (t, st) in &s.conditions {
+                    e.sample(
+                        name,
+                        &[
+                            ("namespace", ns),
+                            ("queueconsumer", qc),
+                            ("type", t),
+                            ("status", st),
                         ],
                         1,
-                    )
-                })
-            })
-            .collect();
-        let refs: Vec<(&[(&str, &str)], i64)> = labels.iter().map(|(l, v)| (&l[..], *v)).collect();
-        e.gauge(CONDITION.0, CONDITION.1, &refs);
+                    );
+                }
+            }
+        }
+        match last {
+            Some((ns, qc)) if taken == max => cursor.after = Some((ns.clone(), qc.clone())),
+            _ => cursor.family += 1,
+        }
+        true
     }
+}
+
+/// Where a rendering of [`Consumers`] in parts stands: the family, and the last consumer rendered in it.
+#[derive(Debug, Default)]
+pub struct Cursor {
+    family: usize,
+    after: Option<(String, String)>,
 }
 
 #[cfg(test)]
@@ -241,5 +269,70 @@ mod tests {
         let mut e = Exposition::new();
         c.render(&mut e);
         assert!(!e.finish().contains("queueconsumer=\"orders\""));
+    }
+
+    /// `/metrics` renders the series in parts of a few consumers: the parts joined are the exposition
+    /// rendered at once, every family whole and once, and no part holds more consumers than asked.
+    #[test]
+    fn series_rendered_in_parts_are_the_series_rendered_at_once() {
+        let spec: QueueConsumerSpec = serde_json::from_value(serde_json::json!({
+            "queue": {"url": "https://sqs.us-east-1.amazonaws.com/1/q"},
+            "processing": {"p99": "2s"}, "handler": {"http": {}}
+        }))
+        .unwrap();
+        let c = Consumers::default();
+        for i in 0..7 {
+            let status: QueueConsumerStatus = serde_json::from_value(serde_json::json!({
+                "queue": {"visible": i},
+                "replicas": i,
+                "conditions": [
+                    {"type": "Ready", "status": "True", "reason": "X", "message": "",
+                     "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                    {"type": "QueueReachable", "status": "False", "reason": "X", "message": "",
+                     "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+            }))
+            .unwrap();
+            c.set(
+                &format!("ns{}", i % 2),
+                &format!("qc{i}"),
+                Series::from_status("u", &spec, &status),
+            );
+        }
+        let mut whole = Exposition::new();
+        c.render(&mut whole);
+        let whole = whole.finish();
+        for max in [1, 2, 3, 7, 8] {
+            let mut cursor = Cursor::default();
+            let mut parts = Vec::new();
+            loop {
+                let mut e = Exposition::new();
+                if !c.render_part(&mut e, &mut cursor, max) {
+                    break;
+                }
+                parts.push(e.finish());
+            }
+            assert_eq!(parts.concat(), whole, "parts of {max}");
+            for part in &parts {
+                let consumers: std::collections::BTreeSet<&str> = part
+                    .lines()
+                    .filter_map(|l| l.split("queueconsumer=\"").nth(1))
+                    .filter_map(|rest| rest.split('"').next())
+                    .collect();
+                assert!(
+                    consumers.len() <= max,
+                    "{} consumers in a part of {max}: {part}",
+                    consumers.len()
+                );
+            }
+        }
+        for (name, _) in GAUGES.iter().chain([&CONDITION]) {
+            assert_eq!(
+                whole.matches(&format!("# TYPE {name} gauge\n")).count(),
+                1,
+                "{name}"
+            );
+        }
+        assert_eq!(whole.matches("qc_condition{").count(), 14);
+        assert_eq!(whole.matches("qc_queue_messages_visible{").count(), 7);
     }
 }

@@ -569,8 +569,8 @@ impl Metrics {
 }
 
 impl Probes for Metrics {
-    fn metrics(&self) -> String {
-        self.render()
+    fn metrics(&self) -> crate::telemetry::MetricsBody {
+        self.render().into()
     }
     fn live(&self) -> Result<(), String> {
         Ok(())
