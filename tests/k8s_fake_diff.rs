@@ -726,6 +726,34 @@ async fn controller_verbs(client: kube::Client, ns: &str, real: bool) -> Vec<(St
     out.push(("create an Event".into(), result_of(r, event_view)));
     let r = events.create(&create, &event).await;
     out.push(("create the same Event".into(), result_of(r, event_view)));
+    // A repeat folded into it, as `Context::event` patches it; and the patch of an Event that is gone.
+    let series = qc::controller::events::series_patch(2, "2026-12-06T10:00:15Z".parse().unwrap());
+    let fold = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    let r = events
+        .patch("orders.1", &fold, &Patch::Merge(&series))
+        .await;
+    out.push((
+        "fold a repeat into the Event's series".into(),
+        result_of(r, |e: &Event| {
+            let mut v = event_view(e);
+            v["series"] = json!(
+                e.series
+                    .as_ref()
+                    .map(|s| (s.count, s.last_observed_time.0.to_string()))
+            );
+            v
+        }),
+    ));
+    let r = events
+        .patch("orders.gone", &fold, &Patch::Merge(&series))
+        .await;
+    out.push((
+        "fold into an Event that is gone".into(),
+        result_of(r, event_view),
+    ));
 
     // 7. Garbage collection. A finalizer holds the QueueConsumer, and with it its Deployment; once it goes
     // the Deployment goes too (background).
@@ -827,4 +855,17 @@ async fn the_fake_answers_the_controllers_other_verbs_as_a_real_control_plane_do
     );
     cluster.delete_namespace(&ns).await;
     assert_same(&on_fake, &on_real);
+    // What the controller relies on, on the real server: a repeat's patch is taken and counted, and
+    // the patch of an Event that is gone is a 404 (the controller then makes a new Event).
+    let step = |name: &str| &on_real.iter().find(|(s, _)| s == name).unwrap().1;
+    assert_eq!(
+        step("fold a repeat into the Event's series")["series"],
+        json!([2, "2026-12-06T10:00:15Z"]),
+        "{on_real:?}"
+    );
+    assert_eq!(
+        step("fold into an Event that is gone")["code"],
+        json!(404),
+        "{on_real:?}"
+    );
 }

@@ -41,7 +41,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::json;
 
@@ -82,7 +82,8 @@ pub struct Context {
     /// Which namespaces may name which queues, accounts and roles (everything, unless the operator
     /// sets rules).
     pub tenancy: TenancyPolicy,
-    pub recorder: Recorder,
+    /// Repeats of an Event folded into its series (`events::Folding`).
+    pub folding: events::Folding,
     reporter: Reporter,
     pub metrics: Metrics,
     backoff: backoff::Backoff,
@@ -126,7 +127,6 @@ impl Context {
             controller: FIELD_MANAGER.into(),
             instance,
         };
-        let recorder = Recorder::new(client.clone(), reporter.clone());
         Context {
             client,
             aws,
@@ -137,7 +137,7 @@ impl Context {
             render,
             endpoints: AllowedEndpoints::aws_only(),
             tenancy: TenancyPolicy::allow_all(),
-            recorder,
+            folding: events::Folding::default(),
             reporter,
             metrics: Metrics::default(),
             backoff: backoff::Backoff::default(),
@@ -266,7 +266,7 @@ struct SentStatus {
 
 /// Gives back the memory of a map that has emptied out: a hash table never shrinks by itself, so one
 /// sized by a catch-up's burst would stay that size.
-fn shrink_sparse<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
+pub(crate) fn shrink_sparse<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
     if map.capacity() > 64 && map.len() * 4 < map.capacity() {
         map.shrink_to(map.len() * 2);
     }
