@@ -499,6 +499,56 @@ async fn dead_letter_messages_flip_health_and_back() {
     assert_eq!(dlq_events, 2, "one Event per transition");
 }
 
+/// Repeats of an Event within its fold window go into the first one's series (a patch of its count),
+/// not a new Event each; the fake keeps one Event with the count.
+#[tokio::test]
+async fn repeated_events_fold_into_the_first_ones_series() {
+    let e = env().await;
+    e.fake
+        .create(QUEUE_CONSUMERS, qc_manifest("orders", &e.url, false));
+    e.reconcile("orders").await.unwrap();
+    let mut writes = Vec::new();
+    for concurrency in [2, 3, 4] {
+        e.fake.update(QUEUE_CONSUMERS, NS, "orders", |q| {
+            q["spec"]["processing"]["concurrency"] = json!(concurrency);
+        });
+        e.fake.clear_requests();
+        e.reconcile("orders").await.unwrap();
+        writes.extend(
+            e.fake
+                .requests()
+                .into_iter()
+                .filter(|r| r.is_write() && r.targets(EVENTS))
+                .filter(|r| {
+                    r.method == "PATCH"
+                        || r.body
+                            .as_ref()
+                            .is_some_and(|b| b["reason"] == "DeploymentUpdated")
+                }),
+        );
+    }
+    let methods: Vec<&str> = writes.iter().map(|r| r.method.as_str()).collect();
+    assert_eq!(methods, ["POST", "PATCH", "PATCH"], "{writes:?}");
+    let first = writes[0].body.as_ref().unwrap()["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for (r, count) in writes[1..].iter().zip([2, 3]) {
+        assert!(r.path.ends_with(&format!("/events/{first}")), "{}", r.path);
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.body.as_ref().unwrap()["series"]["count"], count, "{r:?}");
+    }
+    let updated: Vec<Value> = e
+        .fake
+        .list(EVENTS)
+        .into_iter()
+        .filter(|ev| ev["reason"] == "DeploymentUpdated")
+        .collect();
+    assert_eq!(updated.len(), 1, "{updated:?}");
+    assert_eq!(updated[0]["series"]["count"], 3);
+    assert_eq!(updated[0]["note"], "Updated Deployment orders");
+}
+
 #[tokio::test]
 async fn deleted_queue_leaves_the_deployment_untouched() {
     let e = env().await;
