@@ -618,3 +618,55 @@ async fn run_watches_the_real_server_requeues_and_only_the_leader_writes_status(
     stop_tx.send(()).unwrap();
     task.await.unwrap().unwrap();
 }
+
+/// A status the controller wrote is kept (to compare with, while the cache lags behind the write) only
+/// until its watch shows it: with a 10-minute poll, no later reconcile lets go of it, the watch does.
+#[tokio::test]
+async fn a_written_status_is_let_go_of_once_the_watch_shows_it() {
+    let test = "a_written_status_is_let_go_of_once_the_watch_shows_it";
+    let Some(real) = k8s::connect(test).await else {
+        return;
+    };
+    let fake = FakeKube::new();
+    let ns = real.namespace.clone();
+    let ctx = context(&fake, &real, static_reader(), Arc::new(NoAlarms), "solo");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(run(
+        ctx.clone(),
+        RunOptions {
+            namespaces: vec![ns.clone()],
+            metrics_addr: free_addr(),
+            leader: None,
+            reconcile_concurrency: qc::controller::run::DEFAULT_RECONCILE_CONCURRENCY,
+        },
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    let qcs: Api<QueueConsumer> = Api::namespaced(real.client.clone(), &ns);
+    let mut qc = manifest(URL, None, false);
+    qc.spec.scaling.poll_interval = "10m".parse().unwrap();
+    qcs.create(&PostParams::default(), &qc).await.unwrap();
+    eventually("status on the real server", || async {
+        qcs.get("orders")
+            .await
+            .unwrap()
+            .status
+            .and_then(|s| s.observed_generation)
+            == Some(1)
+    })
+    .await;
+    let reconciles = ctx.metrics.reconciles.load(Ordering::SeqCst);
+    eventually("the written status let go of", || async {
+        ctx.statuses_awaiting_the_watch() == 0
+    })
+    .await;
+    assert_eq!(
+        ctx.metrics.reconciles.load(Ordering::SeqCst),
+        reconciles,
+        "no reconcile ran in between: the watch let go of it"
+    );
+    assert!(ctx.metrics.status_writes() >= 1);
+    stop_tx.send(()).unwrap();
+    task.await.unwrap().unwrap();
+}

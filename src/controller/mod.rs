@@ -229,6 +229,34 @@ impl Context {
         shrink_sparse(&mut sent);
     }
 
+    /// The watch cache now holds `qc`: a status this process wrote that `qc` shows (its resourceVersion
+    /// at or past the write's) is no longer needed. Without this an entry stayed until the consumer's
+    /// next reconcile, a poll interval later, so the map held a whole status for every QueueConsumer.
+    pub fn status_seen(&self, qc: &QueueConsumer) {
+        let Some(cached) = qc
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(|rv| rv.parse::<u64>().ok())
+        else {
+            return;
+        };
+        let key = ConsumerKey::of(qc);
+        let mut sent = crate::sync::lock(&self.status_sent);
+        if sent
+            .get(&key)
+            .is_some_and(|entry| cached >= entry.resource_version)
+        {
+            sent.remove(&key);
+            shrink_sparse(&mut sent);
+        }
+    }
+
+    /// Statuses written and not yet seen in the watch cache (tests).
+    pub fn statuses_awaiting_the_watch(&self) -> usize {
+        crate::sync::lock(&self.status_sent).len()
+    }
+
     /// The status as this process last wrote it, when the watch cache's `qc` does not show that write
     /// yet; None when it does (or nothing was written). A reconcile that runs on a cached object older
     /// than its own last status write (several watch events at once, as on a takeover or a burst of

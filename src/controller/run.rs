@@ -301,11 +301,19 @@ async fn controllers(ctx: &Arc<Context>, namespaces: &[String], concurrency: u16
             // Every change goes into the cache the reconciles read; only changes the controller did
             // not make itself and would act on trigger a reconcile between polls (`triggers`).
             let (store, writer) = reflector::store();
+            let seen = ctx.clone();
             let consumers = triggers::changes(
                 watcher(qcs, watcher::Config::default())
                     .default_backoff()
                     .modify(super::cache::trim)
-                    .reflect(writer),
+                    .reflect(writer)
+                    // A status this process wrote is let go of once the cache holds it.
+                    .inspect(move |event| {
+                        if let Ok(watcher::Event::Apply(qc) | watcher::Event::InitApply(qc)) = event
+                        {
+                            seen.status_seen(qc);
+                        }
+                    }),
                 triggers::consumer_fingerprint,
                 triggers::FirstSight::Passes,
             );
