@@ -499,6 +499,49 @@ async fn dead_letter_messages_flip_health_and_back() {
     assert_eq!(dlq_events, 2, "one Event per transition");
 }
 
+/// A reconcile handed a copy of the QueueConsumer from before its last status write (it fell due while
+/// the watch had not brought the write, and waited for a slot while the watch did) compares with the
+/// watch cache's newest status, not with its older copy's: it writes nothing again.
+#[tokio::test]
+async fn a_reconcile_on_an_older_copy_compares_with_the_newest_status() {
+    use kube::runtime::{reflector, watcher};
+    let e = env().await;
+    e.fake
+        .create(QUEUE_CONSUMERS, qc_manifest("orders", &e.url, false));
+    let older = e.qc("orders");
+    e.reconcile("orders").await.unwrap();
+    // Settled: a reconcile on the current copy writes no status.
+    e.fake.clear_requests();
+    e.reconcile("orders").await.unwrap();
+    let status_writes = |reqs: &[Recorded]| {
+        reqs.iter()
+            .filter(|r| r.is_write() && r.targets(QUEUE_CONSUMERS) && r.path.ends_with("/status"))
+            .count()
+    };
+    assert_eq!(
+        status_writes(&e.fake.requests()),
+        0,
+        "{:?}",
+        e.fake.requests()
+    );
+    // The watch cache holds the written status, and the watch has let go of the write.
+    let (store, mut writer) = reflector::store();
+    let current = e.qc("orders");
+    writer.apply_watcher_event(&watcher::Event::Apply(current.clone()));
+    e.ctx.watch_store(store);
+    e.ctx.status_seen(&current);
+    assert_eq!(e.ctx.statuses_awaiting_the_watch(), 0);
+    assert!(older.status.is_none());
+    e.fake.clear_requests();
+    reconcile(Arc::new(older), e.ctx.clone()).await.unwrap();
+    assert_eq!(
+        status_writes(&e.fake.requests()),
+        0,
+        "{:?}",
+        e.fake.requests()
+    );
+}
+
 /// Repeats of an Event within its fold window go into the first one's series (a patch of its count),
 /// not a new Event each; the fake keeps one Event with the count.
 #[tokio::test]

@@ -257,29 +257,56 @@ impl Context {
         crate::sync::lock(&self.status_sent).len()
     }
 
-    /// The status as this process last wrote it, when the watch cache's `qc` does not show that write
-    /// yet; None when it does (or nothing was written). A reconcile that runs on a cached object older
-    /// than its own last status write (several watch events at once, as on a takeover or a burst of
-    /// changes) compares with what it wrote, not with the older status: otherwise it writes the same
-    /// status again (a request the server answers with nothing changed) and emits the same transition
-    /// Events twice. resourceVersions are compared as the integers kube-apiserver makes them (etcd
-    /// revisions); one that is not an integer is taken as caught up.
-    fn status_as_written(&self, qc: &QueueConsumer) -> Option<QueueConsumerStatus> {
+    /// The newest copy of `qc` in the watch caches (the same object: the same uid), if any.
+    fn newest(&self, qc: &QueueConsumer) -> Option<Arc<QueueConsumer>> {
+        let r = ObjectRef::new(&qc.name_any()).within(&qc.namespace()?);
+        let stores = crate::sync::lock(&self.stores);
+        stores
+            .iter()
+            .find_map(|s| s.get(&r))
+            .filter(|c| c.metadata.uid == qc.metadata.uid)
+    }
+
+    /// The status as last written, to compare a new one with: this process's last write when the watch
+    /// cache does not show it yet, else the cache's newest status. The newest, not `qc`'s: `qc` is the
+    /// copy the reconcile was handed when it fell due, and it may have waited for a slot while the watch
+    /// moved on; compared with that older status, a status this process already wrote would be written
+    /// again (a request the server answers with nothing changed, and the same transition Events twice).
+    /// resourceVersions are compared as the integers kube-apiserver makes them (etcd revisions); one
+    /// that is not an integer is taken as caught up.
+    fn status_as_written(&self, qc: &QueueConsumer) -> QueueConsumerStatus {
         let key = ConsumerKey::of(qc);
-        let mut sent = crate::sync::lock(&self.status_sent);
-        let entry = sent.get(&key)?;
-        let cached = qc
+        // The awaited write first, then the cache: the watch lets go of a write only once the cache
+        // holds it (`status_seen`), so whichever way the two race, one of them has it.
+        let sent = crate::sync::lock(&self.status_sent)
+            .get(&key)
+            .map(|e| (e.resource_version, (*e.status).clone()));
+        let newest = self.newest(qc);
+        let current = newest.as_deref().unwrap_or(qc);
+        let cached = current
             .metadata
             .resource_version
             .as_deref()
             .and_then(|rv| rv.parse::<u64>().ok());
-        match cached {
-            Some(cached) if cached < entry.resource_version => Some((*entry.status).clone()),
-            _ => {
-                sent.remove(&key);
-                shrink_sparse(&mut sent);
-                None
-            }
+        match sent {
+            Some((written, status)) if cached.is_some_and(|c| c < written) => status,
+            _ => current.status.clone().unwrap_or_default(),
+        }
+    }
+
+    /// Keeps the status this reconcile wrote (`rv` the resourceVersion the write left) until the watch
+    /// cache shows it. The watch may have brought the write before this runs: then it is let go of here.
+    fn keep_written_status(&self, qc: &QueueConsumer, rv: u64, status: &QueueConsumerStatus) {
+        let key = ConsumerKey::of(qc);
+        crate::sync::lock(&self.status_sent).insert(
+            key,
+            SentStatus {
+                resource_version: rv,
+                status: Box::new(status.clone()),
+            },
+        );
+        if let Some(newest) = self.newest(qc) {
+            self.status_seen(&newest);
         }
     }
 }
@@ -692,9 +719,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
         qc.metadata.generation,
         &observe::now(),
     );
-    let mut old_status = ctx
-        .status_as_written(qc)
-        .unwrap_or_else(|| qc.status.clone().unwrap_or_default());
+    let mut old_status = ctx.status_as_written(qc);
     let foreign = status::foreign_condition_types(&qc.metadata, FIELD_MANAGER);
     old_status
         .conditions
@@ -736,13 +761,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
                     .as_deref()
                     .and_then(|rv| rv.parse::<u64>().ok())
                 {
-                    crate::sync::lock(&ctx.status_sent).insert(
-                        key.clone(),
-                        SentStatus {
-                            resource_version: rv,
-                            status: Box::new(new_status.clone()),
-                        },
-                    );
+                    ctx.keep_written_status(qc, rv, &new_status);
                 }
             }
             // A conflict retries at once with fresh state, through the error policy.
