@@ -1,5 +1,5 @@
-//! Events about a QueueConsumer: folded ones through kube's Recorder, and distinct ones whose notes
-//! carry numbers that must not be folded away.
+//! Events about a QueueConsumer: folded ones (repeats counted into the first one's series), and distinct
+//! ones whose notes carry numbers that must not be folded away.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher as _, RandomState};
@@ -57,15 +57,62 @@ impl Context {
                 }
             }
         }
+        if let Some((namespace, name)) = self
+            .create_event(regarding, warning, action, reason, note, now)
+            .await
+        {
+            self.folding.first(key, namespace, name, now);
+        }
+    }
+
+    /// An Event of its own, never folded into an earlier one. Folding (`Context::event`) keeps the
+    /// first note, which would leave "from 1 to 3" on every
+    /// later replica change, or the first DLQ count on every later `MessagesInDeadLetterQueue`; for
+    /// replica changes and condition transitions the numbers in the note are the point.
+    pub(super) async fn distinct_event(
+        &self,
+        qc: &QueueConsumer,
+        warning: bool,
+        action: &str,
+        reason: &str,
+        note: String,
+    ) {
+        self.create_event(
+            qc.object_ref(&()),
+            warning,
+            action,
+            reason,
+            note,
+            Timestamp::now(),
+        )
+        .await;
+    }
+
+    /// Creates an Event about `regarding`; its namespace and name when the API server took it. An Event
+    /// is a courtesy: failing to write one is logged and must not fail the reconcile.
+    async fn create_event(
+        &self,
+        regarding: k8s_openapi::api::core::v1::ObjectReference,
+        warning: bool,
+        action: &str,
+        reason: &str,
+        note: String,
+        now: Timestamp,
+    ) -> Option<(String, String)> {
+        let namespace = regarding
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
         let ev = k8s_openapi::api::events::v1::Event {
             metadata: kube::api::ObjectMeta {
+                // Two Events in the same nanosecond still get two names.
                 name: Some(format!(
                     "{}.{:x}.{}",
                     regarding.name.as_deref().unwrap_or(FIELD_MANAGER),
                     now.as_nanosecond(),
                     EVENT_SEQ.fetch_add(1, Ordering::Relaxed)
                 )),
-                namespace: regarding.namespace.clone(),
+                namespace: Some(namespace.clone()),
                 ..Default::default()
             },
             action: Some(action.into()),
@@ -83,11 +130,6 @@ impl Context {
             ),
             ..Default::default()
         };
-        let namespace = ev
-            .metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".into());
         let events: Api<k8s_openapi::api::events::v1::Event> =
             Api::namespaced(self.client.clone(), &namespace);
         let params = PostParams {
@@ -95,68 +137,11 @@ impl Context {
             ..PostParams::default()
         };
         match events.create(&params, &ev).await {
-            Ok(created) => {
-                if let Some(name) = created.metadata.name {
-                    self.folding.first(key, namespace, name, now);
-                }
+            Ok(created) => created.metadata.name.map(|name| (namespace, name)),
+            Err(e) => {
+                tracing::warn!(error = %e, reason, "could not publish event");
+                None
             }
-            // An Event is a courtesy: failing to write one must not fail the reconcile.
-            Err(e) => tracing::warn!(error = %e, reason, "could not publish event"),
-        }
-    }
-
-    /// An Event of its own, never folded into an earlier one. The Recorder folds repeats of a reason
-    /// into one Event's series and keeps the first note, which would leave "from 1 to 3" on every
-    /// later replica change, or the first DLQ count on every later `MessagesInDeadLetterQueue`; for
-    /// replica changes and condition transitions the numbers in the note are the point.
-    pub(super) async fn distinct_event(
-        &self,
-        qc: &QueueConsumer,
-        warning: bool,
-        action: &str,
-        reason: &str,
-        note: String,
-    ) {
-        let regarding = qc.object_ref(&());
-        let now = k8s_openapi::jiff::Timestamp::now();
-        let ns = regarding.namespace.clone();
-        let ev = k8s_openapi::api::events::v1::Event {
-            metadata: kube::api::ObjectMeta {
-                // Two Events in the same nanosecond still get two names.
-                name: Some(format!(
-                    "{}.{:x}.{}",
-                    regarding.name.as_deref().unwrap_or(FIELD_MANAGER),
-                    now.as_nanosecond(),
-                    EVENT_SEQ.fetch_add(1, Ordering::Relaxed)
-                )),
-                namespace: ns.clone(),
-                ..Default::default()
-            },
-            action: Some(action.into()),
-            reason: Some(reason.into()),
-            note: Some(truncate(note, NOTE_MAX)),
-            type_: Some(if warning { "Warning" } else { "Normal" }.into()),
-            event_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
-                now,
-            )),
-            regarding: Some(regarding),
-            reporting_controller: Some(self.reporter.controller.clone()),
-            reporting_instance: Some(
-                self.reporter
-                    .instance
-                    .clone()
-                    .unwrap_or_else(|| self.reporter.controller.clone()),
-            ),
-            ..Default::default()
-        };
-        let events: Api<k8s_openapi::api::events::v1::Event> =
-            Api::namespaced(self.client.clone(), ns.as_deref().unwrap_or("default"));
-        let params = PostParams {
-            field_manager: Some(super::apply::FIELD_MANAGER.to_string()),
-            ..PostParams::default()
-        };
-        if let Err(e) = events.create(&params, &ev).await {
-            tracing::warn!(error = %e, reason, "could not publish event");
         }
     }
 }
