@@ -250,7 +250,6 @@ fn escape_label(v: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
-/// What the probe server asks its owner.
 /// What `/metrics` answers: `head` at once, then each part of `rest`, rendered only when the client has
 /// taken the one before. A controller with thousands of QueueConsumers exposes tens of megabytes of
 /// per-consumer series; rendered whole, each scrape would hold all of it (and the map it came from) in
@@ -266,17 +265,7 @@ impl From<String> for MetricsBody {
     }
 }
 
-impl MetricsBody {
-    /// The whole text at once (tests, and callers that need it as one string).
-    pub fn text(self) -> String {
-        let mut out = self.head;
-        for part in self.rest.into_iter().flatten() {
-            out.push_str(&part);
-        }
-        out
-    }
-}
-
+/// What the probe server asks its owner.
 pub trait Probes: Send + Sync + 'static {
     /// Prometheus text for `/metrics`.
     fn metrics(&self) -> MetricsBody;

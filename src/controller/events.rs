@@ -241,21 +241,6 @@ impl Folding {
     pub fn forget(&self, key: u64) {
         crate::sync::lock(&self.entries).by_key.remove(&key);
     }
-
-    /// Events that repeats may fold into now (tests).
-    pub fn len(&self) -> usize {
-        crate::sync::lock(&self.entries).by_key.len()
-    }
-
-    /// Whether no Event is folded into (tests).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The table's capacity (tests: it shrinks as it empties).
-    pub fn capacity(&self) -> usize {
-        crate::sync::lock(&self.entries).by_key.capacity()
-    }
 }
 
 /// What a tenant reads in an Event: no principal ARN (`aws::without_principals`), within the limit.
@@ -275,6 +260,12 @@ fn truncate(s: String, max: usize) -> String {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::ObjectReference;
+
+    /// The table's (entries, capacity).
+    fn table(f: &Folding) -> (usize, usize) {
+        let folds = crate::sync::lock(&f.entries);
+        (folds.by_key.len(), folds.by_key.capacity())
+    }
 
     fn consumer(name: &str, uid: &str) -> ObjectReference {
         ObjectReference {
@@ -331,7 +322,7 @@ mod tests {
             Some(("shop".into(), "orders.1".into(), 4))
         );
         assert_eq!(f.repeat(key, at(30 + 359 + 360)), None);
-        assert!(f.is_empty());
+        assert_eq!(table(&f).0, 0);
         f.first(key, "shop".into(), "orders.2".into(), at(800));
         assert_eq!(
             f.repeat(key, at(801)),
@@ -355,16 +346,13 @@ mod tests {
             );
             f.first(key, "shop".into(), format!("qc{i}.1"), t0);
         }
-        assert_eq!(f.len(), 10_000);
-        let full = f.capacity();
+        let (entries, full) = table(&f);
+        assert_eq!(entries, 10_000);
         let later = t0 + FOLD_TTL + SignedDuration::from_secs(61);
         assert_eq!(f.repeat(1, later), None);
-        assert!(f.is_empty());
-        assert!(
-            f.capacity() < full / 10,
-            "capacity {} of {full}",
-            f.capacity()
-        );
+        let (entries, capacity) = table(&f);
+        assert_eq!(entries, 0);
+        assert!(capacity < full / 10, "capacity {capacity} of {full}");
     }
 
     #[test]

@@ -65,14 +65,9 @@ impl Metrics {
     /// Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut e = Exposition::new();
-        self.render_into(&mut e);
+        self.render_totals(&mut e);
+        self.consumers.render(&mut e);
         e.finish()
-    }
-
-    /// Adds these families to `e`.
-    pub fn render_into(&self, e: &mut Exposition) {
-        self.render_totals(e);
-        self.consumers.render(e);
     }
 
     /// The process-wide families: all but the per-QueueConsumer series.

@@ -233,12 +233,7 @@ impl Context {
     /// at or past the write's) is no longer needed. Without this an entry stayed until the consumer's
     /// next reconcile, a poll interval later, so the map held a whole status for every QueueConsumer.
     pub fn status_seen(&self, qc: &QueueConsumer) {
-        let Some(cached) = qc
-            .metadata
-            .resource_version
-            .as_deref()
-            .and_then(|rv| rv.parse::<u64>().ok())
-        else {
+        let Some(cached) = revision(qc) else {
             return;
         };
         let key = ConsumerKey::of(qc);
@@ -283,11 +278,7 @@ impl Context {
             .map(|e| (e.resource_version, (*e.status).clone()));
         let newest = self.newest(qc);
         let current = newest.as_deref().unwrap_or(qc);
-        let cached = current
-            .metadata
-            .resource_version
-            .as_deref()
-            .and_then(|rv| rv.parse::<u64>().ok());
+        let cached = revision(current);
         match sent {
             Some((written, status)) if cached.is_some_and(|c| c < written) => status,
             _ => current.status.clone().unwrap_or_default(),
@@ -309,6 +300,12 @@ impl Context {
             self.status_seen(&newest);
         }
     }
+}
+
+/// `qc`'s resourceVersion as the integer kube-apiserver makes it (an etcd revision), for ordering; None
+/// when it is not one.
+fn revision(qc: &QueueConsumer) -> Option<u64> {
+    qc.metadata.resource_version.as_deref()?.parse().ok()
 }
 
 /// A status write of this process and the resourceVersion it left. Boxed: the map holds an entry for
@@ -755,12 +752,7 @@ async fn reconcile_inner(qc: &QueueConsumer, ctx: &Context) -> Result<Action, Er
             .await
         {
             Ok(written) => {
-                if let Some(rv) = written
-                    .metadata
-                    .resource_version
-                    .as_deref()
-                    .and_then(|rv| rv.parse::<u64>().ok())
-                {
+                if let Some(rv) = revision(&written) {
                     ctx.keep_written_status(qc, rv, &new_status);
                 }
             }
